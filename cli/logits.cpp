@@ -1,0 +1,9 @@
+// PLACEHOLDER during development: replaced by the real command before any commit.
+#include "cli/commands.h"
+#include "alloy/error.h"
+namespace alloy::cli {
+void add_logits_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand("logits", "(not built yet)");
+    cmd->callback([] { throw Error("logits: not built yet"); });
+}
+}  // namespace alloy::cli

@@ -1,0 +1,31 @@
+// Scalar conversions and (de)quantization of one row, for every type we read or write.
+// Reference quality; the fast matmul paths in kernels/cpu read blocks directly.
+#pragma once
+#include <cstdint>
+#include "format/ggml_types.h"
+
+namespace alloy {
+
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);  // round to nearest even
+inline float bf16_to_fp32(uint16_t h) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+uint16_t fp32_to_bf16(float f);  // round to nearest even, NaN kept NaN
+
+// Q8_0 block: f16 scale + 32 int8.
+struct BlockQ8_0 {
+    uint16_t d;
+    int8_t qs[32];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+// dst[0..n) = dequantized src row of type t; n a multiple of the type's block size.
+void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
+// dst = quantized row of type t (F32, F16, BF16, Q8_0 supported for writing).
+void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
+
+}  // namespace alloy

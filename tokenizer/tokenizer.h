@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace alloy {
-namespace gguf { class File; }
+namespace gguf { class File; class Writer; }
 
 enum class TokenType : int32_t {
     Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6,
@@ -42,9 +42,20 @@ public:
     // A .gguf path loads the GGUF vocabulary, anything else is read as tokenizer.json.
     static Tokenizer from_path(const std::string& path);
 
-    // parse_special: match Control/UserDefined tokens verbatim before splitting.
+    // parse_special = true: Control and UserDefined tokens (<|im_start|>, <think>, ...) are
+    // matched verbatim (leftmost, then longest) before normalization and splitting; equals
+    // HF `encode(text, add_special_tokens=False).ids`, which always splits on added tokens.
+    // parse_special = false: all of the text is plain text, so "<|im_end|>" in user input
+    // becomes ordinary pieces ("<", "|", "im", ...). (llama.cpp with parse_special=false still
+    // matches UserDefined tokens; we do not, so untrusted text can never inject <think>.)
+    // Invalid UTF-8 never throws: invalid bytes are left out of NFC, form their own pieces and
+    // are encoded through their byte tokens, so decode(encode(x)) == x for any bytes x when
+    // the vocabulary has no NFC normalizer.
     std::vector<int32_t> encode(std::string_view text, bool parse_special) const;
-    // Raw bytes of the tokens concatenated (may end in half a UTF-8 character).
+    // Raw bytes of the tokens concatenated (may end in half a UTF-8 character). Normal tokens
+    // map back through the byte-level table; Control/UserDefined tokens give their text
+    // verbatim (as llama.cpp stores them: pre-normalized, not byte-level); Unused ([PAD..])
+    // tokens give nothing. Throws on an out-of-range id.
     std::string decode(const std::vector<int32_t>& ids) const;
     std::string token_bytes(int32_t id) const;  // throws on out-of-range id
 
@@ -58,9 +69,22 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
+// The pre-tokenizer split alone (no normalization, no special tokens): the pieces BPE sees.
+// Equals HF `pre_tokenizers.Split(Regex(r), behavior="isolated").pre_tokenize_str(text)`.
+std::vector<std::string> pre_tokenize(std::string_view text, PreTokenizer pre);
+// "qwen2" / "qwen35": the tokenizer.ggml.pre value of each split regex.
+const char* pre_tokenizer_name(PreTokenizer pre);
+
+// Writes the tokenizer.ggml.* keys as llama.cpp's converter does (model gpt2, pre, tokens,
+// token_type, merges, bos/eos/padding ids when set, add_bos_token, chat_template when not
+// empty), so a synthetic GGUF carries a real vocabulary.
+void add_vocab_to_gguf(const Vocab& vocab, gguf::Writer& writer);
+
 // Streaming detokenizer: push ids one at a time, get back only complete UTF-8 characters;
 // an incomplete tail is held until the next push (flush() returns whatever is left, with
-// invalid bytes replaced by U+FFFD).
+// invalid bytes replaced by U+FFFD). Bytes that can never become a character (a stray
+// continuation byte, an overlong form) are emitted at once as U+FFFD, so every string
+// returned by push() and flush() is valid UTF-8.
 class StreamDecoder {
 public:
     explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
@@ -78,6 +102,11 @@ struct ChatMessage {
     std::string content;
     std::string reasoning_content;  // assistant only, optional
 };
+// Renders like the Jinja template with tools = none: contents are trimmed; an assistant turn
+// after the last user query shows its reasoning (reasoning_content, or the part of content
+// before </think> when reasoning_content is empty); consecutive tool messages merge into one
+// user turn. Throws alloy::Error on what the template rejects (no messages, no user query,
+// a system message not first, an unknown role).
 std::string apply_chat_template(const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt, bool enable_thinking);
 

@@ -1,0 +1,65 @@
+#include "cli/common.h"
+
+#include <omp.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "alloy/error.h"
+#include "runtime/loaded_model.h"
+
+namespace alloy::cli {
+
+void EngineOptions::add_to(CLI::App* cmd, bool model_required) {
+    auto* m = cmd->add_option("-m,--model", model, "GGUF model file");
+    if (model_required) m->required();
+    cmd->add_option("--gdn", gdn, "GDN prefill kernel: serial | chunked")->capture_default_str();
+    cmd->add_option("--chunk", chunk, "GDN chunk size for the chunked kernel")->capture_default_str();
+    cmd->add_option("-c,--ctx", ctx, "context size in tokens")->capture_default_str();
+    cmd->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
+}
+
+ForwardOptions EngineOptions::forward_options() const {
+    ForwardOptions o;
+    if (gdn == "serial") o.gdn_mode = ref::GdnMode::Serial;
+    else if (gdn == "chunked") o.gdn_mode = ref::GdnMode::Chunked;
+    else throw Error("--gdn must be 'serial' or 'chunked', got '" + gdn + "'");
+    if (chunk < 1 || chunk > 1024) throw Error("--chunk must be in [1, 1024], got " + std::to_string(chunk));
+    o.gdn_chunk = chunk;
+    if (ctx < 1) throw Error("--ctx must be positive, got " + std::to_string(ctx));
+    if (threads < 0) throw Error("--threads must be >= 0");
+    if (threads > 0) omp_set_num_threads(threads);
+    return o;
+}
+
+std::string EngineOptions::model_path() const { return model.empty() ? default_model_path() : model; }
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+    std::vector<int32_t> ids;
+    size_t i = 0;
+    while (i < text.size()) {
+        while (i < text.size() && (text[i] == ' ' || text[i] == ',' || text[i] == '\n' || text[i] == '\t')) ++i;
+        if (i >= text.size()) break;
+        size_t j = i;
+        while (j < text.size() && !(text[j] == ' ' || text[j] == ',' || text[j] == '\n' || text[j] == '\t')) ++j;
+        const std::string tok = text.substr(i, j - i);
+        char* end = nullptr;
+        errno = 0;
+        const long v = std::strtol(tok.c_str(), &end, 10);
+        if (errno || *end || v < 0 || v > INT32_MAX)
+            throw Error("--ids: '" + tok + "' is not a token id (non-negative integer)");
+        ids.push_back(int32_t(v));
+        i = j;
+    }
+    return ids;
+}
+
+GgmlType parse_dtype(const std::string& s) {
+    if (s == "f32") return GgmlType::F32;
+    if (s == "f16") return GgmlType::F16;
+    if (s == "bf16") return GgmlType::BF16;
+    if (s == "q8_0") return GgmlType::Q8_0;
+    throw Error("--dtype must be f32, f16, bf16 or q8_0, got '" + s + "'");
+}
+
+}  // namespace alloy::cli

@@ -1,0 +1,13 @@
+// Read-only whole-file mmap shared by the GGUF and safetensors readers.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace alloy {
+
+// Maps `path` read-only (MAP_PRIVATE) and sets `size`. An empty file maps to nullptr with
+// size 0. Throws alloy::Error naming the path if it cannot be opened or is not a regular file.
+void* map_file(const std::string& path, size_t& size);
+void unmap_file(void* p, size_t size);
+
+}  // namespace alloy

@@ -1,0 +1,237 @@
+// Scalar float conversions and one-row (de)quantization. Reference quality: the layouts
+// follow spec/GGUF.md section 2 literally; fast paths live in kernels/cpu.
+#include "format/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "alloy/error.h"
+
+namespace alloy {
+
+namespace {
+
+uint32_t float_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+float bits_float(uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+void store_u16(uint8_t* p, uint16_t v) {
+    p[0] = static_cast<uint8_t>(v);
+    p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+void check_row(GgmlType t, int64_t n, const char* what) {
+    const TypeTraits& tr = type_traits(t);
+    if (n < 0 || n % tr.block_elems != 0) {
+        throw Error(std::string(what) + ": row of " + std::to_string(n) + " elements is not a multiple of the " +
+                    tr.name + " block size " + std::to_string(tr.block_elems));
+    }
+}
+
+// Q4_K packs 8 (scale, min) pairs of 6 bits into 12 bytes; see spec/GGUF.md "Q4_K".
+void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+void dequant_q8_0(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 34, dst += 32) {
+        const float d = fp16_to_fp32(load_u16(src));
+        const int8_t* qs = reinterpret_cast<const int8_t*>(src + 2);
+        for (int i = 0; i < 32; ++i) dst[i] = d * static_cast<float>(qs[i]);
+    }
+}
+
+void dequant_q4_0(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 18, dst += 32) {
+        const float d = fp16_to_fp32(load_u16(src));
+        const uint8_t* qs = src + 2;
+        for (int j = 0; j < 16; ++j) {
+            dst[j] = d * static_cast<float>((qs[j] & 0xF) - 8);
+            dst[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+        }
+    }
+}
+
+void dequant_q4_k(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 144) {
+        const float d = fp16_to_fp32(load_u16(src));
+        const float dmin = fp16_to_fp32(load_u16(src + 2));
+        const uint8_t* scales = src + 4;
+        const uint8_t* qs = src + 16;
+        // 4 groups of 64 outputs; low nibbles use sub-block 2g, high nibbles 2g+1.
+        for (int g = 0; g < 4; ++g, qs += 32) {
+            int sc, m;
+            q4k_scale_min(scales, 2 * g, sc, m);
+            const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+            q4k_scale_min(scales, 2 * g + 1, sc, m);
+            const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+            for (int l = 0; l < 32; ++l) *dst++ = d1 * static_cast<float>(qs[l] & 0xF) - m1;
+            for (int l = 0; l < 32; ++l) *dst++ = d2 * static_cast<float>(qs[l] >> 4) - m2;
+        }
+    }
+}
+
+void dequant_q6_k(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 210) {
+        const uint8_t* ql = src;
+        const uint8_t* qh = src + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192);
+        const float d = fp16_to_fp32(load_u16(src + 208));
+        // Two halves of 128 outputs, each from 64 ql bytes, 32 qh bytes and 8 scales.
+        for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, dst += 128) {
+            for (int l = 0; l < 32; ++l) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                dst[l] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+                dst[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+                dst[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+                dst[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+            }
+        }
+    }
+}
+
+// ggml's quantize_row_q8_0_ref: d = amax/127, q = round(x / d), d stored as f16.
+void quant_q8_0(const float* src, uint8_t* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 32, dst += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(src[i]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        store_u16(dst, fp32_to_fp16(d));
+        for (int i = 0; i < 32; ++i) {
+            dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(src[i] * id)));
+        }
+    }
+}
+
+// ggml's quantize_row_q4_0_ref: the value of largest magnitude maps to -8 exactly.
+void quant_q4_0(const float* src, uint8_t* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 32, dst += 18) {
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < 32; ++i) {
+            if (std::fabs(src[i]) > amax) {
+                amax = std::fabs(src[i]);
+                max = src[i];
+            }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        store_u16(dst, fp32_to_fp16(d));
+        for (int j = 0; j < 16; ++j) {
+            const int lo = std::min(15, static_cast<int>(src[j] * id + 8.5f));
+            const int hi = std::min(15, static_cast<int>(src[j + 16] * id + 8.5f));
+            dst[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+    }
+}
+
+}  // namespace
+
+float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+    const uint32_t exp = (h >> 10) & 0x1F;
+    const uint32_t mant = h & 0x3FF;
+    if (exp == 0) {
+        // zero or subnormal: mant * 2^-24, exact in fp32
+        const float mag = std::ldexp(static_cast<float>(mant), -24);
+        return sign ? -mag : mag;
+    }
+    if (exp == 31) return bits_float(sign | 0x7F800000u | (mant << 13));  // inf / NaN (payload kept)
+    return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t fp32_to_fp16(float f) {
+    const uint32_t x = float_bits(f);
+    const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7FFFFFFF;
+    if (ax >= 0x7F800000) {
+        if (ax == 0x7F800000) return sign | 0x7C00;
+        return static_cast<uint16_t>(sign | 0x7E00 | ((ax >> 13) & 0x3FF));  // quiet NaN
+    }
+    if (ax >= 0x477FF000) return sign | 0x7C00;  // >= 65520 rounds (to even) past 65504
+    const int32_t e = static_cast<int32_t>(ax >> 23) - 127;
+    if (e >= -14) {  // normal half: drop 13 mantissa bits, round to nearest even
+        const uint32_t mant = ax & 0x7FFFFF;
+        uint32_t h = (static_cast<uint32_t>(e + 15) << 10) | (mant >> 13);
+        const uint32_t rem = mant & 0x1FFF;
+        if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // a carry into the exponent is correct
+        return static_cast<uint16_t>(sign | h);
+    }
+    if (ax <= 0x33000000) return sign;  // <= 2^-25: ties to the even value 0
+    // subnormal half: units of 2^-24
+    const uint32_t biased = ax >> 23;          // 102..112
+    const uint32_t mant = (ax & 0x7FFFFF) | 0x800000;
+    const uint32_t shift = 126 - biased;       // 14..24
+    uint32_t h = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;  // may become the smallest normal: correct
+    return static_cast<uint16_t>(sign | h);
+}
+
+uint16_t fp32_to_bf16(float f) {
+    const uint32_t x = float_bits(f);
+    if ((x & 0x7FFFFFFF) > 0x7F800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet NaN
+    return static_cast<uint16_t>((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+}
+
+void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
+    check_row(t, n, "dequantize_row");
+    const uint8_t* s = static_cast<const uint8_t*>(src);
+    switch (t) {
+        case GgmlType::F32: std::memcpy(dst, s, static_cast<size_t>(n) * 4); return;
+        case GgmlType::F16:
+            for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(load_u16(s + 2 * i));
+            return;
+        case GgmlType::BF16:
+            for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(s + 2 * i));
+            return;
+        case GgmlType::Q8_0: dequant_q8_0(s, dst, n / 32); return;
+        case GgmlType::Q4_0: dequant_q4_0(s, dst, n / 32); return;
+        case GgmlType::Q4_K: dequant_q4_k(s, dst, n / 256); return;
+        case GgmlType::Q6_K: dequant_q6_k(s, dst, n / 256); return;
+    }
+}
+
+void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
+    check_row(t, n, "quantize_row");
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    switch (t) {
+        case GgmlType::F32: std::memcpy(d, src, static_cast<size_t>(n) * 4); return;
+        case GgmlType::F16:
+            for (int64_t i = 0; i < n; ++i) store_u16(d + 2 * i, fp32_to_fp16(src[i]));
+            return;
+        case GgmlType::BF16:
+            for (int64_t i = 0; i < n; ++i) store_u16(d + 2 * i, fp32_to_bf16(src[i]));
+            return;
+        case GgmlType::Q8_0: quant_q8_0(src, d, n / 32); return;
+        case GgmlType::Q4_0: quant_q4_0(src, d, n / 32); return;
+        case GgmlType::Q4_K:
+        case GgmlType::Q6_K: break;
+    }
+    throw Error(std::string("quantize_row: writing ") + type_traits(t).name + " is not supported");
+}
+
+}  // namespace alloy

@@ -1,0 +1,38 @@
+#include "kernels/cpu/cpu_features.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace alloy::cpu {
+
+static Isa detect() {
+    Isa best = Isa::Scalar;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::Avx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) best = Isa::Avx512;
+#endif
+    if (const char* want = std::getenv("ALLOY_ISA")) {
+        Isa asked = best;
+        if (!std::strcmp(want, "scalar")) asked = Isa::Scalar;
+        else if (!std::strcmp(want, "avx2")) asked = Isa::Avx2;
+        else if (!std::strcmp(want, "avx512")) asked = Isa::Avx512;
+        if (asked < best) best = asked;  // can only lower, never claim what the CPU lacks
+    }
+    return best;
+}
+
+Isa active_isa() {
+    static const Isa isa = detect();
+    return isa;
+}
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Avx512: return "avx512";
+        case Isa::Avx2: return "avx2";
+        default: return "scalar";
+    }
+}
+
+}  // namespace alloy::cpu

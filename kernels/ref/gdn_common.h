@@ -1,0 +1,60 @@
+// Internals shared by the GDN reference kernels (gdn_delta.cpp, gdn_fused.cpp): argument
+// checks at the op boundary and the two vector primitives the math is written with.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "alloy/error.h"
+#include "kernels/ref/gdn.h"
+
+namespace alloy::ref::detail {
+
+// sum_i a[i] b[i]. Eight partial sums so that the compiler can keep them in one vector
+// register without -ffast-math (a plain serial sum cannot be reassociated); the order of
+// summation is part of no contract (spec/GDN.md section 3 tests use tolerances).
+inline float dot(const float* a, const float* b, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+    float tail = 0.0f;
+    for (; i < n; ++i) tail += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+// y += alpha * x
+inline void axpy(float* y, float alpha, const float* x, int n) {
+    for (int i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// Shapes and sequence offsets come from the caller (model code, a test, the CLI): bad ones
+// are reported, never trusted.
+inline void check_shape(const GdnShape& s, const char* op) {
+    const std::string o = op;
+    if (s.H_k < 1 || s.H_v < 1) throw Error(o + ": head counts H_k=" + std::to_string(s.H_k) +
+                                            ", H_v=" + std::to_string(s.H_v) + " must be >= 1");
+    if (s.H_v % s.H_k != 0)
+        throw Error(o + ": H_v=" + std::to_string(s.H_v) + " is not a multiple of H_k=" +
+                    std::to_string(s.H_k));
+    if (s.d_k < 1 || s.d_v < 1) throw Error(o + ": head dims d_k=" + std::to_string(s.d_k) +
+                                            ", d_v=" + std::to_string(s.d_v) + " must be >= 1");
+}
+
+inline void check_seq_offsets(int n_seqs, const int32_t* seq_offsets, const char* op) {
+    const std::string o = op;
+    if (n_seqs < 0) throw Error(o + ": n_seqs=" + std::to_string(n_seqs) + " is negative");
+    if (seq_offsets == nullptr) throw Error(o + ": seq_offsets is null");
+    if (seq_offsets[0] < 0)
+        throw Error(o + ": seq_offsets[0]=" + std::to_string(seq_offsets[0]) + " is negative");
+    for (int s = 0; s < n_seqs; ++s)
+        if (seq_offsets[s + 1] < seq_offsets[s])
+            throw Error(o + ": seq_offsets[" + std::to_string(s + 1) + "]=" +
+                        std::to_string(seq_offsets[s + 1]) + " < seq_offsets[" +
+                        std::to_string(s) + "]=" + std::to_string(seq_offsets[s]));
+}
+
+inline void check_ptr(const void* p, const char* op, const char* name) {
+    if (p == nullptr) throw Error(std::string(op) + ": " + name + " is null");
+}
+
+}  // namespace alloy::ref::detail

@@ -1,0 +1,294 @@
+#include "model/qwen35.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "alloy/error.h"
+#include "format/quant.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/ref/activations.h"
+#include "kernels/ref/rms_norm.h"
+#include "kernels/ref/rope.h"
+
+namespace alloy {
+
+// ---------------------------------------------------------------- hyperparameters
+Qwen35HParams Qwen35HParams::from_gguf(const gguf::File& f) {
+    const std::string arch = f.get_string("general.architecture");
+    if (arch != "qwen35")
+        throw Error(f.path() + ": general.architecture is '" + arch +
+                    "', expected 'qwen35' (dense Qwen3.5; MoE and others are not supported yet)");
+    auto key = [&](const char* k) { return "qwen35." + std::string(k); };
+    Qwen35HParams hp;
+    hp.n_embd = int(f.get_u32(key("embedding_length")));
+    const int blocks = int(f.get_u32(key("block_count")));
+    hp.n_layer_mtp = int(f.get_u32_or(key("nextn_predict_layers"), 0));
+    hp.n_layer = blocks - hp.n_layer_mtp;
+    hp.n_ff = int(f.get_u32(key("feed_forward_length")));
+    hp.n_head = int(f.get_u32(key("attention.head_count")));
+    hp.n_head_kv = int(f.get_u32(key("attention.head_count_kv")));
+    hp.head_dim = int(f.get_u32_or(key("attention.key_length"), hp.n_head ? hp.n_embd / hp.n_head : 0));
+    const int v_len = int(f.get_u32_or(key("attention.value_length"), hp.head_dim));
+    hp.n_rot = int(f.get_u32_or(key("rope.dimension_count"), hp.head_dim));
+    hp.rope_base = f.get_f32_or(key("rope.freq_base"), 10000.0f);
+    hp.eps = f.get_f32(key("attention.layer_norm_rms_epsilon"));
+    hp.full_attn_interval = int(f.get_u32_or(key("full_attention_interval"), 4));
+    hp.n_ctx_train = int(f.get_u32_or(key("context_length"), 0));
+    hp.conv_kernel = int(f.get_u32(key("ssm.conv_kernel")));
+    hp.ssm_d_k = int(f.get_u32(key("ssm.state_size")));
+    hp.ssm_H_k = int(f.get_u32(key("ssm.group_count")));
+    hp.ssm_H_v = int(f.get_u32(key("ssm.time_step_rank")));
+    const int inner = int(f.get_u32(key("ssm.inner_size")));
+    hp.ssm_d_v = hp.ssm_H_v ? inner / hp.ssm_H_v : 0;
+
+    auto bad = [&](const std::string& what) { throw Error(f.path() + ": " + what); };
+    if (hp.n_embd <= 0 || hp.n_embd > (1 << 20)) bad("qwen35.embedding_length out of range");
+    if (hp.n_layer <= 0 || hp.n_layer > 4096 || hp.n_layer_mtp < 0)
+        bad("qwen35.block_count / nextn_predict_layers out of range");
+    if (hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.n_head % hp.n_head_kv)
+        bad("qwen35.attention.head_count must be a positive multiple of head_count_kv");
+    if (hp.head_dim <= 0 || v_len != hp.head_dim) bad("qwen35.attention.key_length/value_length invalid");
+    if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2)
+        bad("qwen35.rope.dimension_count must be even and <= key_length");
+    if (hp.full_attn_interval <= 0) bad("qwen35.full_attention_interval must be positive");
+    if (hp.conv_kernel < 1 || hp.conv_kernel > 64) bad("qwen35.ssm.conv_kernel out of range");
+    if (hp.ssm_H_k <= 0 || hp.ssm_H_v <= 0 || hp.ssm_H_v % hp.ssm_H_k)
+        bad("qwen35.ssm.time_step_rank must be a positive multiple of ssm.group_count");
+    if (hp.ssm_d_k <= 0 || inner != hp.ssm_H_v * hp.ssm_d_k)
+        bad("qwen35.ssm.inner_size must equal time_step_rank * state_size (d_k == d_v)");
+    if (!(hp.eps > 0 && hp.eps < 1)) bad("qwen35.attention.layer_norm_rms_epsilon out of range");
+    // Vocabulary size is the embedding's row count (checked when binding).
+    return hp;
+}
+
+void SequenceState::reset() {
+    n_past = 0;
+    for (auto* group : {&conv_state, &ssm_state})
+        for (auto& v : *group) std::fill(v.begin(), v.end(), 0.0f);
+}
+
+// ---------------------------------------------------------------- weight binding
+namespace {
+
+struct Binder {
+    const gguf::File& f;
+    std::vector<std::vector<float>>& owned;
+
+    const gguf::TensorInfo& get(const std::string& name) const { return f.tensor(name); }
+
+    std::string shape_str(const std::vector<int64_t>& ne) const {
+        std::string s = "{";
+        for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+        return s + "}";
+    }
+
+    void expect(const gguf::TensorInfo& t, std::vector<int64_t> want) const {
+        std::vector<int64_t> have = t.ne;
+        while (have.size() > want.size() && have.back() == 1) have.pop_back();
+        if (have != want)
+            throw Error(f.path() + ": tensor '" + t.name + "' has shape " + shape_str(t.ne) +
+                        ", expected " + shape_str(want));
+    }
+
+    WeightView matrix(const std::string& name, int64_t n_in, int64_t n_out) const {
+        const auto& t = get(name);
+        expect(t, {n_in, n_out});
+        WeightView w;
+        w.type = t.type;
+        w.n_in = n_in;
+        w.n_out = n_out;
+        w.data = t.data;
+        w.row_bytes = row_bytes(t.type, n_in);
+        return w;
+    }
+
+    // Small tensors (norms, gates, conv taps) are used as fp32 arrays; convert if stored otherwise.
+    const float* floats(const std::string& name, std::vector<int64_t> shape) const {
+        const auto& t = get(name);
+        expect(t, shape);
+        if (t.type == GgmlType::F32) return reinterpret_cast<const float*>(t.data);
+        const int64_t n0 = t.ne[0], rows = t.n_elements() / n0;
+        if (n0 % type_traits(t.type).block_elems)
+            throw Error(f.path() + ": tensor '" + name + "' row length not a multiple of its block size");
+        owned.emplace_back(size_t(t.n_elements()));
+        for (int64_t r = 0; r < rows; ++r)
+            dequantize_row(t.type, t.data + size_t(r) * row_bytes(t.type, n0), owned.back().data() + r * n0, n0);
+        return owned.back().data();
+    }
+};
+
+}  // namespace
+
+std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file) {
+    std::unique_ptr<Qwen35Model> m(new Qwen35Model());
+    m->file_ = std::move(file);
+    const gguf::File& f = *m->file_;
+    Qwen35HParams& hp = m->hp_ = Qwen35HParams::from_gguf(f);
+    Binder b{f, m->owned_};
+
+    if (!f.find_tensor("blk.0.attn_norm.weight"))
+        throw Error(f.path() + ": no tensor 'blk.0.attn_norm.weight': this looks like an MTP-only "
+                    "file (llama.cpp --mtp), which cannot run on its own");
+    const auto& emb = b.get("token_embd.weight");
+    if (emb.ne.size() != 2 || emb.ne[0] != hp.n_embd)
+        throw Error(f.path() + ": tensor 'token_embd.weight' must be {" + std::to_string(hp.n_embd) +
+                    ", n_vocab}, has " + b.shape_str(emb.ne));
+    hp.n_vocab = int(emb.ne[1]);
+    const int64_t D = hp.n_embd;
+    m->tok_embd = b.matrix("token_embd.weight", D, hp.n_vocab);
+    m->output_norm = b.floats("output_norm.weight", {D});
+    m->output = f.find_tensor("output.weight") ? b.matrix("output.weight", D, hp.n_vocab) : m->tok_embd;
+
+    const int64_t H_v = hp.ssm_H_v, d_v = hp.ssm_d_v, conv_dim = hp.conv_dim(), vd = hp.value_dim();
+    const int64_t q_out = int64_t(hp.n_head) * hp.head_dim, kv_out = int64_t(hp.n_head_kv) * hp.head_dim;
+    m->layers_.resize(size_t(hp.n_layer));
+    for (int l = 0; l < hp.n_layer; ++l) {
+        Qwen35Layer& L = m->layers_[size_t(l)];
+        const std::string p = "blk." + std::to_string(l) + ".";
+        L.attn_norm = b.floats(p + "attn_norm.weight", {D});
+        L.post_attn_norm = b.floats(p + "post_attention_norm.weight", {D});
+        L.ffn_gate = b.matrix(p + "ffn_gate.weight", D, hp.n_ff);
+        L.ffn_up = b.matrix(p + "ffn_up.weight", D, hp.n_ff);
+        L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_ff, D);
+        if (hp.is_recurrent(l)) {
+            L.ssm_qkv = b.matrix(p + "attn_qkv.weight", D, conv_dim);
+            L.ssm_gate = b.matrix(p + "attn_gate.weight", D, vd);
+            L.ssm_beta = b.matrix(p + "ssm_beta.weight", D, H_v);
+            L.ssm_alpha = b.matrix(p + "ssm_alpha.weight", D, H_v);
+            L.ssm_conv1d = b.floats(p + "ssm_conv1d.weight", {hp.conv_kernel, conv_dim});
+            L.ssm_a = b.floats(p + "ssm_a", {H_v});
+            L.ssm_dt = b.floats(p + "ssm_dt.bias", {H_v});
+            L.ssm_norm = b.floats(p + "ssm_norm.weight", {d_v});
+            L.ssm_out = b.matrix(p + "ssm_out.weight", vd, D);
+        } else {
+            if (f.find_tensor(p + "attn_qkv.weight"))
+                throw Error(f.path() + ": tensor '" + p + "attn_qkv.weight' on a full-attention layer "
+                            "(qwen35 attention layers use separate attn_q/attn_k/attn_v)");
+            L.wq = b.matrix(p + "attn_q.weight", D, 2 * q_out);
+            L.wk = b.matrix(p + "attn_k.weight", D, kv_out);
+            L.wv = b.matrix(p + "attn_v.weight", D, kv_out);
+            L.wo = b.matrix(p + "attn_output.weight", q_out, D);
+            L.q_norm = b.floats(p + "attn_q_norm.weight", {hp.head_dim});
+            L.k_norm = b.floats(p + "attn_k_norm.weight", {hp.head_dim});
+        }
+    }
+    return m;
+}
+
+SequenceState Qwen35Model::new_state(int n_ctx) const {
+    if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
+    SequenceState s;
+    s.n_ctx = n_ctx;
+    const size_t L = size_t(hp_.n_layer);
+    s.k_cache.resize(L);
+    s.v_cache.resize(L);
+    s.conv_state.resize(L);
+    s.ssm_state.resize(L);
+    const size_t kv = size_t(n_ctx) * size_t(hp_.n_head_kv) * size_t(hp_.head_dim);
+    for (int l = 0; l < hp_.n_layer; ++l) {
+        if (hp_.is_recurrent(l)) {
+            s.conv_state[size_t(l)].assign(size_t(hp_.conv_dim()) * size_t(hp_.conv_kernel - 1), 0.0f);
+            s.ssm_state[size_t(l)].assign(size_t(hp_.ssm_H_v) * hp_.ssm_d_v * hp_.ssm_d_k, 0.0f);
+        } else {
+            s.k_cache[size_t(l)].assign(kv, 0.0f);
+            s.v_cache[size_t(l)].assign(kv, 0.0f);
+        }
+    }
+    return s;
+}
+
+// ---------------------------------------------------------------- forward
+void Qwen35Model::forward(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts,
+                          float* logits) const {
+    const Qwen35HParams& hp = hp_;
+    if (n <= 0) throw Error("forward: no tokens to process");
+    if (int64_t(st.n_past) + n > st.n_ctx)
+        throw Error("sequence of " + std::to_string(st.n_past + n) + " tokens exceeds the context size of " +
+                    std::to_string(st.n_ctx) + " (raise --ctx)");
+    const int64_t T = n, D = hp.n_embd;
+    const float eps = hp.eps;
+
+    std::vector<float> x(size_t(T * D));   // [T, D] residual stream, fp32
+    std::vector<float> h(size_t(T * D));   // [T, D] normed input of a block
+    std::vector<float> o(size_t(T * D));   // [T, D] block output
+    for (int64_t t = 0; t < T; ++t) {
+        if (ids[t] < 0 || ids[t] >= hp.n_vocab)
+            throw Error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
+                        " is outside the vocabulary [0, " + std::to_string(hp.n_vocab) + ")");
+        dequantize_row(tok_embd.type, tok_embd.row(ids[t]), x.data() + t * D, D);
+    }
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(st.n_past + t);
+
+    const int32_t seq_offsets[2] = {0, int32_t(T)};
+    ref::GdnParams gp;
+    gp.shape = {hp.ssm_H_k, hp.ssm_H_v, hp.ssm_d_k, hp.ssm_d_v, /*tiled=*/true};
+    gp.conv_kernel = hp.conv_kernel;
+    gp.eps = eps;
+    gp.mode = opts.gdn_mode;
+    gp.chunk_size = opts.gdn_chunk;
+
+    for (int l = 0; l < hp.n_layer; ++l) {
+        const Qwen35Layer& L = layers_[size_t(l)];
+        ref::rms_norm(x.data(), L.attn_norm, h.data(), T, D, eps);
+        if (hp.is_recurrent(l)) {
+            // Gated DeltaNet: projections, then the fused op, then the output projection.
+            const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), H_v = hp.ssm_H_v;
+            std::vector<float> qkv(size_t(T * cd)), z(size_t(T * vd)), a(size_t(T * H_v)),
+                bb(size_t(T * H_v)), y(size_t(T * vd));
+            cpu::matmul(L.ssm_qkv, h.data(), qkv.data(), T);    // [T, conv_dim]
+            cpu::matmul(L.ssm_gate, h.data(), z.data(), T);     // [T, value_dim]
+            cpu::matmul(L.ssm_beta, h.data(), bb.data(), T);    // [T, H_v]
+            cpu::matmul(L.ssm_alpha, h.data(), a.data(), T);    // [T, H_v]
+            ref::GdnWeights gw{L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
+            ref::gdn_fused(gp, gw, 1, seq_offsets, qkv.data(), z.data(), a.data(), bb.data(),
+                           st.conv_state[size_t(l)].data(), st.ssm_state[size_t(l)].data(), y.data());
+            cpu::matmul(L.ssm_out, y.data(), o.data(), T);      // [T, D]
+        } else {
+            // Gated attention: q/gate interleaved per head, q/k RMSNorm, partial RoPE, GQA.
+            const int nh = hp.n_head, nkv = hp.n_head_kv, hd = hp.head_dim;
+            std::vector<float> qg(size_t(T) * nh * 2 * hd), q(size_t(T) * nh * hd),
+                gate(size_t(T) * nh * hd), att(size_t(T) * nh * hd);
+            cpu::matmul(L.wq, h.data(), qg.data(), T);          // [T, n_head, 2, hd]
+            for (int64_t t = 0; t < T; ++t)
+                for (int hh = 0; hh < nh; ++hh) {
+                    const float* src = qg.data() + (t * nh + hh) * 2 * hd;
+                    std::copy(src, src + hd, q.data() + (t * nh + hh) * hd);
+                    std::copy(src + hd, src + 2 * hd, gate.data() + (t * nh + hh) * hd);
+                }
+            const int64_t kvw = int64_t(nkv) * hd;
+            float* kc = st.k_cache[size_t(l)].data() + int64_t(st.n_past) * kvw;  // [T, n_kv, hd]
+            float* vc = st.v_cache[size_t(l)].data() + int64_t(st.n_past) * kvw;
+            cpu::matmul(L.wk, h.data(), kc, T);
+            cpu::matmul(L.wv, h.data(), vc, T);
+            ref::rms_norm(q.data(), L.q_norm, q.data(), T * nh, hd, eps);
+            ref::rms_norm(kc, L.k_norm, kc, T * nkv, hd, eps);
+            ref::rope_partial(q.data(), pos.data(), T, nh, hd, hp.n_rot, hp.rope_base);
+            ref::rope_partial(kc, pos.data(), T, nkv, hd, hp.n_rot, hp.rope_base);
+            ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
+            cpu::attention(as, q.data(), st.k_cache[size_t(l)].data(), st.v_cache[size_t(l)].data(),
+                           att.data(), T, st.n_past);
+            for (size_t i = 0; i < att.size(); ++i) att[i] *= ref::sigmoid(gate[i]);
+            cpu::matmul(L.wo, att.data(), o.data(), T);         // [T, D]
+        }
+        for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+
+        // SwiGLU MLP.
+        ref::rms_norm(x.data(), L.post_attn_norm, h.data(), T, D, eps);
+        std::vector<float> g(size_t(T) * hp.n_ff), u(size_t(T) * hp.n_ff);
+        cpu::matmul(L.ffn_gate, h.data(), g.data(), T);  // [T, n_ff]
+        cpu::matmul(L.ffn_up, h.data(), u.data(), T);    // [T, n_ff]
+        for (size_t i = 0; i < g.size(); ++i) g[i] = ref::silu(g[i]) * u[i];
+        cpu::matmul(L.ffn_down, g.data(), o.data(), T);  // [T, D]
+        for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    }
+    st.n_past += n;
+
+    // Final norm and LM head, for every token or only the last.
+    const int64_t first = opts.all_logits ? 0 : T - 1;
+    ref::rms_norm(x.data() + first * D, output_norm, h.data(), T - first, D, eps);
+    cpu::matmul(output, h.data(), logits, T - first);
+}
+
+}  // namespace alloy

@@ -1,0 +1,100 @@
+// Qwen3.5 dense text model (GGUF arch `qwen35`), written once as a list of ops.
+// Three parts, as llama.cpp's src/models/*.cpp: hyperparameters from metadata, weights bound
+// by name with their expected shapes, and the forward pass. Math: spec/MODEL.md.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "kernels/ref/gdn.h"
+#include "kernels/ref/weight.h"
+
+namespace alloy {
+
+struct Qwen35HParams {
+    int n_vocab = 0;
+    int n_embd = 0;          // D
+    int n_layer = 0;         // trunk layers (block_count minus MTP layers)
+    int n_layer_mtp = 0;     // nextn_predict_layers (blocks kept in the file, never run here)
+    int n_ff = 0;            // dense FFN width
+    int n_head = 0, n_head_kv = 0, head_dim = 0;  // full attention
+    int n_rot = 0;           // rotary dims per head (partial RoPE)
+    float rope_base = 1e7f;
+    float eps = 1e-6f;
+    int full_attn_interval = 4;
+    int n_ctx_train = 0;
+    int conv_kernel = 4;     // K
+    int ssm_H_k = 0, ssm_H_v = 0, ssm_d_k = 0, ssm_d_v = 0;
+    int conv_dim() const { return 2 * ssm_H_k * ssm_d_k + ssm_H_v * ssm_d_v; }
+    int value_dim() const { return ssm_H_v * ssm_d_v; }
+    bool is_recurrent(int l) const { return (l + 1) % full_attn_interval != 0; }
+    static Qwen35HParams from_gguf(const gguf::File& f);  // throws naming the key
+};
+
+struct Qwen35Layer {
+    // Both kinds.
+    const float* attn_norm = nullptr;       // [D]
+    const float* post_attn_norm = nullptr;  // [D]
+    WeightView ffn_gate, ffn_up;            // [n_ff, D]
+    WeightView ffn_down;                    // [D, n_ff]
+    // Gated DeltaNet layer.
+    WeightView ssm_qkv;                     // [conv_dim, D]   rows [Q | K | V]
+    WeightView ssm_gate;                    // [value_dim, D]  z
+    WeightView ssm_beta, ssm_alpha;         // [H_v, D]
+    const float* ssm_conv1d = nullptr;      // [conv_dim, K]
+    const float* ssm_a = nullptr;           // [H_v]   -exp(A_log)
+    const float* ssm_dt = nullptr;          // [H_v]
+    const float* ssm_norm = nullptr;        // [d_v]
+    WeightView ssm_out;                     // [D, value_dim]
+    // Gated full-attention layer.
+    WeightView wq;                          // [n_head * 2 * head_dim, D]  per head [q | gate]
+    WeightView wk, wv;                      // [n_head_kv * head_dim, D]
+    WeightView wo;                          // [D, n_head * head_dim]
+    const float* q_norm = nullptr;          // [head_dim]
+    const float* k_norm = nullptr;          // [head_dim]
+};
+
+// Per-sequence mutable state: KV cache of the attention layers, conv and recurrent state of
+// the GDN layers. Sized once for n_ctx positions.
+struct SequenceState {
+    int n_ctx = 0;
+    int n_past = 0;
+    std::vector<std::vector<float>> k_cache, v_cache;  // per layer: [n_ctx, n_head_kv*head_dim]
+    std::vector<std::vector<float>> conv_state;        // per layer: [conv_dim, K-1]
+    std::vector<std::vector<float>> ssm_state;         // per layer: [H_v, d_v, d_k]
+    void reset();                                      // back to an empty sequence
+};
+
+struct ForwardOptions {
+    ref::GdnMode gdn_mode = ref::GdnMode::Chunked;
+    int gdn_chunk = 64;
+    bool all_logits = false;  // logits of every token, else only of the last
+};
+
+class Qwen35Model {
+public:
+    // Binds every tensor by name and checks its shape and type; throws alloy::Error naming the
+    // file and the tensor. Keeps `file` alive (weights point into its mapping).
+    static std::unique_ptr<Qwen35Model> load(std::shared_ptr<gguf::File> file);
+
+    const Qwen35HParams& hparams() const { return hp_; }
+    SequenceState new_state(int n_ctx) const;
+    // Runs n tokens at positions state.n_past.. and advances the state.
+    // logits: [n, n_vocab] if opts.all_logits else [n_vocab] (the last token's).
+    void forward(SequenceState& state, const int32_t* ids, int n, const ForwardOptions& opts,
+                 float* logits) const;
+    const gguf::File& file() const { return *file_; }
+
+private:
+    std::shared_ptr<gguf::File> file_;
+    Qwen35HParams hp_;
+    WeightView tok_embd;          // [n_vocab, D]
+    const float* output_norm = nullptr;  // [D]
+    WeightView output;            // [n_vocab, D] (token_embd when tied)
+    std::vector<Qwen35Layer> layers_;
+    std::vector<std::vector<float>> owned_;  // small tensors converted to fp32
+};
+
+}  // namespace alloy

@@ -1,0 +1,156 @@
+#include "model/synth.h"
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "alloy/error.h"
+#include "format/gguf.h"
+#include "tokenizer/tokenizer.h"
+
+namespace alloy {
+namespace {
+
+struct Preset {
+    int D, n_layer, n_ff, n_head, n_head_kv, head_dim, H_k, H_v, d, n_vocab;  // n_vocab 0: from tokenizer
+    bool tied;
+};
+
+// Shapes from spec/MODEL.md section 9.
+const std::map<std::string, Preset>& presets() {
+    static const std::map<std::string, Preset> p = {
+        {"tiny", {256, 4, 512, 4, 2, 64, 2, 4, 64, 0, true}},
+        {"0.8b", {1024, 24, 3584, 8, 2, 256, 16, 16, 128, 248320, true}},
+        {"2b", {2048, 24, 6144, 8, 2, 256, 16, 16, 128, 248320, true}},
+        {"4b", {2560, 32, 9216, 16, 4, 256, 16, 32, 128, 248320, true}},
+        {"9b", {4096, 32, 12288, 16, 4, 256, 16, 32, 128, 248320, false}},
+        {"27b", {5120, 64, 17408, 24, 4, 256, 16, 48, 128, 248320, false}},
+    };
+    return p;
+}
+
+// Fast deterministic normals: splitmix64 + Box-Muller (std::normal_distribution is slow at 1e9 draws).
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
+    void normals(std::vector<float>& v, float mean, float std) {
+        for (size_t i = 0; i < v.size(); i += 2) {
+            const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
+            const double r = std::sqrt(-2.0 * std::log(u1));
+            v[i] = mean + std * float(r * std::cos(6.283185307179586 * u2));
+            if (i + 1 < v.size()) v[i + 1] = mean + std * float(r * std::sin(6.283185307179586 * u2));
+        }
+    }
+};
+
+}  // namespace
+
+std::string synth_qwen35(const SynthOptions& opt) {
+    auto it = presets().find(opt.preset);
+    if (it == presets().end())
+        throw Error("synth: unknown --preset '" + opt.preset + "' (tiny, 0.8b, 2b, 4b, 9b, 27b)");
+    const Preset& P = it->second;
+    if (opt.tokenizer_json.empty()) throw Error("synth: a tokenizer.json is needed (--tokenizer)");
+    Vocab vocab = Tokenizer::from_hf_json(opt.tokenizer_json).vocab();
+    int n_vocab = P.n_vocab ? P.n_vocab : int((vocab.tokens.size() + 127) / 128 * 128);
+    if (int(vocab.tokens.size()) > n_vocab)
+        throw Error("synth: tokenizer has " + std::to_string(vocab.tokens.size()) +
+                    " tokens, more than the preset's vocabulary of " + std::to_string(n_vocab));
+    // Pad as the converter does: [PAD<id>] tokens of type UNUSED.
+    while (int(vocab.tokens.size()) < n_vocab) {
+        vocab.tokens.push_back("[PAD" + std::to_string(vocab.tokens.size()) + "]");
+        vocab.types.push_back(TokenType::Unused);
+    }
+
+    gguf::Writer w;
+    const std::string A = "qwen35.";
+    const int vd = P.H_v * P.d, conv_dim = 2 * P.H_k * P.d + vd, K = 4;
+    w.set("general.architecture", gguf::Value::str("qwen35"));
+    w.set("general.name", gguf::Value::str("alloy-synth-" + opt.preset));
+    w.set("general.file_type", gguf::Value::u32(opt.dtype == GgmlType::Q8_0 ? 7 : opt.dtype == GgmlType::BF16 ? 32
+                                                : opt.dtype == GgmlType::F16 ? 1 : 0));
+    w.set(A + "context_length", gguf::Value::u32(262144));
+    w.set(A + "embedding_length", gguf::Value::u32(uint32_t(P.D)));
+    w.set(A + "block_count", gguf::Value::u32(uint32_t(P.n_layer)));
+    w.set(A + "feed_forward_length", gguf::Value::u32(uint32_t(P.n_ff)));
+    w.set(A + "attention.head_count", gguf::Value::u32(uint32_t(P.n_head)));
+    w.set(A + "attention.head_count_kv", gguf::Value::u32(uint32_t(P.n_head_kv)));
+    w.set(A + "attention.key_length", gguf::Value::u32(uint32_t(P.head_dim)));
+    w.set(A + "attention.value_length", gguf::Value::u32(uint32_t(P.head_dim)));
+    w.set(A + "attention.layer_norm_rms_epsilon", gguf::Value::f32(1e-6f));
+    w.set(A + "rope.freq_base", gguf::Value::f32(1e7f));
+    w.set(A + "rope.dimension_count", gguf::Value::u32(uint32_t(P.head_dim / 4)));
+    w.set(A + "rope.dimension_sections", gguf::Value::i32_array({11, 11, 10, 0}));
+    w.set(A + "full_attention_interval", gguf::Value::u32(4));
+    w.set(A + "ssm.conv_kernel", gguf::Value::u32(uint32_t(K)));
+    w.set(A + "ssm.state_size", gguf::Value::u32(uint32_t(P.d)));
+    w.set(A + "ssm.group_count", gguf::Value::u32(uint32_t(P.H_k)));
+    w.set(A + "ssm.time_step_rank", gguf::Value::u32(uint32_t(P.H_v)));
+    w.set(A + "ssm.inner_size", gguf::Value::u32(uint32_t(vd)));
+    add_vocab_to_gguf(vocab, w);
+
+    Rng rng{opt.seed};
+    std::vector<float> buf;
+    auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out) {
+        buf.resize(size_t(n_in * n_out));
+        rng.normals(buf, 0.0f, 0.02f);
+        w.add_tensor_f32(name, opt.dtype, {n_in, n_out}, buf.data());
+    };
+    auto vec = [&](const std::string& name, std::vector<int64_t> ne, auto gen) {
+        int64_t n = 1;
+        for (auto e : ne) n *= e;
+        buf.resize(size_t(n));
+        for (auto& v : buf) v = gen();
+        w.add_tensor_f32(name, GgmlType::F32, ne, buf.data());
+    };
+    auto norm = [&](const std::string& name, int64_t n) {
+        buf.resize(size_t(n));
+        rng.normals(buf, 1.0f, 0.02f);
+        w.add_tensor_f32(name, GgmlType::F32, {n}, buf.data());
+    };
+
+    matrix("token_embd.weight", P.D, n_vocab);
+    norm("output_norm.weight", P.D);
+    if (!P.tied) matrix("output.weight", P.D, n_vocab);
+    for (int l = 0; l < P.n_layer; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        norm(p + "attn_norm.weight", P.D);
+        norm(p + "post_attention_norm.weight", P.D);
+        matrix(p + "ffn_gate.weight", P.D, P.n_ff);
+        matrix(p + "ffn_up.weight", P.D, P.n_ff);
+        matrix(p + "ffn_down.weight", P.n_ff, P.D);
+        if ((l + 1) % 4 == 0) {
+            matrix(p + "attn_q.weight", P.D, 2 * P.n_head * P.head_dim);
+            matrix(p + "attn_k.weight", P.D, P.n_head_kv * P.head_dim);
+            matrix(p + "attn_v.weight", P.D, P.n_head_kv * P.head_dim);
+            matrix(p + "attn_output.weight", P.n_head * P.head_dim, P.D);
+            norm(p + "attn_q_norm.weight", P.head_dim);
+            norm(p + "attn_k_norm.weight", P.head_dim);
+        } else {
+            matrix(p + "attn_qkv.weight", P.D, conv_dim);
+            matrix(p + "attn_gate.weight", P.D, vd);
+            matrix(p + "ssm_beta.weight", P.D, P.H_v);
+            matrix(p + "ssm_alpha.weight", P.D, P.H_v);
+            vec(p + "ssm_conv1d.weight", {K, conv_dim}, [&] { return float(rng.uniform() - 0.5); });
+            vec(p + "ssm_a", {P.H_v}, [&] { return -float(1.0 + 15.0 * rng.uniform()); });
+            vec(p + "ssm_dt.bias", {P.H_v}, [&] {
+                const double dt = std::exp(std::log(1e-3) + rng.uniform() * (std::log(1e-1) - std::log(1e-3)));
+                return float(dt + std::log(-std::expm1(-dt)));  // softplus^-1(dt)
+            });
+            norm(p + "ssm_norm.weight", P.d);
+            matrix(p + "ssm_out.weight", vd, P.D);
+        }
+    }
+    w.write(opt.out_path);
+    return "wrote " + opt.out_path + " (preset " + opt.preset + ", " + std::to_string(P.n_layer) +
+           " layers, vocab " + std::to_string(n_vocab) + ")";
+}
+
+}  // namespace alloy

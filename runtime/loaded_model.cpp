@@ -1,0 +1,45 @@
+#include "runtime/loaded_model.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "alloy/error.h"
+#include "model/synth.h"
+
+namespace alloy {
+
+const Tokenizer& LoadedModel::require_tokenizer() const {
+    if (!tokenizer)
+        throw Error(file->path() + ": the file has no tokenizer (tokenizer.ggml.* keys); "
+                    "give token ids with --ids instead");
+    return *tokenizer;
+}
+
+LoadedModel load_model(const std::string& path) {
+    LoadedModel m;
+    m.file = std::shared_ptr<gguf::File>(gguf::File::open(path));
+    m.model = Qwen35Model::load(m.file);
+    if (m.file->has("tokenizer.ggml.model")) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
+    return m;
+}
+
+std::string default_model_path() {
+    namespace fs = std::filesystem;
+    fs::path dir;
+    if (const char* h = std::getenv("ALLOY_HOME")) dir = h;
+    else if (const char* home = std::getenv("HOME")) dir = fs::path(home) / ".cache" / "alloy";
+    else dir = fs::temp_directory_path() / "alloy";
+    const fs::path model = dir / "tiny-default.gguf";
+    if (!fs::exists(model)) {
+        fs::create_directories(dir);
+        SynthOptions opt;
+        opt.preset = "tiny";
+        opt.dtype = GgmlType::F32;
+        opt.tokenizer_json = std::string(ALLOY_ASSETS_DIR) + "/qwen3-tokenizer/tokenizer.json";
+        opt.out_path = model.string();
+        synth_qwen35(opt);
+    }
+    return model.string();
+}
+
+}  // namespace alloy

@@ -1,0 +1,28 @@
+// Opening a model file: the GGUF mapping, the bound model and (when the file carries one)
+// its tokenizer, in one place so every subcommand opens models the same way.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "format/gguf.h"
+#include "model/qwen35.h"
+#include "tokenizer/tokenizer.h"
+
+namespace alloy {
+
+struct LoadedModel {
+    std::shared_ptr<gguf::File> file;
+    std::unique_ptr<Qwen35Model> model;
+    std::optional<Tokenizer> tokenizer;  // absent when the GGUF has no tokenizer.ggml.* keys
+
+    const Tokenizer& require_tokenizer() const;  // throws naming the file
+};
+
+LoadedModel load_model(const std::string& path);
+
+// The embedded default: a tiny synthetic Qwen3.5 with the real Qwen3 vocabulary, written on
+// first use (no download). Returns its path.
+std::string default_model_path();
+
+}  // namespace alloy

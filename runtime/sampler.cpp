@@ -1,0 +1,58 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "alloy/error.h"
+
+namespace alloy {
+
+Sampler::Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {
+    if (!(p.temp >= 0)) throw Error("--temp must be >= 0");
+    if (p.top_k < 0) throw Error("--top-k must be >= 0");
+    if (!(p.top_p > 0 && p.top_p <= 1)) throw Error("--top-p must be in (0, 1]");
+    if (!(p.min_p >= 0 && p.min_p < 1)) throw Error("--min-p must be in [0, 1)");
+}
+
+int32_t Sampler::sample(const float* logits, int n_vocab) {
+    if (p_.temp == 0) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < n_vocab; ++i)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    cand_.resize(size_t(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) cand_[size_t(i)] = {logits[i], i};
+    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+    size_t n = cand_.size();
+    if (p_.top_k > 0 && size_t(p_.top_k) < n) {
+        std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+        n = size_t(p_.top_k);
+    } else {
+        std::sort(cand_.begin(), cand_.end(), by_logit);
+    }
+    // Softmax at temperature 1 for the top-p / min-p cuts (as llama.cpp's chain does).
+    std::vector<double> prob(n);
+    const double mx = cand_[0].first;
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += (prob[i] = std::exp(double(cand_[i].first) - mx));
+    size_t keep = n;
+    if (p_.top_p < 1) {
+        double cum = 0;
+        for (size_t i = 0; i < n; ++i) {
+            cum += prob[i] / sum;
+            if (cum >= p_.top_p) { keep = i + 1; break; }
+        }
+    }
+    if (p_.min_p > 0) {
+        size_t m = 1;
+        while (m < keep && prob[m] >= p_.min_p * prob[0]) ++m;
+        keep = m;
+    }
+    std::vector<double> w(keep);
+    for (size_t i = 0; i < keep; ++i) w[i] = std::exp((double(cand_[i].first) - mx) / p_.temp);
+    std::discrete_distribution<size_t> dist(w.begin(), w.end());
+    return cand_[dist(rng_)].second;
+}
+
+}  // namespace alloy

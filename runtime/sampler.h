@@ -1,0 +1,29 @@
+// Token sampling as llama.cpp users know it: greedy at temperature 0, else
+// top-k -> top-p -> min-p -> temperature -> seeded draw.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace alloy {
+
+struct SamplerParams {
+    float temp = 0.8f;   // 0 = greedy
+    int top_k = 40;      // 0 = off
+    float top_p = 0.95f; // 1 = off
+    float min_p = 0.05f; // 0 = off
+    uint64_t seed = 0;
+};
+
+class Sampler {
+public:
+    explicit Sampler(const SamplerParams& p);
+    int32_t sample(const float* logits, int n_vocab);  // ties break to the lowest id
+
+private:
+    SamplerParams p_;
+    std::mt19937_64 rng_;
+    std::vector<std::pair<float, int32_t>> cand_;
+};
+
+}  // namespace alloy

@@ -1,0 +1,167 @@
+// The `alloy` binary as a user meets it: bad input must give a clear message naming what was
+// wrong and a non-zero exit, never a crash; good input must give the oracle's answers.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "format/gguf.h"
+#include "model/convert_qwen35.h"
+
+namespace alloy {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+    int code = -1;        // exit code; -1 if killed by a signal
+    std::string output;   // stdout + stderr
+};
+
+Result run(const std::string& args, bool with_stderr = true) {
+    const std::string cmd = std::string(ALLOY_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+class Cli : public ::testing::Test {
+protected:
+    static fs::path dir;
+    static std::string model;  // r2_untied converted to f32
+    static void SetUpTestSuite() {
+        dir = fs::temp_directory_path() / ("alloy_cli_" + std::to_string(::getpid()));
+        fs::create_directories(dir);
+        model = (dir / "r2.gguf").string();
+        ConvertOptions opt;
+        opt.hf_dir = std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/r2_untied";
+        opt.out_path = model;
+        opt.dtype = GgmlType::F32;
+        convert_hf_qwen35(opt);
+    }
+    static void TearDownTestSuite() { fs::remove_all(dir); }
+
+    // Rewrites `model` with an edit applied: metadata and tensor list can be changed.
+    static std::string rewrite(const std::string& name,
+                               const std::function<void(gguf::Writer&, std::vector<gguf::TensorInfo>&)>& edit) {
+        auto f = gguf::File::open(model);
+        gguf::Writer w;
+        for (const auto& [k, v] : f->metadata()) w.set(k, v);
+        std::vector<gguf::TensorInfo> tensors = f->tensors();
+        edit(w, tensors);
+        for (const auto& t : tensors)
+            w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+        const std::string out = (dir / name).string();
+        w.write(out);
+        return out;
+    }
+
+    static void expect_error(const Result& r, const std::string& needle) {
+        EXPECT_NE(r.code, 0) << r.output;
+        EXPECT_NE(r.code, -1) << "crashed: " << r.output;
+        EXPECT_NE(r.output.find(needle), std::string::npos) << "message lacks '" << needle << "': " << r.output;
+    }
+};
+fs::path Cli::dir;
+std::string Cli::model;
+
+TEST_F(Cli, GreedyRunMatchesTransformers) {
+    auto ref = nlohmann::json::parse(std::ifstream(std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/r2_untied/reference.json"));
+    std::string prompt, want;
+    for (int id : ref["greedy"][0]["prompt"]) prompt += std::to_string(id) + " ";
+    for (int id : ref["greedy"][0]["generated"]) want += (want.empty() ? "" : " ") + std::to_string(id);
+    for (const char* gdn : {"serial", "chunked"}) {
+        Result r = run("run -m " + model + " --ids \"" + prompt + "\" -n 12 --temp 0 --print-ids --gdn " + gdn, false);
+        ASSERT_EQ(r.code, 0) << r.output;
+        EXPECT_EQ(r.output.substr(0, r.output.find('\n')), want) << gdn;
+    }
+}
+
+TEST_F(Cli, LogitsFileHasEveryPosition) {
+    const std::string out = (dir / "l.f32").string();
+    Result r = run("logits -m " + model + " --ids \"1 2 3 4 5\" -o " + out + " --decode");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(fs::file_size(out), size_t(5 * 384 * 4));
+}
+
+TEST_F(Cli, UnknownFlag) { expect_error(run("run -m " + model + " --bogus-flag 3"), "bogus-flag"); }
+TEST_F(Cli, UnknownSubcommand) { EXPECT_NE(run("frobnicate").code, 0); }
+TEST_F(Cli, MissingModelFile) { expect_error(run("logits -m /nonexistent.gguf --ids 1 -o /dev/null"), "/nonexistent.gguf"); }
+TEST_F(Cli, BadGdnMode) { expect_error(run("logits -m " + model + " --ids 1 -o /dev/null --gdn fast"), "--gdn"); }
+TEST_F(Cli, BadTokenIdText) { expect_error(run("logits -m " + model + " --ids \"1 x2 3\" -o /dev/null"), "x2"); }
+TEST_F(Cli, TokenIdOutsideVocabulary) { expect_error(run("logits -m " + model + " --ids \"1 384\" -o /dev/null"), "384"); }
+
+TEST_F(Cli, PromptLongerThanContext) {
+    expect_error(run("run -m " + model + " --ids \"1 2 3 4 5 6 7 8 9 10\" -n 2 --ctx 8"), "context");
+    expect_error(run("logits -m " + model + " --ids \"1 2 3 4 5 6 7 8 9 10\" --ctx 8 -o /dev/null"), "context");
+}
+
+TEST_F(Cli, WrongArchitecture) {
+    const std::string f = rewrite("arch.gguf", [](gguf::Writer& w, auto&) {
+        w.set("general.architecture", gguf::Value::str("llama"));
+    });
+    expect_error(run("logits -m " + f + " --ids 1 -o /dev/null"), "llama");
+}
+
+TEST_F(Cli, MissingTensor) {
+    const std::string f = rewrite("missing.gguf", [](gguf::Writer&, std::vector<gguf::TensorInfo>& t) {
+        std::erase_if(t, [](const auto& x) { return x.name == "blk.1.ssm_a"; });
+    });
+    expect_error(run("logits -m " + f + " --ids 1 -o /dev/null"), "blk.1.ssm_a");
+}
+
+TEST_F(Cli, TensorWithWrongShape) {
+    const std::string f = rewrite("shape.gguf", [](gguf::Writer&, std::vector<gguf::TensorInfo>& t) {
+        for (auto& x : t)
+            if (x.name == "blk.0.ssm_norm.weight") { x.ne = {16}; x.nbytes = 64; }
+    });
+    expect_error(run("logits -m " + f + " --ids 1 -o /dev/null"), "blk.0.ssm_norm.weight");
+}
+
+TEST_F(Cli, MissingHyperparameter) {
+    // Rebuild the file without one required key.
+    auto f = gguf::File::open(model);
+    gguf::Writer w;
+    for (const auto& [k, v] : f->metadata())
+        if (k != "qwen35.ssm.state_size") w.set(k, v);
+    for (const auto& t : f->tensors()) w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+    const std::string out = (dir / "nokey.gguf").string();
+    w.write(out);
+    expect_error(run("logits -m " + out + " --ids 1 -o /dev/null"), "qwen35.ssm.state_size");
+}
+
+TEST_F(Cli, TruncatedModelFile) {
+    const std::string out = (dir / "trunc.gguf").string();
+    fs::copy_file(model, out);
+    fs::resize_file(out, fs::file_size(out) / 2);
+    Result r = run("logits -m " + out + " --ids 1 -o /dev/null");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.code, -1) << r.output;
+    EXPECT_NE(r.output.find("trunc.gguf"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, NotAGgufFile) {
+    const std::string out = (dir / "text.gguf").string();
+    std::ofstream(out) << "this is not a model";
+    expect_error(run("logits -m " + out + " --ids 1 -o /dev/null"), "text.gguf");
+}
+
+TEST_F(Cli, ConvertRejectsBrokenCheckpoint) {
+    const fs::path hf = dir / "hf_broken";
+    fs::create_directories(hf);
+    std::ofstream(hf / "config.json") << "{ \"text_config\": { \"vocab_size\": 10 ";
+    expect_error(run("convert " + hf.string() + " -o " + (dir / "x.gguf").string()), "config.json");
+    std::ofstream(hf / "config.json") << "{\"vocab_size\": 10}";
+    expect_error(run("convert " + hf.string() + " -o " + (dir / "x.gguf").string()), "hidden_size");
+}
+
+}  // namespace
+}  // namespace alloy

@@ -16,7 +16,6 @@ namespace alloy::gguf {
 namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read little-endian
-constexpr uint32_t kDefaultAlignment = 32;
 constexpr int64_t kMaxDims = 4;
 // Smallest possible encodings, used to reject absurd counts before allocating.
 constexpr size_t kMinKvBytes = 8 + 4;               // key length + value type

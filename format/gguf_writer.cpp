@@ -214,7 +214,7 @@ void Writer::write(const std::string& path) const {
     static const uint8_t kZeros[256] = {};
     for (const PendingTensor& t : tensors_) {
         if (!ok) break;
-        ok = std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size();
+        if (!t.bytes.empty()) ok = std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size();
         for (size_t pad = (alignment_ - t.bytes.size() % alignment_) % alignment_; ok && pad > 0;) {
             const size_t n = pad < sizeof kZeros ? pad : sizeof kZeros;
             ok = std::fwrite(kZeros, 1, n, f) == n;

@@ -199,6 +199,7 @@ uint16_t fp32_to_bf16(float f) {
 
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
     check_row(t, n, "dequantize_row");
+    if (n == 0) return;
     const uint8_t* s = static_cast<const uint8_t*>(src);
     switch (t) {
         case GgmlType::F32: std::memcpy(dst, s, static_cast<size_t>(n) * 4); return;
@@ -217,6 +218,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
 
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
     check_row(t, n, "quantize_row");
+    if (n == 0) return;
     uint8_t* d = static_cast<uint8_t*>(dst);
     switch (t) {
         case GgmlType::F32: std::memcpy(d, src, static_cast<size_t>(n) * 4); return;

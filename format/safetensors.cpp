@@ -155,6 +155,7 @@ const SafetensorsFile::Tensor* SafetensorsFile::find(const std::string& name) co
 std::vector<float> SafetensorsFile::to_f32(const Tensor& t) {
     const size_t esize = dtype_size(t.dtype);
     std::vector<float> out(esize ? t.nbytes / esize : 0);
+    if (out.empty()) return out;
     if (t.dtype == "F32") {
         std::memcpy(out.data(), t.data, out.size() * 4);
         return out;

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: dependencies, the Release build (as README's first command builds
+# it), the libFuzzer targets (clang, second build dir), then ctest: unit, op, end-to-end
+# against transformers fixtures, CLI, `alloy test-ops` and bounded fuzz runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+jobs=$(nproc)
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DALLOY_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_gguf fuzz_safetensors
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DALLOY_FUZZ_BIN_DIR="$PWD/build-fuzz" >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure

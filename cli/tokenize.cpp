@@ -1,9 +1,42 @@
-// PLACEHOLDER during development: replaced by the real command before any commit.
-#include "cli/commands.h"
+// alloy tokenize -m MODEL_OR_TOKENIZER_JSON [--special]
+// Reads all of stdin and prints the token ids on one line, separated by single spaces.
+// Without --special the input is plain text (<|im_start|> is spelled out as ordinary
+// pieces); with it, special and added tokens are matched verbatim.
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <string>
+
 #include "alloy/error.h"
+#include "cli/commands.h"
+#include "tokenizer/tokenizer.h"
+
 namespace alloy::cli {
+
 void add_tokenize_command(CLI::App& app) {
-    auto* cmd = app.add_subcommand("tokenize", "(not built yet)");
-    cmd->callback([] { throw Error("tokenize: not built yet"); });
+    struct Options {
+        std::string model;
+        bool special = false;
+    };
+    auto opt = std::make_shared<Options>();
+    auto* cmd = app.add_subcommand("tokenize", "print the token ids of stdin");
+    cmd->add_option("-m,--model", opt->model, "GGUF model, or a Hugging Face tokenizer.json")->required();
+    cmd->add_flag("--special", opt->special, "parse special tokens such as <|im_start|> in the input");
+    cmd->callback([opt] {
+        const Tokenizer tok = Tokenizer::from_path(opt->model);
+        std::ios::sync_with_stdio(false);
+        std::cin >> std::noskipws;
+        const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+        if (std::cin.bad()) throw Error("tokenize: cannot read stdin");
+        std::string line;
+        for (int32_t id : tok.encode(text, opt->special)) {
+            if (!line.empty()) line += ' ';
+            line += std::to_string(id);
+        }
+        line += '\n';
+        if (std::fwrite(line.data(), 1, line.size(), stdout) != line.size() || std::fflush(stdout) != 0)
+            throw Error("tokenize: cannot write stdout");
+    });
 }
+
 }  // namespace alloy::cli

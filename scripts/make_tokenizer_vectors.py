@@ -20,9 +20,7 @@ from tokenizers import Regex, Tokenizer, pre_tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "tokenizer", "data")
-DEFAULT_TOKENIZER = os.path.join(os.path.dirname(ROOT), "shared", "testdata", "qwen3-tokenizer", "tokenizer.json")
-if not os.path.exists(DEFAULT_TOKENIZER):
-    DEFAULT_TOKENIZER = "/work/shared/testdata/qwen3-tokenizer/tokenizer.json"
+DEFAULT_TOKENIZER = os.path.join(ROOT, "testdata", "qwen3-tokenizer", "tokenizer.json")
 
 QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
                 r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")

@@ -13,14 +13,8 @@ namespace alloy::test {
 
 inline std::string source_path(const std::string& rel) { return std::string(ALLOY_SOURCE_DIR) + "/" + rel; }
 
-// shared/ sits next to the repository checkout; /work/shared is the usual place.
-inline std::string qwen3_tokenizer_json() {
-    for (const std::string p : {source_path("../shared/testdata/qwen3-tokenizer/tokenizer.json"),
-                                std::string("/work/shared/testdata/qwen3-tokenizer/tokenizer.json")}) {
-        if (std::ifstream(p).good()) return p;
-    }
-    return "/work/shared/testdata/qwen3-tokenizer/tokenizer.json";
-}
+// The real Qwen3 vocabulary, committed under testdata/ (Apache-2.0, see its README).
+inline std::string qwen3_tokenizer_json() { return source_path("testdata/qwen3-tokenizer/tokenizer.json"); }
 
 inline const Tokenizer& qwen3() {
     static const Tokenizer tok = Tokenizer::from_hf_json(qwen3_tokenizer_json());

@@ -1,6 +1,6 @@
 #include "cli/common.h"
 
-#include <omp.h>
+#include "kernels/cpu/thread_pool.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -28,7 +28,7 @@ ForwardOptions EngineOptions::forward_options() const {
     o.gdn_chunk = chunk;
     if (ctx < 1) throw Error("--ctx must be positive, got " + std::to_string(ctx));
     if (threads < 0) throw Error("--threads must be >= 0");
-    if (threads > 0) omp_set_num_threads(threads);
+    if (threads > 0) cpu::set_n_threads(threads);
     return o;
 }
 

@@ -73,8 +73,10 @@ struct Rng {
 
 // ---------------------------------------------------------------------------------------
 // GDN_DELTA: the delta rule core (kernels/ref/gdn.h). Data as in test-backend-ops:
-// g ~ U[-20, -1e-4], beta ~ U[0, 1], v ~ U[-0.3, 5], q, k ~ U[-1, 1] L2-normalised
-// (q also / sqrt(d_k)), initial state ~ U[-1, 1].
+// beta ~ U[0, 1], v ~ U[-0.3, 5], q, k ~ U[-1, 1] L2-normalised (q also / sqrt(d_k)),
+// initial state ~ U[-1, 1]; g ~ U[-20, -1e-4] (test-backend-ops) on even value heads, but
+// g ~ U[-1, -0.01] (trained models) on odd ones: with g down to -20 the state forgets
+// everything but the last few tokens, which would hide errors in early tokens of a chunk.
 
 struct DeltaIn {
     alloy::ref::GdnShape shape;
@@ -100,7 +102,10 @@ DeltaIn make_delta_in(const GdnCase& c, uint32_t seed) {
             for (std::size_t i = 0; i < d; ++i) e[i] = (float)(e[i] * scale);
         }
     in.v = rng.vec(T * H_v * d, -0.3f, 5.0f);
-    in.g = rng.vec(T * H_v, -20.0f, -1e-4f);
+    in.g = rng.vec(T * H_v, -20.0f, -1e-4f);  // [T, H_v]
+    std::uniform_real_distribution<float> realistic(-1.0f, -0.01f);
+    for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t h = 1; h < H_v; h += 2) in.g[t * H_v + h] = realistic(rng.gen);
     in.beta = rng.vec(T * H_v, 0.0f, 1.0f);
     const std::size_t ns = (std::size_t)in.n_seqs() * H_v * d * d;
     in.state = c.init ? rng.vec(ns, -1, 1) : std::vector<float>(ns, 0.0f);
@@ -284,7 +289,8 @@ void run_test_ops(const Options& o) {
 
     const auto cases = gdn_cases(o);
     std::printf("test-ops: variants vs kernels/ref (GDN_DELTA: gdn_delta_serial, GDN_FUSED: gdn_fused serial);"
-                " d_k=d_v=%d, tiled head map, seqs=3 means lengths {T, 0, T/2+1}; fail on NaN or nmse > %.0e\n",
+                " d_k=d_v=%d, tiled head map, seqs=3 means lengths {T, 0, T/2+1}, g ~ U[-20,-1e-4] on even heads"
+                " and U[-1,-0.01] on odd heads; fail on NaN or nmse > %.0e\n",
                 kHeadDim, kMaxNmseF32);
     if (o.quick)
         std::printf("test-ops: --quick: H_v=16 and T<=65 only\n");

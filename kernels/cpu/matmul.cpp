@@ -7,6 +7,7 @@
 
 #include "format/quant.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace alloy::cpu {
 namespace {
@@ -75,11 +76,11 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
     const int64_t n_in = W.n_in, n_out = W.n_out;
     const int64_t n_blocks = (n_out + kRowBlock - 1) / kRowBlock;
     const bool plain = W.type == GgmlType::F32;  // rows usable in place
-#pragma omp parallel
-    {
-        std::vector<float> rows(plain ? 0 : size_t(kRowBlock * n_in));
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < n_blocks; ++b) {
+    std::vector<std::vector<float>> scratch(static_cast<size_t>(n_threads()));
+    parallel_for(n_blocks, [&](int64_t b, int thread) {
+        {
+            std::vector<float>& rows = scratch[size_t(thread)];
+            if (!plain && rows.empty()) rows.resize(size_t(kRowBlock * n_in));
             const int64_t r0 = b * kRowBlock, r1 = std::min(n_out, r0 + kRowBlock);
             const float* base[kRowBlock];
             for (int64_t r = r0; r < r1; ++r) {
@@ -97,7 +98,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
                 for (int64_t r = r0; r < r1; ++r) yt[r] = dot(base[r - r0], xt, n_in);
             }
         }
-    }
+    });
 }
 
 }  // namespace alloy::cpu

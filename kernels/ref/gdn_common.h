@@ -9,6 +9,10 @@
 
 namespace alloy::ref::detail {
 
+// Below this many multiply-adds an OpenMP region costs more than it saves (and on a loaded
+// machine its barrier can wait for a descheduled thread): run it on the calling thread.
+constexpr double kMinParallelWork = 1 << 18;
+
 // sum_i a[i] b[i]. Eight partial sums so that the compiler can keep them in one vector
 // register without -ffast-math (a plain serial sum cannot be reassociated); the order of
 // summation is part of no contract (spec/GDN.md section 3 tests use tolerances).

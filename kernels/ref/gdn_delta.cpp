@@ -41,7 +41,8 @@ void gdn_delta_serial(const GdnShape& shape, int n_seqs, const int32_t* seq_offs
     const int H_k = shape.H_k, H_v = shape.H_v, d_k = shape.d_k, d_v = shape.d_v;
 
     // One independent recurrence per (sequence, value head).
-#pragma omp parallel for schedule(dynamic)
+    const double work = 3.0 * (seq_offsets[n_seqs] - seq_offsets[0]) * H_v * d_k * d_v;
+#pragma omp parallel for schedule(dynamic) if (work >= detail::kMinParallelWork)
     for (int sh = 0; sh < n_seqs * H_v; ++sh) {
         const int seq = sh / H_v, h = sh % H_v, kh = shape.key_head(h);
         float* S = state + (std::size_t)sh * d_v * d_k;  // [d_v, d_k]: row j = column j of S
@@ -83,11 +84,13 @@ void gdn_tri_inverse(int n, const float* A, float* T, TriInverse inverse) {
         for (int s = 0; s < r; ++s) Q[(std::size_t)r * n + s] = -A[(std::size_t)r * n + s];
     for (std::size_t i = 0; i < nn; ++i) T[i] = Q[i];
     for (int r = 0; r < n; ++r) T[(std::size_t)r * n + r] = 1.0f;  // P = I + N
-    auto matmul = [n](const float* X, const float* Y, float* Z) {   // Z = X Y, all [n, n]
+    // Z = X Y for lower-triangular X, Y ([n, n]): Z[r][c] = sum_{c <= s <= r} X[r][s] Y[s][c];
+    // the skipped terms are exact zeros, so this is the dense product with 1/6 of the FMAs.
+    auto matmul = [n](const float* X, const float* Y, float* Z) {
         for (int r = 0; r < n; ++r) {
             float* Zr = Z + (std::size_t)r * n;
             for (int c = 0; c < n; ++c) Zr[c] = 0.0f;
-            for (int s = 0; s < n; ++s) axpy(Zr, X[(std::size_t)r * n + s], Y + (std::size_t)s * n, n);
+            for (int s = 0; s <= r; ++s) axpy(Zr, X[(std::size_t)r * n + s], Y + (std::size_t)s * n, s + 1);
         }
     };
     for (int span = 2; span < n; span *= 2) {  // factors 2..L: L = ceil(log2 n)
@@ -115,7 +118,11 @@ void gdn_delta_chunked(const GdnShape& shape, int n_seqs, const int32_t* seq_off
     if (chunk_size < 1)
         throw Error("gdn_delta_chunked: chunk_size=" + std::to_string(chunk_size) + " must be >= 1");
     const int H_k = shape.H_k, H_v = shape.H_v, d_k = shape.d_k, d_v = shape.d_v;
-    const int C = chunk_size;
+    // A chunk never spans sequences, so a chunk size beyond the longest sequence acts as that
+    // length (and must not size the buffers below).
+    int longest = 1;
+    for (int s = 0; s < n_seqs; ++s) longest = std::max(longest, seq_offsets[s + 1] - seq_offsets[s]);
+    const int C = std::min(chunk_size, longest);
 
     // Chunks of all sequences, in order; a sequence's chunks are contiguous in this list.
     struct Chunk { int seq, t0, n; };
@@ -129,14 +136,16 @@ void gdn_delta_chunked(const GdnShape& shape, int n_seqs, const int32_t* seq_off
     first_chunk[n_seqs] = (int)chunks.size();
     const int n_slots = (int)chunks.size() * H_v;  // one slot per (chunk, value head)
 
-    // Stage-1 products per slot (rows beyond the chunk's n are unused):
+    // Stage-1 products per slot (rows beyond the chunk's n are unused); all slots are kept,
+    // (2d + C + 1) floats per token and head, ~1.3 KB at d = 128, C = 64:
     std::vector<float> U((std::size_t)n_slots * C * d_v);  // [slot, C, d_v]  T (beta V)
     std::vector<float> W((std::size_t)n_slots * C * d_k);  // [slot, C, d_k]  T (beta e^G K)
     std::vector<float> QKM((std::size_t)n_slots * C * C);  // [slot, C, C]    (Q K^T) .* M
     std::vector<float> G((std::size_t)n_slots * C);        // [slot, C]       cumulative log decay
 
     // Stage 1: everything that does not depend on the state, independent per slot.
-#pragma omp parallel
+    const double work = 3.0 * (seq_offsets[n_seqs] - seq_offsets[0]) * H_v * (C + d_k) * d_v;
+#pragma omp parallel if (work >= detail::kMinParallelWork)
     {
         std::vector<float> A((std::size_t)C * C), Tinv((std::size_t)C * C);  // [n, n] each
         std::vector<float> bk((std::size_t)C * d_k), bv((std::size_t)C * d_v);
@@ -193,7 +202,7 @@ void gdn_delta_chunked(const GdnShape& shape, int n_seqs, const int32_t* seq_off
     // Stage 2: scan over the chunks of each sequence, one (sequence, head) per task. Every
     // column j of S evolves independently given the stage-1 products, so the chunk step is
     // written per column (a contiguous d_k row of the transposed state).
-#pragma omp parallel
+#pragma omp parallel if (work >= detail::kMinParallelWork)
     {
         std::vector<float> delta(C), o(C);  // [n] for one column j
         std::vector<float> eG(C), eGC(C);    // [n] e^{G_r} and e^{G_C - G_r}, both <= 1

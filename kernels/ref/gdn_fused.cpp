@@ -21,7 +21,7 @@ namespace {
 // u: [n, conv_dim]. Input time tau < 0 reads the state: x[tau] = hist[c][K-1+tau].
 void conv1d_silu_seq(int n, int conv_dim, int K, const float* x, const float* w, float* hist,
                      float* u) {
-#pragma omp parallel
+#pragma omp parallel if ((double)n * conv_dim * K >= detail::kMinParallelWork)
     {
         std::vector<float> fresh(K > 1 ? K - 1 : 1);  // [K-1] next state of one channel
 #pragma omp for
@@ -99,7 +99,8 @@ void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_
     std::vector<float> g((std::size_t)T * H_v);          // [T, H_v] log decay, <= 0
     std::vector<float> beta((std::size_t)T * H_v);       // [T, H_v]
     const float q_scale = 1.0f / std::sqrt((float)d_k);
-#pragma omp parallel for
+    const bool parallel = (double)T * conv_dim * 4 >= detail::kMinParallelWork;  // ~4 ops per element
+#pragma omp parallel for if (parallel)
     for (int t = 0; t < T; ++t) {
         const float* u_t = u.data() + (std::size_t)t * conv_dim;
         for (int kh = 0; kh < H_k; ++kh) {
@@ -131,7 +132,7 @@ void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_
                           beta.data(), state, o.data(), p.chunk_size);
 
     // 4. gated RMSNorm per value head: y = o * rsqrt(mean(o^2) + eps) * norm * SiLU(z).
-#pragma omp parallel for
+#pragma omp parallel for if (parallel)
     for (int t = 0; t < T; ++t) {
         for (int h = 0; h < H_v; ++h) {
             const float* o_h = o.data() + ((std::size_t)t * H_v + h) * d_v;  // [d_v]

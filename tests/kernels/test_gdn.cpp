@@ -4,6 +4,7 @@
 // error ||a - b|| / ||b|| < 1e-5 for every fp32 comparison (spec/GDN.md section 3).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -219,7 +220,7 @@ TEST(GdnDelta, TriInverseBothMethods) {
 // map and initial state rotate with the case index so that every combination appears.
 TEST(GdnDelta, ChunkedMatchesSerial) {
     int idx = 0;
-    for (int chunk : {1, 8, 16, 32, 64, 24})
+    for (int chunk : {1, 8, 16, 32, 64, 24, 1 << 30})  // the last: one chunk per sequence
         for (int T : {1, 7, 8, 63, 64, 65, 130})
             for (bool wide : {true, false})
                 for (auto inv : {TriInverse::Substitution, TriInverse::Squaring}) {

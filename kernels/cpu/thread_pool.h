@@ -1,0 +1,34 @@
+// The CPU kernels' thread pool: one process-wide pool of spinning workers, built for many
+// small parallel regions (a decode step launches ~10 per layer), where OpenMP's barrier and
+// wake-up cost showed up as whole milliseconds per token.
+//
+// parallel_for(n, fn) calls fn(i, thread) for every i in [0, n) across the pool (the calling
+// thread works too) and returns when all are done. Items are handed out by an atomic counter,
+// so uneven items balance themselves. Workers spin for a short while after each region (the
+// next one usually follows within microseconds), then sleep on a futex so an idle process
+// does not burn CPU. Not reentrant: kernels must not call parallel_for from inside fn.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+namespace alloy::cpu {
+
+// Threads the pool uses (the caller included). Default: ALLOY_THREADS or hardware threads.
+int n_threads();
+// Resizes the pool (>= 1). Call before work starts, from one thread.
+void set_n_threads(int n);
+
+// Type-erased core; prefer the template below.
+void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn);
+
+template <class Fn>
+inline void parallel_for(int64_t n, Fn&& fn) {
+    if (n <= 0) return;
+    if (n == 1 || n_threads() == 1) {
+        for (int64_t i = 0; i < n; ++i) fn(i, 0);
+        return;
+    }
+    parallel_for_impl(n, std::function<void(int64_t, int)>(std::forward<Fn>(fn)));
+}
+
+}  // namespace alloy::cpu

@@ -199,96 +199,174 @@ SequenceState Qwen35Model::new_state(int n_ctx) const {
 }
 
 // ---------------------------------------------------------------- forward
-void Qwen35Model::forward(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts,
-                          float* logits) const {
+namespace {
+std::string matmul_kernel(const WeightView& w) { return std::string("matmul_") + type_traits(w.type).name; }
+}  // namespace
+
+int Qwen35Model::bucket_for(int n, const ForwardOptions& opts) {
+    if (n == 1) return 1;  // decode has its own plan
+    const int c = std::max(1, opts.gdn_chunk);
+    return (n + c - 1) / c * c;
+}
+
+std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& opts) const {
     const Qwen35HParams& hp = hp_;
-    if (n <= 0) throw Error("forward: no tokens to process");
-    if (int64_t(st.n_past) + n > st.n_ctx)
-        throw Error("sequence of " + std::to_string(st.n_past + n) + " tokens exceeds the context size of " +
-                    std::to_string(st.n_ctx) + " (raise --ctx)");
-    const int64_t T = n, D = hp.n_embd;
+    auto plan = std::make_unique<Plan>(bucket);
+    const int64_t B = bucket, D = hp.n_embd;
     const float eps = hp.eps;
+    // Buffers for the largest call of this bucket; every step uses only the first ctx.n rows.
+    float* x = plan->buffer(size_t(B * D));   // [B, D] residual stream, fp32
+    float* h = plan->buffer(size_t(B * D));   // [B, D] normed block input
+    float* o = plan->buffer(size_t(B * D));   // [B, D] block output
+    const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), H_v = hp.ssm_H_v;
+    const int nh = hp.n_head, nkv = hp.n_head_kv, hd = hp.head_dim;
+    float* qkv = plan->buffer(size_t(B * cd));                 // [B, conv_dim]
+    float* z = plan->buffer(size_t(B * vd));                   // [B, value_dim]
+    float* a = plan->buffer(size_t(B * H_v));                  // [B, H_v]
+    float* b = plan->buffer(size_t(B * H_v));                  // [B, H_v]
+    float* y = plan->buffer(size_t(B * vd));                   // [B, value_dim]
+    float* qg = plan->buffer(size_t(B) * nh * 2 * hd);         // [B, n_head, 2, hd]
+    float* q = plan->buffer(size_t(B) * nh * hd);              // [B, n_head, hd]
+    float* gate = plan->buffer(size_t(B) * nh * hd);           // [B, n_head, hd]
+    float* att = plan->buffer(size_t(B) * nh * hd);            // [B, n_head, hd]
+    float* ffg = plan->buffer(size_t(B) * hp.n_ff);            // [B, n_ff]
+    float* ffu = plan->buffer(size_t(B) * hp.n_ff);            // [B, n_ff]
+    int32_t* pos = reinterpret_cast<int32_t*>(plan->buffer(size_t(B)));  // [B] absolute positions
 
-    std::vector<float> x(size_t(T * D));   // [T, D] residual stream, fp32
-    std::vector<float> h(size_t(T * D));   // [T, D] normed input of a block
-    std::vector<float> o(size_t(T * D));   // [T, D] block output
-    for (int64_t t = 0; t < T; ++t) {
-        if (ids[t] < 0 || ids[t] >= hp.n_vocab)
-            throw Error("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
-                        " is outside the vocabulary [0, " + std::to_string(hp.n_vocab) + ")");
-        dequantize_row(tok_embd.type, tok_embd.row(ids[t]), x.data() + t * D, D);
-    }
-    std::vector<int32_t> pos(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(st.n_past + t);
-
-    const int32_t seq_offsets[2] = {0, int32_t(T)};
     ref::GdnParams gp;
     gp.shape = {hp.ssm_H_k, hp.ssm_H_v, hp.ssm_d_k, hp.ssm_d_v, /*tiled=*/true};
     gp.conv_kernel = hp.conv_kernel;
     gp.eps = eps;
     gp.mode = opts.gdn_mode;
     gp.chunk_size = opts.gdn_chunk;
+    const std::string gdn_kernel = opts.gdn_mode == ref::GdnMode::Serial ? "gdn_fused_serial" : "gdn_fused_chunked";
+
+    auto mm = [&](const WeightView& w, const float* in, float* out, const std::string& label) {
+        plan->add(matmul_kernel(w), label, [&w, in, out](const StepContext& c) { cpu::matmul(w, in, out, c.n); });
+    };
+    auto norm = [&](const float* in, const float* w, float* out, const std::string& label) {
+        plan->add("rms_norm", label, [=](const StepContext& c) { ref::rms_norm(in, w, out, c.n, D, eps); });
+    };
+    auto add_residual = [&](const std::string& label) {
+        plan->add("add", label, [=](const StepContext& c) {
+            for (int64_t i = 0; i < int64_t(c.n) * D; ++i) x[i] += o[i];
+        });
+    };
+
+    plan->add("embed", "token_embd", [this, x, pos, D](const StepContext& c) {
+        for (int t = 0; t < c.n; ++t) {
+            if (c.ids[t] < 0 || c.ids[t] >= hp_.n_vocab)
+                throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
+                            " is outside the vocabulary [0, " + std::to_string(hp_.n_vocab) + ")");
+            dequantize_row(tok_embd.type, tok_embd.row(c.ids[t]), x + int64_t(t) * D, D);
+            pos[t] = c.n_past + t;
+        }
+    });
 
     for (int l = 0; l < hp.n_layer; ++l) {
         const Qwen35Layer& L = layers_[size_t(l)];
-        ref::rms_norm(x.data(), L.attn_norm, h.data(), T, D, eps);
+        const std::string p = "blk." + std::to_string(l) + ".";
+        norm(x, L.attn_norm, h, p + "attn_norm");
         if (hp.is_recurrent(l)) {
-            // Gated DeltaNet: projections, then the fused op, then the output projection.
-            const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), H_v = hp.ssm_H_v;
-            std::vector<float> qkv(size_t(T * cd)), z(size_t(T * vd)), a(size_t(T * H_v)),
-                bb(size_t(T * H_v)), y(size_t(T * vd));
-            cpu::matmul(L.ssm_qkv, h.data(), qkv.data(), T);    // [T, conv_dim]
-            cpu::matmul(L.ssm_gate, h.data(), z.data(), T);     // [T, value_dim]
-            cpu::matmul(L.ssm_beta, h.data(), bb.data(), T);    // [T, H_v]
-            cpu::matmul(L.ssm_alpha, h.data(), a.data(), T);    // [T, H_v]
-            ref::GdnWeights gw{L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
-            ref::gdn_fused(gp, gw, 1, seq_offsets, qkv.data(), z.data(), a.data(), bb.data(),
-                           st.conv_state[size_t(l)].data(), st.ssm_state[size_t(l)].data(), y.data());
-            cpu::matmul(L.ssm_out, y.data(), o.data(), T);      // [T, D]
+            // Gated DeltaNet: projections, the fused op (conv, norms, gates, delta rule, gated
+            // RMSNorm; states updated in place), the output projection.
+            mm(L.ssm_qkv, h, qkv, p + "attn_qkv");
+            mm(L.ssm_gate, h, z, p + "attn_gate");
+            mm(L.ssm_beta, h, b, p + "ssm_beta");
+            mm(L.ssm_alpha, h, a, p + "ssm_alpha");
+            plan->add(gdn_kernel, p + "gdn", [=, &L](const StepContext& c) {
+                const int32_t offsets[2] = {0, c.n};
+                ref::GdnWeights gw{L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
+                ref::gdn_fused(gp, gw, 1, offsets, qkv, z, a, b, c.state->conv_state[size_t(l)].data(),
+                               c.state->ssm_state[size_t(l)].data(), y);
+            });
+            mm(L.ssm_out, y, o, p + "ssm_out");
         } else {
             // Gated attention: q/gate interleaved per head, q/k RMSNorm, partial RoPE, GQA.
-            const int nh = hp.n_head, nkv = hp.n_head_kv, hd = hp.head_dim;
-            std::vector<float> qg(size_t(T) * nh * 2 * hd), q(size_t(T) * nh * hd),
-                gate(size_t(T) * nh * hd), att(size_t(T) * nh * hd);
-            cpu::matmul(L.wq, h.data(), qg.data(), T);          // [T, n_head, 2, hd]
-            for (int64_t t = 0; t < T; ++t)
-                for (int hh = 0; hh < nh; ++hh) {
-                    const float* src = qg.data() + (t * nh + hh) * 2 * hd;
-                    std::copy(src, src + hd, q.data() + (t * nh + hh) * hd);
-                    std::copy(src + hd, src + 2 * hd, gate.data() + (t * nh + hh) * hd);
+            mm(L.wq, h, qg, p + "attn_q");
+            plan->add("split_q_gate", p + "attn_q", [=](const StepContext& c) {
+                for (int64_t th = 0; th < int64_t(c.n) * nh; ++th) {
+                    const float* src = qg + th * 2 * hd;
+                    std::copy(src, src + hd, q + th * hd);
+                    std::copy(src + hd, src + 2 * hd, gate + th * hd);
                 }
+            });
             const int64_t kvw = int64_t(nkv) * hd;
-            float* kc = st.k_cache[size_t(l)].data() + int64_t(st.n_past) * kvw;  // [T, n_kv, hd]
-            float* vc = st.v_cache[size_t(l)].data() + int64_t(st.n_past) * kvw;
-            cpu::matmul(L.wk, h.data(), kc, T);
-            cpu::matmul(L.wv, h.data(), vc, T);
-            ref::rms_norm(q.data(), L.q_norm, q.data(), T * nh, hd, eps);
-            ref::rms_norm(kc, L.k_norm, kc, T * nkv, hd, eps);
-            ref::rope_partial(q.data(), pos.data(), T, nh, hd, hp.n_rot, hp.rope_base);
-            ref::rope_partial(kc, pos.data(), T, nkv, hd, hp.n_rot, hp.rope_base);
-            ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
-            cpu::attention(as, q.data(), st.k_cache[size_t(l)].data(), st.v_cache[size_t(l)].data(),
-                           att.data(), T, st.n_past);
-            for (size_t i = 0; i < att.size(); ++i) att[i] *= ref::sigmoid(gate[i]);
-            cpu::matmul(L.wo, att.data(), o.data(), T);         // [T, D]
+            // K and V go straight into the cache rows of this call.
+            plan->add(matmul_kernel(L.wk), p + "attn_k", [&L, l, kvw, h](const StepContext& c) {
+                cpu::matmul(L.wk, h, c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw, c.n);
+            });
+            plan->add(matmul_kernel(L.wv), p + "attn_v", [&L, l, kvw, h](const StepContext& c) {
+                cpu::matmul(L.wv, h, c.state->v_cache[size_t(l)].data() + int64_t(c.n_past) * kvw, c.n);
+            });
+            plan->add("rms_norm", p + "attn_q_norm", [=, &L](const StepContext& c) {
+                ref::rms_norm(q, L.q_norm, q, int64_t(c.n) * nh, hd, eps);
+            });
+            plan->add("rms_norm", p + "attn_k_norm", [=, &L](const StepContext& c) {
+                float* kc = c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw;
+                ref::rms_norm(kc, L.k_norm, kc, int64_t(c.n) * nkv, hd, eps);
+            });
+            plan->add("rope_partial", p + "rope", [=](const StepContext& c) {
+                float* kc = c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw;
+                ref::rope_partial(q, pos, c.n, nh, hd, hp.n_rot, hp.rope_base);
+                ref::rope_partial(kc, pos, c.n, nkv, hd, hp.n_rot, hp.rope_base);
+            });
+            const ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
+            plan->add(bucket == 1 ? "attention_decode" : "attention_prefill", p + "attention",
+                      [=](const StepContext& c) {
+                          cpu::attention(as, q, c.state->k_cache[size_t(l)].data(),
+                                         c.state->v_cache[size_t(l)].data(), att, c.n, c.n_past);
+                      });
+            plan->add("sigmoid_gate_mul", p + "attn_gate", [=](const StepContext& c) {
+                for (int64_t i = 0; i < int64_t(c.n) * nh * hd; ++i) att[i] *= ref::sigmoid(gate[i]);
+            });
+            mm(L.wo, att, o, p + "attn_output");
         }
-        for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-
+        add_residual(p + "residual");
         // SwiGLU MLP.
-        ref::rms_norm(x.data(), L.post_attn_norm, h.data(), T, D, eps);
-        std::vector<float> g(size_t(T) * hp.n_ff), u(size_t(T) * hp.n_ff);
-        cpu::matmul(L.ffn_gate, h.data(), g.data(), T);  // [T, n_ff]
-        cpu::matmul(L.ffn_up, h.data(), u.data(), T);    // [T, n_ff]
-        for (size_t i = 0; i < g.size(); ++i) g[i] = ref::silu(g[i]) * u[i];
-        cpu::matmul(L.ffn_down, g.data(), o.data(), T);  // [T, D]
-        for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+        norm(x, L.post_attn_norm, h, p + "post_attention_norm");
+        mm(L.ffn_gate, h, ffg, p + "ffn_gate");
+        mm(L.ffn_up, h, ffu, p + "ffn_up");
+        plan->add("swiglu", p + "ffn_act", [=](const StepContext& c) {
+            for (int64_t i = 0; i < int64_t(c.n) * hp.n_ff; ++i) ffg[i] = ref::silu(ffg[i]) * ffu[i];
+        });
+        mm(L.ffn_down, ffg, o, p + "ffn_down");
+        add_residual(p + "residual");
     }
-    st.n_past += n;
 
     // Final norm and LM head, for every token or only the last.
-    const int64_t first = opts.all_logits ? 0 : T - 1;
-    ref::rms_norm(x.data() + first * D, output_norm, h.data(), T - first, D, eps);
-    cpu::matmul(output, h.data(), logits, T - first);
+    const bool all = opts.all_logits;
+    plan->add("rms_norm", "output_norm", [=, this](const StepContext& c) {
+        const int64_t first = all ? 0 : c.n - 1;
+        ref::rms_norm(x + first * D, output_norm, h, c.n - first, D, eps);
+    });
+    plan->add(matmul_kernel(output), "output", [=, this](const StepContext& c) {
+        cpu::matmul(output, h, c.logits, all ? c.n : 1);
+    });
+    return plan;
+}
+
+void Qwen35Model::forward(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts,
+                          float* logits, Profiler* prof) const {
+    if (n <= 0) throw Error("forward: no tokens to process");
+    if (int64_t(st.n_past) + n > st.n_ctx)
+        throw Error("sequence of " + std::to_string(int64_t(st.n_past) + n) + " tokens exceeds the context size of " +
+                    std::to_string(st.n_ctx) + " (raise --ctx)");
+    const int bucket = bucket_for(n, opts);
+    auto key = std::make_tuple(bucket, opts.all_logits, int(opts.gdn_mode), opts.gdn_chunk);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+        if (plans_.size() >= 4) plans_.clear();  // bound the memory held by old buckets
+        it = plans_.emplace(key, build_plan(bucket, opts)).first;
+    }
+    StepContext ctx;
+    ctx.state = &st;
+    ctx.ids = ids;
+    ctx.n = n;
+    ctx.n_past = st.n_past;
+    ctx.logits = logits;
+    it->second->replay(ctx, prof);
+    st.n_past += n;
 }
 
 }  // namespace alloy

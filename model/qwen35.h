@@ -3,11 +3,14 @@
 // by name with their expected shapes, and the forward pass. Math: spec/MODEL.md.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <tuple>
 #include <string>
 #include <vector>
 
 #include "format/gguf.h"
+#include "runtime/plan.h"
 #include "kernels/ref/gdn.h"
 #include "kernels/ref/weight.h"
 
@@ -81,10 +84,16 @@ public:
 
     const Qwen35HParams& hparams() const { return hp_; }
     SequenceState new_state(int n_ctx) const;
-    // Runs n tokens at positions state.n_past.. and advances the state.
+    // Runs n tokens at positions state.n_past.. and advances the state, by replaying the
+    // recorded plan of the bucket n falls in (built on first use).
     // logits: [n, n_vocab] if opts.all_logits else [n_vocab] (the last token's).
+    // prof: if given, every kernel launch is timed into it.
     void forward(SequenceState& state, const int32_t* ids, int n, const ForwardOptions& opts,
-                 float* logits) const;
+                 float* logits, Profiler* prof = nullptr) const;
+    // The bucket a call of n tokens runs in: 1 for decode, else n rounded up to the GDN chunk.
+    static int bucket_for(int n, const ForwardOptions& opts);
+    // Records the launches of one forward pass over up to `bucket` tokens.
+    std::unique_ptr<Plan> build_plan(int bucket, const ForwardOptions& opts) const;
     const gguf::File& file() const { return *file_; }
 
 private:
@@ -95,6 +104,8 @@ private:
     WeightView output;            // [n_vocab, D] (token_embd when tied)
     std::vector<Qwen35Layer> layers_;
     std::vector<std::vector<float>> owned_;  // small tensors converted to fp32
+    // Plans by (bucket, all_logits, gdn mode, chunk); built lazily, reused across calls.
+    mutable std::map<std::tuple<int, bool, int, int>, std::unique_ptr<Plan>> plans_;
 };
 
 }  // namespace alloy

@@ -1,0 +1,83 @@
+#include "runtime/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace alloy {
+
+void Plan::replay(const StepContext& ctx, Profiler* prof) const {
+    if (!prof) {
+        for (const PlanStep& s : steps_) s.run(ctx);
+        return;
+    }
+    for (const PlanStep& s : steps_) {
+        const auto t0 = std::chrono::steady_clock::now();
+        s.run(ctx);
+        prof->record(s, t0, std::chrono::steady_clock::now());
+    }
+}
+
+void Profiler::record(const PlanStep& step, std::chrono::steady_clock::time_point t0,
+                      std::chrono::steady_clock::time_point t1) {
+    Row& r = rows_[step.kernel];
+    r.kernel = step.kernel;
+    r.calls += 1;
+    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    r.total_ms += ms;
+    events_.push_back({step.kernel, step.label, pid_,
+                       std::chrono::duration<double, std::micro>(t0 - origin_).count(), ms * 1000.0});
+}
+
+std::vector<Profiler::Row> Profiler::rows() const {
+    std::vector<Row> out;
+    for (const auto& [k, r] : rows_) out.push_back(r);
+    std::sort(out.begin(), out.end(), [](const Row& a, const Row& b) { return a.total_ms > b.total_ms; });
+    return out;
+}
+
+double Profiler::total_ms() const {
+    double t = 0;
+    for (const auto& [k, r] : rows_) t += r.total_ms;
+    return t;
+}
+
+void Profiler::clear() { rows_.clear(); }
+
+void Profiler::set_phase(int pid, std::string name) {
+    pid_ = pid;
+    phases_.emplace_back(pid, std::move(name));
+}
+
+static std::string json_escape(const std::string& s) {
+    std::string o;
+    for (char c : s) {
+        if (c == '"' || c == '\\') o += '\\';
+        o += c;
+    }
+    return o;
+}
+
+std::string Profiler::chrome_trace_json() const {
+    std::string out = "{\"traceEvents\":[\n";
+    bool first = true;
+    char buf[512];
+    for (const auto& [pid, name] : phases_) {
+        std::snprintf(buf, sizeof buf, "%s{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"%s\"}}",
+                      first ? "" : ",\n", pid, json_escape(name).c_str());
+        out += buf;
+        first = false;
+    }
+    for (const Event& e : events_) {
+        std::snprintf(buf, sizeof buf,
+                      "%s{\"name\":\"%s\",\"cat\":\"kernel\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":1,"
+                      "\"args\":{\"step\":\"%s\"}}",
+                      first ? "" : ",\n", json_escape(e.name).c_str(), e.ts_us, e.dur_us, e.pid,
+                      json_escape(e.label).c_str());
+        out += buf;
+        first = false;
+    }
+    out += "\n]}\n";
+    return out;
+}
+
+}  // namespace alloy

@@ -1,0 +1,82 @@
+// A recorded plan: the list of kernel launches of one forward pass for a fixed token bucket,
+// with every intermediate buffer allocated once when the plan is built. Replaying it runs the
+// steps in order with the real token count as an argument, so kernels only touch the tokens
+// actually filled (the sequence axis shrinks; nothing is recomputed for the padding).
+//
+// Each step carries the kernel's name (the same name as in kernels/ref, kernels/cpu) and a
+// label (layer and role), so `alloy profile` can time every launch and group them by kernel.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace alloy {
+
+struct SequenceState;
+
+// What changes between replays of the same plan.
+struct StepContext {
+    SequenceState* state = nullptr;
+    const int32_t* ids = nullptr;  // [n] token ids
+    int n = 0;            // real tokens in this call (<= the plan's bucket)
+    int n_past = 0;       // tokens already in the sequence
+    float* logits = nullptr;
+};
+
+struct PlanStep {
+    std::string kernel;   // e.g. "matmul_q8_0", "gdn_chunked", "attention_prefill"
+    std::string label;    // e.g. "blk.3.attn_q"
+    std::function<void(const StepContext&)> run;
+};
+
+// Per-kernel timing of replays, and an optional Chrome trace of every step.
+class Profiler {
+public:
+    struct Row {
+        std::string kernel;
+        int64_t calls = 0;
+        double total_ms = 0;
+    };
+    void record(const PlanStep& step, std::chrono::steady_clock::time_point t0,
+                std::chrono::steady_clock::time_point t1);
+    std::vector<Row> rows() const;  // sorted by total time, descending
+    double total_ms() const;
+    void clear();
+    // Chrome trace format ("traceEvents", complete events); pid = phase, tid = 1.
+    void set_phase(int pid, std::string name);
+    std::string chrome_trace_json() const;
+
+private:
+    std::map<std::string, Row> rows_;
+    struct Event { std::string name, label; int pid; double ts_us, dur_us; };
+    std::vector<Event> events_;
+    std::vector<std::pair<int, std::string>> phases_;
+    int pid_ = 1;
+    std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
+};
+
+class Plan {
+public:
+    explicit Plan(int bucket) : bucket_(bucket) {}
+    int bucket() const { return bucket_; }
+    void add(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
+        steps_.push_back({std::move(kernel), std::move(label), std::move(run)});
+    }
+    // Scratch owned by the plan: a float buffer of n elements that lives as long as the plan.
+    float* buffer(size_t n) {
+        buffers_.emplace_back(n);
+        return buffers_.back().data();
+    }
+    void replay(const StepContext& ctx, Profiler* prof = nullptr) const;
+    const std::vector<PlanStep>& steps() const { return steps_; }
+
+private:
+    int bucket_;
+    std::vector<PlanStep> steps_;
+    std::vector<std::vector<float>> buffers_;
+};
+
+}  // namespace alloy

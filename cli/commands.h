@@ -12,5 +12,7 @@ void add_synth_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_test_ops_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
 
 }  // namespace alloy::cli

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
     alloy::cli::add_convert_command(app);
     alloy::cli::add_tokenize_command(app);
     alloy::cli::add_test_ops_command(app);
+    alloy::cli::add_bench_command(app);
+    alloy::cli::add_profile_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -165,3 +165,42 @@ TEST_F(Cli, ConvertRejectsBrokenCheckpoint) {
 
 }  // namespace
 }  // namespace alloy
+
+namespace alloy {
+namespace {
+
+TEST_F(Cli, BenchJsonUsesLlamaBenchFields) {
+    Result r = run("bench -m " + model + " -p 16 -n 4 -d 0,8 -r 3 -o json", false);
+    ASSERT_EQ(r.code, 0) << r.output;
+    auto j = nlohmann::json::parse(r.output);
+    ASSERT_EQ(j.size(), 4u);  // pp16, tg4 at depth 0 and 8
+    for (const auto& t : j) {
+        for (const char* f : {"n_prompt", "n_gen", "n_depth", "n_threads", "avg_ts", "stddev_ts", "samples_ts",
+                              "samples_ns", "avg_ns", "model_size", "model_n_params", "cold_ts", "median_ts"})
+            EXPECT_TRUE(t.contains(f)) << f;
+        EXPECT_EQ(t["samples_ts"].size(), 2u);  // the cold repetition is reported apart
+        EXPECT_GT(t["avg_ts"].get<double>(), 0);
+    }
+    EXPECT_EQ(j[1]["n_gen"], 4);
+    EXPECT_EQ(j[3]["n_depth"], 8);
+}
+
+TEST_F(Cli, BenchRejectsBadLists) {
+    expect_error(run("bench -m " + model + " -p 16,x"), "-p");
+    expect_error(run("bench -m " + model + " -r 1"), "-r");
+    expect_error(run("bench -m " + model + " --gdn fast"), "--gdn");
+}
+
+TEST_F(Cli, ProfileTableAndTrace) {
+    const std::string trace = (dir / "trace.json").string();
+    Result r = run("profile -m " + model + " -p 70 --trace " + trace, false);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("| gdn_fused_chunked |"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("| gdn_fused_serial |"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("bucket 128"), std::string::npos) << r.output;
+    auto j = nlohmann::json::parse(std::ifstream(trace));
+    EXPECT_GT(j["traceEvents"].size(), 20u);
+}
+
+}  // namespace
+}  // namespace alloy

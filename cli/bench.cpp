@@ -1,0 +1,246 @@
+// alloy bench: llama-bench's conventions. Tests ppN (prefill N tokens), tgN (N decode steps),
+// @dD (after D tokens of context). Each test runs -r repetitions on a fresh sequence; the first
+// repetition is cold (plan building, page faults) and is reported apart, the median and
+// stddev come from the rest; every sample is kept. `-o json` uses llama-bench's field names.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "alloy/error.h"
+#include "cli/common.h"
+#include "kernels/cpu/thread_pool.h"
+#include "runtime/loaded_model.h"
+#include "runtime/model_info.h"
+
+#ifndef ALLOY_GIT_COMMIT
+#define ALLOY_GIT_COMMIT "unknown"
+#endif
+
+namespace alloy::cli {
+namespace {
+
+std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value) {
+    std::vector<int> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        char* end = nullptr;
+        const long v = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end || v < min_value || v > (1 << 24))
+            throw Error(std::string(flag) + ": '" + item + "' is not an integer >= " + std::to_string(min_value));
+        out.push_back(int(v));
+    }
+    return out;
+}
+
+struct Test {
+    std::string gdn;
+    int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
+    std::vector<double> samples_ns;  // all repetitions, the cold one first
+    std::string name() const {
+        std::string n = n_prompt ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
+        return n_depth ? n + " @ d" + std::to_string(n_depth) : n;
+    }
+    int tokens() const { return n_prompt ? n_prompt : n_gen; }
+    std::vector<double> warm_ts() const {
+        std::vector<double> v;
+        for (size_t i = 1; i < samples_ns.size(); ++i) v.push_back(1e9 * tokens() / samples_ns[i]);
+        return v;
+    }
+};
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+double mean(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0 : s / double(v.size());
+}
+double stddev(const std::vector<double>& v) {
+    if (v.size() < 2) return 0;
+    const double m = mean(v);
+    double s = 0;
+    for (double x : v) s += (x - m) * (x - m);
+    return std::sqrt(s / double(v.size() - 1));
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+    auto* cmd = app.add_subcommand("bench", "benchmark prefill and decode (llama-bench conventions)");
+    static std::string model, prompts = "512", gens = "128", depths = "0", threads_list, gdn_list = "chunked",
+                              output = "md";
+    static int reps = 5, chunk = 64;
+    cmd->add_option("-m,--model", model, "GGUF model file (default: the embedded tiny model)");
+    cmd->add_option("-p,--n-prompt", prompts, "prompt sizes, comma separated (0 = none)")->capture_default_str();
+    cmd->add_option("-n,--n-gen", gens, "generation sizes, comma separated (0 = none)")->capture_default_str();
+    cmd->add_option("-d,--n-depth", depths, "context depths, comma separated")->capture_default_str();
+    cmd->add_option("-r,--repetitions", reps, "repetitions per test (the first is cold)")->capture_default_str();
+    cmd->add_option("-t,--threads", threads_list, "thread counts, comma separated (default: all cores)");
+    cmd->add_option("--gdn", gdn_list, "GDN prefill kernels to compare: chunked,serial")->capture_default_str();
+    cmd->add_option("--chunk", chunk, "GDN chunk size")->capture_default_str();
+    cmd->add_option("-o,--output", output, "md | json | csv")->capture_default_str();
+    cmd->callback([] {
+        if (reps < 2) throw Error("-r must be at least 2 (the first repetition is cold and reported apart)");
+        if (output != "md" && output != "json" && output != "csv") throw Error("-o must be md, json or csv");
+        const auto pp = parse_int_list(prompts, "-p", 0), tg = parse_int_list(gens, "-n", 0),
+                   dd = parse_int_list(depths, "-d", 0);
+        const auto th = threads_list.empty() ? std::vector<int>{cpu::n_threads()} : parse_int_list(threads_list, "-t", 1);
+        std::vector<std::string> gdns;
+        {
+            std::stringstream ss(gdn_list);
+            std::string g;
+            while (std::getline(ss, g, ',')) {
+                if (g != "serial" && g != "chunked") throw Error("--gdn: '" + g + "' is not serial or chunked");
+                gdns.push_back(g);
+            }
+        }
+        const std::string path = model.empty() ? default_model_path() : model;
+        LoadedModel lm = load_model(path);
+        const Qwen35Model& m = *lm.model;
+        const ModelInfo info = model_info(m);
+        const int V = m.hparams().n_vocab;
+        int max_ctx = 1;
+        for (int d : dd) for (int p : pp) for (int n : tg) max_ctx = std::max(max_ctx, d + std::max(p, n) + 1);
+        SequenceState st = m.new_state(max_ctx);
+        std::vector<float> logits(static_cast<size_t>(V));
+        std::mt19937 rng(1234);
+        auto random_ids = [&](int n) {
+            std::vector<int32_t> ids(static_cast<size_t>(n));
+            for (auto& id : ids) id = int32_t(rng() % uint32_t(V));
+            return ids;
+        };
+
+        std::vector<Test> tests;
+        for (const std::string& g : gdns)
+            for (int t : th)
+                for (int d : dd) {
+                    for (int p : pp) if (p > 0) tests.push_back({g, t, p, 0, d, {}});
+                    for (int n : tg) if (n > 0) tests.push_back({g, t, 0, n, d, {}});
+                }
+        using clock = std::chrono::steady_clock;
+        for (Test& t : tests) {
+            cpu::set_n_threads(t.threads);
+            ForwardOptions fo;
+            fo.gdn_mode = t.gdn == "serial" ? ref::GdnMode::Serial : ref::GdnMode::Chunked;
+            fo.gdn_chunk = chunk;
+            ForwardOptions step = fo;
+            step.gdn_mode = ref::GdnMode::Serial;
+            for (int r = 0; r < reps; ++r) {
+                st.reset();
+                if (t.n_depth) {
+                    const auto ctx = random_ids(t.n_depth);
+                    m.forward(st, ctx.data(), t.n_depth, fo, logits.data());
+                }
+                const auto ids = random_ids(t.tokens());
+                const auto t0 = clock::now();
+                if (t.n_prompt) {
+                    m.forward(st, ids.data(), t.n_prompt, fo, logits.data());
+                } else {
+                    for (int i = 0; i < t.n_gen; ++i) m.forward(st, &ids[size_t(i)], 1, step, logits.data());
+                }
+                t.samples_ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count());
+            }
+            if (output == "md") std::fprintf(stderr, "  done %s (%s, %d threads)\n", t.name().c_str(), t.gdn.c_str(), t.threads);
+        }
+        const uint64_t rss = peak_rss_bytes();
+
+        // Achieved rates against this machine's measured limits (shared/anchors/cpu-peer.md).
+        auto utilization = [&](const Test& t, double ts) {
+            char buf[64];
+            if (t.n_prompt) {
+                std::snprintf(buf, sizeof buf, "%.0f GFLOP/s", info.matmul_flops_per_token * ts / 1e9);
+            } else {
+                const Qwen35HParams& hp = m.hparams();
+                int n_attn = 0;
+                for (int l = 0; l < hp.n_layer; ++l) n_attn += !hp.is_recurrent(l);
+                const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * (t.n_depth + t.n_gen / 2.0) * n_attn;
+                std::snprintf(buf, sizeof buf, "%.1f GB/s", (double(info.decode_bytes) + kv) * ts / 1e9);
+            }
+            return std::string(buf);
+        };
+
+        if (output == "md") {
+            std::printf("| model | size | params | threads | gdn | test | t/s (median ± sd) | cold t/s | rate |\n");
+            std::printf("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+            for (const Test& t : tests) {
+                const auto ts = t.warm_ts();
+                const double md = median(ts);
+                std::printf("| %s | %.2f GiB | %.2f B | %d | %s | %s | %.2f ± %.2f | %.2f | %s |\n",
+                            info.description.c_str(), double(info.file_bytes) / (1 << 30), double(info.n_params) / 1e9,
+                            t.threads, t.gdn.c_str(), t.name().c_str(), md, stddev(ts),
+                            1e9 * t.tokens() / t.samples_ns[0], utilization(t, md).c_str());
+            }
+            std::printf("\nbuild %s, cpu %s, peak RSS %.2f GiB, %d repetitions (first reported as cold)\n",
+                        ALLOY_GIT_COMMIT, cpu_name().c_str(), double(rss) / (1 << 30), reps);
+            return;
+        }
+        nlohmann::json all = nlohmann::json::array();
+        char now[32];
+        const std::time_t tt = std::time(nullptr);
+        std::strftime(now, sizeof now, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&tt));
+        for (const Test& t : tests) {
+            const auto ts = t.warm_ts();
+            std::vector<double> ns(t.samples_ns.begin() + 1, t.samples_ns.end());
+            nlohmann::json j;
+            j["build_commit"] = ALLOY_GIT_COMMIT;
+            j["build_number"] = 0;
+            j["cpu_info"] = cpu_name();
+            j["gpu_info"] = "";
+            j["backends"] = "CPU";
+            j["model_filename"] = path;
+            j["model_type"] = info.description;
+            j["model_size"] = info.file_bytes;
+            j["model_n_params"] = info.n_params;
+            j["n_batch"] = Qwen35Model::bucket_for(std::max(1, t.n_prompt), {});
+            j["n_ubatch"] = j["n_batch"];
+            j["n_threads"] = t.threads;
+            j["type_k"] = "f32";
+            j["type_v"] = "f32";
+            j["n_gpu_layers"] = 0;
+            j["n_prompt"] = t.n_prompt;
+            j["n_gen"] = t.n_gen;
+            j["n_depth"] = t.n_depth;
+            j["test_time"] = now;
+            j["avg_ns"] = uint64_t(mean(ns));
+            j["stddev_ns"] = uint64_t(stddev(ns));
+            j["avg_ts"] = mean(ts);
+            j["stddev_ts"] = stddev(ts);
+            j["samples_ns"] = ns;
+            j["samples_ts"] = ts;
+            // Alloy's additions: the median, the cold first repetition, the GDN arm, memory.
+            j["median_ts"] = median(ts);
+            j["cold_ns"] = t.samples_ns[0];
+            j["cold_ts"] = 1e9 * t.tokens() / t.samples_ns[0];
+            j["gdn"] = t.gdn;
+            j["peak_rss_bytes"] = rss;
+            all.push_back(j);
+        }
+        if (output == "json") {
+            std::printf("%s\n", all.dump(2).c_str());
+            return;
+        }
+        const char* cols[] = {"build_commit", "model_type", "model_size", "model_n_params", "n_threads", "gdn",
+                              "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "median_ts", "cold_ts",
+                              "peak_rss_bytes"};
+        for (size_t c = 0; c < std::size(cols); ++c) std::printf("%s%s", c ? "," : "", cols[c]);
+        std::printf("\n");
+        for (const auto& j : all) {
+            for (size_t c = 0; c < std::size(cols); ++c) {
+                const auto& v = j[cols[c]];
+                std::printf("%s%s", c ? "," : "", v.is_string() ? ("\"" + v.get<std::string>() + "\"").c_str() : v.dump().c_str());
+            }
+            std::printf("\n");
+        }
+    });
+}
+
+}  // namespace alloy::cli

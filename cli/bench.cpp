@@ -200,7 +200,7 @@ void add_bench_command(CLI::App& app) {
             j["model_type"] = info.description;
             j["model_size"] = info.file_bytes;
             j["model_n_params"] = info.n_params;
-            j["n_batch"] = Qwen35Model::bucket_for(std::max(1, t.n_prompt), {});
+            j["n_batch"] = Qwen35Model::bucket_for(std::clamp(t.n_prompt, 1, ForwardOptions{}.max_batch), {});
             j["n_ubatch"] = j["n_batch"];
             j["n_threads"] = t.threads;
             j["type_k"] = "f32";

@@ -17,6 +17,8 @@ void EngineOptions::add_to(CLI::App* cmd, bool model_required) {
     cmd->add_option("--chunk", chunk, "GDN chunk size for the chunked kernel")->capture_default_str();
     cmd->add_option("-c,--ctx", ctx, "context size in tokens")->capture_default_str();
     cmd->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
+    cmd->add_option("-b,--batch-size", batch, "longest prefill piece in tokens (a multiple of --chunk)")
+        ->capture_default_str();
 }
 
 ForwardOptions EngineOptions::forward_options() const {
@@ -26,6 +28,8 @@ ForwardOptions EngineOptions::forward_options() const {
     else throw Error("--gdn must be 'serial' or 'chunked', got '" + gdn + "'");
     if (chunk < 1 || chunk > 1024) throw Error("--chunk must be in [1, 1024], got " + std::to_string(chunk));
     o.gdn_chunk = chunk;
+    if (batch < chunk) throw Error("--batch-size must be >= --chunk (" + std::to_string(chunk) + ")");
+    o.max_batch = batch / chunk * chunk;
     if (ctx < 1) throw Error("--ctx must be positive, got " + std::to_string(ctx));
     if (threads < 0) throw Error("--threads must be >= 0");
     if (threads > 0) cpu::set_n_threads(threads);

@@ -16,6 +16,7 @@ struct EngineOptions {
     int chunk = 64;
     int ctx = 4096;
     int threads = 0;         // 0: all cores
+    int batch = 512;         // longest prefill piece (llama.cpp's ubatch)
     void add_to(CLI::App* cmd, bool model_required);
     ForwardOptions forward_options() const;  // validates gdn/chunk; sets the thread count
     std::string model_path() const;          // resolves the default model

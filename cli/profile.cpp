@@ -71,7 +71,7 @@ void add_profile_command(CLI::App& app) {
         std::printf("model %s, %d threads, gdn %s (chunk %d), depth %d\n", eo.model_path().c_str(),
                     cpu::n_threads(), eo.gdn.c_str(), eo.chunk, depth);
         const std::string t1 = "prefill of " + std::to_string(n_prompt) + " tokens (bucket " +
-                               std::to_string(Qwen35Model::bucket_for(n_prompt, fo)) + "): " +
+                               std::to_string(Qwen35Model::bucket_for(std::min(n_prompt, fo.max_batch), fo)) + "): " +
                                std::to_string(1000.0 * n_prompt / pp_ms) + " tok/s";
         print_table(t1.c_str(), prefill, pp_ms);
         const std::string t2 = "decode step at position " + std::to_string(depth + n_prompt) + ": " +

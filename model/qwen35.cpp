@@ -209,7 +209,7 @@ int Qwen35Model::bucket_for(int n, const ForwardOptions& opts) {
     return (n + c - 1) / c * c;
 }
 
-std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& opts) const {
+std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& opts, int logits_mode) const {
     const Qwen35HParams& hp = hp_;
     auto plan = std::make_unique<Plan>(bucket);
     const int64_t B = bucket, D = hp.n_embd;
@@ -334,8 +334,9 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
         add_residual(p + "residual");
     }
 
-    // Final norm and LM head, for every token or only the last.
-    const bool all = opts.all_logits;
+    // Final norm and LM head, for every token or only the last (or none for an inner piece).
+    if (logits_mode == 0) return plan;
+    const bool all = logits_mode == 2;
     plan->add("rms_norm", "output_norm", [=, this](const StepContext& c) {
         const int64_t first = all ? 0 : c.n - 1;
         ref::rms_norm(x + first * D, output_norm, h, c.n - first, D, eps);
@@ -352,12 +353,26 @@ void Qwen35Model::forward(SequenceState& st, const int32_t* ids, int n, const Fo
     if (int64_t(st.n_past) + n > st.n_ctx)
         throw Error("sequence of " + std::to_string(int64_t(st.n_past) + n) + " tokens exceeds the context size of " +
                     std::to_string(st.n_ctx) + " (raise --ctx)");
+    const int c = std::max(1, opts.gdn_chunk);
+    const int piece = std::max(c, opts.max_batch / c * c);
+    const size_t V = size_t(hp_.n_vocab);
+    for (int done = 0; done < n;) {
+        const int len = std::min(piece, n - done);
+        const bool last = done + len == n;
+        const int mode = opts.all_logits ? 2 : last ? 1 : 0;
+        run_piece(st, ids + done, len, opts, mode, opts.all_logits ? logits + size_t(done) * V : logits, prof);
+        done += len;
+    }
+}
+
+void Qwen35Model::run_piece(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts,
+                            int logits_mode, float* logits, Profiler* prof) const {
     const int bucket = bucket_for(n, opts);
-    auto key = std::make_tuple(bucket, opts.all_logits, int(opts.gdn_mode), opts.gdn_chunk);
+    auto key = std::make_tuple(bucket, logits_mode, int(opts.gdn_mode), opts.gdn_chunk);
     auto it = plans_.find(key);
     if (it == plans_.end()) {
-        if (plans_.size() >= 4) plans_.clear();  // bound the memory held by old buckets
-        it = plans_.emplace(key, build_plan(bucket, opts)).first;
+        if (plans_.size() >= 6) plans_.clear();  // bound the memory held by old buckets
+        it = plans_.emplace(key, build_plan(bucket, opts, logits_mode)).first;
     }
     StepContext ctx;
     ctx.state = &st;

@@ -74,6 +74,10 @@ struct ForwardOptions {
     ref::GdnMode gdn_mode = ref::GdnMode::Chunked;
     int gdn_chunk = 64;
     bool all_logits = false;  // logits of every token, else only of the last
+    // Longest piece one plan runs: longer prompts are processed in consecutive pieces (the
+    // states carry over), which bounds the plan's buffers as llama.cpp's ubatch does.
+    // A multiple of gdn_chunk.
+    int max_batch = 512;
 };
 
 class Qwen35Model {
@@ -93,7 +97,8 @@ public:
     // The bucket a call of n tokens runs in: 1 for decode, else n rounded up to the GDN chunk.
     static int bucket_for(int n, const ForwardOptions& opts);
     // Records the launches of one forward pass over up to `bucket` tokens.
-    std::unique_ptr<Plan> build_plan(int bucket, const ForwardOptions& opts) const;
+    // logits: 0 none (a piece that is not the last), 1 the last token's, 2 every token's.
+    std::unique_ptr<Plan> build_plan(int bucket, const ForwardOptions& opts, int logits) const;
     const gguf::File& file() const { return *file_; }
 
 private:
@@ -104,8 +109,10 @@ private:
     WeightView output;            // [n_vocab, D] (token_embd when tied)
     std::vector<Qwen35Layer> layers_;
     std::vector<std::vector<float>> owned_;  // small tensors converted to fp32
-    // Plans by (bucket, all_logits, gdn mode, chunk); built lazily, reused across calls.
-    mutable std::map<std::tuple<int, bool, int, int>, std::unique_ptr<Plan>> plans_;
+    // Plans by (bucket, logits mode, gdn mode, chunk); built lazily, reused across calls.
+    mutable std::map<std::tuple<int, int, int, int>, std::unique_ptr<Plan>> plans_;
+    void run_piece(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts, int logits_mode,
+                   float* logits, Profiler* prof) const;
 };
 
 }  // namespace alloy

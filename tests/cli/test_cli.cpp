@@ -198,6 +198,9 @@ TEST_F(Cli, ProfileTableAndTrace) {
     EXPECT_NE(r.output.find("| gdn_fused_chunked |"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("| gdn_fused_serial |"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("bucket 128"), std::string::npos) << r.output;
+    Result pieces = run("profile -m " + model + " -p 200 -b 64", false);
+    ASSERT_EQ(pieces.code, 0) << pieces.output;
+    EXPECT_NE(pieces.output.find("bucket 64"), std::string::npos) << pieces.output;
     auto j = nlohmann::json::parse(std::ifstream(trace));
     EXPECT_GT(j["traceEvents"].size(), 20u);
 }

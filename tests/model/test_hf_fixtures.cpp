@@ -152,3 +152,30 @@ INSTANTIATE_TEST_SUITE_P(Qwen35, HfFixture,
 
 }  // namespace
 }  // namespace alloy
+
+namespace alloy {
+namespace {
+
+// A prompt longer than the largest plan runs as consecutive pieces; the result must be the
+// one-piece result (the states carry over exactly as in one call).
+TEST(HfFixturePieces, PiecesEqualOneCall) {
+    Fixture& f = fixture("r2_untied");
+    const Qwen35Model& m = *f.model;
+    const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();  // 80 tokens
+    const size_t V = size_t(m.hparams().n_vocab);
+    for (int chunk : {16, 64}) {
+        ForwardOptions one, pieces;
+        one.all_logits = pieces.all_logits = true;
+        one.gdn_chunk = pieces.gdn_chunk = chunk;
+        pieces.max_batch = chunk;  // 80 tokens -> 5 or 2 pieces
+        std::vector<float> a(ids.size() * V), b(ids.size() * V);
+        SequenceState s1 = m.new_state(128), s2 = m.new_state(128);
+        m.forward(s1, ids.data(), int(ids.size()), one, a.data());
+        m.forward(s2, ids.data(), int(ids.size()), pieces, b.data());
+        EXPECT_LT(max_row_rel_error(b, a, V), 1e-5) << chunk;
+        EXPECT_EQ(s1.n_past, s2.n_past);
+    }
+}
+
+}  // namespace
+}  // namespace alloy

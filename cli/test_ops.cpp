@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -18,7 +19,23 @@
 
 #include "alloy/error.h"
 #include "cli/commands.h"
+#include "format/quant.h"
 #include "kernels/ref/gdn.h"
+#include "kernels/cpu/add.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gate.h"
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/ref/add.h"
+#include "kernels/ref/attention.h"
+#include "kernels/ref/gate.h"
+#include "kernels/ref/matmul.h"
+#include "kernels/ref/rms_norm.h"
+#include "kernels/ref/rope.h"
+#include "kernels/ref/swiglu.h"
 
 namespace alloy::cli {
 namespace {
@@ -127,12 +144,27 @@ Tensors delta_chunked(const DeltaIn& in, int chunk, alloy::ref::TriInverse inver
     return {{"out", std::move(out)}, {"state", std::move(state)}};
 }
 
+// kernels/cpu/gdn.h: serial (chunk 0) or chunked.
+Tensors delta_cpu(const DeltaIn& in, int chunk) {
+    std::vector<float> out(in.v.size()), state = in.state;
+    if (chunk == 0)
+        alloy::cpu::gdn_delta_serial(in.shape, in.n_seqs(), in.offs.data(), in.q.data(), in.k.data(), in.v.data(),
+                                     in.g.data(), in.beta.data(), state.data(), out.data());
+    else
+        alloy::cpu::gdn_delta_chunked(in.shape, in.n_seqs(), in.offs.data(), in.q.data(), in.k.data(), in.v.data(),
+                                      in.g.data(), in.beta.data(), state.data(), out.data(), chunk);
+    return {{"out", std::move(out)}, {"state", std::move(state)}};
+}
+
 const std::vector<Variant<DeltaIn>>& delta_variants() {
     using alloy::ref::TriInverse;
     static const std::vector<Variant<DeltaIn>> v = {
         {"chunked64", [](const DeltaIn& in) { return delta_chunked(in, 64, TriInverse::Substitution); }},
         {"chunked16", [](const DeltaIn& in) { return delta_chunked(in, 16, TriInverse::Substitution); }},
         {"chunked64sq", [](const DeltaIn& in) { return delta_chunked(in, 64, TriInverse::Squaring); }},
+        {"cpu-serial", [](const DeltaIn& in) { return delta_cpu(in, 0); }},
+        {"cpu-chunked64", [](const DeltaIn& in) { return delta_cpu(in, 64); }},
+        {"cpu-chunked16", [](const DeltaIn& in) { return delta_cpu(in, 16); }},
     };
     return v;
 }
@@ -173,14 +205,18 @@ FusedIn make_fused_in(const GdnCase& c, uint32_t seed) {
     return in;
 }
 
-Tensors fused_run(const FusedIn& in, alloy::ref::GdnMode mode, int chunk) {
+Tensors fused_run(const FusedIn& in, alloy::ref::GdnMode mode, int chunk, bool cpu = false) {
     alloy::ref::GdnParams p = in.p;
     p.mode = mode;
     p.chunk_size = chunk;
     const alloy::ref::GdnWeights w{in.conv1d.data(), in.ssm_a.data(), in.dt_bias.data(), in.norm.data()};
     std::vector<float> y(in.z.size()), conv_state = in.conv_state, state = in.state;
-    alloy::ref::gdn_fused(p, w, in.n_seqs(), in.offs.data(), in.qkv.data(), in.z.data(), in.a.data(),
-                          in.b.data(), conv_state.data(), state.data(), y.data());
+    if (cpu)
+        alloy::cpu::gdn_fused(p, w, in.n_seqs(), in.offs.data(), in.qkv.data(), in.z.data(), in.a.data(),
+                              in.b.data(), conv_state.data(), state.data(), y.data());
+    else
+        alloy::ref::gdn_fused(p, w, in.n_seqs(), in.offs.data(), in.qkv.data(), in.z.data(), in.a.data(),
+                              in.b.data(), conv_state.data(), state.data(), y.data());
     return {{"y", std::move(y)}, {"conv_state", std::move(conv_state)}, {"state", std::move(state)}};
 }
 
@@ -188,6 +224,8 @@ const std::vector<Variant<FusedIn>>& fused_variants() {
     using alloy::ref::GdnMode;
     static const std::vector<Variant<FusedIn>> v = {
         {"chunked64", [](const FusedIn& in) { return fused_run(in, GdnMode::Chunked, 64); }},
+        {"cpu-serial", [](const FusedIn& in) { return fused_run(in, GdnMode::Serial, 1, true); }},
+        {"cpu-chunked64", [](const FusedIn& in) { return fused_run(in, GdnMode::Chunked, 64, true); }},
     };
     return v;
 }
@@ -281,11 +319,268 @@ std::vector<GdnCase> gdn_cases(const Options& o) {
     return cases;
 }
 
+// ---------------------------------------------------------------------------------------
+// ATTENTION and the small fused ops (kernels/cpu vs kernels/ref), one variant per ISA path
+// this CPU has. Inputs: q, k, v ~ N(0, 1) (scores ~ N(0, 1) as after q/k RMSNorm); the
+// elementwise ops take ranges like a trained model's activations.
+
+std::vector<std::pair<const char*, cpu::Isa>> cpu_isas() {
+    std::vector<std::pair<const char*, cpu::Isa>> v{{"cpu-scalar", cpu::Isa::Scalar}};
+    if (cpu::active_isa() >= cpu::Isa::Avx512) v.push_back({"cpu-avx512", cpu::Isa::Avx512});
+    return v;
+}
+
+struct AttnCase { int n_head, n_head_kv, hd; int64_t T, n_past; };
+
+struct AttnIn {
+    AttnCase c;
+    std::vector<float> q, k, v;  // [T, n_head, hd], [n_past + T, n_kv, hd] x2
+};
+
+AttnIn make_attn_in(const AttnCase& c, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    AttnIn in{c, {}, {}, {}};
+    in.q.resize(size_t(c.T * c.n_head * c.hd));
+    in.k.resize(size_t((c.n_past + c.T) * c.n_head_kv * c.hd));
+    in.v.resize(in.k.size());
+    for (auto* x : {&in.q, &in.k, &in.v})
+        for (auto& e : *x) e = nd(gen);
+    return in;
+}
+
+Tensors attn_run(const AttnIn& in, cpu::Isa isa, bool reference) {
+    const alloy::ref::AttentionShape s{in.c.n_head, in.c.n_head_kv, in.c.hd, 1.0f / std::sqrt(float(in.c.hd))};
+    std::vector<float> out(in.q.size(), NAN);
+    if (reference) alloy::ref::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past);
+    else cpu::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past, isa);
+    return {{"out", std::move(out)}};
+}
+
+std::string attn_label(const AttnCase& c) {
+    return "heads=" + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + ",hd=" + std::to_string(c.hd) +
+           ",T=" + std::to_string(c.T) + ",n_past=" + std::to_string(c.n_past);
+}
+
+// Prefill (T > 1) and decode (T = 1) shapes of Qwen3.5 (8/2, 16/4, 24/4, hd 256) and odd ones.
+std::vector<AttnCase> attn_cases(const Options& o) {
+    std::vector<AttnCase> v{{8, 2, 256, 1, 37}, {8, 2, 256, 1, 1000}, {16, 4, 256, 1, 300}, {24, 4, 256, 1, 129},
+                            {8, 2, 256, 7, 300}, {8, 2, 256, 64, 0},  {8, 2, 256, 65, 37},  {6, 3, 64, 63, 1},
+                            {4, 4, 64, 200, 300}};
+    if (!o.quick) {
+        v.push_back({8, 2, 256, 1, 4096});
+        v.push_back({8, 2, 256, 512, 0});
+        v.push_back({16, 4, 256, 129, 1000});
+    }
+    return v;
+}
+
+// Elementwise and row ops share one case type: rows x n (n = row length; rows = 1 for flat ops).
+struct SmallCase { int64_t rows, n; };
+
+struct SmallIn {
+    SmallCase c;
+    std::vector<float> a, b, w;  // [rows, n] x2, [n]
+    std::vector<int32_t> pos;    // ROPE: [rows] positions (rows = tokens, n = heads * 256)
+};
+
+SmallIn make_small_in(const SmallCase& c, uint32_t seed) {
+    Rng rng(seed);
+    SmallIn in{c, rng.vec(size_t(c.rows * c.n), -6, 6), rng.vec(size_t(c.rows * c.n), -3, 3),
+               rng.vec(size_t(c.n), 0.5f, 1.5f), {}};
+    for (int64_t t = 0; t < c.rows; ++t) in.pos.push_back(int32_t(rng.gen() % 100000));
+    return in;
+}
+
+std::string small_label(const SmallCase& c) { return "rows=" + std::to_string(c.rows) + ",n=" + std::to_string(c.n); }
+
+constexpr int kRopeHeadDim = 256, kRopeRot = 64;  // Qwen3.5: partial RoPE on 64 of 256 dims
+
+Tensors rms_norm_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> out(in.a.size(), NAN);
+    if (reference) alloy::ref::rms_norm(in.a.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f);
+    else cpu::rms_norm(in.a.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f, isa);
+    return {{"out", std::move(out)}};
+}
+
+Tensors rope_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> x = in.a;  // [T, n / 256, 256]
+    const int heads = int(in.c.n / kRopeHeadDim);
+    if (reference) alloy::ref::rope_partial(x.data(), in.pos.data(), in.c.rows, heads, kRopeHeadDim, kRopeRot, 1e7f);
+    else cpu::rope_partial(cpu::rope_table(in.pos.data(), in.c.rows, kRopeRot, 1e7f), x.data(), heads, kRopeHeadDim, isa);
+    return {{"x", std::move(x)}};
+}
+
+Tensors swiglu_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> out(in.a.size(), NAN);
+    if (reference) alloy::ref::swiglu(in.a.data(), in.b.data(), out.data(), int64_t(in.a.size()));
+    else cpu::swiglu(in.a.data(), in.b.data(), out.data(), int64_t(in.a.size()), isa);
+    return {{"out", std::move(out)}};
+}
+
+Tensors gate_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> x = in.b;
+    if (reference) alloy::ref::sigmoid_gate_mul(x.data(), in.a.data(), int64_t(x.size()));
+    else cpu::sigmoid_gate_mul(x.data(), in.a.data(), int64_t(x.size()), isa);
+    return {{"x", std::move(x)}};
+}
+
+Tensors add_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> x = in.a;
+    if (reference) alloy::ref::add(x.data(), in.b.data(), int64_t(x.size()));
+    else cpu::add(x.data(), in.b.data(), int64_t(x.size()), isa);
+    return {{"x", std::move(x)}};
+}
+
+// Runs the reference once per case and every variant against it (run_op for any case type).
+template <class In, class Case>
+void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(const Case&, uint32_t),
+                   std::string (*label)(const Case&), Tensors (*run)(const In&, cpu::Isa, bool), Tally& tally) {
+    uint32_t seed = 1000;
+    for (const Case& c : cases) {
+        const In in = make(c, seed++);
+        const Tensors want = run(in, cpu::Isa::Scalar, /*reference=*/true);
+        for (auto [name, isa] : cpu_isas()) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const Tensors got = run(in, isa, /*reference=*/false);
+            const double ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            std::string worst;
+            const double nmse = max_nmse(got, want, worst);
+            const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
+            ++tally.run;
+            tally.passed += ok ? 1 : 0;
+            std::printf("%s(variant=%s,%s): %s nmse=%.1e", op, name, label(c).c_str(), ok ? "OK" : "FAIL", nmse);
+            if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
+            std::printf("  [%.2f ms]\n", ms);
+            std::fflush(stdout);
+        }
+    }
+}
+
+const std::vector<std::string> kKernelOps{"ATTENTION", "RMS_NORM", "ROPE", "SWIGLU", "SIGMOID_GATE_MUL", "ADD"};
+
+void run_kernel_ops(const Options& o, Tally& tally) {
+    auto want = [&](const char* op) { return o.op.empty() || o.op == op; };
+    if (want("ATTENTION"))
+        run_kernel_op<AttnIn, AttnCase>("ATTENTION", attn_cases(o), make_attn_in, attn_label, attn_run, tally);
+    const int64_t Tbig = o.quick ? 65 : 512;  // prefill-sized rows
+    if (want("RMS_NORM"))  // hidden rows (D = 1024) and per-head q/k norms (256)
+        run_kernel_op<SmallIn, SmallCase>("RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig * 8, 256}, {Tbig, 1024}},
+                                          make_small_in, small_label, rms_norm_run, tally);
+    if (want("ROPE"))  // rows = tokens, n = heads * 256
+        run_kernel_op<SmallIn, SmallCase>("ROPE", {{1, 8 * 256}, {7, 2 * 256}, {Tbig, 8 * 256}}, make_small_in,
+                                          small_label, rope_run, tally);
+    if (want("SWIGLU"))
+        run_kernel_op<SmallIn, SmallCase>("SWIGLU", {{1, 3584}, {7, 3584}, {Tbig, 3584}}, make_small_in, small_label,
+                                          swiglu_run, tally);
+    if (want("SIGMOID_GATE_MUL"))
+        run_kernel_op<SmallIn, SmallCase>("SIGMOID_GATE_MUL", {{1, 2048}, {7, 2051}, {Tbig, 2048}}, make_small_in,
+                                          small_label, gate_run, tally);
+    if (want("ADD"))
+        run_kernel_op<SmallIn, SmallCase>("ADD", {{1, 1024}, {7, 1027}, {Tbig, 1024}}, make_small_in, small_label,
+                                          add_run, tally);
+}
+
+// ---------------------------------------------------------------------------------------
+// MATMUL: cpu::matmul on every ISA path this CPU has (the kernel path taken, row-dot or GEMM
+// tile, shows in the variant name) against ref::matmul fed the effective input, i.e. the
+// activations as the kernel consumes them (Q8_0-quantized or bf16-rounded, see
+// kernels/cpu/matmul.h); what remains is the kernel's fp32 summation. Weights N(0, 1)
+// quantized to the type, or random quant bytes with sane scales for Q4_0/Q4_K/Q6_K.
+
+struct MatmulCase { GgmlType type; int64_t n_in, n_out, T; };
+
+struct MatmulIn {
+    MatmulCase c;
+    std::vector<uint8_t> w;  // [n_out] rows of the type
+    std::vector<float> x;    // [T, n_in]
+    WeightView view() const { return {c.type, c.n_in, c.n_out, w.data(), row_bytes(c.type, c.n_in)}; }
+};
+
+MatmulIn make_matmul_in(const MatmulCase& c, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    MatmulIn in{c, std::vector<uint8_t>(row_bytes(c.type, c.n_in) * size_t(c.n_out)), {}};
+    if (c.type == GgmlType::Q4_0 || c.type == GgmlType::Q4_K || c.type == GgmlType::Q6_K) {
+        for (auto& b : in.w) b = uint8_t(gen());
+        const size_t blk = type_traits(c.type).block_bytes;
+        for (size_t off = 0; off < in.w.size(); off += blk) {
+            const uint16_t d = fp32_to_fp16(0.01f * float(1 + gen() % 7));
+            std::memcpy(&in.w[c.type == GgmlType::Q6_K ? off + blk - 2 : off], &d, 2);
+            if (c.type == GgmlType::Q4_K) std::memcpy(&in.w[off + 2], &d, 2);
+        }
+    } else {
+        std::vector<float> row(static_cast<size_t>(c.n_in));
+        const size_t rb = row_bytes(c.type, c.n_in);
+        for (int64_t r = 0; r < c.n_out; ++r) {
+            for (auto& e : row) e = nd(gen);
+            quantize_row(c.type, row.data(), in.w.data() + size_t(r) * rb, c.n_in);
+        }
+    }
+    in.x.resize(size_t(c.T * c.n_in));
+    for (auto& e : in.x) e = nd(gen);
+    return in;
+}
+
+std::vector<MatmulCase> matmul_cases(const Options& o) {
+    std::vector<MatmulCase> v;
+    const GgmlType types[] = {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32,  GgmlType::F16,
+                              GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K};
+    const std::vector<int64_t> Ts = o.quick ? std::vector<int64_t>{1, 5, 64} : std::vector<int64_t>{1, 3, 17, 129};
+    for (GgmlType t : types) {
+        const bool k_quant = type_traits(t).block_elems == 256;
+        for (int64_t T : Ts) {
+            v.push_back({t, 1024, 67, T});  // Qwen3.5 hidden size, odd row count
+            v.push_back({t, k_quant ? 4096 + 256 : 4096 + 32, 19, T});
+        }
+    }
+    return v;
+}
+
+void run_matmul_op(const Options& o, Tally& tally) {
+    std::vector<cpu::Isa> isas;
+    for (cpu::Isa i : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})
+        if (i <= cpu::active_isa()) isas.push_back(i);
+    cpu::MatmulScratch scratch;
+    uint32_t seed = 2000;
+    for (const MatmulCase& c : matmul_cases(o)) {
+        const MatmulIn in = make_matmul_in(c, seed++);
+        const WeightView W = in.view();
+        std::vector<float> xe(in.x.size()), want(size_t(c.T * c.n_out));
+        cpu::matmul_effective_input(c.type, in.x.data(), xe.data(), c.T, c.n_in);
+        alloy::ref::matmul(W, xe.data(), want.data(), c.T);
+        const Tensors ref{{"y", want}};
+        const std::string label = std::string("type=") + type_traits(c.type).name + ",n_in=" + std::to_string(c.n_in) +
+                                  ",n_out=" + std::to_string(c.n_out) + ",T=" + std::to_string(c.T);
+        for (cpu::Isa isa : isas) {
+            std::vector<float> y(want.size(), NAN);
+            const auto t0 = std::chrono::steady_clock::now();
+            cpu::matmul(W, in.x.data(), y.data(), c.T, isa, scratch);
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            std::string worst;
+            const double nmse = max_nmse({{"y", std::move(y)}}, ref, worst);
+            const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
+            ++tally.run;
+            tally.passed += ok ? 1 : 0;
+            std::printf("MATMUL(variant=cpu-%s:%s,%s): %s nmse=%.1e", cpu::isa_name(isa),
+                        cpu::matmul_path(c.type, isa, c.n_in, c.T).c_str(), label.c_str(), ok ? "OK" : "FAIL", nmse);
+            if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
+            std::printf("  [%.2f ms]\n", ms);
+            std::fflush(stdout);
+        }
+    }
+}
+
 void run_test_ops(const Options& o) {
-    const std::vector<std::string> ops{"GDN_DELTA", "GDN_FUSED"};
+    std::vector<std::string> ops{"GDN_DELTA", "GDN_FUSED"};
+    ops.insert(ops.end(), kKernelOps.begin(), kKernelOps.end());
+    ops.push_back("MATMUL");
     bool known = o.op.empty();
     for (const auto& name : ops) known = known || name == o.op;
-    if (!known) throw Error("test-ops: unknown op '" + o.op + "' for -o (known: GDN_DELTA, GDN_FUSED)");
+    std::string names;
+    for (const auto& name : ops) names += (names.empty() ? "" : ", ") + name;
+    if (!known) throw Error("test-ops: unknown op '" + o.op + "' for -o (known: " + names + ")");
 
     const auto cases = gdn_cases(o);
     std::printf("test-ops: variants vs kernels/ref (GDN_DELTA: gdn_delta_serial, GDN_FUSED: gdn_fused serial);"
@@ -304,6 +599,8 @@ void run_test_ops(const Options& o) {
         run_op<FusedIn>("GDN_FUSED", cases, make_fused_in,
                         [](const FusedIn& in) { return fused_run(in, alloy::ref::GdnMode::Serial, 1); },
                         fused_variants(), tally);
+    run_kernel_ops(o, tally);
+    if (o.op.empty() || o.op == "MATMUL") run_matmul_op(o, tally);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%d/%d passed (%.1f s)\n", tally.passed, tally.run, s);
     std::fflush(stdout);
@@ -317,7 +614,7 @@ void run_test_ops(const Options& o) {
 void add_test_ops_command(CLI::App& app) {
     auto opts = std::make_shared<Options>();
     auto* cmd = app.add_subcommand("test-ops", "check every op variant against its reference kernel");
-    cmd->add_option("-o,--op", opts->op, "run only this op (GDN_DELTA, GDN_FUSED)");
+    cmd->add_option("-o,--op", opts->op, "run only this op (GDN_DELTA, GDN_FUSED, ATTENTION, RMS_NORM, ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL)");
     cmd->add_flag("--quick", opts->quick, "small grid (H_v=16, T<=65)");
     cmd->add_flag("--full", opts->full, "do not sample the T=4096 corner of the grid");
     cmd->callback([opts] { run_test_ops(*opts); });

@@ -5,8 +5,13 @@
 
 #include "alloy/error.h"
 #include "format/quant.h"
+#include "kernels/cpu/add.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/gate.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/ref/activations.h"
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
@@ -232,6 +237,8 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     float* ffg = plan->buffer(size_t(B) * hp.n_ff);            // [B, n_ff]
     float* ffu = plan->buffer(size_t(B) * hp.n_ff);            // [B, n_ff]
     int32_t* pos = reinterpret_cast<int32_t*>(plan->buffer(size_t(B)));  // [B] absolute positions
+    // cos/sin of every (position, frequency) of this call, built once and shared by all layers.
+    auto rope = std::make_shared<cpu::RopeTable>();
 
     ref::GdnParams gp;
     gp.shape = {hp.ssm_H_k, hp.ssm_H_v, hp.ssm_d_k, hp.ssm_d_v, /*tiled=*/true};
@@ -245,12 +252,10 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
         plan->add(matmul_kernel(w), label, [&w, in, out](const StepContext& c) { cpu::matmul(w, in, out, c.n); });
     };
     auto norm = [&](const float* in, const float* w, float* out, const std::string& label) {
-        plan->add("rms_norm", label, [=](const StepContext& c) { ref::rms_norm(in, w, out, c.n, D, eps); });
+        plan->add("rms_norm", label, [=](const StepContext& c) { cpu::rms_norm(in, w, out, c.n, D, eps); });
     };
     auto add_residual = [&](const std::string& label) {
-        plan->add("add", label, [=](const StepContext& c) {
-            for (int64_t i = 0; i < int64_t(c.n) * D; ++i) x[i] += o[i];
-        });
+        plan->add("add", label, [=](const StepContext& c) { cpu::add(x, o, int64_t(c.n) * D); });
     };
 
     plan->add("embed", "token_embd", [this, x, pos, D](const StepContext& c) {
@@ -261,6 +266,9 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             dequantize_row(tok_embd.type, tok_embd.row(c.ids[t]), x + int64_t(t) * D, D);
             pos[t] = c.n_past + t;
         }
+    });
+    plan->add("rope_table", "rope", [=, this](const StepContext& c) {
+        *rope = cpu::rope_table(pos, c.n, hp_.n_rot, hp_.rope_base);
     });
 
     for (int l = 0; l < hp.n_layer; ++l) {
@@ -300,16 +308,16 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                 cpu::matmul(L.wv, h, c.state->v_cache[size_t(l)].data() + int64_t(c.n_past) * kvw, c.n);
             });
             plan->add("rms_norm", p + "attn_q_norm", [=, &L](const StepContext& c) {
-                ref::rms_norm(q, L.q_norm, q, int64_t(c.n) * nh, hd, eps);
+                cpu::rms_norm(q, L.q_norm, q, int64_t(c.n) * nh, hd, eps);
             });
             plan->add("rms_norm", p + "attn_k_norm", [=, &L](const StepContext& c) {
                 float* kc = c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw;
-                ref::rms_norm(kc, L.k_norm, kc, int64_t(c.n) * nkv, hd, eps);
+                cpu::rms_norm(kc, L.k_norm, kc, int64_t(c.n) * nkv, hd, eps);
             });
             plan->add("rope_partial", p + "rope", [=](const StepContext& c) {
                 float* kc = c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw;
-                ref::rope_partial(q, pos, c.n, nh, hd, hp.n_rot, hp.rope_base);
-                ref::rope_partial(kc, pos, c.n, nkv, hd, hp.n_rot, hp.rope_base);
+                cpu::rope_partial(*rope, q, nh, hd);
+                cpu::rope_partial(*rope, kc, nkv, hd);
             });
             const ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
             plan->add(bucket == 1 ? "attention_decode" : "attention_prefill", p + "attention",
@@ -318,7 +326,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                                          c.state->v_cache[size_t(l)].data(), att, c.n, c.n_past);
                       });
             plan->add("sigmoid_gate_mul", p + "attn_gate", [=](const StepContext& c) {
-                for (int64_t i = 0; i < int64_t(c.n) * nh * hd; ++i) att[i] *= ref::sigmoid(gate[i]);
+                cpu::sigmoid_gate_mul(att, gate, int64_t(c.n) * nh * hd);
             });
             mm(L.wo, att, o, p + "attn_output");
         }
@@ -328,7 +336,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
         mm(L.ffn_gate, h, ffg, p + "ffn_gate");
         mm(L.ffn_up, h, ffu, p + "ffn_up");
         plan->add("swiglu", p + "ffn_act", [=](const StepContext& c) {
-            for (int64_t i = 0; i < int64_t(c.n) * hp.n_ff; ++i) ffg[i] = ref::silu(ffg[i]) * ffu[i];
+            cpu::swiglu(ffg, ffu, ffg, int64_t(c.n) * hp.n_ff);
         });
         mm(L.ffn_down, ffg, o, p + "ffn_down");
         add_residual(p + "residual");
@@ -339,7 +347,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     const bool all = logits_mode == 2;
     plan->add("rms_norm", "output_norm", [=, this](const StepContext& c) {
         const int64_t first = all ? 0 : c.n - 1;
-        ref::rms_norm(x + first * D, output_norm, h, c.n - first, D, eps);
+        cpu::rms_norm(x + first * D, output_norm, h, c.n - first, D, eps);
     });
     plan->add(matmul_kernel(output), "output", [=, this](const StepContext& c) {
         cpu::matmul(output, h, c.logits, all ? c.n : 1);

@@ -1,52 +1,132 @@
+// cpu::attention driver: cuts the problem into blocks (attention_block.h), orders them so
+// the pool balances causal rows of unequal cost, splits keys when blocks are too few, and
+// merges the split partial softmax states.
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace alloy::cpu {
+namespace attn {
 
-void attention(const AttentionShape& s, const float* q, const float* k_cache,
-               const float* v_cache, float* out, int64_t T, int64_t n_past) {
-    const int group = s.n_head / s.n_head_kv;
-    const int64_t kv_stride = int64_t(s.n_head_kv) * s.head_dim;
-    const int hd = s.head_dim;
-    std::vector<std::vector<float>> scratch(static_cast<size_t>(n_threads()));
-    parallel_for(T * s.n_head, [&](int64_t th, int thread) {
-        std::vector<float>& buf = scratch[size_t(thread)];
-        if (buf.empty()) buf.resize(size_t(n_past + T + hd));
-        float* score = buf.data();
-        float* acc = buf.data() + n_past + T;
-        {
-            const int64_t t = th / s.n_head;
-            const int h = int(th % s.n_head);
-            const float* qh = q + th * hd;
-            const float* kbase = k_cache + int64_t(h / group) * hd;
-            const float* vbase = v_cache + int64_t(h / group) * hd;
-            const int64_t n_keys = n_past + t + 1;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < n_keys; ++j) {
-                const float* kj = kbase + j * kv_stride;
-                float dot = 0;
-                for (int d = 0; d < hd; ++d) dot += qh[d] * kj[d];
-                score[j] = dot * s.scale;
-                mx = std::max(mx, score[j]);
-            }
-            float sum = 0;
-            std::fill(acc, acc + hd, 0.0f);
-            for (int64_t j = 0; j < n_keys; ++j) {
-                const float p = std::exp(score[j] - mx);
-                sum += p;
-                const float* vj = vbase + j * kv_stride;
-                for (int d = 0; d < hd; ++d) acc[d] += p * vj[d];
-            }
-            float* oh = out + th * hd;
-            const float inv = 1.0f / sum;
-            for (int d = 0; d < hd; ++d) oh[d] = acc[d] * inv;
-        }
+float* scratch(int slot, int64_t n_floats) {
+    thread_local std::vector<float> bufs[4];
+    std::vector<float>& b = bufs[slot];
+    if (int64_t(b.size()) < n_floats + 16) b.resize(size_t(n_floats + 16));
+    const uintptr_t p = reinterpret_cast<uintptr_t>(b.data());
+    return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));  // 64-byte aligned rows
+}
+
+}  // namespace attn
+
+namespace {
+
+constexpr int kRowsPerBlock = 32;     // query rows per block (group x tokens): K/V reuse vs L1
+constexpr int64_t kMinSplitKeys = 256;  // a key split below this is not worth its merge
+constexpr int kItemsPerThread = 4;    // blocks per thread to aim for, for balance
+
+}  // namespace
+
+void attention(const AttentionShape& s, const float* q, const float* k_cache, const float* v_cache,
+               float* out, int64_t T, int64_t n_past, Isa isa) {
+    if (T <= 0) return;
+    assert(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.head_dim > 0 && n_past >= 0);
+    const auto run_block = isa >= Isa::Avx512 && s.head_dim % 16 == 0 ? attn::run_block_avx512
+                                                                        : attn::run_block_scalar;
+    const int group = s.n_head / s.n_head_kv, hd = s.head_dim, n_kv = s.n_head_kv;
+    const int tq = int(std::min<int64_t>(T, std::max(1, kRowsPerBlock / group)));  // tokens per block
+    const int64_t n_qb = (T + tq - 1) / tq;
+    const int64_t items_q = n_qb * n_kv;
+
+    // Key splits: only when the blocks alone cannot keep every thread busy.
+    const int64_t target = int64_t(kItemsPerThread) * n_threads();
+    int64_t ns = 1;
+    if (items_q < target)
+        ns = std::max<int64_t>(1, std::min((target + items_q - 1) / items_q,
+                                           (n_past + T + kMinSplitKeys - 1) / kMinSplitKeys));
+
+    // Item i -> block: the latest query blocks (most keys) first, so the atomic hand-out of
+    // the pool ends with the cheap ones and the threads finish together.
+    auto make_block = [&](int64_t i) {
+        const int64_t per_qb = int64_t(n_kv) * ns;
+        const int64_t qb = n_qb - 1 - i / per_qb;
+        const int g = int((i % per_qb) / ns);
+        attn::Block b;
+        b.q = q;
+        b.k = k_cache + int64_t(g) * hd;
+        b.v = v_cache + int64_t(g) * hd;
+        b.kv_stride = int64_t(n_kv) * hd;
+        b.n_head = s.n_head;
+        b.hd = hd;
+        b.group = group;
+        b.h0 = g * group;
+        b.scale = s.scale;
+        b.n_past = n_past;
+        b.t0 = qb * tq;
+        b.tq = int(std::min<int64_t>(tq, T - b.t0));
+        const int64_t n_keys = n_past + b.t0 + b.tq;  // keys the block's last row sees
+        const int64_t per = (n_keys + ns - 1) / ns;
+        const int64_t chunk = (per + attn::kKeyTile - 1) / attn::kKeyTile * attn::kKeyTile;
+        const int64_t split = i % ns;
+        b.key_begin = std::min(n_keys, split * chunk);
+        b.key_end = std::min(n_keys, (split + 1) * chunk);
+        return b;
+    };
+
+    if (ns == 1) {
+        parallel_for(items_q, [&](int64_t i, int) {
+            attn::Block b = make_block(i);
+            b.out = out;
+            run_block(b);
+        });
+        return;
+    }
+
+    // Split keys: every item leaves (m, l, O) per row; rows are then merged in parallel.
+    const int64_t n_items = items_q * ns, rows = int64_t(tq) * group;
+    thread_local std::vector<float> part;  // [n_items, rows, hd] O, then [n_items, rows, 2] (m, l)
+    part.resize(size_t(n_items * rows * (hd + 2)));
+    float* part_o = part.data();
+    float* part_ml = part.data() + n_items * rows * hd;
+    parallel_for(n_items, [&](int64_t i, int) {
+        attn::Block b = make_block(i);
+        b.part_o = part_o + i * rows * hd;
+        b.part_ml = part_ml + i * rows * 2;
+        run_block(b);
     });
+    parallel_for(T * s.n_head, [&](int64_t th, int) {
+        const int64_t t = th / s.n_head;
+        const int h = int(th % s.n_head);
+        const int64_t qb = t / tq;
+        const int64_t r = (t - qb * tq) * group + h % group;
+        const int64_t first = ((n_qb - 1 - qb) * n_kv + h / group) * ns;  // item of split 0
+        float mx = -INFINITY;
+        for (int64_t sp = 0; sp < ns; ++sp) mx = std::max(mx, part_ml[((first + sp) * rows + r) * 2]);
+        float* dst = out + th * hd;
+        std::fill(dst, dst + hd, 0.0f);
+        float l = 0.0f;
+        for (int64_t sp = 0; sp < ns; ++sp) {
+            const float* ml = part_ml + ((first + sp) * rows + r) * 2;
+            if (ml[1] == 0.0f) continue;  // split beyond this row's causal limit
+            const float w = std::exp2(ml[0] - mx);
+            l += w * ml[1];
+            const float* o = part_o + ((first + sp) * rows + r) * hd;
+            for (int d = 0; d < hd; ++d) dst[d] += w * o[d];
+        }
+        const float inv = 1.0f / l;
+        for (int d = 0; d < hd; ++d) dst[d] *= inv;
+    });
+}
+
+void attention(const AttentionShape& s, const float* q, const float* k_cache, const float* v_cache,
+               float* out, int64_t T, int64_t n_past) {
+    attention(s, q, k_cache, v_cache, out, T, n_past, active_isa());
 }
 
 }  // namespace alloy::cpu

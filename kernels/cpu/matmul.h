@@ -1,11 +1,54 @@
-// Matrix product with a GGUF weight on the CPU: y[t][o] = sum_i W[o][i] * x[t][i].
-// Contract: within 1e-5 relative of ref::matmul (fp32 accumulation in a different order).
+// Matrix product with a GGUF weight on the CPU: y[t][o] = sum_i W[o][i] * x[t][i],
+// x: [T, n_in] fp32, y: [T, n_out] fp32 (must not alias x). Threads: the kernels/cpu pool.
+//
+// Numerical contract per weight type, against ref::matmul (double accumulation). "Effective
+// input" is matmul_effective_input(): the activations as the kernel consumes them.
+//   F32, F16, Q4_0, Q4_K, Q6_K: fp32 activations, fp32 sums (in chunks of <= 512):
+//       ||y - ref(x)|| <= 1e-5 ||ref(x)||.
+//   BF16: activations rounded to bf16 (nearest even), as llama.cpp (vec_dot_type BF16);
+//       products exact, fp32 sums: <= 1e-5 against ref on the effective input,
+//       ~1e-3 against ref(x) (bf16 has 8 significant bits).
+//   Q8_0: activations quantized per 32 exactly as ggml's x86 quantize_row_q8_0
+//       (d = amax/127 rounded to fp16, q = nearest-even(x * 127/amax)); exact integer block
+//       sums scaled by d_w * d_x in fp32 and summed in fp32, as ggml_vec_dot_q8_0_q8_0, so
+//       results track llama.cpp's: <= 1e-5 against ref on the effective input, ~1e-2 against
+//       ref(x) (int8 activations).
+// Within one ISA path, results depend neither on the thread count nor on T: row t of a
+// T-token call has the same bits as a 1-token call on row t (decode reproduces prefill
+// exactly). Different ISA paths differ in the last bits (fp32 summation order).
+//
+// Paths (Isa is clamped to what this CPU and ALLOY_ISA allow):
+//   AVX-512: Q8_0 vpdpbusd (VNNI), BF16 vdpbf16ps, F32/F16 FMA. T > 4: register-tiled GEMM,
+//   weights broadcast from their GGUF rows against 16-token activation panels (no repacking).
+//   T <= 4 (decode): 16 weight rows per kernel call in the 16 lanes (16 memory streams),
+//   transposed in registers so the arithmetic per output is the GEMM tile's, in its order.
+//   Without VNNI / AVX512-BF16 those types fall to AVX2. AVX2+FMA and scalar: row-dot kernels.
+//   Q4_0, Q4_K, Q6_K: rows dequantized to fp32 per chunk, then the F32 kernels.
 #pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/ref/weight.h"
 
 namespace alloy::cpu {
 
-// x: [T, W.n_in]; y: [T, W.n_out]. Threads: OpenMP over blocks of output rows.
+// Buffers reused across calls (prepared activations, per-thread tiles and converted rows).
+// They only grow. One per calling thread; the convenience overload uses a thread_local one.
+struct MatmulScratch {
+    std::vector<uint8_t> act;
+    std::vector<std::vector<uint8_t>> per_thread;
+};
+
 void matmul(const WeightView& W, const float* x, float* y, int64_t T);
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& scratch);
+
+// The activations as the kernels for weight type `wtype` consume them (Q8_0: quantized then
+// dequantized; BF16: rounded to bf16; other types: unchanged). x, out: [T, n_in].
+void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in);
+
+// Which kernel path matmul takes, e.g. "avx512-vnni gemm" (for logs, profiles and test names).
+std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T);
 
 }  // namespace alloy::cpu

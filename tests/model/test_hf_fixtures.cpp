@@ -105,6 +105,9 @@ TEST_P(HfFixture, LogitsAgreeInEveryPath) {
     }
 }
 
+// Speculative verification runs several tokens through the serial arm and must reproduce what
+// decode (one token per call) computes, bit for bit: every kernel on that path (matmul, GDN
+// serial, attention, norms) must give the same bits whatever the number of tokens per call.
 TEST_P(HfFixture, DecodeReproducesSerialPrefillBitForBit) {
     Fixture& f = fixture(GetParam());
     const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
@@ -132,11 +135,15 @@ TEST_P(HfFixture, GreedyContinuationIsIdentical) {
     }
 }
 
-// Every weight in the fixtures is bf16-exact (and f16-exact at these magnitudes), so bf16 and
-// f16 GGUFs must be as accurate as f32. (q8_0 is lossy: 0.5% weight error grows to 13-40%
-// logit error on these small random models, so it is checked at the kernel level instead.)
-TEST_P(HfFixture, Bf16AndF16FilesAreExact) {
-    for (auto [dtype, tol] : {std::pair{GgmlType::BF16, 1e-4}, {GgmlType::F16, 1e-4}}) {
+// Every weight in the fixtures is bf16-exact (and f16-exact at these magnitudes). F16 files run
+// with fp32 activations and must be as accurate as f32. BF16 files run the bf16 dot-product
+// kernels, which round the activations to bf16 as llama.cpp does (2^-9 relative); these small
+// random models amplify that to 4-13% of the logits, so BF16 only has to stay in that band (a
+// wrong layout or scale gives errors of order 1). Q8_0 quantizes activations to 8 bits, which
+// the same amplification turns into 13-40%; it is checked at the kernel level
+// (tests/kernels/test_matmul.cpp) and against llama.cpp's perplexity (NOTES.md).
+TEST_P(HfFixture, F16AndBf16Files) {
+    for (auto [dtype, tol] : {std::pair{GgmlType::F16, 1e-4}, {GgmlType::BF16, 0.25}}) {
         Fixture& f = fixture(GetParam(), dtype);
         const size_t V = f.ref["vocab"].get<size_t>();
         const auto& seq = f.ref["sequences"][0];

@@ -1,0 +1,68 @@
+// Portable block of cpu::attention (any head_dim): the same tiled online softmax as the
+// AVX-512 block, written as plain loops the compiler may vectorise for the baseline ISA.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/attention_block.h"
+
+namespace alloy::cpu::attn {
+
+void run_block_scalar(const Block& b) {
+    const int R = b.rows(), hd = b.hd;
+    float* Q = scratch(0, int64_t(R) * hd);  // [R, hd] q * scale * log2(e)
+    float* O = scratch(1, int64_t(R) * hd);  // [R, hd] unnormalised output
+    float* S = scratch(2, kKeyTile);         // [kKeyTile] one row's scores, then probabilities
+    float* ml = scratch(3, 2 * int64_t(R));  // [R, 2] running max (log2 units), running sum
+    const float qs = b.scale * 1.44269504088896341f;
+    for (int r = 0; r < R; ++r) {
+        const float* src = b.q_row(r);
+        for (int d = 0; d < hd; ++d) Q[int64_t(r) * hd + d] = src[d] * qs;
+        ml[2 * r] = -INFINITY;
+        ml[2 * r + 1] = 0.0f;
+    }
+    std::fill(O, O + int64_t(R) * hd, 0.0f);
+
+    const int64_t key_end = std::min(b.key_end, b.limit(R - 1) + 1);
+    for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
+        const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
+        for (int r = 0; r < R; ++r) {
+            const int nv = int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk));  // causal
+            if (nv == 0) continue;
+            const float* qr = Q + int64_t(r) * hd;
+            float mx = ml[2 * r];
+            for (int j = 0; j < nv; ++j) {
+                const float* kj = b.k + (j0 + j) * b.kv_stride;
+                float dot = 0.0f;
+                for (int d = 0; d < hd; ++d) dot += qr[d] * kj[d];
+                S[j] = dot;
+                mx = std::max(mx, dot);
+            }
+            const float alpha = std::exp2(ml[2 * r] - mx);  // exp2(-inf) = 0 on the first tile
+            float sum = 0.0f;
+            for (int j = 0; j < nv; ++j) sum += (S[j] = std::exp2(S[j] - mx));
+            ml[2 * r] = mx;
+            ml[2 * r + 1] = ml[2 * r + 1] * alpha + sum;
+            float* orow = O + int64_t(r) * hd;
+            for (int d = 0; d < hd; ++d) orow[d] *= alpha;
+            for (int j = 0; j < nv; ++j) {
+                const float* vj = b.v + (j0 + j) * b.kv_stride;
+                for (int d = 0; d < hd; ++d) orow[d] += S[j] * vj[d];
+            }
+        }
+    }
+
+    for (int r = 0; r < R; ++r) {
+        const float* orow = O + int64_t(r) * hd;
+        if (b.out) {
+            float* dst = b.out_row(r);
+            const float inv = 1.0f / ml[2 * r + 1];  // every row of an unsplit block sees key 0
+            for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
+        } else {
+            std::copy(orow, orow + hd, b.part_o + int64_t(r) * hd);
+            b.part_ml[2 * r] = ml[2 * r];
+            b.part_ml[2 * r + 1] = ml[2 * r + 1];
+        }
+    }
+}
+
+}  // namespace alloy::cpu::attn

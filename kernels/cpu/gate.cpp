@@ -1,0 +1,34 @@
+#include "kernels/cpu/gate.h"
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vec_math_avx512.h"
+#include "kernels/ref/activations.h"
+
+namespace alloy::cpu {
+namespace {
+
+void gate_scalar(float* x, const float* g, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= ref::sigmoid(g[i]);
+}
+
+ALLOY_TARGET_AVX512 void gate_avx512(float* x, const float* g, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), avx512::sigmoid(_mm512_loadu_ps(g + i))));
+    if (i < n) {
+        const __mmask16 k = __mmask16((1u << (n - i)) - 1);
+        const __m512 s = avx512::sigmoid(_mm512_maskz_loadu_ps(k, g + i));
+        _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), s));
+    }
+}
+
+}  // namespace
+
+void sigmoid_gate_mul(float* x, const float* g, int64_t n, Isa isa) {
+    auto fn = isa >= Isa::Avx512 ? gate_avx512 : gate_scalar;
+    for_chunks(n, 1, [&](int64_t b, int64_t e) { fn(x + b, g + b, e - b); });
+}
+
+void sigmoid_gate_mul(float* x, const float* g, int64_t n) { sigmoid_gate_mul(x, g, n, active_isa()); }
+
+}  // namespace alloy::cpu

@@ -1,0 +1,273 @@
+// Gated delta rule, recurrent form on the CPU (the decode path). Contract: kernels/cpu/gdn.h;
+// math: spec/GDN.md section 1. The state of a head is transposed ([d_v][d_k], column j of S
+// contiguous), so for one token and one value column j everything is a pass over d_k floats:
+//   sk = S_j . k, sq = S_j . q                  (old state, one read)
+//   delta_j = beta (v_j - alpha sk)              (uses the decayed state: alpha S_j . k)
+//   o_j = alpha sq + delta_j (k . q)             (= S_j' . q, the read after the write)
+//   S_j' = alpha S_j + delta_j k                 (one write)
+// Parallel over (sequence, head) only, so each head's arithmetic never depends on the thread
+// count, and its per-column operation sequence never depends on how tokens are split over
+// calls: both properties are part of the decode/verification contract.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/gdn_internal.h"
+#include "kernels/cpu/gdn_simd.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/ref/gdn_common.h"
+
+namespace alloy::cpu {
+namespace gdn {
+namespace {
+
+// sum_i a[i] b[i] with eight partial sums (the portable path's fixed order).
+float dot8(const float* a, const float* b, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+    float tail = 0.0f;
+    for (; i < n; ++i) tail += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
+}
+
+void head_portable(const DeltaIo& io, int seq, int h) {
+    const int d_k = io.shape.d_k, d_v = io.shape.d_v, kh = io.shape.key_head(h);
+    float* S = io.state + ((std::size_t)seq * io.shape.H_v + h) * d_v * d_k;  // [d_v, d_k]
+    for (int64_t t = io.offs[seq]; t < io.offs[seq + 1]; ++t) {
+        const float* q = io.q_at(t, kh);  // [d_k]
+        const float* k = io.k_at(t, kh);  // [d_k]
+        const float* v = io.v_at(t, h);   // [d_v]
+        float* o = io.out_at(t, h);       // [d_v]
+        const float alpha = std::exp(io.g[t * io.shape.H_v + h]), beta = io.beta[t * io.shape.H_v + h];
+        const float kq = dot8(k, q, d_k);
+        for (int j = 0; j < d_v; ++j) {
+            float* col = S + (std::size_t)j * d_k;  // S[:, j]
+            const float sk = dot8(col, k, d_k), sq = dot8(col, q, d_k);
+            const float delta = beta * (v[j] - alpha * sk);
+            o[j] = alpha * sq + delta * kq;
+            for (int i = 0; i < d_k; ++i) col[i] = alpha * col[i] + k[i] * delta;
+        }
+    }
+}
+
+// ---- AVX-512 ----------------------------------------------------------------------------
+
+constexpr int kCols = 8;       // value columns per block: 8 S.k + 8 S.q sums = one reduce16
+constexpr int kGroup = 4;      // column blocks interleaved per token (16 KiB of state in L1)
+constexpr int kTokBlock = 64;  // tokens per sweep over the state: their q, k (32 KiB) stay in L1/L2
+
+// Lane i of the result = sum of the 16 lanes of v[i]: a transposing tree, 45 shuffles/adds
+// for 16 sums instead of ~8 per horizontal sum. The tree leaves its sums in the order
+// lane 4L+e = input 4e+L, so the inputs go in transposed.
+ALLOY_AVX512 inline __m512 reduce16(const __m512 v[16]) {
+    __m512 x[16], r[8], s[4];
+    for (int j = 0; j < 16; ++j) x[j] = v[4 * (j % 4) + j / 4];
+    for (int m = 0; m < 8; ++m)  // 128-bit lanes 0,1: x[2m]; 2,3: x[2m+1]
+        r[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], 0x44),
+                             _mm512_shuffle_f32x4(x[2 * m], x[2 * m + 1], 0xEE));
+    for (int p = 0; p < 4; ++p)  // 128-bit lane L: 4 floats of x[4p+L]
+        s[p] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * p], r[2 * p + 1], 0x88),
+                             _mm512_shuffle_f32x4(r[2 * p], r[2 * p + 1], 0xDD));
+    const __m512 u0 = _mm512_add_ps(_mm512_unpacklo_ps(s[0], s[1]), _mm512_unpackhi_ps(s[0], s[1]));
+    const __m512 u1 = _mm512_add_ps(_mm512_unpacklo_ps(s[2], s[3]), _mm512_unpackhi_ps(s[2], s[3]));
+    const __m512d a = _mm512_castps_pd(u0), b = _mm512_castps_pd(u1);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+}
+
+ALLOY_AVX512 float dot_avx512(const float* a, const float* b, int n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = gdn_simd::lanes(n - i);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+ALLOY_AVX512 inline __m512 load(const float* p, __mmask16 m, bool masked) {
+    return masked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
+}
+ALLOY_AVX512 inline void store(float* p, __m512 x, __mmask16 m, bool masked) {
+    if (masked)
+        _mm512_mask_storeu_ps(p, m, x);
+    else
+        _mm512_storeu_ps(p, x);
+}
+
+// acc[c] += S_c[i:i+16] * k[i:i+16], acc[8 + c] += S_c[i:i+16] * q[i:i+16]
+ALLOY_AVX512 inline void dots_at(const float* cols, int d_k, const float* k, const float* q, int i, __mmask16 m,
+                                 bool masked, __m512 (&acc)[2 * kCols]) {
+    const __m512 kv = load(k + i, m, masked), qv = load(q + i, m, masked);
+    for (int c = 0; c < kCols; ++c) {
+        const __m512 s = load(cols + (std::size_t)c * d_k + i, m, masked);
+        acc[c] = _mm512_fmadd_ps(s, kv, acc[c]);
+        acc[kCols + c] = _mm512_fmadd_ps(s, qv, acc[kCols + c]);
+    }
+}
+
+// S_c[i:i+16] = alpha S_c[i:i+16] + delta_c k[i:i+16]
+ALLOY_AVX512 inline void update_at(float* cols, int d_k, const float* k, int i, __mmask16 m, bool masked,
+                                   __m512 alpha, const float* delta) {
+    const __m512 kv = load(k + i, m, masked);
+    for (int c = 0; c < kCols; ++c) {
+        float* p = cols + (std::size_t)c * d_k + i;
+        store(p, _mm512_fmadd_ps(kv, _mm512_set1_ps(delta[c]), _mm512_mul_ps(alpha, load(p, m, masked))), m, masked);
+    }
+}
+
+// One token on kCols columns (cols: [kCols, d_k]); columns past nc are zero padding. Whole
+// vectors are loaded and stored unmasked: a masked store does not forward to the next token's
+// load of the same address, which stalled the token loop.
+ALLOY_AVX512 void step_avx512(float* cols, int d_k, const float* k, const float* q, const float* v,
+                              float* o, int nc, float alpha, float beta, float kq) {
+    const int full = d_k & ~15;
+    const __mmask16 tail = gdn_simd::lanes(d_k - full);
+    __m512 acc[2 * kCols];  // [0, 8): S_c . k, [8, 16): S_c . q
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (int i = 0; i < full; i += 16) dots_at(cols, d_k, k, q, i, 0xFFFF, false, acc);
+    if (full < d_k) dots_at(cols, d_k, k, q, full, tail, true, acc);
+    const __m512 sums = reduce16(acc);
+    const __m256 sk = _mm512_castps512_ps256(sums);
+    const __m256 sq = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sums), 1));
+    const __mmask8 cm = (__mmask8)((1u << nc) - 1u);
+    const __m256 va = _mm256_set1_ps(alpha);
+    const __m256 delta = _mm256_mul_ps(_mm256_set1_ps(beta), _mm256_fnmadd_ps(va, sk, _mm256_maskz_loadu_ps(cm, v)));
+    _mm256_mask_storeu_ps(o, cm, _mm256_fmadd_ps(delta, _mm256_set1_ps(kq), _mm256_mul_ps(va, sq)));
+    alignas(32) float d[kCols];
+    _mm256_store_ps(d, delta);
+    const __m512 a16 = _mm512_set1_ps(alpha);
+    for (int i = 0; i < full; i += 16) update_at(cols, d_k, k, i, 0xFFFF, false, a16, d);
+    if (full < d_k) update_at(cols, d_k, k, full, tail, true, a16, d);
+}
+
+// Prefetch the cache lines of x[0, n).
+inline void prefetch_row(const float* x, int n, int hint) {
+    for (int i = 0; i < n; i += 16)
+        switch (hint) {
+            case _MM_HINT_T0: _mm_prefetch((const char*)(x + i), _MM_HINT_T0); break;
+            default: _mm_prefetch((const char*)(x + i), _MM_HINT_T1); break;
+        }
+}
+
+// pad: [kCols, d_k] scratch for a last block of fewer than kCols columns. Blocks of a group
+// take turns per token: their chains are independent, so one block's reduction and update
+// overlap the next block's dot products (one block alone is a latency-bound chain per token).
+ALLOY_AVX512 void head_avx512(const DeltaIo& io, int seq, int h, float* pad) {
+    const int d_k = io.shape.d_k, d_v = io.shape.d_v, H_v = io.shape.H_v, kh = io.shape.key_head(h);
+    float* S = io.state + ((std::size_t)seq * H_v + h) * d_v * d_k;  // [d_v, d_k]
+    float alpha[kTokBlock], beta[kTokBlock], kq[kTokBlock];
+    for (int64_t t0 = io.offs[seq]; t0 < io.offs[seq + 1]; t0 += kTokBlock) {
+        const int n = (int)std::min<int64_t>(kTokBlock, io.offs[seq + 1] - t0);
+        for (int r = 0; r < n; ++r) {
+            // The rows of q, k, v are 8 KiB apart in the token-major inputs: without a prefetch
+            // each one is a cache miss inside the dependent per-token chain of the first group.
+            prefetch_row(io.k_at(t0 + r, kh), d_k, _MM_HINT_T1);
+            prefetch_row(io.q_at(t0 + r, kh), d_k, _MM_HINT_T1);
+            prefetch_row(io.v_at(t0 + r, h), d_v, _MM_HINT_T1);
+        }
+        for (int r = 0; r < n; ++r) {
+            alpha[r] = std::exp(io.g[(t0 + r) * H_v + h]);
+            beta[r] = io.beta[(t0 + r) * H_v + h];
+            kq[r] = dot_avx512(io.k_at(t0 + r, kh), io.q_at(t0 + r, kh), d_k);
+        }
+        for (int g0 = 0; g0 < d_v; g0 += kCols * kGroup) {
+            float* cols[kGroup];  // [nc[b], d_k] each, L1-resident across the n tokens
+            int nc[kGroup], nb = 0;
+            for (int j0 = g0; j0 < std::min(d_v, g0 + kCols * kGroup); j0 += kCols, ++nb) {
+                nc[nb] = std::min(kCols, d_v - j0);
+                cols[nb] = S + (std::size_t)j0 * d_k;
+                if (nc[nb] < kCols) {  // only the last block of the head
+                    std::fill(pad, pad + (std::size_t)kCols * d_k, 0.0f);
+                    std::copy(cols[nb], cols[nb] + (std::size_t)nc[nb] * d_k, pad);
+                    cols[nb] = pad;
+                }
+            }
+            // Decode streams the state from memory: ask for the next group's 16 KiB early.
+            if (n < 4 && g0 + kCols * kGroup < d_v)
+                prefetch_row(S + (std::size_t)(g0 + kCols * kGroup) * d_k,
+                             std::min(kCols * kGroup, d_v - g0 - kCols * kGroup) * d_k, _MM_HINT_T0);
+            for (int r = 0; r < n; ++r)
+                for (int b = 0; b < nb; ++b)
+                    step_avx512(cols[b], d_k, io.k_at(t0 + r, kh), io.q_at(t0 + r, kh),
+                                io.v_at(t0 + r, h) + g0 + b * kCols, io.out_at(t0 + r, h) + g0 + b * kCols, nc[b],
+                                alpha[r], beta[r], kq[r]);
+            if (cols[nb - 1] == pad) std::copy(pad, pad + (std::size_t)nc[nb - 1] * d_k, S + (std::size_t)(g0 + (nb - 1) * kCols) * d_k);
+        }
+    }
+}
+
+}  // namespace
+
+void delta_serial(Isa isa, const DeltaIo& io) {
+    const int n_items = io.n_seqs * io.shape.H_v;
+    std::vector<std::vector<float>> pad(n_threads());
+    parallel_for(n_items, [&](int64_t item, int thread) {
+        const int seq = (int)(item / io.shape.H_v), h = (int)(item % io.shape.H_v);
+        if (io.offs[seq + 1] == io.offs[seq]) return;
+        if (isa == Isa::Avx512) {
+            auto& p = pad[thread];
+            if (p.empty()) p.resize((std::size_t)kCols * io.shape.d_k);
+            head_avx512(io, seq, h, p.data());
+        } else {
+            head_portable(io, seq, h);
+        }
+    });
+}
+
+// The reference's argument checks (kernels/ref/gdn_delta.cpp), same messages.
+void check_delta_args(const GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,
+                      const float* k, const float* v, const float* g, const float* beta, float* state,
+                      float* out, const char* op) {
+    ref::detail::check_shape(shape, op);
+    ref::detail::check_seq_offsets(n_seqs, seq_offsets, op);
+    if (n_seqs > 0) ref::detail::check_ptr(state, op, "state");
+    if (n_seqs > 0 && seq_offsets[n_seqs] > seq_offsets[0]) {
+        ref::detail::check_ptr(q, op, "q");
+        ref::detail::check_ptr(k, op, "k");
+        ref::detail::check_ptr(v, op, "v");
+        ref::detail::check_ptr(g, op, "g");
+        ref::detail::check_ptr(beta, op, "beta");
+        ref::detail::check_ptr(out, op, "out");
+    }
+}
+
+DeltaIo dense_io(const GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,
+                 const float* k, const float* v, const float* g, const float* beta, float* state,
+                 float* out) {
+    DeltaIo io;
+    io.shape = shape;
+    io.n_seqs = n_seqs;
+    io.offs = seq_offsets;
+    io.q = q;
+    io.k = k;
+    io.v = v;
+    io.g = g;
+    io.beta = beta;
+    io.state = state;
+    io.out = out;
+    io.qk_stride = (int64_t)shape.H_k * shape.d_k;
+    io.v_stride = (int64_t)shape.H_v * shape.d_v;
+    return io;
+}
+
+}  // namespace gdn
+
+void gdn_delta_serial(Isa isa, const GdnShape& shape, int n_seqs, const int32_t* seq_offsets,
+                      const float* q, const float* k, const float* v, const float* g,
+                      const float* beta, float* state, float* out) {
+    const char* op = "cpu::gdn_delta_serial";
+    gdn::check_isa(isa, op);
+    gdn::check_delta_args(shape, n_seqs, seq_offsets, q, k, v, g, beta, state, out, op);
+    gdn::delta_serial(isa, gdn::dense_io(shape, n_seqs, seq_offsets, q, k, v, g, beta, state, out));
+}
+
+void gdn_delta_serial(const GdnShape& shape, int n_seqs, const int32_t* seq_offsets,
+                      const float* q, const float* k, const float* v, const float* g,
+                      const float* beta, float* state, float* out) {
+    gdn_delta_serial(active_isa(), shape, n_seqs, seq_offsets, q, k, v, g, beta, state, out);
+}
+
+}  // namespace alloy::cpu

@@ -1,0 +1,246 @@
+// Fused Gated DeltaNet layer op on the CPU: everything of spec/MODEL.md section 3 between the
+// input projections and out_proj, as ref::gdn_fused (kernels/ref/gdn_fused.cpp), with each
+// elementwise stage vectorized and spread over the thread pool:
+//   1. causal depthwise conv1d (with carried state) + SiLU   parallel over (seq, tokens, channels)
+//   2. L2 norm of q, k per key head (q also / sqrt(d_k)); beta, g   parallel over tokens
+//   3. the delta rule, reading q | k | v in place in the conv output (strided rows)
+//   4. gated RMSNorm per value head, y = o rsqrt(mean o^2 + eps) norm SiLU(z)   over tokens
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/gdn_internal.h"
+#include "kernels/cpu/gdn_simd.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/ref/activations.h"
+#include "kernels/ref/gdn_common.h"
+
+namespace alloy::cpu {
+namespace {
+
+constexpr int kTokBlock = 32;     // tokens per work item of the elementwise stages
+constexpr int kChanBlock = 512;   // conv channels per work item (2 KiB per row)
+
+// Inputs of the conv for one sequence: input time tau < 0 reads the carried state.
+struct ConvSeq {
+    const float* x;     // [n, conv_dim] this sequence's pre-conv rows
+    const float* prev;  // [K-1, conv_dim] state transposed, oldest first
+    int n;
+    const float* row(int tau, int conv_dim, int K) const {
+        return tau < 0 ? prev + (std::size_t)(K - 1 + tau) * conv_dim : x + (std::size_t)tau * conv_dim;
+    }
+};
+
+// u[t][c] = SiLU(sum_tap wT[tap][c] x[t - (K-1) + tap][c]) for c in [c0, c1).
+ALLOY_AVX512 void conv_rows_avx512(const ConvSeq& cs, int conv_dim, int K, const float* wT, int t0, int t1,
+                                   int c0, int c1, float* u) {
+    for (int t = t0; t < t1; ++t)
+        for (int c = c0; c < c1; c += 16) {
+            const __mmask16 m = gdn_simd::lanes(c1 - c);
+            __m512 acc = _mm512_setzero_ps();
+            for (int tap = 0; tap < K; ++tap)
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, wT + (std::size_t)tap * conv_dim + c),
+                                      _mm512_maskz_loadu_ps(m, cs.row(t - (K - 1) + tap, conv_dim, K) + c), acc);
+            _mm512_mask_storeu_ps(u + (std::size_t)t * conv_dim + c, m, gdn_simd::silu512(acc));
+        }
+}
+
+void conv_rows_portable(const ConvSeq& cs, int conv_dim, int K, const float* wT, int t0, int t1, int c0,
+                        int c1, float* u) {
+    for (int t = t0; t < t1; ++t) {
+        float* ut = u + (std::size_t)t * conv_dim;
+        for (int c = c0; c < c1; ++c) ut[c] = 0.0f;
+        for (int tap = 0; tap < K; ++tap) {
+            const float* w = wT + (std::size_t)tap * conv_dim;
+            const float* x = cs.row(t - (K - 1) + tap, conv_dim, K);
+            for (int c = c0; c < c1; ++c) ut[c] += w[c] * x[c];
+        }
+        for (int c = c0; c < c1; ++c) ut[c] = ref::silu(ut[c]);
+    }
+}
+
+// x *= scale / sqrt(sum x^2 + eps)
+ALLOY_AVX512 void l2norm_avx512(float* x, int n, float eps, float scale) {
+    __m512 ss = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(gdn_simd::lanes(n - i), x + i);
+        ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const __m512 f = _mm512_set1_ps(scale / std::sqrt(_mm512_reduce_add_ps(ss) + eps));
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = gdn_simd::lanes(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), f));
+    }
+}
+
+void l2norm_portable(float* x, int n, float eps, float scale) {
+    ref::l2norm(x, (std::size_t)n, eps);
+    for (int i = 0; i < n; ++i) x[i] *= scale;
+}
+
+// y = o rsqrt(mean(o^2) + eps) norm SiLU(z), one value head ([n] each).
+ALLOY_AVX512 void gated_norm_avx512(const float* o, const float* z, const float* norm, float* y, int n, float eps) {
+    __m512 ss = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(gdn_simd::lanes(n - i), o + i);
+        ss = _mm512_fmadd_ps(v, v, ss);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / (float)n + eps));
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = gdn_simd::lanes(n - i);
+        const __m512 on = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, o + i), inv),
+                                        _mm512_maskz_loadu_ps(m, norm + i));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(on, gdn_simd::silu512(_mm512_maskz_loadu_ps(m, z + i))));
+    }
+}
+
+void gated_norm_portable(const float* o, const float* z, const float* norm, float* y, int n, float eps) {
+    float ss = 0.0f;
+    for (int j = 0; j < n; ++j) ss += o[j] * o[j];
+    const float inv = 1.0f / std::sqrt(ss / (float)n + eps);
+    for (int j = 0; j < n; ++j) y[j] = o[j] * inv * norm[j] * ref::silu(z[j]);
+}
+
+void check_fused_args(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+                      const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
+                      float* state, float* y, const char* op) {
+    ref::detail::check_shape(p.shape, op);
+    ref::detail::check_seq_offsets(n_seqs, seq_offsets, op);
+    if (p.conv_kernel < 1)
+        throw Error(std::string(op) + ": conv_kernel=" + std::to_string(p.conv_kernel) + " must be >= 1");
+    if (p.mode == GdnMode::Chunked && p.chunk_size < 1)
+        throw Error(std::string(op) + ": chunk_size=" + std::to_string(p.chunk_size) + " must be >= 1");
+    if (!(p.eps >= 0.0f)) throw Error(std::string(op) + ": eps must be >= 0");
+    if (n_seqs == 0) return;
+    ref::detail::check_ptr(state, op, "state");
+    if (p.conv_kernel > 1) ref::detail::check_ptr(conv_state, op, "conv_state");
+    if (seq_offsets[n_seqs] > seq_offsets[0]) {
+        ref::detail::check_ptr(qkv, op, "qkv");
+        ref::detail::check_ptr(z, op, "z");
+        ref::detail::check_ptr(a, op, "a");
+        ref::detail::check_ptr(b, op, "b");
+        ref::detail::check_ptr(y, op, "y");
+        ref::detail::check_ptr(w.conv1d, op, "weights.conv1d");
+        ref::detail::check_ptr(w.ssm_a, op, "weights.ssm_a");
+        ref::detail::check_ptr(w.dt_bias, op, "weights.dt_bias");
+        ref::detail::check_ptr(w.norm, op, "weights.norm");
+    }
+}
+
+}  // namespace
+
+void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+               const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
+               float* state, float* y) {
+    const char* op = "cpu::gdn_fused";
+    gdn::check_isa(isa, op);
+    check_fused_args(p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, op);
+    if (n_seqs == 0) return;
+    const bool avx512 = isa == Isa::Avx512;
+    const GdnShape& sh = p.shape;
+    const int H_k = sh.H_k, H_v = sh.H_v, d_k = sh.d_k, d_v = sh.d_v, K = p.conv_kernel;
+    const int key_dim = H_k * d_k, value_dim = H_v * d_v, conv_dim = 2 * key_dim + value_dim;
+    const int base = seq_offsets[0], T = seq_offsets[n_seqs] - base;
+    if (T == 0) return;
+    std::vector<int32_t> offs(n_seqs + 1);  // tokens re-indexed from 0
+    for (int s = 0; s <= n_seqs; ++s) offs[s] = seq_offsets[s] - base;
+    const std::size_t t0 = (std::size_t)base;
+
+    // 1. conv + SiLU. Taps transposed to [K, conv_dim] and each state to [K-1, conv_dim] so
+    // that a tap is a contiguous row like the inputs.
+    std::vector<float> wT((std::size_t)K * conv_dim), prev((std::size_t)n_seqs * (K - 1) * conv_dim);
+    for (int c = 0; c < conv_dim; ++c)
+        for (int tap = 0; tap < K; ++tap) wT[(std::size_t)tap * conv_dim + c] = w.conv1d[(std::size_t)c * K + tap];
+    std::vector<ConvSeq> seqs(n_seqs);
+    for (int s = 0; s < n_seqs; ++s) {
+        float* ps = prev.data() + (std::size_t)s * (K - 1) * conv_dim;
+        const float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
+        for (int c = 0; c < conv_dim; ++c)
+            for (int i = 0; i < K - 1; ++i) ps[(std::size_t)i * conv_dim + c] = hs[(std::size_t)c * (K - 1) + i];
+        seqs[s] = {qkv + (t0 + offs[s]) * conv_dim, ps, offs[s + 1] - offs[s]};
+    }
+    float* u = gdn::workspace(gdn::Ws::ConvOut, (std::size_t)T * conv_dim);  // [T, conv_dim] = [Q | K | V]
+    struct ConvItem {
+        int seq, t0, t1;
+    };
+    std::vector<ConvItem> conv_items;
+    for (int s = 0; s < n_seqs; ++s)
+        for (int t = 0; t < seqs[s].n; t += kTokBlock) conv_items.push_back({s, t, std::min(seqs[s].n, t + kTokBlock)});
+    const int n_cblocks = (conv_dim + kChanBlock - 1) / kChanBlock;
+    parallel_for((int64_t)conv_items.size() * n_cblocks, [&](int64_t i, int) {
+        const ConvItem& it = conv_items[i / n_cblocks];
+        const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);
+        float* us = u + (std::size_t)offs[it.seq] * conv_dim;
+        (avx512 ? conv_rows_avx512 : conv_rows_portable)(seqs[it.seq], conv_dim, K, wT.data(), it.t0, it.t1, c0, c1, us);
+    });
+    // New conv state = the last K-1 inputs of concat(old state, x) (still partly the old state
+    // when the sequence is shorter than K-1); empty sequences keep theirs.
+    for (int s = 0; s < n_seqs; ++s) {
+        if (seqs[s].n == 0) continue;
+        float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
+        for (int i = 0; i < K - 1; ++i) {
+            const float* src = seqs[s].row(seqs[s].n - (K - 1) + i, conv_dim, K);
+            for (int c = 0; c < conv_dim; ++c) hs[(std::size_t)c * (K - 1) + i] = src[c];
+        }
+    }
+
+    // 2. norms and gates.
+    std::vector<float> g((std::size_t)T * H_v), beta((std::size_t)T * H_v);  // [T, H_v] each
+    const float q_scale = 1.0f / std::sqrt((float)d_k);
+    const int n_tblocks = (T + kTokBlock - 1) / kTokBlock;
+    parallel_for(n_tblocks, [&](int64_t blk, int) {
+        for (int t = (int)blk * kTokBlock; t < std::min(T, (int)(blk + 1) * kTokBlock); ++t) {
+            float* u_t = u + (std::size_t)t * conv_dim;
+            for (int kh = 0; kh < H_k; ++kh) {
+                (avx512 ? l2norm_avx512 : l2norm_portable)(u_t + kh * d_k, d_k, p.eps, q_scale);
+                (avx512 ? l2norm_avx512 : l2norm_portable)(u_t + key_dim + kh * d_k, d_k, p.eps, 1.0f);
+            }
+            for (int h = 0; h < H_v; ++h) {
+                const std::size_t th = (std::size_t)t * H_v + h, src = (t0 + t) * H_v + h;
+                beta[th] = ref::sigmoid(b[src]);
+                g[th] = w.ssm_a[h] * ref::softplus(a[src] + w.dt_bias[h]);
+            }
+        }
+    });
+
+    // 3. the delta rule on views of u.
+    float* o = gdn::workspace(gdn::Ws::DeltaOut, (std::size_t)T * value_dim);  // [T, H_v, d_v]
+    gdn::DeltaIo io;
+    io.shape = sh;
+    io.n_seqs = n_seqs;
+    io.offs = offs.data();
+    io.q = u;
+    io.k = u + key_dim;
+    io.v = u + 2 * key_dim;
+    io.g = g.data();
+    io.beta = beta.data();
+    io.state = state;
+    io.out = o;
+    io.qk_stride = io.v_stride = conv_dim;
+    if (p.mode == GdnMode::Serial)
+        gdn::delta_serial(isa, io);
+    else
+        gdn::delta_chunked(isa, io, p.chunk_size);
+
+    // 4. gated RMSNorm.
+    parallel_for(n_tblocks, [&](int64_t blk, int) {
+        for (int t = (int)blk * kTokBlock; t < std::min(T, (int)(blk + 1) * kTokBlock); ++t)
+            for (int h = 0; h < H_v; ++h) {
+                const std::size_t row = ((t0 + t) * H_v + h) * d_v;
+                (avx512 ? gated_norm_avx512 : gated_norm_portable)(o + ((std::size_t)t * H_v + h) * d_v,
+                                                                   z + row, w.norm, y + row, d_v, p.eps);
+            }
+    });
+}
+
+void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+               const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
+               float* state, float* y) {
+    gdn_fused(active_isa(), p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y);
+}
+
+}  // namespace alloy::cpu

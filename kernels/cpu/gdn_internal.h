@@ -1,0 +1,74 @@
+// Internals shared by the CPU GDN kernels (gdn_delta.cpp, gdn_chunked.cpp, gdn_fused.cpp):
+// the delta-rule inputs with explicit row strides, so that the fused op can pass views into
+// its conv output ([T, conv_dim] rows holding q | k | v) without copying them out.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "alloy/error.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/ref/gdn.h"
+
+namespace alloy::cpu::gdn {
+
+struct DeltaIo {
+    ref::GdnShape shape;
+    int n_seqs = 0;
+    const int32_t* offs = nullptr;  // [n_seqs + 1] token offsets
+    const float* q = nullptr;       // row t at q + t * qk_stride: [H_k, d_k]
+    const float* k = nullptr;       // row t at k + t * qk_stride: [H_k, d_k]
+    const float* v = nullptr;       // row t at v + t * v_stride:  [H_v, d_v]
+    const float* g = nullptr;       // [T, H_v]
+    const float* beta = nullptr;    // [T, H_v]
+    float* state = nullptr;         // [n_seqs, H_v, d_v, d_k]
+    float* out = nullptr;           // [T, H_v, d_v]
+    int64_t qk_stride = 0, v_stride = 0;
+
+    const float* q_at(int64_t t, int kh) const { return q + t * qk_stride + (int64_t)kh * shape.d_k; }
+    const float* k_at(int64_t t, int kh) const { return k + t * qk_stride + (int64_t)kh * shape.d_k; }
+    const float* v_at(int64_t t, int h) const { return v + t * v_stride + (int64_t)h * shape.d_v; }
+    float* out_at(int64_t t, int h) const { return out + (t * shape.H_v + h) * shape.d_v; }
+};
+
+// Arguments are checked by the public entry points (check_delta_args: the ref's checks, same
+// messages); these trust io.
+void delta_serial(Isa isa, const DeltaIo& io);
+void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size);
+
+void check_delta_args(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,
+                      const float* k, const float* v, const float* g, const float* beta, float* state,
+                      float* out, const char* op);
+// The DeltaIo of the public layouts (q, k: [T, H_k, d_k]; v: [T, H_v, d_v]).
+DeltaIo dense_io(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,
+                 const float* k, const float* v, const float* g, const float* beta, float* state,
+                 float* out);
+
+// Scratch buffers of one calling thread, one per purpose, kept across calls: a layer call then
+// reuses warm pages instead of faulting in fresh ones (at T = 4096 the conv output alone is
+// 100 MB). Contents are undefined on return. Not shared between purposes of one call.
+enum class Ws { ChunkSlots, ChunkState, ConvOut, DeltaOut, Count };
+inline float* workspace(Ws which, std::size_t n_floats) {
+    struct Buf {
+        std::unique_ptr<float[]> p;
+        std::size_t n = 0;
+    };
+    thread_local Buf bufs[(int)Ws::Count];
+    Buf& b = bufs[(int)which];
+    if (b.n < n_floats) {
+        b.p.reset();  // free first: the peak is one buffer, not two
+        b.p.reset(new float[n_floats]);
+        b.n = n_floats;
+    }
+    return b.p.get();
+}
+
+// A path above what this CPU runs is a caller error, reported rather than crashing on SIGILL.
+inline void check_isa(Isa isa, const char* op) {
+    if ((int)isa > (int)active_isa())
+        throw Error(std::string(op) + ": ISA path " + isa_name(isa) + " requested, but this CPU (or ALLOY_ISA) allows only " +
+                    isa_name(active_isa()));
+}
+
+}  // namespace alloy::cpu::gdn

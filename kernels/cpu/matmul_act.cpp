@@ -1,0 +1,200 @@
+#include "kernels/cpu/matmul_act.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "format/quant.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace alloy::cpu::mm {
+namespace {
+
+size_t up64(size_t n) { return (n + 63) & ~size_t(63); }
+
+// Carves 64-byte aligned sections out of one buffer.
+struct Carver {
+    uint8_t* p;
+    template <class T>
+    T* take(size_t count) {
+        T* r = reinterpret_cast<T*>(p);
+        p += up64(count * sizeof(T));
+        return r;
+    }
+};
+
+void quantize_q8(bool vector, const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
+    if (vector) quantize_q8_avx512(x, K, q, d, corr);
+    else quantize_q8_scalar(x, K, q, d, corr);
+}
+void to_bf16(bool vector, const float* x, int64_t n, uint16_t* out) {
+    if (vector) to_bf16_avx512(x, n, out);
+    else to_bf16_scalar(x, n, out);
+}
+
+}  // namespace
+
+// ggml's x86 quantize_row_q8_0: amax over the block, d = amax / 127 stored as fp16,
+// q = round-to-nearest-even(x * (127 / amax)). (ggml's generic reference divides by d and
+// rounds half away from zero; the x86 build that llama.cpp runs here does this.)
+void quantize_q8_scalar(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
+    for (int64_t b = 0; b < K / kQ8; ++b) {
+        const float* xb = x + b * kQ8;
+        float amax = 0.0f;
+        for (int i = 0; i < kQ8; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+        d[b] = fp16_to_fp32(fp32_to_fp16(amax / 127.f));
+        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < kQ8; ++i) {
+            const int32_t v = int32_t(std::nearbyint(xb[i] * id));  // default mode: nearest even
+            q[b * kQ8 + i] = int8_t(v);
+            sum += v;
+        }
+        corr[b] = -128 * sum;
+    }
+}
+
+void to_bf16_scalar(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = fp32_to_bf16(x[i]);
+}
+
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__)
+    static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    return yes;
+#else
+    return false;
+#endif
+}
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__)
+    static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+    return yes;
+#else
+    return false;
+#endif
+}
+
+size_t act_rows_bytes(ActKind kind, int64_t T, int64_t K) {
+    const size_t n = size_t(T * K);
+    switch (kind) {
+        case ActKind::Q8: return up64(n) + 2 * up64(size_t(T * (K / kQ8)) * 4);
+        case ActKind::Bf16Bits: return up64(n * 2);
+        case ActKind::Bf16F32: return up64(n * 4);
+        case ActKind::F32: return 0;
+    }
+    return 0;
+}
+
+void prep_rows(ActKind kind, bool vector, const float* x, int64_t T, int64_t K, uint8_t* buf, ActRows& out) {
+    out = ActRows{};
+    out.K = K;
+    Carver c{buf};
+    switch (kind) {
+        case ActKind::Q8: {
+            const int64_t nb = K / kQ8;
+            int8_t* q = c.take<int8_t>(size_t(T * K));
+            float* d = c.take<float>(size_t(T * nb));
+            int32_t* corr = c.take<int32_t>(size_t(T * nb));
+            for (int64_t t = 0; t < T; ++t) quantize_q8(vector, x + t * K, K, q + t * K, d + t * nb, corr + t * nb);
+            out.q = q, out.d = d, out.corr = corr;
+            return;
+        }
+        case ActKind::Bf16Bits: {
+            uint16_t* bf = c.take<uint16_t>(size_t(T * K));
+            to_bf16(vector, x, T * K, bf);
+            out.bf = bf;
+            return;
+        }
+        case ActKind::Bf16F32: {
+            float* f = c.take<float>(size_t(T * K));
+            for (int64_t i = 0; i < T * K; ++i) f[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+            out.f = f;
+            return;
+        }
+        case ActKind::F32: out.f = x; return;
+    }
+}
+
+size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K) {
+    const size_t G = size_t((T + kGroup - 1) / kGroup), n = G * kGroup * size_t(K);
+    switch (kind) {
+        case ActKind::Q8: return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4);
+        case ActKind::Bf16Bits: return up64(n * 2);
+        case ActKind::Bf16F32:
+        case ActKind::F32: return up64(n * 4);
+    }
+    return 0;
+}
+
+// Each group of 16 tokens is built by one pool item: a token row is converted into a small
+// per-thread row buffer, then its 4-byte units are spread to lane l of every panel vector.
+void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K, uint8_t* buf, ActPanel& out) {
+    out = ActPanel{};
+    out.K = K;
+    const int64_t G = (T + kGroup - 1) / kGroup, nb = K / kQ8;
+    Carver c{buf};
+    int8_t* q = nullptr;
+    float *d = nullptr, *f = nullptr;
+    int32_t* corr = nullptr;
+    uint16_t* bf = nullptr;
+    if (kind == ActKind::Q8) {
+        q = c.take<int8_t>(size_t(G * kGroup * K));
+        d = c.take<float>(size_t(G * kGroup * nb));
+        corr = c.take<int32_t>(size_t(G * kGroup * nb));
+        out.q = q, out.d = d, out.corr = corr;
+    } else if (kind == ActKind::Bf16Bits) {
+        bf = c.take<uint16_t>(size_t(G * kGroup * K));
+        out.bf = bf;
+    } else {
+        f = c.take<float>(size_t(G * kGroup * K));
+        out.f = f;
+    }
+    std::vector<std::vector<uint8_t>> rowbuf(static_cast<size_t>(n_threads()));
+    parallel_for(G, [&](int64_t g, int thread) {
+        std::vector<uint8_t>& rb = rowbuf[size_t(thread)];
+        rb.resize(size_t(K) * 4 + size_t(nb) * 8 + 64);
+        for (int l = 0; l < kGroup; ++l) {
+            const int64_t t = g * kGroup + l;
+            const bool real = t < T;
+            if (kind == ActKind::Q8) {
+                int8_t* rq = reinterpret_cast<int8_t*>(rb.data());
+                float* rd = reinterpret_cast<float*>(rb.data() + K);
+                int32_t* rc = reinterpret_cast<int32_t*>(rb.data() + K + nb * 4);
+                if (real) quantize_q8(vector, x + t * K, K, rq, rd, rc);
+                else std::memset(rb.data(), 0, size_t(K + nb * 8));
+                uint32_t* pq = reinterpret_cast<uint32_t*>(q + g * kGroup * K);
+                for (int64_t s = 0; s < K / 4; ++s) std::memcpy(pq + s * kGroup + l, rq + 4 * s, 4);
+                for (int64_t b = 0; b < nb; ++b) {
+                    d[(g * nb + b) * kGroup + l] = rd[b];
+                    corr[(g * nb + b) * kGroup + l] = rc[b];
+                }
+            } else if (kind == ActKind::Bf16Bits) {
+                uint16_t* rbf = reinterpret_cast<uint16_t*>(rb.data());
+                if (real) to_bf16(vector, x + t * K, K, rbf);
+                else std::memset(rbf, 0, size_t(K) * 2);
+                uint32_t* pb = reinterpret_cast<uint32_t*>(bf + g * kGroup * K);
+                for (int64_t s = 0; s < K / 2; ++s) std::memcpy(pb + s * kGroup + l, rbf + 2 * s, 4);
+            } else if (vector && kind == ActKind::F32) {  // one 16 x K transpose per group
+                if (l > 0) continue;
+                const int64_t n_real = T - g * kGroup < kGroup ? T - g * kGroup : kGroup;
+                float* pf = f + g * kGroup * K;
+                if (n_real < kGroup) std::memset(pf, 0, size_t(kGroup * K) * sizeof(float));
+                store_transposed_avx512(x + g * kGroup * K, int(K), n_real, K, pf, kGroup);
+            } else {
+                float* pf = f + g * kGroup * K;
+                const float* xt = x + t * K;
+                for (int64_t k = 0; k < K; ++k) {
+                    float v = real ? xt[k] : 0.0f;
+                    if (kind == ActKind::Bf16F32) v = bf16_to_fp32(fp32_to_bf16(v));
+                    pf[k * kGroup + l] = v;
+                }
+            }
+        }
+    });
+}
+
+}  // namespace alloy::cpu::mm

@@ -1,0 +1,95 @@
+// Internal interface between the matmul driver (matmul.cpp) and its per-ISA kernel files.
+// Not for use outside kernels/cpu and their tests.
+//
+// Two activation layouts, both prepared once per call by matmul_act.cpp:
+//  - ActRows, token-major, read by the row-dot kernels (decode GEMV on AVX-512; every T on
+//    AVX2 and scalar): each kernel call takes a few adjacent weight rows x up to 4 tokens.
+//  - ActPanel, token-vectorised in groups of 16 tokens, read by the AVX-512 GEMM tiles: one
+//    zmm holds the same k-slice of 16 tokens, so a weight element (or pair, or quad) is
+//    broadcast straight from the row-major GGUF row and meets 16 tokens in one instruction.
+//    No weight repacking is needed: the weights keep their file layout.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/ref/weight.h"
+
+namespace alloy::cpu::mm {
+
+constexpr int kGroup = 16;   // tokens per ActPanel group (one zmm of int32/fp32 lanes)
+constexpr int kQ8 = 32;      // Q8_0 block size
+constexpr int kRowDotTokens = 4;  // tokens per row-dot kernel call
+
+// Token-major activations. Which members are set depends on the path:
+//   Q8_0: q, d, corr;  BF16 on AVX-512: bf;  everything else: f.
+struct ActRows {
+    int64_t K = 0;                  // n_in
+    const int8_t* q = nullptr;      // [T, K] Q8_0 values
+    const float* d = nullptr;       // [T, K/32] Q8_0 block scales, already rounded to fp16
+    const int32_t* corr = nullptr;  // [T, K/32] -128 * sum(q) per block (see the q8 kernels)
+    const uint16_t* bf = nullptr;   // [T, K] bf16 bits
+    const float* f = nullptr;       // [T, K] fp32 (bf16-rounded for BF16 weights)
+};
+
+// Token-vectorised activations, G = ceil(T / 16) groups; padding tokens are zero.
+struct ActPanel {
+    int64_t K = 0;                  // n_in (even for bf, a multiple of 32 for q)
+    const int8_t* q = nullptr;      // [G, K/4, 16, 4]: k-quad s of token l at (s * 16 + l) * 4
+    const float* d = nullptr;       // [G, K/32, 16]
+    const int32_t* corr = nullptr;  // [G, K/32, 16]
+    const uint16_t* bf = nullptr;   // [G, K/2, 16, 2]: k-pair s of token l at (s * 16 + l) * 2
+    const float* f = nullptr;       // [G, K, 16]
+};
+
+// Row-dot kernel: for i < nr (<= RowKernel::rows) and t < nt (<= 4),
+//   y[(t0 + t) * ldy + r0 + i] = dot(W row r0 + i, activation token t0 + t).
+using RowDotFn = void (*)(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y,
+                          int64_t ldy);
+struct RowKernel {
+    RowDotFn fn = nullptr;
+    int rows = 0;  // most rows per call
+};
+
+// Inner-dimension chunks of the AVX-512 GEMM tiles. The AVX-512 row-dot kernels sum in the
+// same chunks and the same order per output, so every T gives the same bits (decode
+// reproduces prefill exactly).
+constexpr int kQ8Kc = 512;   // 16 blocks: the Q8 panel slice 48 tokens x 512 B stays in L1
+constexpr int kBf16Kc = 256;  // 64 tokens x 256 x 2 B
+constexpr int kF32Kc = 128;   // 64 tokens x 128 x 4 B
+
+// GEMM tile kernel: rows [r0, r0 + nr) (nr <= rows), token groups [g0, g0 + nv)
+// (nv <= groups), inner range [k0, k1) (k0 a multiple of kc, k1 = min(k0 + kc, K));
+//   tile[i * ldt + v * 16 + l] += partial dot of row r0 + i with token (g0 + v) * 16 + l.
+using TileFn = void (*)(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv,
+                        int64_t k0, int64_t k1, float* tile, int ldt);
+struct TileKernel {
+    TileFn fn = nullptr;
+    int rows = 0;    // most rows per call
+    int groups = 0;  // most token groups per call
+    int kc = 0;      // inner-dimension chunk: the panel slice groups * 16 * kc stays in L1
+};
+
+// Kernels per ISA; nullptr / fn == nullptr where the ISA has none for that weight type.
+RowKernel rowdot_scalar(GgmlType type);  // Q8_0, BF16, F16, F32
+RowKernel rowdot_avx2(GgmlType type);    // Q8_0, BF16, F16, F32
+RowKernel rowdot_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F16, F32
+TileKernel tile_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F32
+
+// y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens (GEMM tiles back to [T, n_out]).
+void store_transposed_avx512(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y, int64_t ldy);
+
+// n f16 values (unaligned bytes) -> fp32.
+void f16_to_f32_avx512(const uint8_t* src, int64_t n, float* out);
+
+// Q8_0 activation quantization (ggml's x86 quantize_row_q8_0, bit for bit), one token row of
+// K elements: q [K], d [K/32] (fp16-rounded), corr [K/32] = -128 * block sum of q.
+void quantize_q8_scalar(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr);
+void quantize_q8_avx512(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr);
+// fp32 -> bf16 bits, round to nearest even (NaN stays NaN), as ggml's GGML_FP32_TO_BF16.
+void to_bf16_scalar(const float* x, int64_t n, uint16_t* out);
+void to_bf16_avx512(const float* x, int64_t n, uint16_t* out);
+
+bool cpu_has_avx512_vnni();
+bool cpu_has_avx512_bf16();
+
+}  // namespace alloy::cpu::mm

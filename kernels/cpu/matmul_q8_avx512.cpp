@@ -1,0 +1,123 @@
+// Q8_0 weights x Q8_0-quantized activations on AVX-512 VNNI (vpdpbusd: u8 x s8 -> s32).
+//
+// vpdpbusd wants one unsigned operand. The weight bytes are flipped to u8 (w ^ 0x80 = w + 128)
+// and the activations stay signed, so every block sum comes out as
+//   sum((w + 128) * x) = sum(w * x) + 128 * sum(x),
+// and the excess is removed by starting the block's int32 accumulator at corr = -128 * sum(x),
+// which the activation quantizer already computed. Block sums are exact integers; each is
+// scaled by d_w * d_x in fp32 and summed in fp32, as ggml_vec_dot_q8_0_q8_0.
+// GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* internally and trip this warning.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/matmul_kernels.h"
+
+#define ALLOY_Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+
+namespace alloy::cpu::mm {
+namespace {
+
+constexpr int kBlockBytes = 34;       // f16 scale + 32 int8
+
+inline uint16_t load_u16(const void* p) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+}
+inline int32_t load_i32(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------
+// Prefill (GEMM): R rows x NV groups of 16 tokens. Per k-quad, each row's 4 weight bytes are
+// broadcast (and flipped) once and meet NV activation vectors; per block, the exact int32
+// sums are scaled by d_w (broadcast) * d_x (16 tokens) into fp32 accumulators.
+
+template <int R, int NV>
+ALLOY_Q8_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
+                             int64_t k1, float* tile, int ldt) {
+    const int64_t K = p.K, nb = K / kQ8;
+    const size_t rb = W.row_bytes;
+    const uint8_t* w = W.row(r0);
+    const int64_t gq = K * kGroup;   // bytes per group of q
+    const int64_t gs = nb * kGroup;  // elements per group of d and corr
+    const int8_t* xq = p.q + g0 * gq;
+    const float* xd = p.d + g0 * gs;
+    const int32_t* xc = p.corr + g0 * gs;
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+
+    __m512 f[R][NV];
+    for (auto& r : f)
+        for (auto& v : r) v = _mm512_setzero_ps();
+    for (int64_t b = k0 / kQ8; b < k1 / kQ8; ++b) {
+        __m512i acc[R][NV];
+        for (int v = 0; v < NV; ++v) {
+            const __m512i c = _mm512_load_si512(xc + v * gs + b * kGroup);
+            for (int r = 0; r < R; ++r) acc[r][v] = c;
+        }
+        const uint8_t* wb = w + b * kBlockBytes + 2;
+        const int8_t* xb = xq + b * kQ8 * kGroup;
+        for (int j = 0; j < kQ8 / 4; ++j) {
+            __m512i xv[NV];
+            for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_si512(xb + v * gq + j * 64);
+            for (int r = 0; r < R; ++r) {
+                const __m512i wv = _mm512_xor_si512(_mm512_set1_epi32(load_i32(wb + r * rb + 4 * j)), flip);
+                for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], wv, xv[v]);
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512 dw = _mm512_set1_ps(_cvtsh_ss(load_u16(w + r * rb + b * kBlockBytes)));
+            for (int v = 0; v < NV; ++v) {
+                const __m512 scale = _mm512_mul_ps(dw, _mm512_load_ps(xd + v * gs + b * kGroup));
+                f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][v]), scale, f[r][v]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* o = tile + r * ldt + v * kGroup;
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), f[r][v]));
+        }
+}
+
+constexpr int kQ8Rows = 4, kQ8Groups = 3;
+
+using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
+#define ALLOY_Q8_ROW(R) {&q8_tile<R, 1>, &q8_tile<R, 2>, &q8_tile<R, 3>}
+const TileImpl kQ8Table[kQ8Rows][kQ8Groups] = {ALLOY_Q8_ROW(1), ALLOY_Q8_ROW(2), ALLOY_Q8_ROW(3), ALLOY_Q8_ROW(4)};
+#undef ALLOY_Q8_ROW
+
+void q8_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
+                 int64_t k1, float* tile, int ldt) {
+    kQ8Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
+}
+
+}  // namespace
+
+TileKernel tile_avx512_q8() { return {q8_tile_any, kQ8Rows, kQ8Groups, kQ8Kc}; }
+
+// ---------------------------------------------------------------------------------------
+// Activation quantization, bit-identical to quantize_q8_scalar (max, mul and round to
+// nearest even are exact IEEE operations in both).
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) void quantize_q8_avx512(
+    const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
+    for (int64_t b = 0; b < K / kQ8; ++b) {
+        const __m512 v0 = _mm512_loadu_ps(x + b * kQ8), v1 = _mm512_loadu_ps(x + b * kQ8 + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        d[b] = _cvtsh_ss(_cvtss_sh(amax / 127.f, _MM_FROUND_TO_NEAREST_INT));
+        const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+        constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        const __m512i i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, id), kRne));
+        const __m512i i1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, id), kRne));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8), _mm512_cvtsepi32_epi8(i0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8 + 16), _mm512_cvtsepi32_epi8(i1));
+        corr[b] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+    }
+}
+
+}  // namespace alloy::cpu::mm

@@ -1,0 +1,152 @@
+// The small fused ops (rms_norm, rope_partial, swiglu, sigmoid_gate_mul, add): every ISA path
+// this CPU has, called explicitly, against kernels/ref on random inputs with odd sizes
+// (vector tails) and sizes big enough for the thread pool. Outputs start NaN-poisoned where
+// the op does not work in place. Tolerances per element, stated per op.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/add.h"
+#include "kernels/cpu/gate.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/ref/add.h"
+#include "kernels/ref/gate.h"
+#include "kernels/ref/rms_norm.h"
+#include "kernels/ref/rope.h"
+#include "kernels/ref/swiglu.h"
+
+namespace alloy {
+namespace {
+
+using cpu::Isa;
+
+std::vector<Isa> isas() {
+    std::vector<Isa> v{Isa::Scalar};
+    if (cpu::active_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+    return v;
+}
+
+std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> x(n);
+    for (auto& e : x) e = u(rng);
+    return x;
+}
+
+// |got - want| <= rel * |want| + abs_floor for every element, and all finite.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel, double abs_floor,
+                  const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << what << " at " << i;
+        ASSERT_LE(std::fabs(double(got[i]) - want[i]), rel * std::fabs(double(want[i])) + abs_floor)
+            << what << " at " << i << ": " << got[i] << " vs " << want[i];
+    }
+}
+
+TEST(SmallOps, RmsNorm) {
+    struct C { int64_t rows, n; bool weight; };
+    uint32_t seed = 1;
+    for (const C c : {C{1, 256, true}, C{7, 1000, true}, C{3, 37, false}, C{64, 1024, true}, C{300, 1024, true},
+                      C{5, 15, true}}) {
+        const auto x = uniform(size_t(c.rows * c.n), -3, 3, seed++);
+        const auto w = uniform(size_t(c.n), 0.5f, 1.5f, seed++);
+        std::vector<float> want(x.size());
+        ref::rms_norm(x.data(), c.weight ? w.data() : nullptr, want.data(), c.rows, c.n, 1e-6f);
+        for (Isa isa : isas()) {
+            const std::string what = std::string("rms_norm ") + cpu::isa_name(isa) + " rows=" +
+                                     std::to_string(c.rows) + " n=" + std::to_string(c.n);
+            std::vector<float> got(x.size(), NAN);
+            cpu::rms_norm(x.data(), c.weight ? w.data() : nullptr, got.data(), c.rows, c.n, 1e-6f, isa);
+            expect_close(got, want, 1e-6, 0, what);
+            std::vector<float> inplace = x;  // out aliasing x, as the model calls it for q/k norms
+            cpu::rms_norm(inplace.data(), c.weight ? w.data() : nullptr, inplace.data(), c.rows, c.n, 1e-6f, isa);
+            expect_close(inplace, want, 1e-6, 0, what + " in place");
+        }
+    }
+}
+
+TEST(SmallOps, RopePartial) {
+    struct C { int64_t T; int n_heads, head_dim, n_rot; };
+    uint32_t seed = 100;
+    for (const C c : {C{1, 8, 256, 64}, C{7, 2, 256, 64}, C{65, 3, 256, 64}, C{9, 5, 64, 64}, C{4, 3, 72, 40},
+                      C{300, 16, 256, 64}}) {
+        std::mt19937 rng(seed++);
+        std::vector<int32_t> pos(size_t(c.T));
+        for (auto& p : pos) p = int32_t(rng() % 200000);  // large angles: theta up to 2e5 rad
+        pos[0] = 0;
+        const auto x = uniform(size_t(c.T * c.n_heads * c.head_dim), -2, 2, seed++);
+        std::vector<float> want = x;
+        ref::rope_partial(want.data(), pos.data(), c.T, c.n_heads, c.head_dim, c.n_rot, 1e7f);
+        const cpu::RopeTable tab = cpu::rope_table(pos.data(), c.T, c.n_rot, 1e7f);
+        for (Isa isa : isas()) {
+            const std::string what = std::string("rope ") + cpu::isa_name(isa) + " T=" + std::to_string(c.T) +
+                                     " heads=" + std::to_string(c.n_heads) + " n_rot=" + std::to_string(c.n_rot);
+            std::vector<float> got = x;
+            cpu::rope_partial(tab, got.data(), c.n_heads, c.head_dim, isa);
+            // |x| <= 2: 1e-6 relative, and 1e-6 absolute where the rotation cancels to ~0.
+            expect_close(got, want, 1e-6, 2e-6 * 1e-6, what);
+        }
+        std::vector<float> got = x;  // the drop-in overload (table per call, active ISA)
+        cpu::rope_partial(got.data(), pos.data(), c.T, c.n_heads, c.head_dim, c.n_rot, 1e7f);
+        expect_close(got, want, 1e-6, 2e-12, "rope drop-in");
+    }
+}
+
+TEST(SmallOps, SwiGlu) {
+    uint32_t seed = 200;
+    for (int64_t n : {1, 15, 16, 17, 1000, 3584 * 3 + 5, 200003}) {
+        const auto gate = uniform(size_t(n), -20, 20, seed++);
+        const auto up = uniform(size_t(n), -3, 3, seed++);
+        std::vector<float> want(static_cast<size_t>(n));
+        ref::swiglu(gate.data(), up.data(), want.data(), n);
+        for (Isa isa : isas()) {
+            const std::string what = std::string("swiglu ") + cpu::isa_name(isa) + " n=" + std::to_string(n);
+            std::vector<float> got(size_t(n), NAN);
+            cpu::swiglu(gate.data(), up.data(), got.data(), n, isa);
+            expect_close(got, want, 1e-6, 0, what);
+            std::vector<float> inplace = gate;  // out aliasing gate, as the model calls it
+            cpu::swiglu(inplace.data(), up.data(), inplace.data(), n, isa);
+            expect_close(inplace, want, 1e-6, 0, what + " in place");
+        }
+    }
+}
+
+TEST(SmallOps, SigmoidGateMul) {
+    uint32_t seed = 300;
+    for (int64_t n : {1, 15, 17, 256 * 8 + 3, 2048 * 37, 150001}) {
+        const auto x = uniform(size_t(n), -4, 4, seed++);
+        const auto g = uniform(size_t(n), -30, 30, seed++);
+        std::vector<float> want = x;
+        ref::sigmoid_gate_mul(want.data(), g.data(), n);
+        for (Isa isa : isas()) {
+            std::vector<float> got = x;
+            cpu::sigmoid_gate_mul(got.data(), g.data(), n, isa);
+            expect_close(got, want, 1e-6, 0, std::string("gate ") + cpu::isa_name(isa) + " n=" + std::to_string(n));
+        }
+    }
+}
+
+TEST(SmallOps, Add) {
+    uint32_t seed = 400;
+    for (int64_t n : {1, 15, 16, 33, 1024 * 7, 1024 * 300 + 9}) {
+        const auto x = uniform(size_t(n), -4, 4, seed++);
+        const auto y = uniform(size_t(n), -4, 4, seed++);
+        std::vector<float> want = x;
+        ref::add(want.data(), y.data(), n);
+        for (Isa isa : isas()) {
+            std::vector<float> got = x;
+            cpu::add(got.data(), y.data(), n, isa);
+            expect_close(got, want, 0, 0, std::string("add ") + cpu::isa_name(isa) + " n=" + std::to_string(n));
+        }
+    }
+}
+
+}  // namespace
+}  // namespace alloy

@@ -34,8 +34,12 @@ public:
         generation_.fetch_add(1, std::memory_order_release);
         generation_.notify_all();
         work(0);
-        // Wait for the workers to finish their share (spin: regions are short).
-        while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+        // Wait for the workers to finish their share: spin (regions are short), but yield the
+        // core once it takes long, so a worker that was descheduled (a busy machine) can run.
+        for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+            if (spin < 4000) _mm_pause();
+            else std::this_thread::yield();
+        }
         fn_ = nullptr;
     }
 
@@ -55,8 +59,10 @@ private:
         for (;;) {
             // Spin a little for the next region, then sleep until it comes.
             uint64_t g = seen;
-            for (int spin = 0; spin < 20000 && (g = generation_.load(std::memory_order_acquire)) == seen; ++spin)
+            for (int spin = 0; spin < 20000 && (g = generation_.load(std::memory_order_acquire)) == seen; ++spin) {
                 _mm_pause();
+                if ((spin & 1023) == 1023) std::this_thread::yield();  // let a busy machine's other work in
+            }
             while (g == seen) {
                 generation_.wait(seen, std::memory_order_acquire);
                 g = generation_.load(std::memory_order_acquire);

@@ -8,6 +8,7 @@
 #include "kernels/cpu/add.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gate.h"
+#include "kernels/cpu/gdn.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
@@ -285,7 +286,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             plan->add(gdn_kernel, p + "gdn", [=, &L](const StepContext& c) {
                 const int32_t offsets[2] = {0, c.n};
                 ref::GdnWeights gw{L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
-                ref::gdn_fused(gp, gw, 1, offsets, qkv, z, a, b, c.state->conv_state[size_t(l)].data(),
+                cpu::gdn_fused(gp, gw, 1, offsets, qkv, z, a, b, c.state->conv_state[size_t(l)].data(),
                                c.state->ssm_state[size_t(l)].data(), y);
             });
             mm(L.ssm_out, y, o, p + "ssm_out");

@@ -5,6 +5,9 @@
 //   delta_j = beta (v_j - alpha sk)              (uses the decayed state: alpha S_j . k)
 //   o_j = alpha sq + delta_j (k . q)             (= S_j' . q, the read after the write)
 //   S_j' = alpha S_j + delta_j k                 (one write)
+// AVX-512: 8 columns at a time (their 16 dot products reduced by one transposing tree); for
+// T > 1 a group of 4 such blocks (16 KiB) stays in L1 while up to 64 tokens pass over it, so the
+// state is read from L2/memory once per 64 tokens, not per token; T = 1 streams it once.
 // Parallel over (sequence, head) only, so each head's arithmetic never depends on the thread
 // count, and its per-column operation sequence never depends on how tokens are split over
 // calls: both properties are part of the decode/verification contract.
@@ -58,7 +61,7 @@ void head_portable(const DeltaIo& io, int seq, int h) {
 
 constexpr int kCols = 8;       // value columns per block: 8 S.k + 8 S.q sums = one reduce16
 constexpr int kGroup = 4;      // column blocks interleaved per token (16 KiB of state in L1)
-constexpr int kTokBlock = 64;  // tokens per sweep over the state: their q, k (32 KiB) stay in L1/L2
+constexpr int kTokBlock = 64;  // tokens per sweep over the state: their q, k, v rows (96 KiB) stay in L2
 
 // Lane i of the result = sum of the 16 lanes of v[i]: a transposing tree, 45 shuffles/adds
 // for 16 sums instead of ~8 per horizontal sum. The tree leaves its sums in the order

@@ -13,9 +13,11 @@
 //       sums scaled by d_w * d_x in fp32 and summed in fp32, as ggml_vec_dot_q8_0_q8_0, so
 //       results track llama.cpp's: <= 1e-5 against ref on the effective input, ~1e-2 against
 //       ref(x) (int8 activations).
-// Within one ISA path, results depend neither on the thread count nor on T: row t of a
-// T-token call has the same bits as a 1-token call on row t (decode reproduces prefill
-// exactly). Different ISA paths differ in the last bits (fp32 summation order).
+// Within one ISA path, results never depend on the thread count, and row t of a call of up to
+// 4 tokens has the same bits as a 1-token call on row t (speculative verification reproduces
+// decode exactly). Long calls (T > 4, GEMM tiles) give the same bits too, except Q8_0 on
+// AVX512-VNNI, whose decode kernel is a streaming GEMV (matmul_q8_gemv_avx512.cpp) that sums
+// in its own order for bandwidth. Different ISA paths differ in the last bits.
 //
 // Paths (Isa is clamped to what this CPU and ALLOY_ISA allow):
 //   AVX-512: Q8_0 vpdpbusd (VNNI), BF16 vdpbf16ps, F32/F16 FMA. T > 4: register-tiled GEMM,

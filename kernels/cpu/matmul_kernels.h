@@ -89,6 +89,11 @@ void quantize_q8_avx512(const float* x, int64_t K, int8_t* q, float* d, int32_t*
 void to_bf16_scalar(const float* x, int64_t n, uint16_t* out);
 void to_bf16_avx512(const float* x, int64_t n, uint16_t* out);
 
+// Q8_0 decode GEMV (AVX512-VNNI): rows [r0, r0 + nr), tokens [t0, t0 + nt), nt <= 4;
+// y[t * ldy + r] = dot(row r, token t). Batch-invariant for T <= 4 (see its file).
+void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                    int64_t ldy);
+
 bool cpu_has_avx512_vnni();
 bool cpu_has_avx512_bf16();
 

@@ -193,14 +193,19 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, M
         return;
     }
 
-    if (W.type == GgmlType::Q8_0 && p.name == "avx512-vnni") {
-        // Decode: contiguous row ranges per item, each streamed 4 rows at a time.
+    const bool q8_gemv = W.type == GgmlType::Q8_0 && p.name == "avx512-vnni";
+    const bool bf16_gemv = W.type == GgmlType::BF16 && p.name == "avx512-bf16";
+    if (q8_gemv || bf16_gemv) {
+        // Decode: contiguous row ranges per item, each streamed several rows at a time.
         const int64_t rows_per_item = std::max<int64_t>(64, (N + 8 * threads - 1) / (8 * threads));
         const int64_t items = (N + rows_per_item - 1) / rows_per_item;
         parallel_for(items, [&](int64_t it, int) {
             const int64_t r0 = it * rows_per_item, nr = std::min(rows_per_item, N - r0);
-            for (int64_t t = 0; t < T; t += mm::kRowDotTokens)
-                mm::q8_gemv_avx512(W, r0, nr, rows_act, t, int(std::min<int64_t>(mm::kRowDotTokens, T - t)), y, N);
+            for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
+                const int nt = int(std::min<int64_t>(mm::kRowDotTokens, T - t));
+                if (q8_gemv) mm::q8_gemv_avx512(W, r0, nr, rows_act, t, nt, y, N);
+                else mm::bf16_gemv_avx512(W, r0, nr, rows_act, t, nt, y, N);
+            }
         });
         return;
     }

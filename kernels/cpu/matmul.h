@@ -15,9 +15,10 @@
 //       ref(x) (int8 activations).
 // Within one ISA path, results never depend on the thread count, and row t of a call of up to
 // 4 tokens has the same bits as a 1-token call on row t (speculative verification reproduces
-// decode exactly). Long calls (T > 4, GEMM tiles) give the same bits too, except Q8_0 on
-// AVX512-VNNI, whose decode kernel is a streaming GEMV (matmul_q8_gemv_avx512.cpp) that sums
-// in its own order for bandwidth. Different ISA paths differ in the last bits.
+// decode exactly). Long calls (T > 4, GEMM tiles) give the same bits too, except Q8_0 and
+// BF16 on AVX-512, whose decode kernels are streaming GEMVs (matmul_q8_gemv_avx512.cpp,
+// matmul_bf16_gemv_avx512.cpp) that sum in their own order for bandwidth. Different ISA paths
+// differ in the last bits.
 //
 // Paths (Isa is clamped to what this CPU and ALLOY_ISA allow):
 //   AVX-512: Q8_0 vpdpbusd (VNNI), BF16 vdpbf16ps, F32/F16 FMA. T > 4: register-tiled GEMM,

@@ -94,6 +94,10 @@ void to_bf16_avx512(const float* x, int64_t n, uint16_t* out);
 void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                     int64_t ldy);
 
+// BF16 decode GEMV (AVX512-BF16), same contract as q8_gemv_avx512 (activations in a.bf).
+void bf16_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                      int64_t ldy);
+
 bool cpu_has_avx512_vnni();
 bool cpu_has_avx512_bf16();
 

@@ -26,16 +26,8 @@ namespace alloy::cpu {
 namespace gdn {
 namespace {
 
-// sum_i a[i] b[i] with eight partial sums (the portable path's fixed order).
-float dot8(const float* a, const float* b, int n) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-    float tail = 0.0f;
-    for (; i < n; ++i) tail += a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
-}
+// The portable path sums dot products in the reference's fixed eight-partial-sum order.
+using ref::detail::dot;
 
 void head_portable(const DeltaIo& io, int seq, int h) {
     const int d_k = io.shape.d_k, d_v = io.shape.d_v, kh = io.shape.key_head(h);
@@ -46,10 +38,10 @@ void head_portable(const DeltaIo& io, int seq, int h) {
         const float* v = io.v_at(t, h);   // [d_v]
         float* o = io.out_at(t, h);       // [d_v]
         const float alpha = std::exp(io.g[t * io.shape.H_v + h]), beta = io.beta[t * io.shape.H_v + h];
-        const float kq = dot8(k, q, d_k);
+        const float kq = dot(k, q, d_k);
         for (int j = 0; j < d_v; ++j) {
             float* col = S + (std::size_t)j * d_k;  // S[:, j]
-            const float sk = dot8(col, k, d_k), sq = dot8(col, q, d_k);
+            const float sk = dot(col, k, d_k), sq = dot(col, q, d_k);
             const float delta = beta * (v[j] - alpha * sk);
             o[j] = alpha * sq + delta * kq;
             for (int i = 0; i < d_k; ++i) col[i] = alpha * col[i] + k[i] * delta;

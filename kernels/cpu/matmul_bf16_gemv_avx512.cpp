@@ -7,6 +7,7 @@
 // (one memory stream per thread falls well short of the machine's bandwidth).
 #include <immintrin.h>
 
+#include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_kernels.h"
 
 namespace alloy::cpu::mm {
@@ -57,13 +58,9 @@ ALLOY_BF16_TARGET void rows_bf16(const WeightView& W, const int64_t* rows, const
 
 template <int NS, int NT>
 void range_bf16(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
-    const int64_t per = nr / NS;
-    int64_t rows[NS];
-    for (int64_t i = 0; i < per; ++i) {
-        for (int s = 0; s < NS; ++s) rows[s] = r0 + s * per + i;
-        rows_bf16<NS, NT>(W, rows, a, t0, y, ldy);
-    }
-    for (int64_t r = r0 + NS * per; r < r0 + nr; ++r) rows_bf16<1, NT>(W, &r, a, t0, y, ldy);
+    stream_rows<NS>(
+        r0, nr, [&](const int64_t* rows) { rows_bf16<NS, NT>(W, rows, a, t0, y, ldy); },
+        [&](const int64_t* row) { rows_bf16<1, NT>(W, row, a, t0, y, ldy); });
 }
 
 }  // namespace

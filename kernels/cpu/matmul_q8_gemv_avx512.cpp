@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "format/quant.h"
+#include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_kernels.h"
 
 namespace alloy::cpu::mm {
@@ -74,14 +75,9 @@ ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const Act
 
 template <int NT>
 void range_q8(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
-    // kStreams interleaved sub-ranges of equal length; the remainder one row at a time.
-    const int64_t per = nr / kStreams;
-    int64_t rows[kStreams];
-    for (int64_t i = 0; i < per; ++i) {
-        for (int s = 0; s < kStreams; ++s) rows[s] = r0 + s * per + i;
-        rows_q8<kStreams, NT>(W, rows, a, t0, y, ldy);
-    }
-    for (int64_t r = r0 + kStreams * per; r < r0 + nr; ++r) rows_q8<1, NT>(W, &r, a, t0, y, ldy);
+    stream_rows<kStreams>(
+        r0, nr, [&](const int64_t* rows) { rows_q8<kStreams, NT>(W, rows, a, t0, y, ldy); },
+        [&](const int64_t* row) { rows_q8<1, NT>(W, row, a, t0, y, ldy); });
 }
 
 }  // namespace

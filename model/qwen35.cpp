@@ -252,6 +252,14 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     auto mm = [&](const WeightView& w, const float* in, float* out, const std::string& label) {
         plan->add(matmul_kernel(w), label, [&w, in, out](const StepContext& c) { cpu::matmul(w, in, out, c.n); });
     };
+    // Weights that read the same input run as one call (activations prepared once, one pool
+    // region); the profile shows such a step under the first weight's label.
+    auto mm_multi = [&](std::vector<cpu::MatmulOut> outs, const float* in, const std::string& label) {
+        const std::string kernel = matmul_kernel(*outs[0].W);  // before outs is moved from
+        plan->add(kernel, label, [outs = std::move(outs), in](const StepContext& c) {
+            cpu::matmul_multi(outs.data(), int(outs.size()), in, c.n);
+        });
+    };
     auto norm = [&](const float* in, const float* w, float* out, const std::string& label) {
         plan->add("rms_norm", label, [=](const StepContext& c) { cpu::rms_norm(in, w, out, c.n, D, eps); });
     };
@@ -279,10 +287,8 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
         if (hp.is_recurrent(l)) {
             // Gated DeltaNet: projections, the fused op (conv, norms, gates, delta rule, gated
             // RMSNorm; states updated in place), the output projection.
-            mm(L.ssm_qkv, h, qkv, p + "attn_qkv");
-            mm(L.ssm_gate, h, z, p + "attn_gate");
-            mm(L.ssm_beta, h, b, p + "ssm_beta");
-            mm(L.ssm_alpha, h, a, p + "ssm_alpha");
+            mm_multi({{&L.ssm_qkv, qkv}, {&L.ssm_gate, z}, {&L.ssm_beta, b}, {&L.ssm_alpha, a}}, h,
+                     p + "attn_qkv+attn_gate+ssm_beta+ssm_alpha");
             plan->add(gdn_kernel, p + "gdn", [=, &L](const StepContext& c) {
                 const int32_t offsets[2] = {0, c.n};
                 ref::GdnWeights gw{L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
@@ -334,8 +340,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
         add_residual(p + "residual");
         // SwiGLU MLP.
         norm(x, L.post_attn_norm, h, p + "post_attention_norm");
-        mm(L.ffn_gate, h, ffg, p + "ffn_gate");
-        mm(L.ffn_up, h, ffu, p + "ffn_up");
+        mm_multi({{&L.ffn_gate, ffg}, {&L.ffn_up, ffu}}, h, p + "ffn_gate+ffn_up");
         plan->add("swiglu", p + "ffn_act", [=](const StepContext& c) {
             cpu::swiglu(ffg, ffu, ffg, int64_t(c.n) * hp.n_ff);
         });

@@ -134,14 +134,27 @@ void convert_rows(const WeightView& W, int64_t r0, int64_t rc, float* out) {
 
 }  // namespace
 
-void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& s) {
-    const int64_t K = W.n_in, N = W.n_out;
-    if (T <= 0 || N <= 0) return;
-    const int64_t block = type_traits(W.type).block_elems;
+namespace {
+
+void check_shape(const WeightView& W) {
+    const int64_t K = W.n_in, block = type_traits(W.type).block_elems;
     if (K <= 0 || K % block != 0)
         throw Error(std::string("matmul: n_in ") + std::to_string(K) + " is not a positive multiple of the " +
                     type_traits(W.type).name + " block size " + std::to_string(block));
-    const Plan p = make_plan(W.type, isa, K);
+}
+
+// One weight's share of a call: its work items are [first, first + count) of the region.
+struct Job {
+    const WeightView* W;
+    float* y;
+    int64_t first, count;
+    int64_t n_chunks;        // GEMM: row chunks per token tile
+    int64_t rows_per_item;   // GEMV: rows per item
+};
+
+// The weights of one call, which share the input (same type and n_in), in one pool region.
+void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, MatmulScratch& s) {
+    const int64_t K = jobs[0].W->n_in;
     const bool gemm = use_gemm(p, T);
     const int threads = n_threads();
     if (s.per_thread.size() < size_t(threads)) s.per_thread.resize(size_t(threads));
@@ -156,64 +169,132 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, M
         mm::prep_rows(p.act, p.vector, x, T, K, buf, rows_act);
     }
     const int64_t G = (T + mm::kGroup - 1) / mm::kGroup;
+    const GgmlType wtype = jobs[0].W->type;
+    const bool gemv = !gemm && ((wtype == GgmlType::Q8_0 && p.name == "avx512-vnni") ||
+                                (wtype == GgmlType::BF16 && p.name == "avx512-bf16"));
+    const mm::TileKernel& kt = p.tile;
+    const int64_t chunk = kTileRowGroups * kt.rows, n_tiles = gemm ? (G + kt.groups - 1) / kt.groups : 0;
+    const int64_t n_row_tiles = (T + kRowDotTile - 1) / kRowDotTile;
 
-    if (p.convert || (p.convert_gemm && gemm)) {
-        // Rows dequantized once per item, then every token against them.
-        const int64_t items = (N + kConvertRows - 1) / kConvertRows;
-        const int ldt = p.tile.groups * mm::kGroup;
-        parallel_for(items, [&](int64_t it, int thread) {
-            const int64_t r0 = it * kConvertRows, rc = std::min(kConvertRows, N - r0);
-            uint8_t* buf = aligned(s.per_thread[size_t(thread)], size_t(kConvertRows * K + kConvertRows * ldt) * 4);
-            float* wf = reinterpret_cast<float*>(buf);
-            float* tile = wf + kConvertRows * K;
-            convert_rows(W, r0, rc, wf);
-            const WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
-            if (gemm) {
-                for (int64_t g0 = 0; g0 < G; g0 += p.tile.groups)
-                    gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(p.tile.groups, G - g0)), T, tile, ldt,
-                               y + r0, N);
-            } else {
-                rowdot_range(p, V, rows_act, 0, rc, 0, T, y + r0, N);
-            }
-        });
-        return;
+    int64_t total = 0;
+    for (int j = 0; j < n_jobs; ++j) {
+        Job& jb = jobs[j];
+        const int64_t N = jb.W->n_out;
+        jb.first = total;
+        if (gemm) {
+            jb.n_chunks = (N + chunk - 1) / chunk;
+            jb.count = n_tiles * jb.n_chunks;
+        } else if (gemv) {
+            // Decode: contiguous row ranges per item, each streamed several rows at a time.
+            jb.rows_per_item = std::max<int64_t>(64, (N + 8 * threads - 1) / (8 * threads));
+            jb.count = (N + jb.rows_per_item - 1) / jb.rows_per_item;
+        } else {
+            jb.n_chunks = (N + kRowChunk - 1) / kRowChunk;
+            jb.count = n_row_tiles * jb.n_chunks;
+        }
+        total += jb.count;
     }
-
-    if (gemm) {
-        const mm::TileKernel& kt = p.tile;
-        const int64_t chunk = kTileRowGroups * kt.rows, n_chunks = (N + chunk - 1) / chunk;
-        const int64_t n_tiles = (G + kt.groups - 1) / kt.groups;
-        const int ldt = kt.groups * mm::kGroup;
-        parallel_for(n_tiles * n_chunks, [&](int64_t it, int thread) {
-            const int64_t g0 = (it / n_chunks) * kt.groups, r0 = (it % n_chunks) * chunk;
+    const int ldt = kt.groups * mm::kGroup;
+    parallel_for(total, [&](int64_t item, int thread) {
+        int j = 0;
+        while (item >= jobs[j].first + jobs[j].count) ++j;
+        const Job& jb = jobs[j];
+        const WeightView& W = *jb.W;
+        const int64_t N = W.n_out, it = item - jb.first;
+        if (gemm) {
+            // Token-tile-major within a weight, so both threads share one activation tile.
+            const int64_t g0 = (it / jb.n_chunks) * kt.groups, r0 = (it % jb.n_chunks) * chunk;
             float* tile = reinterpret_cast<float*>(aligned(s.per_thread[size_t(thread)], size_t(chunk * ldt) * 4));
             gemm_range(p, W, panel, r0, std::min(chunk, N - r0), g0, int(std::min<int64_t>(kt.groups, G - g0)), T,
-                       tile, ldt, y, N);
-        });
-        return;
-    }
-
-    const bool q8_gemv = W.type == GgmlType::Q8_0 && p.name == "avx512-vnni";
-    const bool bf16_gemv = W.type == GgmlType::BF16 && p.name == "avx512-bf16";
-    if (q8_gemv || bf16_gemv) {
-        // Decode: contiguous row ranges per item, each streamed several rows at a time.
-        const int64_t rows_per_item = std::max<int64_t>(64, (N + 8 * threads - 1) / (8 * threads));
-        const int64_t items = (N + rows_per_item - 1) / rows_per_item;
-        parallel_for(items, [&](int64_t it, int) {
-            const int64_t r0 = it * rows_per_item, nr = std::min(rows_per_item, N - r0);
+                       tile, ldt, jb.y, N);
+        } else if (gemv) {
+            const int64_t r0 = it * jb.rows_per_item, nr = std::min(jb.rows_per_item, N - r0);
             for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
                 const int nt = int(std::min<int64_t>(mm::kRowDotTokens, T - t));
-                if (q8_gemv) mm::q8_gemv_avx512(W, r0, nr, rows_act, t, nt, y, N);
-                else mm::bf16_gemv_avx512(W, r0, nr, rows_act, t, nt, y, N);
+                if (wtype == GgmlType::Q8_0) mm::q8_gemv_avx512(W, r0, nr, rows_act, t, nt, jb.y, N);
+                else mm::bf16_gemv_avx512(W, r0, nr, rows_act, t, nt, jb.y, N);
             }
-        });
+        } else {
+            const int64_t t0 = (it / jb.n_chunks) * kRowDotTile, r0 = (it % jb.n_chunks) * kRowChunk;
+            rowdot_range(p, W, rows_act, r0, std::min(kRowChunk, N - r0), t0, std::min(kRowDotTile, T - t0), jb.y,
+                         N);
+        }
+    });
+}
+
+// Converted weights (dequantized per item to fp32, then the F32 kernels over all tokens).
+void run_converted(const Plan& p, const WeightView& W, const float* x, float* y, int64_t T, MatmulScratch& s) {
+    const int64_t K = W.n_in, N = W.n_out;
+    const bool gemm = use_gemm(p, T);
+    const int threads = n_threads();
+    if (s.per_thread.size() < size_t(threads)) s.per_thread.resize(size_t(threads));
+    mm::ActRows rows_act;
+    mm::ActPanel panel;
+    if (gemm) {
+        uint8_t* buf = aligned(s.act, mm::act_panel_bytes(p.act, T, K));
+        mm::prep_panel(p.act, p.vector, x, T, K, buf, panel);
+    } else {
+        uint8_t* buf = aligned(s.act, mm::act_rows_bytes(p.act, T, K));
+        mm::prep_rows(p.act, p.vector, x, T, K, buf, rows_act);
+    }
+    const int64_t G = (T + mm::kGroup - 1) / mm::kGroup;
+    const int64_t items = (N + kConvertRows - 1) / kConvertRows;
+    const int ldt = p.tile.groups * mm::kGroup;
+    parallel_for(items, [&](int64_t it, int thread) {
+        const int64_t r0 = it * kConvertRows, rc = std::min(kConvertRows, N - r0);
+        uint8_t* buf = aligned(s.per_thread[size_t(thread)], size_t(kConvertRows * K + kConvertRows * ldt) * 4);
+        float* wf = reinterpret_cast<float*>(buf);
+        float* tile = wf + kConvertRows * K;
+        convert_rows(W, r0, rc, wf);
+        const WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
+        if (gemm) {
+            for (int64_t g0 = 0; g0 < G; g0 += p.tile.groups)
+                gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(p.tile.groups, G - g0)), T, tile, ldt,
+                           y + r0, N);
+        } else {
+            rowdot_range(p, V, rows_act, 0, rc, 0, T, y + r0, N);
+        }
+    });
+}
+
+}  // namespace
+
+void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, MatmulScratch& s) {
+    if (T <= 0 || n <= 0) return;
+    constexpr int kMaxJobs = 8;
+    bool shared = n <= kMaxJobs;
+    for (int j = 0; j < n; ++j) {
+        check_shape(*outs[j].W);
+        shared = shared && outs[j].W->type == outs[0].W->type && outs[j].W->n_in == outs[0].W->n_in;
+    }
+    const Plan p = make_plan(outs[0].W->type, isa, outs[0].W->n_in);
+    if (!shared || p.convert || (p.convert_gemm && use_gemm(p, T))) {
+        for (int j = 0; j < n; ++j) {
+            const Plan pj = make_plan(outs[j].W->type, isa, outs[j].W->n_in);
+            if (pj.convert || (pj.convert_gemm && use_gemm(pj, T))) {
+                if (outs[j].W->n_out > 0) run_converted(pj, *outs[j].W, x, outs[j].y, T, s);
+            } else {
+                Job jb{outs[j].W, outs[j].y, 0, 0, 0, 0};
+                if (outs[j].W->n_out > 0) run_jobs(pj, &jb, 1, x, T, s);
+            }
+        }
         return;
     }
-    const int64_t n_chunks = (N + kRowChunk - 1) / kRowChunk, n_tiles = (T + kRowDotTile - 1) / kRowDotTile;
-    parallel_for(n_tiles * n_chunks, [&](int64_t it, int) {
-        const int64_t t0 = (it / n_chunks) * kRowDotTile, r0 = (it % n_chunks) * kRowChunk;
-        rowdot_range(p, W, rows_act, r0, std::min(kRowChunk, N - r0), t0, std::min(kRowDotTile, T - t0), y, N);
-    });
+    Job jobs[kMaxJobs];
+    int n_jobs = 0;
+    for (int j = 0; j < n; ++j)
+        if (outs[j].W->n_out > 0) jobs[n_jobs++] = Job{outs[j].W, outs[j].y, 0, 0, 0, 0};
+    if (n_jobs > 0) run_jobs(p, jobs, n_jobs, x, T, s);
+}
+
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& s) {
+    const MatmulOut out{&W, y};
+    matmul_multi(&out, 1, x, T, isa, s);
+}
+
+void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T) {
+    static thread_local MatmulScratch scratch;
+    matmul_multi(outs, n, x, T, active_isa(), scratch);
 }
 
 void matmul(const WeightView& W, const float* x, float* y, int64_t T) {

@@ -47,6 +47,18 @@ struct MatmulScratch {
 void matmul(const WeightView& W, const float* x, float* y, int64_t T);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& scratch);
 
+// Several weights applied to the same input x: outs[i].y = x W_i^T, each exactly as matmul()
+// would compute it (same bits). When the weights share type and n_in (and n <= 8), the
+// activations are prepared once and the work items of all of them run in one pool region,
+// so a thread that finishes one weight's rows moves on to the next weight's instead of
+// waiting at a barrier (decode streams the weights back to back). Otherwise: one call each.
+struct MatmulOut {
+    const WeightView* W;
+    float* y;  // [T, W->n_out]
+};
+void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T);
+void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, MatmulScratch& scratch);
+
 // The activations as the kernels for weight type `wtype` consume them (Q8_0: quantized then
 // dequantized; BF16: rounded to bf16; other types: unchanged). x, out: [T, n_in].
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in);

@@ -1,5 +1,6 @@
 #include "kernels/cpu/matmul_act.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -156,29 +157,50 @@ void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K,
     std::vector<std::vector<uint8_t>> rowbuf(static_cast<size_t>(n_threads()));
     parallel_for(G, [&](int64_t g, int thread) {
         std::vector<uint8_t>& rb = rowbuf[size_t(thread)];
-        rb.resize(size_t(K) * 4 + size_t(nb) * 8 + 64);
+        if (kind == ActKind::Q8 || kind == ActKind::Bf16Bits) {
+            // The group's 16 token rows are converted side by side, then their 32-bit units
+            // (k-quads or k-pairs) are interleaved into the panel by 16 x 16 transposes.
+            const int64_t units = kind == ActKind::Q8 ? K / 4 : K / 2;  // 32-bit units per token
+            rb.resize(size_t(kGroup * units) * 4 + size_t(kGroup * nb) * 8 + 64);
+            uint32_t* rows = reinterpret_cast<uint32_t*>(rb.data());
+            float* rd = reinterpret_cast<float*>(rows + kGroup * units);
+            int32_t* rc = reinterpret_cast<int32_t*>(rd + kGroup * nb);
+            for (int l = 0; l < kGroup; ++l) {
+                const int64_t t = g * kGroup + l;
+                uint32_t* row = rows + l * units;
+                if (t >= T) {
+                    std::memset(row, 0, size_t(units) * 4);
+                    if (kind == ActKind::Q8) {
+                        std::fill(rd + l * nb, rd + (l + 1) * nb, 0.0f);
+                        std::fill(rc + l * nb, rc + (l + 1) * nb, 0);
+                    }
+                } else if (kind == ActKind::Q8) {
+                    quantize_q8(vector, x + t * K, K, reinterpret_cast<int8_t*>(row), rd + l * nb, rc + l * nb);
+                } else {
+                    to_bf16(vector, x + t * K, K, reinterpret_cast<uint16_t*>(row));
+                }
+            }
+            uint32_t* dst = reinterpret_cast<uint32_t*>(kind == ActKind::Q8 ? static_cast<void*>(q + g * kGroup * K)
+                                                                            : static_cast<void*>(bf + g * kGroup * K));
+            if (vector) {
+                interleave16_avx512(rows, units, dst);
+            } else {
+                for (int64_t u = 0; u < units; ++u)
+                    for (int l = 0; l < kGroup; ++l) dst[u * kGroup + l] = rows[l * units + u];
+            }
+            if (kind == ActKind::Q8)
+                for (int64_t b = 0; b < nb; ++b)
+                    for (int l = 0; l < kGroup; ++l) {
+                        d[(g * nb + b) * kGroup + l] = rd[l * nb + b];
+                        corr[(g * nb + b) * kGroup + l] = rc[l * nb + b];
+                    }
+            return;
+        }
+        rb.resize(size_t(K) * 4 + 64);
         for (int l = 0; l < kGroup; ++l) {
             const int64_t t = g * kGroup + l;
             const bool real = t < T;
-            if (kind == ActKind::Q8) {
-                int8_t* rq = reinterpret_cast<int8_t*>(rb.data());
-                float* rd = reinterpret_cast<float*>(rb.data() + K);
-                int32_t* rc = reinterpret_cast<int32_t*>(rb.data() + K + nb * 4);
-                if (real) quantize_q8(vector, x + t * K, K, rq, rd, rc);
-                else std::memset(rb.data(), 0, size_t(K + nb * 8));
-                uint32_t* pq = reinterpret_cast<uint32_t*>(q + g * kGroup * K);
-                for (int64_t s = 0; s < K / 4; ++s) std::memcpy(pq + s * kGroup + l, rq + 4 * s, 4);
-                for (int64_t b = 0; b < nb; ++b) {
-                    d[(g * nb + b) * kGroup + l] = rd[b];
-                    corr[(g * nb + b) * kGroup + l] = rc[b];
-                }
-            } else if (kind == ActKind::Bf16Bits) {
-                uint16_t* rbf = reinterpret_cast<uint16_t*>(rb.data());
-                if (real) to_bf16(vector, x + t * K, K, rbf);
-                else std::memset(rbf, 0, size_t(K) * 2);
-                uint32_t* pb = reinterpret_cast<uint32_t*>(bf + g * kGroup * K);
-                for (int64_t s = 0; s < K / 2; ++s) std::memcpy(pb + s * kGroup + l, rbf + 2 * s, 4);
-            } else if (vector && kind == ActKind::F32) {  // one 16 x K transpose per group
+            if (vector && kind == ActKind::F32) {  // one 16 x K transpose per group
                 if (l > 0) continue;
                 const int64_t n_real = T - g * kGroup < kGroup ? T - g * kGroup : kGroup;
                 float* pf = f + g * kGroup * K;

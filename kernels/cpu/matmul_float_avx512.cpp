@@ -139,6 +139,18 @@ ALLOY_F_TARGET void store_transposed_avx512(const float* tile, int ldt, int64_t 
     }
 }
 
+ALLOY_F_TARGET void interleave16_avx512(const uint32_t* rows, int64_t units, uint32_t* dst) {
+    int64_t u0 = 0;
+    for (; u0 + 16 <= units; u0 += 16) {
+        __m512 r[16], c[16];
+        for (int l = 0; l < 16; ++l) r[l] = _mm512_loadu_ps(reinterpret_cast<const float*>(rows + l * units + u0));
+        transpose16(r, c);
+        for (int u = 0; u < 16; ++u) _mm512_storeu_ps(reinterpret_cast<float*>(dst + (u0 + u) * 16), c[u]);
+    }
+    for (; u0 < units; ++u0)
+        for (int l = 0; l < 16; ++l) dst[u0 * 16 + l] = rows[l * units + u0];
+}
+
 ALLOY_F_TARGET void f16_to_f32_avx512(const uint8_t* src, int64_t n, float* out) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)

@@ -78,6 +78,10 @@ TileKernel tile_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F32
 // y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens (GEMM tiles back to [T, n_out]).
 void store_transposed_avx512(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y, int64_t ldy);
 
+// dst[u * 16 + l] = rows[l * units + u] for l < 16, u < units (32-bit units): 16 token rows
+// interleaved into the ActPanel layout, by 16 x 16 register transposes.
+void interleave16_avx512(const uint32_t* rows, int64_t units, uint32_t* dst);
+
 // n f16 values (unaligned bytes) -> fp32.
 void f16_to_f32_avx512(const uint8_t* src, int64_t n, float* out);
 

@@ -226,6 +226,52 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
     }
 }
 
+// matmul_multi gives each weight the bits matmul() gives it alone: shared activations and one
+// pool region change no arithmetic. Covers every path (GEMV, GEMM, row-dot, converted rows),
+// odd row counts, an empty weight, and mixed types (which fall back to one call each).
+TEST(Matmul, MultiMatchesSeparateCallsBitForBit) {
+    std::mt19937 rng(17);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    cpu::MatmulScratch scratch;
+    const int64_t n_in = 512;
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::F16, GgmlType::Q4_K}) {
+        const int64_t rows[] = {301, 7, 0, 1030};
+        std::vector<std::vector<uint8_t>> bytes;
+        std::vector<WeightView> Ws;
+        for (int64_t n : rows) bytes.push_back(random_weights(type, n_in, n, rng));
+        for (size_t i = 0; i < bytes.size(); ++i)
+            Ws.push_back({type, n_in, rows[i], bytes[i].data(), row_bytes(type, n_in)});
+        // A weight of another type in the same call: the fallback path.
+        const GgmlType other = type == GgmlType::F32 ? GgmlType::BF16 : GgmlType::F32;
+        const std::vector<uint8_t> other_bytes = random_weights(other, n_in, 45, rng);
+        const WeightView Wo{other, n_in, 45, other_bytes.data(), row_bytes(other, n_in)};
+        for (int64_t T : {1, 3, 21}) {
+            std::vector<float> x(size_t(T * n_in));
+            for (auto& v : x) v = nd(rng);
+            for (cpu::Isa isa : isas()) {
+                for (bool mixed : {false, true}) {
+                    std::vector<const WeightView*> list;
+                    for (const WeightView& W : Ws) list.push_back(&W);
+                    if (mixed) list.insert(list.begin() + 1, &Wo);
+                    std::vector<std::vector<float>> alone, multi;
+                    std::vector<cpu::MatmulOut> outs;
+                    for (const WeightView* W : list) {
+                        alone.emplace_back(size_t(T * W->n_out), NAN);
+                        multi.emplace_back(size_t(T * W->n_out), NAN);
+                        cpu::matmul(*W, x.data(), alone.back().data(), T, isa, scratch);
+                    }
+                    for (size_t i = 0; i < list.size(); ++i) outs.push_back({list[i], multi[i].data()});
+                    cpu::matmul_multi(outs.data(), int(outs.size()), x.data(), T, isa, scratch);
+                    for (size_t i = 0; i < list.size(); ++i)
+                        EXPECT_EQ(0, std::memcmp(alone[i].data(), multi[i].data(), alone[i].size() * 4))
+                            << type_traits(list[i]->type).name << " " << cpu::isa_name(isa) << " T=" << T
+                            << " weight " << i << (mixed ? " (mixed types)" : "");
+                }
+            }
+        }
+    }
+}
+
 TEST(Matmul, RejectsRowsThatAreNotWholeBlocks) {
     std::vector<uint8_t> bytes(64 * 34);
     const WeightView W{GgmlType::Q8_0, 48, 2, bytes.data(), 34};

@@ -178,56 +178,86 @@ void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size) {
         max_chunks = std::max(max_chunks, n_chunks[s]);
     }
 
-    // Chunks per sequence in a batch: as many as the byte budget holds (one per head at least).
-    // Each batch costs two pool regions, and a region waits for its slowest thread, so few
-    // large batches beat many small ones (on a loaded machine by far).
-    const SlotLayout L{C, d_k, d_v};
-    const std::size_t slot_bytes = L.size() * sizeof(float), heads = (std::size_t)active * H_v;
-    const int fit = (int)std::max<std::size_t>(1, kBatchBytes / (heads * slot_bytes));
-    const int per_batch = std::max(1, std::min(fit, max_chunks));
-    float* slots = workspace(Ws::ChunkSlots, heads * per_batch * L.size());  // [item, H_v, slot]
-    std::vector<float> gC(heads * per_batch);                               // [item, H_v]
-
     // The state of every (sequence, head) in natural layout [d_k, d_v] for the GEMMs, converted
     // once per call (the transposed layout is the decode path's).
     float* S_nat = workspace(Ws::ChunkState, (std::size_t)n_seqs * H_v * d_k * d_v);
     auto nat = [&](int64_t sh) { return S_nat + (std::size_t)sh * d_k * d_v; };
     auto st = [&](int64_t sh) { return io.state + (std::size_t)sh * d_v * d_k; };
     auto nonempty = [&](int64_t sh) { return io.offs[sh / H_v + 1] > io.offs[sh / H_v]; };
-    parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int) {
-        if (nonempty(sh)) transpose(st(sh), d_k, nat(sh), d_v, d_v, d_k);
-    });
-
+    const SlotLayout L{C, d_k, d_v};
     std::vector<std::unique_ptr<Scratch1>> scratch(n_threads());
-    std::vector<Chunk> items;
-    std::vector<int> first_item(n_seqs + 1);
-    for (int b0 = 0; b0 < max_chunks; b0 += per_batch) {
-        items.clear();
-        for (int s = 0; s < n_seqs; ++s) {
-            first_item[s] = (int)items.size();
-            for (int c = b0; c < std::min(b0 + per_batch, n_chunks[s]); ++c) {
-                const int64_t t0 = io.offs[s] + (int64_t)c * C;
-                items.push_back({s, t0, (int)std::min<int64_t>(C, io.offs[s + 1] - t0)});
-            }
-        }
-        first_item[n_seqs] = (int)items.size();
-        parallel_for((int64_t)items.size() * H_v, [&](int64_t slot, int thread) {
+
+    // Variant chosen at launch from the shape and the thread count:
+    //  - pipelined, when the (sequence, head) pairs alone keep every thread busy: each pair
+    //    runs stage 1 and stage 2 chunk by chunk in one thread, so a chunk's products go from
+    //    stage 1 to stage 2 through the core's own cache (one slot, ~147 KiB at C = 64) and
+    //    there is a single pool region;
+    //  - batched, otherwise (few heads or one long sequence on many threads): stage 1 of a
+    //    batch of chunks in parallel over (chunk, head), then stage 2 over (sequence, head).
+    // Same arithmetic per chunk either way: the results are bit-identical.
+    const int64_t pairs = (int64_t)active * H_v;
+    if (pairs >= 2 * (int64_t)n_threads()) {
+        std::vector<std::vector<float>> slot_buf(n_threads());
+        parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int thread) {
+            if (!nonempty(sh)) return;
             if (!scratch[thread]) scratch[thread] = std::make_unique<Scratch1>(C);
-            stage1(isa, io, items[slot / H_v], (int)(slot % H_v), L, slots + slot * L.size(), &gC[slot],
-                   *scratch[thread]);
-        });
-        parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int) {
+            std::vector<float>& slot = slot_buf[thread];
+            slot.resize(L.size());
             const int s = (int)(sh / H_v), h = (int)(sh % H_v);
-            for (int it = first_item[s]; it < first_item[s + 1]; ++it) {
-                const int64_t slot = (int64_t)it * H_v + h;
-                stage2(isa, io, items[it], h, L, slots + slot * L.size(), gC[slot], nat(sh));
+            transpose(st(sh), d_k, nat(sh), d_v, d_v, d_k);
+            for (int c = 0; c < n_chunks[s]; ++c) {
+                const int64_t t0 = io.offs[s] + (int64_t)c * C;
+                const Chunk ch{s, t0, (int)std::min<int64_t>(C, io.offs[s + 1] - t0)};
+                float gC = 0.0f;
+                stage1(isa, io, ch, h, L, slot.data(), &gC, *scratch[thread]);
+                stage2(isa, io, ch, h, L, slot.data(), gC, nat(sh));
             }
+            transpose(nat(sh), d_v, st(sh), d_k, d_k, d_v);
+        });
+        return;
+    }
+    {
+        // Chunks per sequence in a batch: as many as the byte budget holds (one per head at least).
+        // Each batch costs two pool regions, and a region waits for its slowest thread, so few
+        // large batches beat many small ones (on a loaded machine by far).
+        const std::size_t slot_bytes = L.size() * sizeof(float), heads = (std::size_t)active * H_v;
+        const int fit = (int)std::max<std::size_t>(1, kBatchBytes / (heads * slot_bytes));
+        const int per_batch = std::max(1, std::min(fit, max_chunks));
+        float* slots = workspace(Ws::ChunkSlots, heads * per_batch * L.size());  // [item, H_v, slot]
+        std::vector<float> gC(heads * per_batch);                               // [item, H_v]
+
+        parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int) {
+            if (nonempty(sh)) transpose(st(sh), d_k, nat(sh), d_v, d_v, d_k);
+        });
+        std::vector<Chunk> items;
+        std::vector<int> first_item(n_seqs + 1);
+        for (int b0 = 0; b0 < max_chunks; b0 += per_batch) {
+            items.clear();
+            for (int s = 0; s < n_seqs; ++s) {
+                first_item[s] = (int)items.size();
+                for (int c = b0; c < std::min(b0 + per_batch, n_chunks[s]); ++c) {
+                    const int64_t t0 = io.offs[s] + (int64_t)c * C;
+                    items.push_back({s, t0, (int)std::min<int64_t>(C, io.offs[s + 1] - t0)});
+                }
+            }
+            first_item[n_seqs] = (int)items.size();
+            parallel_for((int64_t)items.size() * H_v, [&](int64_t slot, int thread) {
+                if (!scratch[thread]) scratch[thread] = std::make_unique<Scratch1>(C);
+                stage1(isa, io, items[slot / H_v], (int)(slot % H_v), L, slots + slot * L.size(), &gC[slot],
+                       *scratch[thread]);
+            });
+            parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int) {
+                const int s = (int)(sh / H_v), h = (int)(sh % H_v);
+                for (int it = first_item[s]; it < first_item[s + 1]; ++it) {
+                    const int64_t slot = (int64_t)it * H_v + h;
+                    stage2(isa, io, items[it], h, L, slots + slot * L.size(), gC[slot], nat(sh));
+                }
+            });
+        }
+        parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int) {
+            if (nonempty(sh)) transpose(nat(sh), d_v, st(sh), d_k, d_k, d_v);
         });
     }
-
-    parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int) {
-        if (nonempty(sh)) transpose(nat(sh), d_v, st(sh), d_k, d_k, d_v);
-    });
 }
 
 }  // namespace gdn

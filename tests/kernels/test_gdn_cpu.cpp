@@ -199,7 +199,9 @@ TEST(GdnCpuDelta, QwenShape) {
 }
 
 // The serial kernel is the decode and verification path: its results must not depend on the
-// thread count (nor do the chunked kernel's, by construction; checked too).
+// thread count (nor do the chunked kernel's, by construction; checked too). The chunked
+// kernel picks its variant from (sequence, head) pairs vs threads: 1 and 2 threads run the
+// pipelined one (18 pairs), 16 threads the batched one; all must give the same bits.
 TEST(GdnCpuDelta, ThreadCountDoesNotChangeResults) {
     const int before = alloy::cpu::n_threads();
     const auto c = make_delta_case(shape_of(3, 2, 64, 48, false), {70, 0, 33, 1}, false, true, 55);
@@ -210,12 +212,16 @@ TEST(GdnCpuDelta, ThreadCountDoesNotChangeResults) {
         const auto s2 = cpu_serial(isa, c), c2 = cpu_chunked(isa, c, 16);
         alloy::cpu::set_n_threads(3);
         const auto s3 = cpu_serial(isa, c);
+        alloy::cpu::set_n_threads(16);
+        const auto c16 = cpu_chunked(isa, c, 16);
         EXPECT_EQ(s1.out, s2.out) << isa_str(isa);
         EXPECT_EQ(s1.state, s2.state) << isa_str(isa);
         EXPECT_EQ(s1.out, s3.out) << isa_str(isa);
         EXPECT_EQ(s1.state, s3.state) << isa_str(isa);
         EXPECT_EQ(c1.out, c2.out) << isa_str(isa);
         EXPECT_EQ(c1.state, c2.state) << isa_str(isa);
+        EXPECT_EQ(c1.out, c16.out) << isa_str(isa);
+        EXPECT_EQ(c1.state, c16.state) << isa_str(isa);
     }
     alloy::cpu::set_n_threads(before);
 }

@@ -13,13 +13,12 @@
 
 #include "alloy/error.h"
 #include "cli/common.h"
+#include "kernels/cpu/read_bandwidth.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/loaded_model.h"
 #include "runtime/model_info.h"
 
-#ifndef ALLOY_GIT_COMMIT
-#define ALLOY_GIT_COMMIT "unknown"
-#endif
+#include "alloy_build_commit.h"  // generated at build time: ALLOY_GIT_COMMIT
 
 namespace alloy::cli {
 namespace {
@@ -42,6 +41,7 @@ struct Test {
     std::string gdn;
     int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
     std::vector<double> samples_ns;  // all repetitions, the cold one first
+    double probe_gbs = 0;            // decode tests: read bandwidth probed just before the test
     std::string name() const {
         std::string n = n_prompt ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
         return n_depth ? n + " @ d" + std::to_string(n_depth) : n;
@@ -126,9 +126,16 @@ void add_bench_command(CLI::App& app) {
                     for (int p : pp) if (p > 0) tests.push_back({g, t, p, 0, d, {}});
                     for (int n : tg) if (n > 0) tests.push_back({g, t, 0, n, d, {}});
                 }
+        // Decode is bandwidth-bound and this host's bandwidth drifts between runs, so each decode
+        // test first probes the read bandwidth on the model's largest tensor (already mapped,
+        // larger than the caches): the test's effective GB/s is then stated against it.
+        const gguf::TensorInfo* largest = nullptr;
+        for (const auto& ti : lm.file->tensors())
+            if (!largest || ti.nbytes > largest->nbytes) largest = &ti;
         using clock = std::chrono::steady_clock;
         for (Test& t : tests) {
             cpu::set_n_threads(t.threads);
+            if (t.n_gen && largest) t.probe_gbs = cpu::measure_read_bandwidth(largest->data, largest->nbytes, 2).gb_per_s;
             ForwardOptions fo;
             fo.gdn_mode = t.gdn == "serial" ? ref::GdnMode::Serial : ref::GdnMode::Chunked;
             fo.gdn_chunk = chunk;
@@ -163,7 +170,9 @@ void add_bench_command(CLI::App& app) {
                 int n_attn = 0;
                 for (int l = 0; l < hp.n_layer; ++l) n_attn += !hp.is_recurrent(l);
                 const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * (t.n_depth + t.n_gen / 2.0) * n_attn;
-                std::snprintf(buf, sizeof buf, "%.1f GB/s", (double(info.decode_bytes) + kv) * ts / 1e9);
+                const double gbs = (double(info.decode_bytes) + kv) * ts / 1e9;
+                std::snprintf(buf, sizeof buf, "%.1f GB/s = %.0f%% of %.1f probed", gbs, 100 * gbs / t.probe_gbs,
+                              t.probe_gbs);
             }
             return std::string(buf);
         };
@@ -222,6 +231,7 @@ void add_bench_command(CLI::App& app) {
             j["cold_ts"] = 1e9 * t.tokens() / t.samples_ns[0];
             j["gdn"] = t.gdn;
             j["peak_rss_bytes"] = rss;
+            if (t.n_gen) j["read_bw_probe_gbs"] = t.probe_gbs;
             all.push_back(j);
         }
         if (output == "json") {

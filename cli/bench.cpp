@@ -135,7 +135,7 @@ void add_bench_command(CLI::App& app) {
         using clock = std::chrono::steady_clock;
         for (Test& t : tests) {
             cpu::set_n_threads(t.threads);
-            if (t.n_gen && largest) t.probe_gbs = cpu::measure_read_bandwidth(largest->data, largest->nbytes, 2).gb_per_s;
+            if (t.n_gen && largest) t.probe_gbs = cpu::measure_read_bandwidth(largest->data, largest->nbytes, 3).gb_per_s;
             ForwardOptions fo;
             fo.gdn_mode = t.gdn == "serial" ? ref::GdnMode::Serial : ref::GdnMode::Chunked;
             fo.gdn_chunk = chunk;

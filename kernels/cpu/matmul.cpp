@@ -2,9 +2,10 @@
 // activations once, and splits the work over the thread pool.
 //
 // Work split:
-//  - row-dot (T <= 4 on AVX-512, every T elsewhere): items of 64 rows x 32 tokens; the
-//    AVX-512 kernels read 16 rows side by side (16 memory streams per thread: one stream per
-//    thread tops out ~25% below the DRAM bandwidth on this machine).
+//  - streaming GEMVs (Q8_0, BF16 with T <= 4 on AVX-512): contiguous row ranges per item,
+//    several rows streamed side by side (matmul_q8_gemv_avx512.cpp, matmul_bf16_gemv_avx512.cpp).
+//  - row-dot (F32/F16 T <= 4 on AVX-512, every T elsewhere): items of 64 rows x 32 tokens; the
+//    AVX-512 kernels read 16 rows side by side.
 //  - GEMM tiles (T > 4 on AVX-512): items of (token tile, row chunk), token-tile-major so both
 //    threads share one activation tile in L3 while each streams its own weight rows. Inside an
 //    item the inner dimension is cut into kc chunks, so the activation slice of the tile stays

@@ -23,8 +23,9 @@
 // Paths (Isa is clamped to what this CPU and ALLOY_ISA allow):
 //   AVX-512: Q8_0 vpdpbusd (VNNI), BF16 vdpbf16ps, F32/F16 FMA. T > 4: register-tiled GEMM,
 //   weights broadcast from their GGUF rows against 16-token activation panels (no repacking).
-//   T <= 4 (decode): 16 weight rows per kernel call in the 16 lanes (16 memory streams),
-//   transposed in registers so the arithmetic per output is the GEMM tile's, in its order.
+//   T <= 4 (decode): Q8_0 and BF16 run streaming GEMVs (4 rows side by side per thread);
+//   F32/F16 read 16 weight rows per kernel call in the 16 lanes, transposed in registers so
+//   the arithmetic per output is the GEMM tile's, in its order.
 //   Without VNNI / AVX512-BF16 those types fall to AVX2. AVX2+FMA and scalar: row-dot kernels.
 //   Q4_0, Q4_K, Q6_K: rows dequantized to fp32 per chunk, then the F32 kernels.
 #pragma once

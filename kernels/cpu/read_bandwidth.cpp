@@ -76,14 +76,19 @@ ReadBandwidth measure_read_bandwidth(const void* data, size_t bytes, int passes)
         parallel_for(threads, [&](int64_t t, int) { sink ^= read_share(streams, base + size_t(t) * share, share); });
     };
     pass(1);  // faults pages in; not timed
+    // Per layout the median pass (one lucky pass on a shared host reads far above what a
+    // whole decode run sees), then the best layout.
     for (int streams : {1, 2, 4, 8}) {
+        std::vector<double> gbs;
         for (int i = 0; i < passes; ++i) {
             const auto t0 = std::chrono::steady_clock::now();
             pass(streams);
             const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            const double gbs = double(words) * 8 / s / 1e9;
-            if (gbs > best.gb_per_s) best = {gbs, streams};
+            gbs.push_back(double(words) * 8 / s / 1e9);
         }
+        std::sort(gbs.begin(), gbs.end());
+        const double med = gbs[gbs.size() / 2];
+        if (med > best.gb_per_s) best.gb_per_s = med, best.streams = streams;
     }
     best.checksum = sink.load();
     best.bytes_read = words * 8;

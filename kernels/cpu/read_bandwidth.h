@@ -10,7 +10,7 @@
 namespace alloy::cpu {
 
 struct ReadBandwidth {
-    double gb_per_s = 0;  // best over the passes and stream layouts tried
+    double gb_per_s = 0;  // the best layout's median pass
     int streams = 0;      // memory streams per thread of the best layout
     uint64_t checksum = 0;  // XOR of every word read, over all passes (keeps the reads real)
     size_t bytes_read = 0;  // bytes per pass: `bytes` rounded down to whole stream blocks

@@ -144,6 +144,27 @@ void check_shape(const WeightView& W) {
                     type_traits(W.type).name + " block size " + std::to_string(block));
 }
 
+// The activations of a call, prepared once in the layout its path reads (GEMM panel or rows);
+// also sizes the per-thread scratch.
+struct Prepared {
+    bool gemm = false;
+    mm::ActRows rows;
+    mm::ActPanel panel;
+};
+Prepared prepare(const Plan& p, const float* x, int64_t T, int64_t K, MatmulScratch& s) {
+    Prepared a;
+    a.gemm = use_gemm(p, T);
+    if (s.per_thread.size() < size_t(n_threads())) s.per_thread.resize(size_t(n_threads()));
+    if (a.gemm) {
+        uint8_t* buf = aligned(s.act, mm::act_panel_bytes(p.act, T, K));
+        mm::prep_panel(p.act, p.vector, x, T, K, buf, a.panel);
+    } else {
+        uint8_t* buf = aligned(s.act, mm::act_rows_bytes(p.act, T, K));
+        mm::prep_rows(p.act, p.vector, x, T, K, buf, a.rows);
+    }
+    return a;
+}
+
 // One weight's share of a call: its work items are [first, first + count) of the region.
 struct Job {
     const WeightView* W;
@@ -156,19 +177,11 @@ struct Job {
 // The weights of one call, which share the input (same type and n_in), in one pool region.
 void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, MatmulScratch& s) {
     const int64_t K = jobs[0].W->n_in;
-    const bool gemm = use_gemm(p, T);
+    const Prepared act = prepare(p, x, T, K, s);
+    const bool gemm = act.gemm;
     const int threads = n_threads();
-    if (s.per_thread.size() < size_t(threads)) s.per_thread.resize(size_t(threads));
-
-    mm::ActRows rows_act;
-    mm::ActPanel panel;
-    if (gemm) {
-        uint8_t* buf = aligned(s.act, mm::act_panel_bytes(p.act, T, K));
-        mm::prep_panel(p.act, p.vector, x, T, K, buf, panel);
-    } else {
-        uint8_t* buf = aligned(s.act, mm::act_rows_bytes(p.act, T, K));
-        mm::prep_rows(p.act, p.vector, x, T, K, buf, rows_act);
-    }
+    const mm::ActRows& rows_act = act.rows;
+    const mm::ActPanel& panel = act.panel;
     const int64_t G = (T + mm::kGroup - 1) / mm::kGroup;
     const GgmlType wtype = jobs[0].W->type;
     const bool gemv = !gemm && ((wtype == GgmlType::Q8_0 && p.name == "avx512-vnni") ||
@@ -226,18 +239,10 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
 // Converted weights (dequantized per item to fp32, then the F32 kernels over all tokens).
 void run_converted(const Plan& p, const WeightView& W, const float* x, float* y, int64_t T, MatmulScratch& s) {
     const int64_t K = W.n_in, N = W.n_out;
-    const bool gemm = use_gemm(p, T);
-    const int threads = n_threads();
-    if (s.per_thread.size() < size_t(threads)) s.per_thread.resize(size_t(threads));
-    mm::ActRows rows_act;
-    mm::ActPanel panel;
-    if (gemm) {
-        uint8_t* buf = aligned(s.act, mm::act_panel_bytes(p.act, T, K));
-        mm::prep_panel(p.act, p.vector, x, T, K, buf, panel);
-    } else {
-        uint8_t* buf = aligned(s.act, mm::act_rows_bytes(p.act, T, K));
-        mm::prep_rows(p.act, p.vector, x, T, K, buf, rows_act);
-    }
+    const Prepared act = prepare(p, x, T, K, s);
+    const bool gemm = act.gemm;
+    const mm::ActRows& rows_act = act.rows;
+    const mm::ActPanel& panel = act.panel;
     const int64_t G = (T + mm::kGroup - 1) / mm::kGroup;
     const int64_t items = (N + kConvertRows - 1) / kConvertRows;
     const int ldt = p.tile.groups * mm::kGroup;

@@ -209,6 +209,11 @@ namespace {
 std::string matmul_kernel(const WeightView& w) { return std::string("matmul_") + type_traits(w.type).name; }
 }  // namespace
 
+void Qwen35Model::drop_plans() const {
+    plans_.clear();
+    plan_arena_ = std::make_shared<PlanArena>();
+}
+
 int Qwen35Model::bucket_for(int n, const ForwardOptions& opts) {
     if (n == 1) return 1;  // decode has its own plan
     const int c = std::max(1, opts.gdn_chunk);
@@ -217,7 +222,7 @@ int Qwen35Model::bucket_for(int n, const ForwardOptions& opts) {
 
 std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& opts, int logits_mode) const {
     const Qwen35HParams& hp = hp_;
-    auto plan = std::make_unique<Plan>(bucket);
+    auto plan = std::make_unique<Plan>(bucket, plan_arena_);
     const int64_t B = bucket, D = hp.n_embd;
     const float eps = hp.eps;
     // Buffers for the largest call of this bucket; every step uses only the first ctx.n rows.

@@ -99,6 +99,8 @@ public:
     // Records the launches of one forward pass over up to `bucket` tokens.
     // logits: 0 none (a piece that is not the last), 1 the last token's, 2 every token's.
     std::unique_ptr<Plan> build_plan(int bucket, const ForwardOptions& opts, int logits) const;
+    // Frees every recorded plan and its scratch (the next call of each bucket records anew).
+    void drop_plans() const;
     const gguf::File& file() const { return *file_; }
 
 private:
@@ -111,6 +113,7 @@ private:
     std::vector<std::vector<float>> owned_;  // small tensors converted to fp32
     // Plans by (bucket, logits mode, gdn mode, chunk); built lazily, reused across calls.
     mutable std::map<std::tuple<int, int, int, int>, std::unique_ptr<Plan>> plans_;
+    mutable std::shared_ptr<PlanArena> plan_arena_ = std::make_shared<PlanArena>();  // shared by plans_
     void run_piece(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts, int logits_mode,
                    float* logits, Profiler* prof) const;
 };

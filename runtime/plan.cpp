@@ -1,9 +1,43 @@
 #include "runtime/plan.h"
 
 #include <algorithm>
+#include <atomic>
+#include <limits>
 #include <cstdio>
 
 namespace alloy {
+namespace {
+
+std::atomic<bool> g_poison{false};
+
+std::shared_ptr<float[]> new_block(size_t n) {
+    std::shared_ptr<float[]> b(new float[n]);
+    if (g_poison) std::fill(b.get(), b.get() + n, std::numeric_limits<float>::quiet_NaN());
+    return b;
+}
+
+}  // namespace
+
+void PlanArena::set_poison(bool on) { g_poison = on; }
+
+float* PlanArena::slot(size_t k, size_t n, std::vector<std::shared_ptr<float[]>>& keep) {
+    if (k >= blocks_.size()) {
+        blocks_.resize(k + 1);
+        sizes_.resize(k + 1, 0);
+    }
+    if (sizes_[k] < n) {
+        blocks_[k] = new_block(n);
+        sizes_[k] = n;
+    }
+    keep.push_back(blocks_[k]);
+    return blocks_[k].get();
+}
+
+float* Plan::buffer(size_t n) {
+    if (arena_) return arena_->slot(buffers_.size(), n, buffers_);
+    buffers_.push_back(new_block(n));
+    return buffers_.back().get();
+}
 
 void Plan::replay(const StepContext& ctx, Profiler* prof) const {
     if (!prof) {

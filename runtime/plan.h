@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,25 +59,43 @@ private:
     std::chrono::steady_clock::time_point origin_ = std::chrono::steady_clock::now();
 };
 
+// Scratch shared by the plans of one model. Only one plan runs at a time and no plan keeps
+// data in its buffers between replays, so the k-th buffer of every plan can be the same
+// memory: a model that holds plans for several buckets and logits modes (a long prompt uses
+// two: its inner pieces and its last one) pays for one set of buffers, not one per plan.
+// A slot grows when a later plan asks for more; plans built earlier keep their smaller
+// block alive (shared ownership), so nothing they point to is ever freed under them.
+// Blocks are left uninitialised, so pages a bucket never touches stay unbacked.
+class PlanArena {
+public:
+    float* slot(size_t k, size_t n, std::vector<std::shared_ptr<float[]>>& keep);
+    // Tests: fill every scratch block allocated from now on with NaN, so that a kernel that
+    // reads rows past the tokens of its call (instead of masking them) poisons the result.
+    static void set_poison(bool on);
+
+private:
+    std::vector<std::shared_ptr<float[]>> blocks_;
+    std::vector<size_t> sizes_;
+};
+
 class Plan {
 public:
-    explicit Plan(int bucket) : bucket_(bucket) {}
+    explicit Plan(int bucket, std::shared_ptr<PlanArena> arena = nullptr) : bucket_(bucket), arena_(std::move(arena)) {}
     int bucket() const { return bucket_; }
     void add(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
         steps_.push_back({std::move(kernel), std::move(label), std::move(run)});
     }
-    // Scratch owned by the plan: a float buffer of n elements that lives as long as the plan.
-    float* buffer(size_t n) {
-        buffers_.emplace_back(n);
-        return buffers_.back().data();
-    }
+    // Scratch: a float buffer of n elements (uninitialised) that lives as long as the plan;
+    // from the shared arena when the plan has one.
+    float* buffer(size_t n);
     void replay(const StepContext& ctx, Profiler* prof = nullptr) const;
     const std::vector<PlanStep>& steps() const { return steps_; }
 
 private:
     int bucket_;
     std::vector<PlanStep> steps_;
-    std::vector<std::vector<float>> buffers_;
+    std::shared_ptr<PlanArena> arena_;
+    std::vector<std::shared_ptr<float[]>> buffers_;
 };
 
 }  // namespace alloy

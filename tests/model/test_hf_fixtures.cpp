@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -197,6 +198,41 @@ TEST(HfFixturePieces, PiecesEqualOneCall) {
         m.forward(s2, ids.data(), int(ids.size()), pieces, b.data());
         EXPECT_LT(max_row_rel_error(b, a, V), 1e-5) << chunk;
         EXPECT_EQ(s1.n_past, s2.n_past);
+    }
+}
+
+// Plans keep their scratch uninitialised and shared between plans; every kernel must mask the
+// rows past the tokens of its call. With every scratch block filled with NaN, each path must
+// give the bits it gives with clean scratch (odd lengths, so buckets have padding rows).
+TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {
+    Fixture& f = fixture("r2_untied");
+    const Qwen35Model& m = *f.model;
+    const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
+    const size_t V = size_t(m.hparams().n_vocab);
+    // 37 tokens, then 9 more in a second call, then one decode step: the states carried from
+    // one call to the next would carry any garbage read in the padding too.
+    auto run = [&](ref::GdnMode mode, int chunk) {
+        SequenceState st = m.new_state(128);
+        ForwardOptions fo;
+        fo.all_logits = true;
+        fo.gdn_mode = mode;
+        fo.gdn_chunk = chunk;
+        std::vector<float> out(47 * V);
+        m.forward(st, ids.data(), 37, fo, out.data());
+        m.forward(st, ids.data() + 37, 9, fo, out.data() + 37 * V);
+        m.forward(st, ids.data() + 46, 1, fo, out.data() + 46 * V);
+        return out;
+    };
+    for (auto [mode, chunk] : {std::pair{ref::GdnMode::Serial, 64}, {ref::GdnMode::Chunked, 64},
+                               {ref::GdnMode::Chunked, 16}}) {
+        m.drop_plans();
+        const auto clean = run(mode, chunk);
+        m.drop_plans();
+        PlanArena::set_poison(true);
+        const auto poisoned = run(mode, chunk);
+        PlanArena::set_poison(false);
+        m.drop_plans();
+        EXPECT_EQ(0, std::memcmp(clean.data(), poisoned.data(), clean.size() * 4)) << int(mode) << " C=" << chunk;
     }
 }
 

@@ -28,40 +28,6 @@ constexpr double kTol = 1e-5;
 using namespace alloy::test;
 
 
-// Inputs of the delta rule core, generated like llama.cpp's test-backend-ops (g range chosen
-// by the caller: [-20, -1e-4] stresses the decay masking, [-1, -0.01] is the trained regime).
-struct DeltaCase {
-    GdnShape shape;
-    std::vector<int32_t> offs;
-    std::vector<float> q, k, v, g, beta, state0;
-    int n_seqs() const { return (int)offs.size() - 1; }
-    int T() const { return offs.back(); }
-};
-
-DeltaCase make_delta_case(GdnShape shape, const std::vector<int>& lens, float g_lo, float g_hi,
-                          bool init_state, uint32_t seed) {
-    Rng rng(seed);
-    DeltaCase c;
-    c.shape = shape;
-    c.offs = offsets_of(lens);
-    const int T = c.T();
-    c.q = rng.vec((std::size_t)T * shape.H_k * shape.d_k, -1, 1);
-    c.k = rng.vec((std::size_t)T * shape.H_k * shape.d_k, -1, 1);
-    l2_normalise_rows(c.q, shape.d_k);
-    l2_normalise_rows(c.k, shape.d_k);
-    for (auto& e : c.q) e /= std::sqrt((float)shape.d_k);
-    c.v = rng.vec((std::size_t)T * shape.H_v * shape.d_v, -0.3f, 5.0f);
-    c.g = rng.vec((std::size_t)T * shape.H_v, g_lo, g_hi);
-    c.beta = rng.vec((std::size_t)T * shape.H_v, 0, 1);
-    const std::size_t ns = (std::size_t)c.n_seqs() * shape.H_v * shape.d_v * shape.d_k;
-    c.state0 = init_state ? rng.vec(ns, -1, 1) : std::vector<float>(ns, 0.0f);
-    return c;
-}
-
-struct DeltaResult {
-    std::vector<float> out, state;
-};
-
 DeltaResult run_serial(const DeltaCase& c) {
     DeltaResult r{std::vector<float>((std::size_t)c.T() * c.shape.H_v * c.shape.d_v), c.state0};
     alloy::ref::gdn_delta_serial(c.shape, c.n_seqs(), c.offs.data(), c.q.data(), c.k.data(),

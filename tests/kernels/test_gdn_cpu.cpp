@@ -42,37 +42,11 @@ using namespace alloy::test;
 
 GdnShape shape_of(int H_k, int r, int d_k, int d_v, bool tiled) { return GdnShape{H_k, H_k * r, d_k, d_v, tiled}; }
 
-// Delta-rule inputs as tests/kernels/test_gdn.cpp makes them (test-backend-ops ranges).
-struct DeltaCase {
-    GdnShape shape;
-    std::vector<int32_t> offs;
-    std::vector<float> q, k, v, g, beta, state0;
-    int n_seqs() const { return (int)offs.size() - 1; }
-    int T() const { return offs.back(); }
-};
-
+// Delta-rule inputs as tests/kernels/test_gdn.cpp makes them; wide_g: g in [-20, -1e-4]
+// (decay masking), else [-1, -0.01] (the trained regime).
 DeltaCase make_delta_case(GdnShape shape, const std::vector<int>& lens, bool wide_g, bool init, uint32_t seed) {
-    Rng rng(seed);
-    DeltaCase c;
-    c.shape = shape;
-    c.offs = offsets_of(lens);
-    const std::size_t T = c.T();
-    c.q = rng.vec(T * shape.H_k * shape.d_k, -1, 1);
-    c.k = rng.vec(T * shape.H_k * shape.d_k, -1, 1);
-    l2_normalise_rows(c.q, shape.d_k);
-    l2_normalise_rows(c.k, shape.d_k);
-    for (auto& e : c.q) e /= std::sqrt((float)shape.d_k);
-    c.v = rng.vec(T * shape.H_v * shape.d_v, -0.3f, 5.0f);
-    c.g = wide_g ? rng.vec(T * shape.H_v, -20.0f, -1e-4f) : rng.vec(T * shape.H_v, -1.0f, -0.01f);
-    c.beta = rng.vec(T * shape.H_v, 0, 1);
-    const std::size_t ns = (std::size_t)c.n_seqs() * shape.H_v * shape.d_v * shape.d_k;
-    c.state0 = init ? rng.vec(ns, -1, 1) : std::vector<float>(ns, 0.0f);
-    return c;
+    return alloy::test::make_delta_case(shape, lens, wide_g ? -20.0f : -1.0f, wide_g ? -1e-4f : -0.01f, init, seed);
 }
-
-struct DeltaResult {
-    std::vector<float> out, state;
-};
 
 DeltaResult fresh(const DeltaCase& c) {
     return {std::vector<float>((std::size_t)c.T() * c.shape.H_v * c.shape.d_v, NAN), c.state0};

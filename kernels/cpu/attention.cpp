@@ -9,14 +9,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "alloy/error.h"
 #include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/ref/kv_store.h"
 
 namespace alloy::cpu {
 namespace attn {
 
 float* scratch(int slot, int64_t n_floats) {
-    thread_local std::vector<float> bufs[4];
+    thread_local std::vector<float> bufs[6];
     std::vector<float>& b = bufs[slot];
     if (int64_t(b.size()) < n_floats + 16) b.resize(size_t(n_floats + 16));
     const uintptr_t p = reinterpret_cast<uintptr_t>(b.data());
@@ -33,8 +35,10 @@ constexpr int kItemsPerThread = 4;    // blocks per thread to aim for, for balan
 
 }  // namespace
 
-void attention(const AttentionShape& s, const float* q, const float* k_cache, const float* v_cache,
+void attention(const AttentionShape& s, const float* q, const void* k_cache, const void* v_cache,
                float* out, int64_t T, int64_t n_past, Isa isa) {
+    if (!ref::kv_type_supported(s.type_k) || !ref::kv_type_supported(s.type_v))
+        throw Error("attention: KV cache types must be f32 or f16");
     if (T <= 0) return;
     assert(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.head_dim > 0 && n_past >= 0);
     const auto run_block = isa >= Isa::Avx512 && s.head_dim % 16 == 0 ? attn::run_block_avx512
@@ -52,15 +56,22 @@ void attention(const AttentionShape& s, const float* q, const float* k_cache, co
                                            (n_past + T + kMinSplitKeys - 1) / kMinSplitKeys));
 
     // Item i -> block: the latest query blocks (most keys) first, so the atomic hand-out of
-    // the pool ends with the cheap ones and the threads finish together.
+    // the pool ends with the cheap ones and the threads finish together. Within a query block
+    // the KV head varies fastest, then the key split: the threads walk the same cache rows
+    // (all heads of a key range) at the same time, so each row is streamed from memory once.
+    // item(qb_rev, split, g) = (qb_rev * ns + split) * n_kv + g.
+    const bool k16 = s.type_k == GgmlType::F16, v16 = s.type_v == GgmlType::F16;
+    const size_t kb = k16 ? 2 : 4, vb = v16 ? 2 : 4;  // bytes per element
     auto make_block = [&](int64_t i) {
-        const int64_t per_qb = int64_t(n_kv) * ns;
-        const int64_t qb = n_qb - 1 - i / per_qb;
-        const int g = int((i % per_qb) / ns);
+        const int64_t qb = n_qb - 1 - i / (int64_t(n_kv) * ns);
+        const int g = int(i % n_kv);
+        const int64_t split = (i / n_kv) % ns;
         attn::Block b;
         b.q = q;
-        b.k = k_cache + int64_t(g) * hd;
-        b.v = v_cache + int64_t(g) * hd;
+        b.k = static_cast<const char*>(k_cache) + size_t(g) * size_t(hd) * kb;
+        b.v = static_cast<const char*>(v_cache) + size_t(g) * size_t(hd) * vb;
+        b.k_f16 = k16;
+        b.v_f16 = v16;
         b.kv_stride = int64_t(n_kv) * hd;
         b.n_head = s.n_head;
         b.hd = hd;
@@ -73,7 +84,6 @@ void attention(const AttentionShape& s, const float* q, const float* k_cache, co
         const int64_t n_keys = n_past + b.t0 + b.tq;  // keys the block's last row sees
         const int64_t per = (n_keys + ns - 1) / ns;
         const int64_t chunk = (per + attn::kKeyTile - 1) / attn::kKeyTile * attn::kKeyTile;
-        const int64_t split = i % ns;
         b.key_begin = std::min(n_keys, split * chunk);
         b.key_end = std::min(n_keys, (split + 1) * chunk);
         return b;
@@ -105,18 +115,18 @@ void attention(const AttentionShape& s, const float* q, const float* k_cache, co
         const int h = int(th % s.n_head);
         const int64_t qb = t / tq;
         const int64_t r = (t - qb * tq) * group + h % group;
-        const int64_t first = ((n_qb - 1 - qb) * n_kv + h / group) * ns;  // item of split 0
+        auto item = [&](int64_t sp) { return ((n_qb - 1 - qb) * ns + sp) * n_kv + h / group; };
         float mx = -INFINITY;
-        for (int64_t sp = 0; sp < ns; ++sp) mx = std::max(mx, part_ml[((first + sp) * rows + r) * 2]);
+        for (int64_t sp = 0; sp < ns; ++sp) mx = std::max(mx, part_ml[(item(sp) * rows + r) * 2]);
         float* dst = out + th * hd;
         std::fill(dst, dst + hd, 0.0f);
         float l = 0.0f;
         for (int64_t sp = 0; sp < ns; ++sp) {
-            const float* ml = part_ml + ((first + sp) * rows + r) * 2;
+            const float* ml = part_ml + (item(sp) * rows + r) * 2;
             if (ml[1] == 0.0f) continue;  // split beyond this row's causal limit
             const float w = std::exp2(ml[0] - mx);
             l += w * ml[1];
-            const float* o = part_o + ((first + sp) * rows + r) * hd;
+            const float* o = part_o + (item(sp) * rows + r) * hd;
             for (int d = 0; d < hd; ++d) dst[d] += w * o[d];
         }
         const float inv = 1.0f / l;
@@ -124,7 +134,7 @@ void attention(const AttentionShape& s, const float* q, const float* k_cache, co
     });
 }
 
-void attention(const AttentionShape& s, const float* q, const float* k_cache, const float* v_cache,
+void attention(const AttentionShape& s, const float* q, const void* k_cache, const void* v_cache,
                float* out, int64_t T, int64_t n_past) {
     attention(s, q, k_cache, v_cache, out, T, n_past, active_isa());
 }

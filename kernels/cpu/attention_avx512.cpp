@@ -1,12 +1,19 @@
-// AVX-512 block of cpu::attention (head_dim % 16 == 0), fp32 throughout.
+// AVX-512 block of cpu::attention (head_dim % 16 == 0), fp32 arithmetic on fp32 or f16 caches.
 //
 // Per key tile (kKeyTile keys) the block does, for all its rows at once:
 //   S = Q K^T      4x4 register tiles: 16 zmm accumulators over hd, one transpose-reduce
 //   online softmax per row over the tile (masked by causality only on diagonal tiles)
 //   O = alpha * O + P V   4 rows x 64 columns in 16 zmm accumulators, P broadcast from L1
 // Q rows are pre-scaled by scale * log2(e) so the softmax is exp2 of a difference.
+//
+// f16 caches: the microkernels are templated on the element type and convert with
+// vcvtph2ps as they load (decode: one row tile, each converted vector feeds 4 rows); when a
+// tile is reused by several row tiles (prefill) it is converted once into a per-thread fp32
+// tile instead. Either way the values are the exact fp32 images of the halves.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/vec_math_avx512.h"
@@ -32,16 +39,25 @@ ALLOY_TARGET_AVX512 inline __m512 reduce16(const __m512 (&v)[16]) {
                          _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// 16 consecutive elements of a cache row as fp32 (E = float, or uint16_t for IEEE half).
+template <class E>
+ALLOY_TARGET_AVX512 inline __m512 load16(const E* p) {
+    if constexpr (std::is_same_v<E, float>)
+        return _mm512_loadu_ps(p);
+    else
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // S[r][c] = Q[r] . K[c] for 4 rows and NK keys. Q: [4, hd] contiguous; K rows at stride ks;
 // S: [4, ld].
-template <int NK>
-ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const float* K, int64_t ks, float* S, int ld) {
+template <int NK, class E>
+ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const E* K, int64_t ks, float* S, int ld) {
     __m512 acc[4][NK];
     for (int r = 0; r < 4; ++r)
         for (int c = 0; c < NK; ++c) acc[r][c] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d += 16) {
         __m512 kv[NK];
-        for (int c = 0; c < NK; ++c) kv[c] = _mm512_loadu_ps(K + c * ks + d);
+        for (int c = 0; c < NK; ++c) kv[c] = load16(K + c * ks + d);
         for (int r = 0; r < 4; ++r) {
             const __m512 qv = _mm512_loadu_ps(Q + r * hd + d);
             for (int c = 0; c < NK; ++c) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
@@ -62,19 +78,37 @@ ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const float* K, 
     }
 }
 
+// S = Q K^T for the row tiles [rb0, Rp) and nk keys (K rows at stride ks).
+template <class E>
+ALLOY_TARGET_AVX512 inline void qk_rows(const float* Q, int hd, int rb0, int Rp, const E* K, int64_t ks, int nk,
+                                        float* S, int ld) {
+    for (int rb = rb0; rb < Rp; rb += kRowTile) {
+        const float* Qr = Q + int64_t(rb) * hd;
+        float* Sr = S + int64_t(rb) * ld;
+        int c = 0;
+        for (; c + 4 <= nk; c += 4) qk_tile<4>(Qr, hd, K + c * ks, ks, Sr + c, ld);
+        switch (nk - c) {
+            case 3: qk_tile<3>(Qr, hd, K + c * ks, ks, Sr + c, ld); break;
+            case 2: qk_tile<2>(Qr, hd, K + c * ks, ks, Sr + c, ld); break;
+            case 1: qk_tile<1>(Qr, hd, K + c * ks, ks, Sr + c, ld); break;
+            default: break;
+        }
+    }
+}
+
 // O[r] = alpha[r] * O[r] + sum_j P[r][j] V[j] for 4 rows, columns [c0, c0 + 16 NC).
-template <int NC>
-ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const float* V, int64_t vs, float* O, int hd,
-                                 const float* alpha, int c0) {
+template <int NC, class E>
+ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E* V, int64_t vs, float* O, int hd,
+                                        const float* alpha, int c0) {
     __m512 acc[4][NC];
     for (int r = 0; r < 4; ++r) {
         const __m512 a = _mm512_set1_ps(alpha[r]);
         for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(O + r * hd + c0 + 16 * c));
     }
     for (int j = 0; j < nk; ++j) {
-        const float* vj = V + j * vs + c0;
+        const E* vj = V + j * vs + c0;
         __m512 vv[NC];
-        for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
+        for (int c = 0; c < NC; ++c) vv[c] = load16(vj + 16 * c);
         for (int r = 0; r < 4; ++r) {
             const __m512 p = _mm512_set1_ps(P[r * ld + j]);
             for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
@@ -84,22 +118,38 @@ ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const fl
         for (int c = 0; c < NC; ++c) _mm512_storeu_ps(O + r * hd + c0 + 16 * c, acc[r][c]);
 }
 
-ALLOY_TARGET_AVX512 inline void pv_tile(const float* P, int ld, int nk, const float* V, int64_t vs, float* O, int hd,
-                                 const float* alpha) {
-    int c0 = 0;
-    for (; c0 + 64 <= hd; c0 += 64) pv_cols<4>(P, ld, nk, V, vs, O, hd, alpha, c0);
-    for (; c0 < hd; c0 += 16) pv_cols<1>(P, ld, nk, V, vs, O, hd, alpha, c0);
+// O = alpha O + P V for the row tiles [rb0, Rp).
+template <class E>
+ALLOY_TARGET_AVX512 inline void pv_rows(const float* S, int ld, int rb0, int Rp, int nk, const E* V, int64_t vs,
+                                        float* O, int hd, const float* alpha) {
+    for (int rb = rb0; rb < Rp; rb += kRowTile) {
+        const float* P = S + int64_t(rb) * ld;
+        float* Or = O + int64_t(rb) * hd;
+        int c0 = 0;
+        for (; c0 + 64 <= hd; c0 += 64) pv_cols<4>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0);
+        for (; c0 < hd; c0 += 16) pv_cols<1>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0);
+    }
 }
 
-// Touches n rows of hd floats (stride apart) into L1.
-ALLOY_TARGET_AVX512 inline void prefetch_rows(const float* X, int n, int64_t stride, int hd) {
+// Touches n rows of hd elements (stride apart) into L1.
+template <class E>
+ALLOY_TARGET_AVX512 inline void prefetch_rows(const E* X, int n, int64_t stride, int hd) {
+    constexpr int kLine = 64 / int(sizeof(E));
     for (int j = 0; j < n; ++j)
-        for (int d = 0; d < hd; d += 16) _mm_prefetch(reinterpret_cast<const char*>(X + j * stride + d), _MM_HINT_T0);
+        for (int d = 0; d < hd; d += kLine) _mm_prefetch(reinterpret_cast<const char*>(X + j * stride + d), _MM_HINT_T0);
 }
 
-}  // namespace
+// dst [nk, hd] = the fp32 values of nk half rows at stride `stride`.
+ALLOY_TARGET_AVX512 inline void convert_tile(const uint16_t* src, int nk, int64_t stride, int hd, float* dst) {
+    for (int j = 0; j < nk; ++j)
+        for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(dst + int64_t(j) * hd + d, load16(src + j * stride + d));
+}
 
-ALLOY_TARGET_AVX512 void run_block_avx512(const Block& b) {
+// A tile is converted once (instead of inline by every row tile) from this many row tiles on.
+constexpr int kConvertTileFromRowTiles = 2;
+
+template <class EK, class EV>
+ALLOY_TARGET_AVX512 void run_block(const Block& b) {
     const int R = b.rows(), Rp = (R + kRowTile - 1) / kRowTile * kRowTile, hd = b.hd;
     constexpr int ld = kKeyTile;
     float* Q = scratch(0, int64_t(Rp) * hd);   // [Rp, hd] q * scale * log2(e), pad rows zero
@@ -107,6 +157,12 @@ ALLOY_TARGET_AVX512 void run_block_avx512(const Block& b) {
     float* S = scratch(2, int64_t(Rp) * ld);   // [Rp, kKeyTile] scores, then probabilities
     float* st = scratch(3, 3 * int64_t(Rp));   // m [Rp], l [Rp], alpha [Rp]
     float *m = st, *l = st + Rp, *alpha = st + 2 * Rp;
+    constexpr bool k16 = !std::is_same_v<EK, float>, v16 = !std::is_same_v<EV, float>;
+    float* Kt = k16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;  // fp32 copy of an f16 K tile
+    float* Vt = v16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
+    const EK* Kc = static_cast<const EK*>(b.k);
+    const EV* Vc = static_cast<const EV*>(b.v);
+    const int64_t ks = b.kv_stride;
 
     const __m512 qs = _mm512_set1_ps(b.scale * 1.44269504088896341f);
     for (int r = 0; r < Rp; ++r) {
@@ -129,27 +185,24 @@ ALLOY_TARGET_AVX512 void run_block_avx512(const Block& b) {
         // their 4-row groups entirely.
         const int r_first = int(std::clamp<int64_t>((j0 - b.n_past - b.t0) * b.group, 0, R));
         const int rb0 = r_first / kRowTile * kRowTile;
-        const float* K = b.k + j0 * b.kv_stride;
-        const float* V = b.v + j0 * b.kv_stride;
+        const bool convert = (Rp - rb0) / kRowTile >= kConvertTileFromRowTiles;
+        const EK* K = Kc + j0 * ks;
+        const EV* V = Vc + j0 * ks;
 
-        // Next K tile on its way while this one computes: +15-20% KV bandwidth in decode
-        // (measured); prefetching V as well did not help (the P V pass streams it in order).
-        if (j0 + kKeyTile < key_end)
-            prefetch_rows(K + kKeyTile * b.kv_stride, int(std::min<int64_t>(kKeyTile, key_end - j0 - kKeyTile)),
-                          b.kv_stride, hd);
+        // The next K and V tiles on their way while this one computes (decode streams the
+        // cache: these keep a tile's worth of lines in flight per thread).
+        if (j0 + kKeyTile < key_end) {
+            const int nn = int(std::min<int64_t>(kKeyTile, key_end - j0 - kKeyTile));
+            prefetch_rows(K + kKeyTile * ks, nn, ks, hd);
+            prefetch_rows(V + kKeyTile * ks, nn, ks, hd);
+        }
 
         // S = Q K^T on rows [rb0, Rp).
-        for (int rb = rb0; rb < Rp; rb += kRowTile) {
-            const float* Qr = Q + int64_t(rb) * hd;
-            float* Sr = S + int64_t(rb) * ld;
-            int c = 0;
-            for (; c + 4 <= nk; c += 4) qk_tile<4>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld);
-            switch (nk - c) {
-                case 3: qk_tile<3>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld); break;
-                case 2: qk_tile<2>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld); break;
-                case 1: qk_tile<1>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld); break;
-                default: break;
-            }
+        if (k16 && convert) {
+            convert_tile(reinterpret_cast<const uint16_t*>(K), nk, ks, hd, Kt);
+            qk_rows(Q, hd, rb0, Rp, static_cast<const float*>(Kt), hd, nk, S, ld);
+        } else {
+            qk_rows(Q, hd, rb0, Rp, K, ks, nk, S, ld);
         }
 
         // Online softmax per row; P overwrites S. Rows with no visible key keep their state
@@ -179,8 +232,12 @@ ALLOY_TARGET_AVX512 void run_block_avx512(const Block& b) {
         }
 
         // O = alpha O + P V on rows [rb0, Rp).
-        for (int rb = rb0; rb < Rp; rb += kRowTile)
-            pv_tile(S + int64_t(rb) * ld, ld, nk, V, b.kv_stride, O + int64_t(rb) * hd, hd, alpha + rb);
+        if (v16 && convert) {
+            convert_tile(reinterpret_cast<const uint16_t*>(V), nk, ks, hd, Vt);
+            pv_rows(S, ld, rb0, Rp, nk, static_cast<const float*>(Vt), hd, O, hd, alpha);
+        } else {
+            pv_rows(S, ld, rb0, Rp, nk, V, ks, O, hd, alpha);
+        }
     }
 
     for (int r = 0; r < R; ++r) {
@@ -195,6 +252,15 @@ ALLOY_TARGET_AVX512 void run_block_avx512(const Block& b) {
             b.part_ml[2 * r + 1] = l[r];
         }
     }
+}
+
+}  // namespace
+
+void run_block_avx512(const Block& b) {
+    if (b.k_f16)
+        b.v_f16 ? run_block<uint16_t, uint16_t>(b) : run_block<uint16_t, float>(b);
+    else
+        b.v_f16 ? run_block<float, uint16_t>(b) : run_block<float, float>(b);
 }
 
 }  // namespace alloy::cpu::attn

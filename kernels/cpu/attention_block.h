@@ -6,20 +6,28 @@
 // Rows of a block: r = (t - t0) * group + (h - h0), i.e. token-major, so every row of the
 // group shares each K/V tile load and the causal limit of row r is n_past + t0 + r / group.
 // Scores are kept in the base-2 domain (q pre-scaled by scale * log2(e)), so m is log2-based.
+//
+// The caches hold fp32 or f16 elements (k_f16, v_f16). An f16 tile is either converted inline
+// as it is loaded (one conversion shared by the rows of one register tile: decode) or, when
+// many row tiles reuse it (prefill), converted once into a per-thread fp32 tile. f16 -> fp32
+// is exact, so both give the same bits.
 #pragma once
 #include <cstdint>
 
 namespace alloy::cpu::attn {
 
-constexpr int kKeyTile = 32;  // keys per tile: a K and a V tile of hd=256 are 32 KiB each (L1/L2)
+constexpr int kKeyTile = 32;  // keys per tile: K and V tiles of hd=256 are 16 KiB each in f16, 32 in fp32
 constexpr int kRowTile = 4;   // query rows per microkernel (4 rows x 4 keys = 16 zmm accumulators)
 static_assert(kKeyTile == 32, "the AVX-512 softmax holds one tile row in two zmm");
 
 struct Block {
     const float* q = nullptr;  // [T, n_head, hd] (whole batch)
-    const float* k = nullptr;  // K cache at KV head g: key j at k + j * kv_stride, [hd]
-    const float* v = nullptr;  // V cache, same layout
-    int64_t kv_stride = 0;     // n_head_kv * hd
+    // K and V caches at KV head g: key j's hd elements start at element j * kv_stride, fp32 or
+    // (k_f16 / v_f16) IEEE half.
+    const void* k = nullptr;
+    const void* v = nullptr;
+    bool k_f16 = false, v_f16 = false;
+    int64_t kv_stride = 0;     // n_head_kv * hd (elements)
     int n_head = 0, hd = 0, group = 0, h0 = 0;  // h0 = g * group, first query head of the block
     float scale = 0;           // softmax scale (1/sqrt(hd) usually)
     int64_t n_past = 0, t0 = 0;
@@ -43,6 +51,7 @@ void run_block_scalar(const Block& b);
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0
 
 // Aligned per-thread scratch (grows, never shrinks; pool threads live for the process).
+// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of an f16 K and V tile.
 float* scratch(int slot, int64_t n_floats);
 
 }  // namespace alloy::cpu::attn

@@ -1,11 +1,27 @@
 // Portable block of cpu::attention (any head_dim): the same tiled online softmax as the
 // AVX-512 block, written as plain loops the compiler may vectorise for the baseline ISA.
+// f16 tiles are converted to fp32 once per tile (exactly, alloy::fp16_to_fp32).
 #include <algorithm>
 #include <cmath>
 
+#include "format/quant.h"
 #include "kernels/cpu/attention_block.h"
 
 namespace alloy::cpu::attn {
+namespace {
+
+// Rows [j0, j0 + nk) of a cache at element stride `stride`, as fp32 rows of hd: the cache
+// itself when fp32 (stride kept), else converted into buf (stride becomes hd).
+const float* tile(const void* cache, bool f16, int64_t j0, int nk, int64_t& stride, int hd, float* buf) {
+    if (!f16) return static_cast<const float*>(cache) + j0 * stride;
+    const uint16_t* src = static_cast<const uint16_t*>(cache) + j0 * stride;
+    for (int j = 0; j < nk; ++j)
+        for (int d = 0; d < hd; ++d) buf[int64_t(j) * hd + d] = fp16_to_fp32(src[j * stride + d]);
+    stride = hd;
+    return buf;
+}
+
+}  // namespace
 
 void run_block_scalar(const Block& b) {
     const int R = b.rows(), hd = b.hd;
@@ -13,6 +29,8 @@ void run_block_scalar(const Block& b) {
     float* O = scratch(1, int64_t(R) * hd);  // [R, hd] unnormalised output
     float* S = scratch(2, kKeyTile);         // [kKeyTile] one row's scores, then probabilities
     float* ml = scratch(3, 2 * int64_t(R));  // [R, 2] running max (log2 units), running sum
+    float* kbuf = b.k_f16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;
+    float* vbuf = b.v_f16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
     const float qs = b.scale * 1.44269504088896341f;
     for (int r = 0; r < R; ++r) {
         const float* src = b.q_row(r);
@@ -25,13 +43,16 @@ void run_block_scalar(const Block& b) {
     const int64_t key_end = std::min(b.key_end, b.limit(R - 1) + 1);
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
+        int64_t ks = b.kv_stride, vs = b.kv_stride;
+        const float* K = tile(b.k, b.k_f16, j0, nk, ks, hd, kbuf);
+        const float* V = tile(b.v, b.v_f16, j0, nk, vs, hd, vbuf);
         for (int r = 0; r < R; ++r) {
             const int nv = int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk));  // causal
             if (nv == 0) continue;
             const float* qr = Q + int64_t(r) * hd;
             float mx = ml[2 * r];
             for (int j = 0; j < nv; ++j) {
-                const float* kj = b.k + (j0 + j) * b.kv_stride;
+                const float* kj = K + j * ks;
                 float dot = 0.0f;
                 for (int d = 0; d < hd; ++d) dot += qr[d] * kj[d];
                 S[j] = dot;
@@ -45,7 +66,7 @@ void run_block_scalar(const Block& b) {
             float* orow = O + int64_t(r) * hd;
             for (int d = 0; d < hd; ++d) orow[d] *= alpha;
             for (int j = 0; j < nv; ++j) {
-                const float* vj = b.v + (j0 + j) * b.kv_stride;
+                const float* vj = V + j * vs;
                 for (int d = 0; d < hd; ++d) orow[d] += S[j] * vj[d];
             }
         }

@@ -145,6 +145,18 @@ TEST(Attention, LongDecodeAndPeakyScores) {
     }
 }
 
+// Short batches over a long cache: few query blocks, so the keys are split and every block
+// takes all KV groups; the last query block is partial (T not a multiple of its tokens).
+TEST(Attention, SplitKeysWithPartialQueryBlocks) {
+    for (GgmlType t : {F32, F16}) {
+        check(with_types({8, 2, 256, 9, 700}, t, t), 501);
+        check(with_types({8, 2, 256, 13, 300}, t, t), 502);
+        check(with_types({6, 3, 40, 20, 400}, t, t), 503);   // portable path
+        check(with_types({12, 2, 64, 7, 900}, t, t), 504);   // group 6: 5 tokens per block
+        check(with_types({4, 2, 80, 40, 2000}, t, t), 505);
+    }
+}
+
 // head_dim 80 (AVX-512 column tail) and 40 (not a multiple of 16: the portable fallback).
 TEST(Attention, OddHeadDims) {
     for (GgmlType t : {F32, F16}) {

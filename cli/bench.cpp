@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -23,6 +24,18 @@
 namespace alloy::cli {
 namespace {
 
+std::vector<std::string> parse_cache_types(const std::string& s, const char* flag) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        (void)parse_cache_type(item, flag);  // throws naming the flag and the value
+        out.push_back(item);
+    }
+    if (out.empty()) (void)parse_cache_type(s, flag);
+    return out;
+}
+
 std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value) {
     std::vector<int> out;
     std::stringstream ss(s);
@@ -38,7 +51,7 @@ std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_
 }
 
 struct Test {
-    std::string gdn;
+    std::string gdn, type_k, type_v;
     int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
     std::vector<double> samples_ns;  // all repetitions, the cold one first
     double probe_gbs = 0;            // decode tests: read bandwidth probed just before the test
@@ -77,7 +90,7 @@ double stddev(const std::vector<double>& v) {
 void add_bench_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("bench", "benchmark prefill and decode (llama-bench conventions)");
     static std::string model, prompts = "512", gens = "128", depths = "0", threads_list, gdn_list = "chunked",
-                              output = "md";
+                              output = "md", ctk_list = "f16", ctv_list = "f16";
     static int reps = 5, chunk = 64;
     cmd->add_option("-m,--model", model, "GGUF model file (default: the embedded tiny model)");
     cmd->add_option("-p,--n-prompt", prompts, "prompt sizes, comma separated (0 = none)")->capture_default_str();
@@ -87,12 +100,18 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-t,--threads", threads_list, "thread counts, comma separated (default: all cores)");
     cmd->add_option("--gdn", gdn_list, "GDN prefill kernels to compare: chunked,serial")->capture_default_str();
     cmd->add_option("--chunk", chunk, "GDN chunk size")->capture_default_str();
+    cmd->add_option("--cache-type-k", ctk_list, "-ctk: KV cache types for K, comma separated: f32,f16")
+        ->capture_default_str();
+    cmd->add_option("--cache-type-v", ctv_list, "-ctv: KV cache types for V, comma separated: f32,f16")
+        ->capture_default_str();
     cmd->add_option("-o,--output", output, "md | json | csv")->capture_default_str();
     cmd->callback([] {
         if (reps < 2) throw Error("-r must be at least 2 (the first repetition is cold and reported apart)");
         if (output != "md" && output != "json" && output != "csv") throw Error("-o must be md, json or csv");
         const auto pp = parse_int_list(prompts, "-p", 0), tg = parse_int_list(gens, "-n", 0),
                    dd = parse_int_list(depths, "-d", 0);
+        const auto ctks = parse_cache_types(ctk_list, kCacheTypeKFlag),
+                   ctvs = parse_cache_types(ctv_list, kCacheTypeVFlag);
         const auto th = threads_list.empty() ? std::vector<int>{cpu::n_threads()} : parse_int_list(threads_list, "-t", 1);
         std::vector<std::string> gdns;
         {
@@ -110,7 +129,8 @@ void add_bench_command(CLI::App& app) {
         const int V = m.hparams().n_vocab;
         int max_ctx = 1;
         for (int d : dd) for (int p : pp) for (int n : tg) max_ctx = std::max(max_ctx, d + std::max(p, n) + 1);
-        SequenceState st = m.new_state(max_ctx);
+        // One sequence per cache-type pair, reused by every test of that pair (its pages stay warm).
+        std::map<std::pair<std::string, std::string>, SequenceState> states;
         std::vector<float> logits(static_cast<size_t>(V));
         std::mt19937 rng(1234);
         auto random_ids = [&](int n) {
@@ -120,12 +140,14 @@ void add_bench_command(CLI::App& app) {
         };
 
         std::vector<Test> tests;
-        for (const std::string& g : gdns)
-            for (int t : th)
-                for (int d : dd) {
-                    for (int p : pp) if (p > 0) tests.push_back({g, t, p, 0, d, {}});
-                    for (int n : tg) if (n > 0) tests.push_back({g, t, 0, n, d, {}});
-                }
+        for (const std::string& ck : ctks)
+            for (const std::string& cv : ctvs)
+                for (const std::string& g : gdns)
+                    for (int t : th)
+                        for (int d : dd) {
+                            for (int p : pp) if (p > 0) tests.push_back({g, ck, cv, t, p, 0, d, {}});
+                            for (int n : tg) if (n > 0) tests.push_back({g, ck, cv, t, 0, n, d, {}});
+                        }
         // Decode is bandwidth-bound and this host's bandwidth drifts between runs, so each decode
         // test first probes the read bandwidth on the model's largest tensor (already mapped,
         // larger than the caches): the test's effective GB/s is then stated against it.
@@ -141,6 +163,13 @@ void add_bench_command(CLI::App& app) {
             fo.gdn_chunk = chunk;
             ForwardOptions step = fo;
             step.gdn_mode = ref::GdnMode::Serial;
+            auto it = states.find({t.type_k, t.type_v});
+            if (it == states.end())
+                it = states.emplace(std::pair{t.type_k, t.type_v},
+                                    m.new_state(max_ctx, {parse_cache_type(t.type_k, kCacheTypeKFlag),
+                                                          parse_cache_type(t.type_v, kCacheTypeVFlag)}))
+                         .first;
+            SequenceState& st = it->second;
             for (int r = 0; r < reps; ++r) {
                 st.reset();
                 if (t.n_depth) {
@@ -169,7 +198,8 @@ void add_bench_command(CLI::App& app) {
                 const Qwen35HParams& hp = m.hparams();
                 int n_attn = 0;
                 for (int l = 0; l < hp.n_layer; ++l) n_attn += !hp.is_recurrent(l);
-                const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * (t.n_depth + t.n_gen / 2.0) * n_attn;
+                const double elem = (t.type_k == "f16" ? 2.0 : 4.0) + (t.type_v == "f16" ? 2.0 : 4.0);
+                const double kv = elem * hp.n_head_kv * hp.head_dim * (t.n_depth + t.n_gen / 2.0) * n_attn;
                 const double gbs = (double(info.decode_bytes) + kv) * ts / 1e9;
                 std::snprintf(buf, sizeof buf, "%.1f GB/s = %.0f%% of %.1f probed", gbs, 100 * gbs / t.probe_gbs,
                               t.probe_gbs);
@@ -178,14 +208,19 @@ void add_bench_command(CLI::App& app) {
         };
 
         if (output == "md") {
-            std::printf("| model | size | params | threads | gdn | test | t/s (median ± sd) | cold t/s | rate |\n");
-            std::printf("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+            // As llama-bench: the type_k / type_v columns only when a test leaves the f16 default.
+            bool show_types = false;
+            for (const Test& t : tests) show_types = show_types || t.type_k != "f16" || t.type_v != "f16";
+            std::printf("| model | size | params | threads | gdn |%s test | t/s (median ± sd) | cold t/s | rate |\n",
+                        show_types ? " type_k | type_v |" : "");
+            std::printf("| --- | ---: | ---: | ---: | --- |%s ---: | ---: | ---: | ---: |\n", show_types ? " --- | --- |" : "");
             for (const Test& t : tests) {
                 const auto ts = t.warm_ts();
                 const double md = median(ts);
-                std::printf("| %s | %.2f GiB | %.2f B | %d | %s | %s | %.2f ± %.2f | %.2f | %s |\n",
+                const std::string types = show_types ? " " + t.type_k + " | " + t.type_v + " |" : "";
+                std::printf("| %s | %.2f GiB | %.2f B | %d | %s |%s %s | %.2f ± %.2f | %.2f | %s |\n",
                             info.description.c_str(), double(info.file_bytes) / (1 << 30), double(info.n_params) / 1e9,
-                            t.threads, t.gdn.c_str(), t.name().c_str(), md, stddev(ts),
+                            t.threads, t.gdn.c_str(), types.c_str(), t.name().c_str(), md, stddev(ts),
                             1e9 * t.tokens() / t.samples_ns[0], utilization(t, md).c_str());
             }
             std::printf("\nbuild %s, cpu %s, peak RSS %.2f GiB, %d repetitions (first reported as cold)\n",
@@ -212,8 +247,8 @@ void add_bench_command(CLI::App& app) {
             j["n_batch"] = Qwen35Model::bucket_for(std::clamp(t.n_prompt, 1, ForwardOptions{}.max_batch), {});
             j["n_ubatch"] = j["n_batch"];
             j["n_threads"] = t.threads;
-            j["type_k"] = "f32";
-            j["type_v"] = "f32";
+            j["type_k"] = t.type_k;
+            j["type_v"] = t.type_v;
             j["n_gpu_layers"] = 0;
             j["n_prompt"] = t.n_prompt;
             j["n_gen"] = t.n_gen;
@@ -238,7 +273,7 @@ void add_bench_command(CLI::App& app) {
             std::printf("%s\n", all.dump(2).c_str());
             return;
         }
-        const char* cols[] = {"build_commit", "model_type", "model_size", "model_n_params", "n_threads", "gdn",
+        const char* cols[] = {"build_commit", "model_type", "model_size", "model_n_params", "n_threads", "gdn", "type_k", "type_v",
                               "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "median_ts", "cold_ts",
                               "peak_rss_bytes"};
         for (size_t c = 0; c < std::size(cols); ++c) std::printf("%s%s", c ? "," : "", cols[c]);

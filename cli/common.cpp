@@ -19,6 +19,12 @@ void EngineOptions::add_to(CLI::App* cmd, bool model_required) {
     cmd->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
     cmd->add_option("-b,--batch-size", batch, "longest prefill piece in tokens (a multiple of --chunk)")
         ->capture_default_str();
+    cmd->add_option("--cache-type-k", cache_type_k, "-ctk: KV cache type for K: f32 | f16")->capture_default_str();
+    cmd->add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type for V: f32 | f16")->capture_default_str();
+}
+
+KvCacheTypes EngineOptions::kv_types() const {
+    return {parse_cache_type(cache_type_k, kCacheTypeKFlag), parse_cache_type(cache_type_v, kCacheTypeVFlag)};
 }
 
 ForwardOptions EngineOptions::forward_options() const {
@@ -32,6 +38,7 @@ ForwardOptions EngineOptions::forward_options() const {
     o.max_batch = batch / chunk * chunk;
     if (ctx < 1) throw Error("--ctx must be positive, got " + std::to_string(ctx));
     if (threads < 0) throw Error("--threads must be >= 0");
+    (void)kv_types();  // a bad -ctk/-ctv fails before the model is loaded
     if (threads > 0) cpu::set_n_threads(threads);
     return o;
 }
@@ -64,6 +71,25 @@ GgmlType parse_dtype(const std::string& s) {
     if (s == "bf16") return GgmlType::BF16;
     if (s == "q8_0") return GgmlType::Q8_0;
     throw Error("--dtype must be f32, f16, bf16 or q8_0, got '" + s + "'");
+}
+
+const char* const kCacheTypeKFlag = "-ctk/--cache-type-k";
+const char* const kCacheTypeVFlag = "-ctv/--cache-type-v";
+
+GgmlType parse_cache_type(const std::string& s, const char* flag) {
+    if (s == "f32") return GgmlType::F32;
+    if (s == "f16") return GgmlType::F16;
+    throw Error(std::string(flag) + " must be f32 or f16, got '" + s + "'");
+}
+
+void rewrite_llama_style_flags(std::vector<std::string>& args) {
+    static const std::pair<const char*, const char*> aliases[] = {{"-ctk", "--cache-type-k"},
+                                                                   {"-ctv", "--cache-type-v"}};
+    for (std::string& a : args)
+        for (const auto& [shrt, lng] : aliases) {
+            const size_t n = std::char_traits<char>::length(shrt);
+            if (a.compare(0, n, shrt) == 0 && (a.size() == n || a[n] == '=')) a = lng + a.substr(n);
+        }
 }
 
 }  // namespace alloy::cli

@@ -17,8 +17,10 @@ struct EngineOptions {
     int ctx = 4096;
     int threads = 0;         // 0: all cores
     int batch = 512;         // longest prefill piece (llama.cpp's ubatch)
+    std::string cache_type_k = "f16", cache_type_v = "f16";  // -ctk / -ctv, llama.cpp's defaults
     void add_to(CLI::App* cmd, bool model_required);
-    ForwardOptions forward_options() const;  // validates gdn/chunk; sets the thread count
+    ForwardOptions forward_options() const;  // validates every option; sets the thread count
+    KvCacheTypes kv_types() const;           // throws naming -ctk/-ctv and the bad value
     std::string model_path() const;          // resolves the default model
 };
 
@@ -26,5 +28,13 @@ struct EngineOptions {
 std::vector<int32_t> parse_ids(const std::string& text);
 // f32 | f16 | bf16 | q8_0
 GgmlType parse_dtype(const std::string& s);
+// KV cache type of flag `flag` (e.g. "-ctk/--cache-type-k"): f32 | f16; throws naming both.
+GgmlType parse_cache_type(const std::string& s, const char* flag);
+extern const char* const kCacheTypeKFlag;  // "-ctk/--cache-type-k"
+extern const char* const kCacheTypeVFlag;  // "-ctv/--cache-type-v"
+
+// llama.cpp spells some options with one dash and several letters (-ctk, -ctv), which CLI11
+// cannot declare; main() rewrites them to their long names before parsing.
+void rewrite_llama_style_flags(std::vector<std::string>& args);
 
 }  // namespace alloy::cli

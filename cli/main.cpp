@@ -1,8 +1,11 @@
 // alloy: one executable, one subcommand per file in cli/.
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "alloy/error.h"
 
 int main(int argc, char** argv) {
@@ -18,8 +21,13 @@ int main(int argc, char** argv) {
     alloy::cli::add_test_ops_command(app);
     alloy::cli::add_bench_command(app);
     alloy::cli::add_profile_command(app);
+    // -ctk/-ctv (llama.cpp's spelling) -> --cache-type-k/v; CLI11 takes the rest as is.
+    std::vector<std::string> args(argv, argv + argc);
+    alloy::cli::rewrite_llama_style_flags(args);
+    std::vector<char*> argp;
+    for (std::string& a : args) argp.push_back(a.data());
     try {
-        app.parse(argc, argv);
+        app.parse(int(argp.size()), argp.data());
     } catch (const CLI::ParseError& e) {
         return app.exit(e);  // unknown flags, missing values: message + non-zero exit
     } catch (const alloy::Error& e) {

@@ -42,7 +42,7 @@ void add_profile_command(CLI::App& app) {
         LoadedModel lm = load_model(eo.model_path());
         const Qwen35Model& m = *lm.model;
         const int V = m.hparams().n_vocab;
-        SequenceState st = m.new_state(depth + n_prompt + 2);
+        SequenceState st = m.new_state(depth + n_prompt + 2, eo.kv_types());
         std::vector<float> logits(static_cast<size_t>(V));
         std::mt19937 rng(7);
         std::vector<int32_t> ids(size_t(depth + n_prompt + 1));
@@ -68,8 +68,8 @@ void add_profile_command(CLI::App& app) {
         m.forward(st, &ids[size_t(depth + n_prompt)], 1, step, logits.data(), &decode);
         const double tg_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
 
-        std::printf("model %s, %d threads, gdn %s (chunk %d), depth %d\n", eo.model_path().c_str(),
-                    cpu::n_threads(), eo.gdn.c_str(), eo.chunk, depth);
+        std::printf("model %s, %d threads, gdn %s (chunk %d), depth %d, KV cache %s/%s\n", eo.model_path().c_str(),
+                    cpu::n_threads(), eo.gdn.c_str(), eo.chunk, depth, eo.cache_type_k.c_str(), eo.cache_type_v.c_str());
         const std::string t1 = "prefill of " + std::to_string(n_prompt) + " tokens (bucket " +
                                std::to_string(Qwen35Model::bucket_for(std::min(n_prompt, fo.max_batch), fo)) + "): " +
                                std::to_string(1000.0 * n_prompt / pp_ms) + " tok/s";

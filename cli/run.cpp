@@ -49,7 +49,7 @@ void add_run_command(CLI::App& app) {
                         " exceeds the context size of " + std::to_string(eo.ctx) + " (raise --ctx)");
         const Qwen35Model& model = *lm.model;
         const int V = model.hparams().n_vocab;
-        SequenceState st = model.new_state(eo.ctx);
+        SequenceState st = model.new_state(eo.ctx, eo.kv_types());
         std::vector<float> logits(static_cast<size_t>(V));
 
         using clock = std::chrono::steady_clock;

@@ -25,6 +25,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gate.h"
 #include "kernels/cpu/gdn.h"
+#include "kernels/cpu/kv_store.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
@@ -32,6 +33,7 @@
 #include "kernels/ref/add.h"
 #include "kernels/ref/attention.h"
 #include "kernels/ref/gate.h"
+#include "kernels/ref/kv_store.h"
 #include "kernels/ref/matmul.h"
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
@@ -328,7 +330,9 @@ std::vector<GdnCase> gdn_cases(const Options& o) {
 // ---------------------------------------------------------------------------------------
 // ATTENTION and the small fused ops (kernels/cpu vs kernels/ref), one variant per ISA path
 // this CPU has. Inputs: q, k, v ~ N(0, 1) (scores ~ N(0, 1) as after q/k RMSNorm); the
-// elementwise ops take ranges like a trained model's activations.
+// elementwise ops take ranges like a trained model's activations. ATTENTION runs on f32 and
+// f16 KV caches (type_k/type_v); both sides read the same cache bytes, so an f16 case checks
+// the kernel, not the rounding.
 
 std::vector<std::pair<const char*, cpu::Isa>> cpu_isas() {
     std::vector<std::pair<const char*, cpu::Isa>> v{{"cpu-scalar", cpu::Isa::Scalar}};
@@ -336,11 +340,16 @@ std::vector<std::pair<const char*, cpu::Isa>> cpu_isas() {
     return v;
 }
 
-struct AttnCase { int n_head, n_head_kv, hd; int64_t T, n_past; };
+struct AttnCase {
+    int n_head, n_head_kv, hd;
+    int64_t T, n_past;
+    GgmlType type_k = GgmlType::F32, type_v = GgmlType::F32;
+};
 
 struct AttnIn {
     AttnCase c;
-    std::vector<float> q, k, v;  // [T, n_head, hd], [n_past + T, n_kv, hd] x2
+    std::vector<float> q;        // [T, n_head, hd]
+    std::vector<uint8_t> k, v;   // [n_past + T, n_kv, hd] of type_k / type_v
 };
 
 AttnIn make_attn_in(const AttnCase& c, uint32_t seed) {
@@ -348,15 +357,20 @@ AttnIn make_attn_in(const AttnCase& c, uint32_t seed) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     AttnIn in{c, {}, {}, {}};
     in.q.resize(size_t(c.T * c.n_head * c.hd));
-    in.k.resize(size_t((c.n_past + c.T) * c.n_head_kv * c.hd));
-    in.v.resize(in.k.size());
-    for (auto* x : {&in.q, &in.k, &in.v})
-        for (auto& e : *x) e = nd(gen);
+    for (auto& e : in.q) e = nd(gen);
+    const int64_t n = (c.n_past + c.T) * c.n_head_kv * c.hd;
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto [cache, type] : {std::pair{&in.k, c.type_k}, std::pair{&in.v, c.type_v}}) {
+        for (auto& e : x) e = nd(gen);
+        cache->resize(size_t(n) * alloy::ref::kv_elem_bytes(type));
+        alloy::ref::kv_store(x.data(), cache->data(), type, n);
+    }
     return in;
 }
 
 Tensors attn_run(const AttnIn& in, cpu::Isa isa, bool reference) {
-    const alloy::ref::AttentionShape s{in.c.n_head, in.c.n_head_kv, in.c.hd, 1.0f / std::sqrt(float(in.c.hd))};
+    const alloy::ref::AttentionShape s{in.c.n_head, in.c.n_head_kv, in.c.hd, 1.0f / std::sqrt(float(in.c.hd)),
+                                       in.c.type_k, in.c.type_v};
     std::vector<float> out(in.q.size(), NAN);
     if (reference) alloy::ref::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past);
     else cpu::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past, isa);
@@ -365,21 +379,32 @@ Tensors attn_run(const AttnIn& in, cpu::Isa isa, bool reference) {
 
 std::string attn_label(const AttnCase& c) {
     return "heads=" + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + ",hd=" + std::to_string(c.hd) +
-           ",T=" + std::to_string(c.T) + ",n_past=" + std::to_string(c.n_past);
+           ",T=" + std::to_string(c.T) + ",n_past=" + std::to_string(c.n_past) + ",type_k=" +
+           type_traits(c.type_k).name + ",type_v=" + type_traits(c.type_v).name;
 }
 
-// Prefill (T > 1) and decode (T = 1) shapes of Qwen3.5 (8/2, 16/4, 24/4, hd 256) and odd ones.
+// Prefill (T > 1) and decode (T = 1) shapes of Qwen3.5 (8/2, 16/4, 24/4, hd 256) and odd ones,
+// each on an f32 and an f16 cache (the default), plus mixed K/V types.
 std::vector<AttnCase> attn_cases(const Options& o) {
-    std::vector<AttnCase> v{{8, 2, 256, 1, 37}, {8, 2, 256, 1, 1000}, {16, 4, 256, 1, 300}, {24, 4, 256, 1, 129},
-                            {8, 2, 256, 7, 300}, {8, 2, 256, 64, 0},  {8, 2, 256, 65, 37},  {6, 3, 64, 63, 1},
-                            {4, 4, 64, 200, 300}};
+    std::vector<AttnCase> shapes{{8, 2, 256, 1, 37}, {8, 2, 256, 1, 1000}, {16, 4, 256, 1, 300}, {24, 4, 256, 1, 129},
+                                 {8, 2, 256, 7, 300}, {8, 2, 256, 64, 0},  {8, 2, 256, 65, 37},  {6, 3, 64, 63, 1},
+                                 {4, 4, 64, 200, 300}, {6, 3, 80, 9, 50}};
     if (!o.quick) {
-        v.push_back({8, 2, 256, 1, 4096});
-        v.push_back({8, 2, 256, 512, 0});
-        v.push_back({16, 4, 256, 129, 1000});
+        shapes.push_back({8, 2, 256, 1, 4096});
+        shapes.push_back({8, 2, 256, 512, 0});
+        shapes.push_back({16, 4, 256, 129, 1000});
     }
+    std::vector<AttnCase> v;
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16})
+        for (AttnCase c : shapes) {
+            c.type_k = c.type_v = t;
+            v.push_back(c);
+        }
+    v.push_back({8, 2, 256, 1, 1000, GgmlType::F16, GgmlType::F32});
+    v.push_back({8, 2, 256, 65, 37, GgmlType::F32, GgmlType::F16});
     return v;
 }
+
 
 // Elementwise and row ops share one case type: rows x n (n = row length; rows = 1 for flat ops).
 struct SmallCase { int64_t rows, n; };
@@ -399,6 +424,19 @@ SmallIn make_small_in(const SmallCase& c, uint32_t seed) {
 }
 
 std::string small_label(const SmallCase& c) { return "rows=" + std::to_string(c.rows) + ",n=" + std::to_string(c.n); }
+
+// KV_STORE: fp32 rows -> f16 cache rows (round to nearest even), compared as the fp32 values
+// of the stored halves (the kernel is bit-exact: nmse 0; tests/kernels checks the bits).
+Tensors kv_store_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> x = in.a;  // scaled to cover f16's normal and subnormal range
+    for (size_t i = 0; i < x.size(); ++i) x[i] *= i % 3 == 0 ? 1e-5f : i % 3 == 1 ? 1.0f : 5000.0f;
+    std::vector<uint16_t> h(x.size());
+    if (reference) alloy::ref::kv_store(x.data(), h.data(), GgmlType::F16, int64_t(x.size()));
+    else cpu::kv_store(x.data(), h.data(), GgmlType::F16, int64_t(x.size()), isa);
+    std::vector<float> out(h.size());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = fp16_to_fp32(h[i]);
+    return {{"cache", std::move(out)}};
+}
 
 constexpr int kRopeHeadDim = 256, kRopeRot = 64;  // Qwen3.5: partial RoPE on 64 of 256 dims
 
@@ -464,13 +502,16 @@ void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(co
     }
 }
 
-const std::vector<std::string> kKernelOps{"ATTENTION", "RMS_NORM", "ROPE", "SWIGLU", "SIGMOID_GATE_MUL", "ADD"};
+const std::vector<std::string> kKernelOps{"ATTENTION", "KV_STORE", "RMS_NORM", "ROPE", "SWIGLU", "SIGMOID_GATE_MUL", "ADD"};
 
 void run_kernel_ops(const Options& o, Tally& tally) {
     auto want = [&](const char* op) { return o.op.empty() || o.op == op; };
     if (want("ATTENTION"))
         run_kernel_op<AttnIn, AttnCase>("ATTENTION", attn_cases(o), make_attn_in, attn_label, attn_run, tally);
     const int64_t Tbig = o.quick ? 65 : 512;  // prefill-sized rows
+    if (want("KV_STORE"))  // one decode row, an odd tail, a prefill piece (n = n_kv * hd = 512)
+        run_kernel_op<SmallIn, SmallCase>("KV_STORE", {{1, 512}, {1, 1031}, {Tbig, 512}}, make_small_in, small_label,
+                                          kv_store_run, tally);
     if (want("RMS_NORM"))  // hidden rows (D = 1024) and per-head q/k norms (256)
         run_kernel_op<SmallIn, SmallCase>("RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig * 8, 256}, {Tbig, 1024}},
                                           make_small_in, small_label, rms_norm_run, tally);
@@ -621,7 +662,7 @@ void run_test_ops(const Options& o) {
 void add_test_ops_command(CLI::App& app) {
     auto opts = std::make_shared<Options>();
     auto* cmd = app.add_subcommand("test-ops", "check every op variant against its reference kernel");
-    cmd->add_option("-o,--op", opts->op, "run only this op (GDN_DELTA, GDN_FUSED, ATTENTION, RMS_NORM, ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL)");
+    cmd->add_option("-o,--op", opts->op, "run only this op (GDN_DELTA, GDN_FUSED, ATTENTION, KV_STORE, RMS_NORM, ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL)");
     cmd->add_flag("--quick", opts->quick, "small grid (H_v=16, T<=65)");
     cmd->add_flag("--full", opts->full, "do not sample the T=4096 corner of the grid");
     cmd->callback([opts] { run_test_ops(*opts); });

@@ -9,11 +9,13 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gate.h"
 #include "kernels/cpu/gdn.h"
+#include "kernels/cpu/kv_store.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/ref/activations.h"
+#include "kernels/ref/kv_store.h"
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
 
@@ -182,10 +184,14 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
     return m;
 }
 
-SequenceState Qwen35Model::new_state(int n_ctx) const {
+SequenceState Qwen35Model::new_state(int n_ctx, KvCacheTypes kv_types) const {
     if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
+    for (GgmlType t : {kv_types.k, kv_types.v})
+        if (!ref::kv_type_supported(t))
+            throw Error(std::string("KV cache type must be f32 or f16, got ") + type_traits(t).name);
     SequenceState s;
     s.n_ctx = n_ctx;
+    s.kv_types = kv_types;
     const size_t L = size_t(hp_.n_layer);
     s.k_cache.resize(L);
     s.v_cache.resize(L);
@@ -197,8 +203,8 @@ SequenceState Qwen35Model::new_state(int n_ctx) const {
             s.conv_state[size_t(l)].assign(size_t(hp_.conv_dim()) * size_t(hp_.conv_kernel - 1), 0.0f);
             s.ssm_state[size_t(l)].assign(size_t(hp_.ssm_H_v) * hp_.ssm_d_v * hp_.ssm_d_k, 0.0f);
         } else {
-            s.k_cache[size_t(l)].assign(kv, 0.0f);
-            s.v_cache[size_t(l)].assign(kv, 0.0f);
+            s.k_cache[size_t(l)] = ZeroPages(kv * ref::kv_elem_bytes(kv_types.k));
+            s.v_cache[size_t(l)] = ZeroPages(kv * ref::kv_elem_bytes(kv_types.v));
         }
     }
     return s;
@@ -240,6 +246,8 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     float* q = plan->buffer(size_t(B) * nh * hd);              // [B, n_head, hd]
     float* gate = plan->buffer(size_t(B) * nh * hd);           // [B, n_head, hd]
     float* att = plan->buffer(size_t(B) * nh * hd);            // [B, n_head, hd]
+    float* kx = plan->buffer(size_t(B) * nkv * hd);            // [B, n_head_kv, hd] K before the cache
+    float* vx = plan->buffer(size_t(B) * nkv * hd);            // [B, n_head_kv, hd] V before the cache
     float* ffg = plan->buffer(size_t(B) * hp.n_ff);            // [B, n_ff]
     float* ffu = plan->buffer(size_t(B) * hp.n_ff);            // [B, n_ff]
     int32_t* pos = reinterpret_cast<int32_t*>(plan->buffer(size_t(B)));  // [B] absolute positions
@@ -312,29 +320,35 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                 }
             });
             const int64_t kvw = int64_t(nkv) * hd;
-            // K and V go straight into the cache rows of this call.
-            plan->add(matmul_kernel(L.wk), p + "attn_k", [&L, l, kvw, h](const StepContext& c) {
-                cpu::matmul(L.wk, h, c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw, c.n);
-            });
-            plan->add(matmul_kernel(L.wv), p + "attn_v", [&L, l, kvw, h](const StepContext& c) {
-                cpu::matmul(L.wv, h, c.state->v_cache[size_t(l)].data() + int64_t(c.n_past) * kvw, c.n);
-            });
+            // K and V of this call in fp32 (projection, k_norm, RoPE), then stored into the
+            // cache rows [n_past, n_past + n) in the cache's type.
+            mm(L.wk, h, kx, p + "attn_k");
+            mm(L.wv, h, vx, p + "attn_v");
             plan->add("rms_norm", p + "attn_q_norm", [=, &L](const StepContext& c) {
                 cpu::rms_norm(q, L.q_norm, q, int64_t(c.n) * nh, hd, eps);
             });
             plan->add("rms_norm", p + "attn_k_norm", [=, &L](const StepContext& c) {
-                float* kc = c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw;
-                cpu::rms_norm(kc, L.k_norm, kc, int64_t(c.n) * nkv, hd, eps);
+                cpu::rms_norm(kx, L.k_norm, kx, int64_t(c.n) * nkv, hd, eps);
             });
             plan->add("rope_partial", p + "rope", [=](const StepContext& c) {
-                float* kc = c.state->k_cache[size_t(l)].data() + int64_t(c.n_past) * kvw;
                 cpu::rope_partial(*rope, q, nh, hd);
-                cpu::rope_partial(*rope, kc, nkv, hd);
+                cpu::rope_partial(*rope, kx, nkv, hd);
+            });
+            plan->add("kv_store", p + "kv_store", [=](const StepContext& c) {
+                const KvCacheTypes& t = c.state->kv_types;
+                const size_t row0 = size_t(c.n_past) * size_t(kvw);
+                auto* kc = static_cast<char*>(c.state->k_cache[size_t(l)].data()) + row0 * ref::kv_elem_bytes(t.k);
+                auto* vc = static_cast<char*>(c.state->v_cache[size_t(l)].data()) + row0 * ref::kv_elem_bytes(t.v);
+                cpu::kv_store(kx, kc, t.k, int64_t(c.n) * kvw);
+                cpu::kv_store(vx, vc, t.v, int64_t(c.n) * kvw);
             });
             const ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
             plan->add(bucket == 1 ? "attention_decode" : "attention_prefill", p + "attention",
                       [=](const StepContext& c) {
-                          cpu::attention(as, q, c.state->k_cache[size_t(l)].data(),
+                          ref::AttentionShape s = as;
+                          s.type_k = c.state->kv_types.k;
+                          s.type_v = c.state->kv_types.v;
+                          cpu::attention(s, q, c.state->k_cache[size_t(l)].data(),
                                          c.state->v_cache[size_t(l)].data(), att, c.n, c.n_past);
                       });
             plan->add("sigmoid_gate_mul", p + "attn_gate", [=](const StepContext& c) {

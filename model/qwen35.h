@@ -11,6 +11,7 @@
 
 #include "format/gguf.h"
 #include "runtime/plan.h"
+#include "runtime/zero_pages.h"
 #include "kernels/ref/gdn.h"
 #include "kernels/ref/weight.h"
 
@@ -59,15 +60,25 @@ struct Qwen35Layer {
     const float* k_norm = nullptr;          // [head_dim]
 };
 
+// Element types of the KV cache (llama.cpp's -ctk / -ctv): F32 or F16, f16 by default as in
+// llama.cpp. K and V are computed in fp32 and rounded to the cache type when stored
+// (kernels/ref/kv_store.h); attention reads the rounded values.
+struct KvCacheTypes {
+    GgmlType k = GgmlType::F16, v = GgmlType::F16;
+};
+
 // Per-sequence mutable state: KV cache of the attention layers, conv and recurrent state of
-// the GDN layers. Sized once for n_ctx positions.
+// the GDN layers. Sized once for n_ctx positions; the KV pages past the rows written so far
+// are never touched (runtime/zero_pages.h), so they cost no resident memory.
 struct SequenceState {
     int n_ctx = 0;
     int n_past = 0;
-    std::vector<std::vector<float>> k_cache, v_cache;  // per layer: [n_ctx, n_head_kv*head_dim]
-    std::vector<std::vector<float>> conv_state;        // per layer: [conv_dim, K-1]
-    std::vector<std::vector<float>> ssm_state;         // per layer: [H_v, d_v, d_k]
-    void reset();                                      // back to an empty sequence
+    KvCacheTypes kv_types;
+    std::vector<ZeroPages> k_cache, v_cache;    // per attention layer (empty for GDN layers):
+                                                // [n_ctx, n_head_kv*head_dim] of kv_types.k / .v
+    std::vector<std::vector<float>> conv_state;  // per layer: [conv_dim, K-1]
+    std::vector<std::vector<float>> ssm_state;   // per layer: [H_v, d_v, d_k]
+    void reset();  // back to an empty sequence (cache rows are overwritten before they are read)
 };
 
 struct ForwardOptions {
@@ -87,7 +98,9 @@ public:
     static std::unique_ptr<Qwen35Model> load(std::shared_ptr<gguf::File> file);
 
     const Qwen35HParams& hparams() const { return hp_; }
-    SequenceState new_state(int n_ctx) const;
+    // A fresh sequence of up to n_ctx tokens; throws for n_ctx <= 0 or a cache type other
+    // than F32/F16.
+    SequenceState new_state(int n_ctx, KvCacheTypes kv_types = {}) const;
     // Runs n tokens at positions state.n_past.. and advances the state, by replaying the
     // recorded plan of the bucket n falls in (built on first use).
     // logits: [n, n_vocab] if opts.all_logits else [n_vocab] (the last token's).

@@ -9,14 +9,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "alloy/error.h"
 #include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/ref/kv_store.h"
 
 namespace alloy::cpu {
 namespace attn {
 
 float* scratch(int slot, int64_t n_floats) {
-    thread_local std::vector<float> bufs[4];
+    thread_local std::vector<float> bufs[6];
     std::vector<float>& b = bufs[slot];
     if (int64_t(b.size()) < n_floats + 16) b.resize(size_t(n_floats + 16));
     const uintptr_t p = reinterpret_cast<uintptr_t>(b.data());
@@ -33,8 +35,10 @@ constexpr int kItemsPerThread = 4;    // blocks per thread to aim for, for balan
 
 }  // namespace
 
-void attention(const AttentionShape& s, const float* q, const float* k_cache, const float* v_cache,
+void attention(const AttentionShape& s, const float* q, const void* k_cache, const void* v_cache,
                float* out, int64_t T, int64_t n_past, Isa isa) {
+    if (!ref::kv_type_supported(s.type_k) || !ref::kv_type_supported(s.type_v))
+        throw Error("attention: KV cache types must be f32 or f16");
     if (T <= 0) return;
     assert(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.head_dim > 0 && n_past >= 0);
     const auto run_block = isa >= Isa::Avx512 && s.head_dim % 16 == 0 ? attn::run_block_avx512
@@ -42,45 +46,63 @@ void attention(const AttentionShape& s, const float* q, const float* k_cache, co
     const int group = s.n_head / s.n_head_kv, hd = s.head_dim, n_kv = s.n_head_kv;
     const int tq = int(std::min<int64_t>(T, std::max(1, kRowsPerBlock / group)));  // tokens per block
     const int64_t n_qb = (T + tq - 1) / tq;
-    const int64_t items_q = n_qb * n_kv;
 
-    // Key splits: only when the blocks alone cannot keep every thread busy.
+    // Blocks of one KV group each (ng = 1) when there are enough of them to keep every thread
+    // busy (prefill). Otherwise (decode, short batches over a long cache) the keys are split
+    // across threads, and a block takes every KV group (ng = n_kv): each thread then streams
+    // whole cache rows of its key range, one contiguous stream per cache, which the hardware
+    // prefetchers follow, instead of every other 256-element slice of them.
     const int64_t target = int64_t(kItemsPerThread) * n_threads();
+    int ng = 1;
     int64_t ns = 1;
-    if (items_q < target)
-        ns = std::max<int64_t>(1, std::min((target + items_q - 1) / items_q,
-                                           (n_past + T + kMinSplitKeys - 1) / kMinSplitKeys));
+    if (n_qb * n_kv < target) {
+        const int64_t splits = std::min((target + n_qb - 1) / n_qb, (n_past + T + kMinSplitKeys - 1) / kMinSplitKeys);
+        if (splits > 1) {
+            ng = n_kv;
+            ns = splits;
+        }
+    }
+    const int n_gb = n_kv / ng;                         // blocks per (query block, key split)
+    const int64_t n_items = n_qb * ns * n_gb;
+    const int part_rows = tq * group;                   // partial-state rows per group of an item
+    const int64_t item_rows = int64_t(ng) * part_rows;
 
     // Item i -> block: the latest query blocks (most keys) first, so the atomic hand-out of
-    // the pool ends with the cheap ones and the threads finish together.
+    // the pool ends with the cheap ones and the threads finish together; then the key split,
+    // then the group block: item(qb_rev, split, gb) = (qb_rev * ns + split) * n_gb + gb.
+    const bool k16 = s.type_k == GgmlType::F16, v16 = s.type_v == GgmlType::F16;
+    const size_t kb = k16 ? 2 : 4, vb = v16 ? 2 : 4;  // bytes per element
     auto make_block = [&](int64_t i) {
-        const int64_t per_qb = int64_t(n_kv) * ns;
-        const int64_t qb = n_qb - 1 - i / per_qb;
-        const int g = int((i % per_qb) / ns);
+        const int64_t qb = n_qb - 1 - i / (ns * n_gb);
+        const int g0 = int(i % n_gb) * ng;
+        const int64_t split = (i / n_gb) % ns;
         attn::Block b;
         b.q = q;
-        b.k = k_cache + int64_t(g) * hd;
-        b.v = v_cache + int64_t(g) * hd;
+        b.k = static_cast<const char*>(k_cache) + size_t(g0) * size_t(hd) * kb;
+        b.v = static_cast<const char*>(v_cache) + size_t(g0) * size_t(hd) * vb;
+        b.k_f16 = k16;
+        b.v_f16 = v16;
         b.kv_stride = int64_t(n_kv) * hd;
         b.n_head = s.n_head;
         b.hd = hd;
         b.group = group;
-        b.h0 = g * group;
+        b.h0 = g0 * group;
+        b.ng = ng;
         b.scale = s.scale;
         b.n_past = n_past;
         b.t0 = qb * tq;
         b.tq = int(std::min<int64_t>(tq, T - b.t0));
+        b.part_rows = part_rows;
         const int64_t n_keys = n_past + b.t0 + b.tq;  // keys the block's last row sees
         const int64_t per = (n_keys + ns - 1) / ns;
         const int64_t chunk = (per + attn::kKeyTile - 1) / attn::kKeyTile * attn::kKeyTile;
-        const int64_t split = i % ns;
         b.key_begin = std::min(n_keys, split * chunk);
         b.key_end = std::min(n_keys, (split + 1) * chunk);
         return b;
     };
 
     if (ns == 1) {
-        parallel_for(items_q, [&](int64_t i, int) {
+        parallel_for(n_items, [&](int64_t i, int) {
             attn::Block b = make_block(i);
             b.out = out;
             run_block(b);
@@ -89,34 +111,34 @@ void attention(const AttentionShape& s, const float* q, const float* k_cache, co
     }
 
     // Split keys: every item leaves (m, l, O) per row; rows are then merged in parallel.
-    const int64_t n_items = items_q * ns, rows = int64_t(tq) * group;
-    thread_local std::vector<float> part;  // [n_items, rows, hd] O, then [n_items, rows, 2] (m, l)
-    part.resize(size_t(n_items * rows * (hd + 2)));
+    thread_local std::vector<float> part;  // [n_items, item_rows, hd] O, then [n_items, item_rows, 2] (m, l)
+    part.resize(size_t(n_items * item_rows * (hd + 2)));
     float* part_o = part.data();
-    float* part_ml = part.data() + n_items * rows * hd;
+    float* part_ml = part.data() + n_items * item_rows * hd;
     parallel_for(n_items, [&](int64_t i, int) {
         attn::Block b = make_block(i);
-        b.part_o = part_o + i * rows * hd;
-        b.part_ml = part_ml + i * rows * 2;
+        b.part_o = part_o + i * item_rows * hd;
+        b.part_ml = part_ml + i * item_rows * 2;
         run_block(b);
     });
     parallel_for(T * s.n_head, [&](int64_t th, int) {
         const int64_t t = th / s.n_head;
         const int h = int(th % s.n_head);
         const int64_t qb = t / tq;
-        const int64_t r = (t - qb * tq) * group + h % group;
-        const int64_t first = ((n_qb - 1 - qb) * n_kv + h / group) * ns;  // item of split 0
+        const int g = h / group;
+        const int64_t r = int64_t(g % ng) * part_rows + (t - qb * tq) * group + h % group;  // row in its item
+        auto item = [&](int64_t sp) { return ((n_qb - 1 - qb) * ns + sp) * n_gb + g / ng; };
         float mx = -INFINITY;
-        for (int64_t sp = 0; sp < ns; ++sp) mx = std::max(mx, part_ml[((first + sp) * rows + r) * 2]);
+        for (int64_t sp = 0; sp < ns; ++sp) mx = std::max(mx, part_ml[(item(sp) * item_rows + r) * 2]);
         float* dst = out + th * hd;
         std::fill(dst, dst + hd, 0.0f);
         float l = 0.0f;
         for (int64_t sp = 0; sp < ns; ++sp) {
-            const float* ml = part_ml + ((first + sp) * rows + r) * 2;
+            const float* ml = part_ml + (item(sp) * item_rows + r) * 2;
             if (ml[1] == 0.0f) continue;  // split beyond this row's causal limit
             const float w = std::exp2(ml[0] - mx);
             l += w * ml[1];
-            const float* o = part_o + ((first + sp) * rows + r) * hd;
+            const float* o = part_o + (item(sp) * item_rows + r) * hd;
             for (int d = 0; d < hd; ++d) dst[d] += w * o[d];
         }
         const float inv = 1.0f / l;
@@ -124,7 +146,7 @@ void attention(const AttentionShape& s, const float* q, const float* k_cache, co
     });
 }
 
-void attention(const AttentionShape& s, const float* q, const float* k_cache, const float* v_cache,
+void attention(const AttentionShape& s, const float* q, const void* k_cache, const void* v_cache,
                float* out, int64_t T, int64_t n_past) {
     attention(s, q, k_cache, v_cache, out, T, n_past, active_isa());
 }

@@ -1,12 +1,15 @@
 // Causal GQA attention on the CPU, same contract as ref::attention (kernels/ref/attention.h):
 // query head h reads KV head h / (n_head / n_head_kv); token t (absolute position n_past + t)
-// sees cache rows [0, n_past + t]. fp32 accumulation; within 1e-5 relative of the reference.
+// sees cache rows [0, n_past + t]. The caches are fp32 or f16 (s.type_k, s.type_v); f16
+// elements are converted exactly to fp32 as they are read. fp32 accumulation; within 1e-5
+// relative of the reference on the same cache bytes.
 //
 // Flash-attention schedule (attention_block.h): the queries of one KV group and a few tokens
 // form a block that streams K/V tiles once for all its rows, with an online softmax, so no
 // [T, T] matrix is materialised; fully masked tiles are never visited. When there are too few
 // blocks to feed the threads (decode, short batches over a long cache) the keys are also split
 // and the partial softmax states merged, so a T = 1 step streams the cache on every thread.
+// Cache rows at or past n_past + T are never read (they may be unbacked or garbage).
 #pragma once
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/ref/attention.h"
@@ -15,14 +18,15 @@ namespace alloy::cpu {
 
 using ref::AttentionShape;
 
-// q: [T, n_head, head_dim]; k_cache, v_cache: [n_ctx, n_head_kv, head_dim] with rows
-// [0, n_past + T) filled; out: [T, n_head, head_dim]. Threads: the pool (thread_pool.h).
-void attention(const AttentionShape& s, const float* q, const float* k_cache,
-               const float* v_cache, float* out, int64_t T, int64_t n_past);
+// q: [T, n_head, head_dim] fp32; k_cache, v_cache: [n_ctx, n_head_kv, head_dim] of s.type_k /
+// s.type_v (F32 or F16, else alloy::Error) with rows [0, n_past + T) filled; out:
+// [T, n_head, head_dim] fp32. Threads: the pool (thread_pool.h).
+void attention(const AttentionShape& s, const float* q, const void* k_cache,
+               const void* v_cache, float* out, int64_t T, int64_t n_past);
 
 // Same, on an explicit ISA path (tests, comparisons). Avx512 needs head_dim % 16 == 0 and
 // falls back to the portable path otherwise; Avx2 runs the portable path.
-void attention(const AttentionShape& s, const float* q, const float* k_cache,
-               const float* v_cache, float* out, int64_t T, int64_t n_past, Isa isa);
+void attention(const AttentionShape& s, const float* q, const void* k_cache,
+               const void* v_cache, float* out, int64_t T, int64_t n_past, Isa isa);
 
 }  // namespace alloy::cpu

@@ -1,12 +1,19 @@
-// AVX-512 block of cpu::attention (head_dim % 16 == 0), fp32 throughout.
+// AVX-512 block of cpu::attention (head_dim % 16 == 0), fp32 arithmetic on fp32 or f16 caches.
 //
 // Per key tile (kKeyTile keys) the block does, for all its rows at once:
 //   S = Q K^T      4x4 register tiles: 16 zmm accumulators over hd, one transpose-reduce
 //   online softmax per row over the tile (masked by causality only on diagonal tiles)
 //   O = alpha * O + P V   4 rows x 64 columns in 16 zmm accumulators, P broadcast from L1
 // Q rows are pre-scaled by scale * log2(e) so the softmax is exp2 of a difference.
+//
+// f16 caches: the microkernels are templated on the element type and convert with
+// vcvtph2ps as they load (decode: one row tile, each converted vector feeds 4 rows); when a
+// tile is reused by several row tiles (prefill) it is converted once into a per-thread fp32
+// tile instead. Either way the values are the exact fp32 images of the halves.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/attention_block.h"
 #include "kernels/cpu/vec_math_avx512.h"
@@ -32,16 +39,47 @@ ALLOY_TARGET_AVX512 inline __m512 reduce16(const __m512 (&v)[16]) {
                          _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// S[r][c] = Q[r] . K[c] for 4 rows and NK keys. Q: [4, hd] contiguous; K rows at stride ks;
+// 16 consecutive elements of a cache row as fp32 (E = float, or uint16_t for IEEE half).
+template <class E>
+ALLOY_TARGET_AVX512 inline __m512 load16(const E* p) {
+    if constexpr (std::is_same_v<E, float>)
+        return _mm512_loadu_ps(p);
+    else
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <class E>
+constexpr int kLineElems = 64 / int(sizeof(E));
+
+// Software prefetch of the next tile, spread over the compute of this one: while the
+// microkernels read element d of row j of this tile they touch the cache line holding
+// element d of row j of the next tile (pf = that tile, pf_rows = its row count; rows past
+// it are not touched). One line per kLineElems elements consumed keeps a steady stream
+// in flight instead of a burst per tile that would fill the miss buffers and stall.
+template <class E>
+struct NextTile {
+    const E* pf = nullptr;
+    int pf_rows = 0;
+    ALLOY_TARGET_AVX512 void touch(int j, int64_t stride, int d) const {
+        if (j < pf_rows) _mm_prefetch(reinterpret_cast<const char*>(pf + j * stride + d), _MM_HINT_T0);
+    }
+};
+
+// S[r][c] = Q[r] . K[c] for 4 rows and NK keys. Q: [4, hd] contiguous; K rows at stride ks
+// (keys c0.. of the tile: nt.touch(c0 + c, ...) prefetches the same keys of the next tile);
 // S: [4, ld].
-template <int NK>
-ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const float* K, int64_t ks, float* S, int ld) {
+template <int NK, class E, bool PF>
+ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const E* K, int64_t ks, float* S, int ld,
+                                        const NextTile<E>& nt, int c0) {
     __m512 acc[4][NK];
     for (int r = 0; r < 4; ++r)
         for (int c = 0; c < NK; ++c) acc[r][c] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d += 16) {
+        if constexpr (PF)
+            if (d % kLineElems<E> == 0)
+                for (int c = 0; c < NK; ++c) nt.touch(c0 + c, ks, d);
         __m512 kv[NK];
-        for (int c = 0; c < NK; ++c) kv[c] = _mm512_loadu_ps(K + c * ks + d);
+        for (int c = 0; c < NK; ++c) kv[c] = load16(K + c * ks + d);
         for (int r = 0; r < 4; ++r) {
             const __m512 qv = _mm512_loadu_ps(Q + r * hd + d);
             for (int c = 0; c < NK; ++c) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
@@ -62,19 +100,49 @@ ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const float* K, 
     }
 }
 
-// O[r] = alpha[r] * O[r] + sum_j P[r][j] V[j] for 4 rows, columns [c0, c0 + 16 NC).
-template <int NC>
-ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const float* V, int64_t vs, float* O, int hd,
-                                 const float* alpha, int c0) {
+template <int NK, class E>
+ALLOY_TARGET_AVX512 inline void qk_tile_pf(bool pf, const float* Q, int hd, const E* K, int64_t ks, float* S,
+                                           int ld, const NextTile<E>& nt, int c0) {
+    if (pf) qk_tile<NK, E, true>(Q, hd, K + c0 * ks, ks, S + c0, ld, nt, c0);
+    else qk_tile<NK, E, false>(Q, hd, K + c0 * ks, ks, S + c0, ld, nt, c0);
+}
+
+// S = Q K^T for the row tiles [rb0, Rp) and nk keys (K rows at stride ks); the first row
+// tile prefetches the next tile's rows (nt).
+template <class E>
+ALLOY_TARGET_AVX512 inline void qk_rows(const float* Q, int hd, int rb0, int Rp, const E* K, int64_t ks, int nk,
+                                        float* S, int ld, const NextTile<E>& nt) {
+    for (int rb = rb0; rb < Rp; rb += kRowTile) {
+        const float* Qr = Q + int64_t(rb) * hd;
+        float* Sr = S + int64_t(rb) * ld;
+        const bool pf = rb == rb0 && nt.pf_rows > 0;
+        int c = 0;
+        for (; c + 4 <= nk; c += 4) qk_tile_pf<4>(pf, Qr, hd, K, ks, Sr, ld, nt, c);
+        switch (nk - c) {
+            case 3: qk_tile_pf<3>(pf, Qr, hd, K, ks, Sr, ld, nt, c); break;
+            case 2: qk_tile_pf<2>(pf, Qr, hd, K, ks, Sr, ld, nt, c); break;
+            case 1: qk_tile_pf<1>(pf, Qr, hd, K, ks, Sr, ld, nt, c); break;
+            default: break;
+        }
+    }
+}
+
+// O[r] = alpha[r] * O[r] + sum_j P[r][j] V[j] for 4 rows, columns [c0, c0 + 16 NC); with
+// PF, the same columns of the next tile's rows are prefetched.
+template <int NC, class E, bool PF>
+ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E* V, int64_t vs, float* O, int hd,
+                                        const float* alpha, int c0, const NextTile<E>& nt) {
     __m512 acc[4][NC];
     for (int r = 0; r < 4; ++r) {
         const __m512 a = _mm512_set1_ps(alpha[r]);
         for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(O + r * hd + c0 + 16 * c));
     }
     for (int j = 0; j < nk; ++j) {
-        const float* vj = V + j * vs + c0;
+        if constexpr (PF)
+            for (int c = 0; c < 16 * NC; c += kLineElems<E>) nt.touch(j, vs, c0 + c);
+        const E* vj = V + j * vs + c0;
         __m512 vv[NC];
-        for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
+        for (int c = 0; c < NC; ++c) vv[c] = load16(vj + 16 * c);
         for (int r = 0; r < 4; ++r) {
             const __m512 p = _mm512_set1_ps(P[r * ld + j]);
             for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
@@ -84,117 +152,168 @@ ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const fl
         for (int c = 0; c < NC; ++c) _mm512_storeu_ps(O + r * hd + c0 + 16 * c, acc[r][c]);
 }
 
-ALLOY_TARGET_AVX512 inline void pv_tile(const float* P, int ld, int nk, const float* V, int64_t vs, float* O, int hd,
-                                 const float* alpha) {
-    int c0 = 0;
-    for (; c0 + 64 <= hd; c0 += 64) pv_cols<4>(P, ld, nk, V, vs, O, hd, alpha, c0);
-    for (; c0 < hd; c0 += 16) pv_cols<1>(P, ld, nk, V, vs, O, hd, alpha, c0);
+// O = alpha O + P V for the row tiles [rb0, Rp); the first row tile prefetches the next
+// tile's rows (nt).
+template <class E>
+ALLOY_TARGET_AVX512 inline void pv_rows(const float* S, int ld, int rb0, int Rp, int nk, const E* V, int64_t vs,
+                                        float* O, int hd, const float* alpha, const NextTile<E>& nt) {
+    for (int rb = rb0; rb < Rp; rb += kRowTile) {
+        const float* P = S + int64_t(rb) * ld;
+        float* Or = O + int64_t(rb) * hd;
+        const bool pf = rb == rb0 && nt.pf_rows > 0;
+        int c0 = 0;
+        for (; c0 + 64 <= hd; c0 += 64)
+            pf ? pv_cols<4, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt)
+               : pv_cols<4, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt);
+        for (; c0 < hd; c0 += 16)
+            pf ? pv_cols<1, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt)
+               : pv_cols<1, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt);
+    }
 }
 
-// Touches n rows of hd floats (stride apart) into L1.
-ALLOY_TARGET_AVX512 inline void prefetch_rows(const float* X, int n, int64_t stride, int hd) {
-    for (int j = 0; j < n; ++j)
-        for (int d = 0; d < hd; d += 16) _mm_prefetch(reinterpret_cast<const char*>(X + j * stride + d), _MM_HINT_T0);
+// dst [nk, hd] = the fp32 values of nk half rows at stride `stride`; prefetches the next
+// tile's rows as it goes.
+ALLOY_TARGET_AVX512 inline void convert_tile(const uint16_t* src, int nk, int64_t stride, int hd, float* dst,
+                                             const NextTile<uint16_t>& nt) {
+    for (int j = 0; j < nk; ++j)
+        for (int d = 0; d < hd; d += 16) {
+            if (d % kLineElems<uint16_t> == 0) nt.touch(j, stride, d);
+            _mm512_storeu_ps(dst + int64_t(j) * hd + d, load16(src + j * stride + d));
+        }
 }
 
-}  // namespace
+// A tile is converted once (instead of inline by every row tile) from this many row tiles on.
+constexpr int kConvertTileFromRowTiles = 2;
 
-ALLOY_TARGET_AVX512 void run_block_avx512(const Block& b) {
-    const int R = b.rows(), Rp = (R + kRowTile - 1) / kRowTile * kRowTile, hd = b.hd;
+template <class EK, class EV>
+ALLOY_TARGET_AVX512 void run_block(const Block& b) {
+    const int R = b.rows(), Rp = (R + kRowTile - 1) / kRowTile * kRowTile, hd = b.hd, ng = b.ng;
     constexpr int ld = kKeyTile;
-    float* Q = scratch(0, int64_t(Rp) * hd);   // [Rp, hd] q * scale * log2(e), pad rows zero
-    float* O = scratch(1, int64_t(Rp) * hd);   // [Rp, hd] unnormalised output
-    float* S = scratch(2, int64_t(Rp) * ld);   // [Rp, kKeyTile] scores, then probabilities
-    float* st = scratch(3, 3 * int64_t(Rp));   // m [Rp], l [Rp], alpha [Rp]
-    float *m = st, *l = st + Rp, *alpha = st + 2 * Rp;
+    // Per group gi, rows [gi * Rp, (gi + 1) * Rp) of:
+    float* Q = scratch(0, int64_t(ng) * Rp * hd);  // [Rp, hd] q * scale * log2(e), pad rows zero
+    float* O = scratch(1, int64_t(ng) * Rp * hd);  // [Rp, hd] unnormalised output
+    float* S = scratch(2, int64_t(ng) * Rp * ld);  // [Rp, kKeyTile] scores, then probabilities
+    float* st = scratch(3, 3 * int64_t(ng) * Rp);  // m, l, alpha, [ng * Rp] each
+    float *m = st, *l = st + ng * Rp, *alpha = st + 2 * ng * Rp;
+    constexpr bool k16 = !std::is_same_v<EK, float>, v16 = !std::is_same_v<EV, float>;
+    float* Kt = k16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;  // fp32 copy of an f16 K tile
+    float* Vt = v16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
+    const EK* Kc = static_cast<const EK*>(b.k);
+    const EV* Vc = static_cast<const EV*>(b.v);
+    const int64_t ks = b.kv_stride;
 
     const __m512 qs = _mm512_set1_ps(b.scale * 1.44269504088896341f);
-    for (int r = 0; r < Rp; ++r) {
-        float* dst = Q + int64_t(r) * hd;
-        if (r < R) {
-            const float* src = b.q_row(r);
-            for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(qs, _mm512_loadu_ps(src + d)));
-        } else {
-            std::fill(dst, dst + hd, 0.0f);
+    for (int gi = 0; gi < ng; ++gi)
+        for (int r = 0; r < Rp; ++r) {
+            const int gr = gi * Rp + r;
+            float* dst = Q + int64_t(gr) * hd;
+            if (r < R) {
+                const float* src = b.q_row(r, gi);
+                for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(qs, _mm512_loadu_ps(src + d)));
+            } else {
+                std::fill(dst, dst + hd, 0.0f);
+            }
+            m[gr] = -INFINITY;
+            l[gr] = 0.0f;
         }
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
-    std::fill(O, O + int64_t(Rp) * hd, 0.0f);
+    std::fill(O, O + int64_t(ng) * Rp * hd, 0.0f);
 
     const int64_t key_end = std::min(b.key_end, b.limit(R - 1) + 1);
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
+        const int n_next = int(std::clamp<int64_t>(key_end - j0 - kKeyTile, 0, kKeyTile));  // rows of the next tile
         // Rows before r_first see none of this tile (diagonal tiles, late key splits): skip
         // their 4-row groups entirely.
         const int r_first = int(std::clamp<int64_t>((j0 - b.n_past - b.t0) * b.group, 0, R));
         const int rb0 = r_first / kRowTile * kRowTile;
-        const float* K = b.k + j0 * b.kv_stride;
-        const float* V = b.v + j0 * b.kv_stride;
+        const bool convert = (Rp - rb0) / kRowTile >= kConvertTileFromRowTiles;
 
-        // Next K tile on its way while this one computes: +15-20% KV bandwidth in decode
-        // (measured); prefetching V as well did not help (the P V pass streams it in order).
-        if (j0 + kKeyTile < key_end)
-            prefetch_rows(K + kKeyTile * b.kv_stride, int(std::min<int64_t>(kKeyTile, key_end - j0 - kKeyTile)),
-                          b.kv_stride, hd);
+        for (int gi = 0; gi < ng; ++gi) {
+            const EK* K = Kc + j0 * ks + int64_t(gi) * hd;
+            const EV* V = Vc + j0 * ks + int64_t(gi) * hd;
+            const NextTile<EK> nk_pf{K + kKeyTile * ks, n_next};
+            const NextTile<EV> nv_pf{V + kKeyTile * ks, n_next};
+            float* Sg = S + int64_t(gi) * Rp * ld;
+            float* Og = O + int64_t(gi) * Rp * hd;
+            float *mg = m + gi * Rp, *lg = l + gi * Rp, *ag = alpha + gi * Rp;
 
-        // S = Q K^T on rows [rb0, Rp).
-        for (int rb = rb0; rb < Rp; rb += kRowTile) {
-            const float* Qr = Q + int64_t(rb) * hd;
-            float* Sr = S + int64_t(rb) * ld;
-            int c = 0;
-            for (; c + 4 <= nk; c += 4) qk_tile<4>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld);
-            switch (nk - c) {
-                case 3: qk_tile<3>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld); break;
-                case 2: qk_tile<2>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld); break;
-                case 1: qk_tile<1>(Qr, hd, K + c * b.kv_stride, b.kv_stride, Sr + c, ld); break;
-                default: break;
+            // S = Q K^T on rows [rb0, Rp).
+            if constexpr (k16) {
+                if (convert) {
+                    convert_tile(K, nk, ks, hd, Kt, nk_pf);
+                    qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, static_cast<const float*>(Kt), hd, nk, Sg, ld,
+                            NextTile<float>{});
+                } else {
+                    qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, K, ks, nk, Sg, ld, nk_pf);
+                }
+            } else {
+                qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, K, ks, nk, Sg, ld, nk_pf);
+            }
+
+            // Online softmax per row; P overwrites S. Rows with no visible key keep their
+            // state (alpha = 1, P = 0): pad rows and rows masked out of this tile.
+            for (int r = rb0; r < Rp; ++r) {
+                float* Sr = Sg + int64_t(r) * ld;
+                const int nv = r < R ? int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk)) : 0;
+                const __mmask16 k0 = __mmask16(nv >= 16 ? 0xFFFF : (1u << nv) - 1);
+                const __mmask16 k1 = __mmask16(nv >= 32 ? 0xFFFF : nv <= 16 ? 0 : (1u << (nv - 16)) - 1);
+                if (nv == 0) {
+                    ag[r] = 1.0f;
+                    _mm512_storeu_ps(Sr, _mm512_setzero_ps());
+                    _mm512_storeu_ps(Sr + 16, _mm512_setzero_ps());
+                    continue;
+                }
+                const __m512 ninf = _mm512_set1_ps(-INFINITY);
+                const __m512 s0 = _mm512_mask_loadu_ps(ninf, k0, Sr), s1 = _mm512_mask_loadu_ps(ninf, k1, Sr + 16);
+                const float mx = std::max(mg[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
+                const __m512 mv = _mm512_set1_ps(mx);
+                const __m512 p0 = _mm512_maskz_mov_ps(k0, avx512::exp2(_mm512_sub_ps(s0, mv)));
+                const __m512 p1 = _mm512_maskz_mov_ps(k1, avx512::exp2(_mm512_sub_ps(s1, mv)));
+                _mm512_storeu_ps(Sr, p0);
+                _mm512_storeu_ps(Sr + 16, p1);
+                ag[r] = std::exp2(mg[r] - mx);  // 0 on the row's first tile (m = -inf)
+                lg[r] = lg[r] * ag[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+                mg[r] = mx;
+            }
+
+            // O = alpha O + P V on rows [rb0, Rp).
+            if constexpr (v16) {
+                if (convert) {
+                    convert_tile(V, nk, ks, hd, Vt, nv_pf);
+                    pv_rows(Sg, ld, rb0, Rp, nk, static_cast<const float*>(Vt), hd, Og, hd, ag, NextTile<float>{});
+                } else {
+                    pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, nv_pf);
+                }
+            } else {
+                pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, nv_pf);
             }
         }
+    }
 
-        // Online softmax per row; P overwrites S. Rows with no visible key keep their state
-        // (alpha = 1, P = 0): pad rows and rows masked out of this tile.
-        for (int r = rb0; r < Rp; ++r) {
-            float* Sr = S + int64_t(r) * ld;
-            const int nv = r < R ? int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk)) : 0;
-            const __mmask16 k0 = __mmask16(nv >= 16 ? 0xFFFF : (1u << nv) - 1);
-            const __mmask16 k1 = __mmask16(nv >= 32 ? 0xFFFF : nv <= 16 ? 0 : (1u << (nv - 16)) - 1);
-            if (nv == 0) {
-                alpha[r] = 1.0f;
-                _mm512_storeu_ps(Sr, _mm512_setzero_ps());
-                _mm512_storeu_ps(Sr + 16, _mm512_setzero_ps());
-                continue;
+    for (int gi = 0; gi < ng; ++gi)
+        for (int r = 0; r < R; ++r) {
+            const int gr = gi * Rp + r;
+            const float* orow = O + int64_t(gr) * hd;
+            if (b.out) {
+                float* dst = b.out_row(r, gi);
+                const __m512 inv = _mm512_set1_ps(1.0f / l[gr]);  // every row of an unsplit block sees key 0
+                for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(inv, _mm512_loadu_ps(orow + d)));
+            } else {
+                const int64_t pr = int64_t(gi) * b.part_rows + r;
+                std::copy(orow, orow + hd, b.part_o + pr * hd);
+                b.part_ml[2 * pr] = m[gr];
+                b.part_ml[2 * pr + 1] = l[gr];
             }
-            const __m512 ninf = _mm512_set1_ps(-INFINITY);
-            const __m512 s0 = _mm512_mask_loadu_ps(ninf, k0, Sr), s1 = _mm512_mask_loadu_ps(ninf, k1, Sr + 16);
-            const float mx = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
-            const __m512 mv = _mm512_set1_ps(mx);
-            const __m512 p0 = _mm512_maskz_mov_ps(k0, avx512::exp2(_mm512_sub_ps(s0, mv)));
-            const __m512 p1 = _mm512_maskz_mov_ps(k1, avx512::exp2(_mm512_sub_ps(s1, mv)));
-            _mm512_storeu_ps(Sr, p0);
-            _mm512_storeu_ps(Sr + 16, p1);
-            alpha[r] = std::exp2(m[r] - mx);  // 0 on the row's first tile (m = -inf)
-            l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-            m[r] = mx;
         }
+}
 
-        // O = alpha O + P V on rows [rb0, Rp).
-        for (int rb = rb0; rb < Rp; rb += kRowTile)
-            pv_tile(S + int64_t(rb) * ld, ld, nk, V, b.kv_stride, O + int64_t(rb) * hd, hd, alpha + rb);
-    }
+}  // namespace
 
-    for (int r = 0; r < R; ++r) {
-        const float* orow = O + int64_t(r) * hd;
-        if (b.out) {
-            float* dst = b.out_row(r);
-            const __m512 inv = _mm512_set1_ps(1.0f / l[r]);  // every row of an unsplit block sees key 0
-            for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(dst + d, _mm512_mul_ps(inv, _mm512_loadu_ps(orow + d)));
-        } else {
-            std::copy(orow, orow + hd, b.part_o + int64_t(r) * hd);
-            b.part_ml[2 * r] = m[r];
-            b.part_ml[2 * r + 1] = l[r];
-        }
-    }
+void run_block_avx512(const Block& b) {
+    if (b.k_f16)
+        b.v_f16 ? run_block<uint16_t, uint16_t>(b) : run_block<uint16_t, float>(b);
+    else
+        b.v_f16 ? run_block<float, uint16_t>(b) : run_block<float, float>(b);
 }
 
 }  // namespace alloy::cpu::attn

@@ -1,48 +1,65 @@
 // Internal to cpu::attention: one work item ("block") of the flash-attention schedule, and the
 // per-ISA functions that run it. The driver (attention.cpp) cuts the problem into blocks; a
-// block owns the query rows of one KV group for tq consecutive tokens and walks a range of
-// keys in tiles of kKeyTile with an online softmax, so no [T, T] score matrix ever exists.
+// block owns the query rows of ng consecutive KV groups for tq consecutive tokens and walks a
+// range of keys in tiles of kKeyTile with an online softmax, so no [T, T] score matrix ever
+// exists. Prefill blocks take one group (ng = 1: many blocks); decode and short batches take
+// every group (ng = n_head_kv), so a thread streams whole cache rows, one contiguous stream
+// per cache, and the keys are split across threads instead.
 //
-// Rows of a block: r = (t - t0) * group + (h - h0), i.e. token-major, so every row of the
-// group shares each K/V tile load and the causal limit of row r is n_past + t0 + r / group.
-// Scores are kept in the base-2 domain (q pre-scaled by scale * log2(e)), so m is log2-based.
+// Rows of group gi of a block: r = (t - t0) * group + (h - h0 - gi * group), i.e. token-major,
+// so every row of the group shares each K/V tile load and the causal limit of row r is
+// n_past + t0 + r / group. Scores are kept in the base-2 domain (q pre-scaled by
+// scale * log2(e)), so m is log2-based.
+//
+// The caches hold fp32 or f16 elements (k_f16, v_f16). An f16 tile is either converted inline
+// as it is loaded (one conversion shared by the rows of one register tile: decode) or, when
+// many row tiles reuse it (prefill), converted once into a per-thread fp32 tile. f16 -> fp32
+// is exact, so both give the same bits.
 #pragma once
 #include <cstdint>
 
 namespace alloy::cpu::attn {
 
-constexpr int kKeyTile = 32;  // keys per tile: a K and a V tile of hd=256 are 32 KiB each (L1/L2)
+constexpr int kKeyTile = 32;  // keys per tile: K and V tiles of hd=256 are 16 KiB each in f16, 32 in fp32
 constexpr int kRowTile = 4;   // query rows per microkernel (4 rows x 4 keys = 16 zmm accumulators)
 static_assert(kKeyTile == 32, "the AVX-512 softmax holds one tile row in two zmm");
 
 struct Block {
     const float* q = nullptr;  // [T, n_head, hd] (whole batch)
-    const float* k = nullptr;  // K cache at KV head g: key j at k + j * kv_stride, [hd]
-    const float* v = nullptr;  // V cache, same layout
-    int64_t kv_stride = 0;     // n_head_kv * hd
-    int n_head = 0, hd = 0, group = 0, h0 = 0;  // h0 = g * group, first query head of the block
+    // K and V caches at the block's first KV head g0: key j of group gi starts at element
+    // j * kv_stride + gi * hd, fp32 or (k_f16 / v_f16) IEEE half.
+    const void* k = nullptr;
+    const void* v = nullptr;
+    bool k_f16 = false, v_f16 = false;
+    int64_t kv_stride = 0;     // n_head_kv * hd (elements)
+    int n_head = 0, hd = 0, group = 0, h0 = 0;  // h0 = g0 * group, first query head of the block
+    int ng = 1;                // KV groups in the block
     float scale = 0;           // softmax scale (1/sqrt(hd) usually)
     int64_t n_past = 0, t0 = 0;
     int tq = 0;                       // tokens [t0, t0 + tq)
     int64_t key_begin = 0, key_end = 0;  // keys [key_begin, key_end), further clipped by causality
 
     // Exactly one destination: normalised rows into out ([T, n_head, hd], rows of this block
-    // only), or the unnormalised partial state of a key split into part_o [rows, hd] and
-    // part_ml [rows, 2] = (running max m in log2 units, sum l); empty rows get (-inf, 0).
+    // only), or the unnormalised partial state of a key split into part_o [ng * part_rows, hd]
+    // and part_ml [ng * part_rows, 2] = (running max m in log2 units, sum l), row r of group
+    // gi at gi * part_rows + r; empty rows get (-inf, 0).
     float* out = nullptr;
     float* part_o = nullptr;
     float* part_ml = nullptr;
+    int part_rows = 0;         // >= rows()
 
-    int rows() const { return tq * group; }
+    int rows() const { return tq * group; }  // per group
     int64_t limit(int r) const { return n_past + t0 + r / group; }  // last key row r may see
-    const float* q_row(int r) const { return q + ((t0 + r / group) * n_head + h0 + r % group) * int64_t(hd); }
-    float* out_row(int r) const { return out + ((t0 + r / group) * n_head + h0 + r % group) * int64_t(hd); }
+    int64_t head_row(int r, int gi) const { return (t0 + r / group) * n_head + h0 + gi * group + r % group; }
+    const float* q_row(int r, int gi) const { return q + head_row(r, gi) * hd; }
+    float* out_row(int r, int gi) const { return out + head_row(r, gi) * hd; }
 };
 
 void run_block_scalar(const Block& b);
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0
 
 // Aligned per-thread scratch (grows, never shrinks; pool threads live for the process).
+// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of an f16 K and V tile.
 float* scratch(int slot, int64_t n_floats);
 
 }  // namespace alloy::cpu::attn

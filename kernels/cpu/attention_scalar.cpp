@@ -1,68 +1,100 @@
 // Portable block of cpu::attention (any head_dim): the same tiled online softmax as the
 // AVX-512 block, written as plain loops the compiler may vectorise for the baseline ISA.
+// f16 tiles are converted to fp32 once per tile (exactly, alloy::fp16_to_fp32).
 #include <algorithm>
 #include <cmath>
 
+#include "format/quant.h"
 #include "kernels/cpu/attention_block.h"
 
 namespace alloy::cpu::attn {
+namespace {
+
+// Rows [j0, j0 + nk) of a cache at element stride `stride`, as fp32 rows of hd: the cache
+// itself when fp32 (stride kept), else converted into buf (stride becomes hd).
+const float* tile(const void* cache, bool f16, int64_t j0, int nk, int64_t& stride, int hd, float* buf) {
+    if (!f16) return static_cast<const float*>(cache) + j0 * stride;
+    const uint16_t* src = static_cast<const uint16_t*>(cache) + j0 * stride;
+    for (int j = 0; j < nk; ++j)
+        for (int d = 0; d < hd; ++d) buf[int64_t(j) * hd + d] = fp16_to_fp32(src[j * stride + d]);
+    stride = hd;
+    return buf;
+}
+
+}  // namespace
 
 void run_block_scalar(const Block& b) {
-    const int R = b.rows(), hd = b.hd;
-    float* Q = scratch(0, int64_t(R) * hd);  // [R, hd] q * scale * log2(e)
-    float* O = scratch(1, int64_t(R) * hd);  // [R, hd] unnormalised output
-    float* S = scratch(2, kKeyTile);         // [kKeyTile] one row's scores, then probabilities
-    float* ml = scratch(3, 2 * int64_t(R));  // [R, 2] running max (log2 units), running sum
+    const int R = b.rows(), hd = b.hd, ng = b.ng, NR = ng * R;  // row gi * R + r: row r of group gi
+    float* Q = scratch(0, int64_t(NR) * hd);  // [NR, hd] q * scale * log2(e)
+    float* O = scratch(1, int64_t(NR) * hd);  // [NR, hd] unnormalised output
+    float* S = scratch(2, kKeyTile);          // [kKeyTile] one row's scores, then probabilities
+    float* ml = scratch(3, 2 * int64_t(NR));  // [NR, 2] running max (log2 units), running sum
+    float* kbuf = b.k_f16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;
+    float* vbuf = b.v_f16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
     const float qs = b.scale * 1.44269504088896341f;
-    for (int r = 0; r < R; ++r) {
-        const float* src = b.q_row(r);
-        for (int d = 0; d < hd; ++d) Q[int64_t(r) * hd + d] = src[d] * qs;
-        ml[2 * r] = -INFINITY;
-        ml[2 * r + 1] = 0.0f;
-    }
-    std::fill(O, O + int64_t(R) * hd, 0.0f);
+    for (int gi = 0; gi < ng; ++gi)
+        for (int r = 0; r < R; ++r) {
+            const float* src = b.q_row(r, gi);
+            const int64_t gr = int64_t(gi) * R + r;
+            for (int d = 0; d < hd; ++d) Q[gr * hd + d] = src[d] * qs;
+            ml[2 * gr] = -INFINITY;
+            ml[2 * gr + 1] = 0.0f;
+        }
+    std::fill(O, O + int64_t(NR) * hd, 0.0f);
 
+    const size_t kb = b.k_f16 ? 2 : 4, vb = b.v_f16 ? 2 : 4;
     const int64_t key_end = std::min(b.key_end, b.limit(R - 1) + 1);
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
-        for (int r = 0; r < R; ++r) {
-            const int nv = int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk));  // causal
-            if (nv == 0) continue;
-            const float* qr = Q + int64_t(r) * hd;
-            float mx = ml[2 * r];
-            for (int j = 0; j < nv; ++j) {
-                const float* kj = b.k + (j0 + j) * b.kv_stride;
-                float dot = 0.0f;
-                for (int d = 0; d < hd; ++d) dot += qr[d] * kj[d];
-                S[j] = dot;
-                mx = std::max(mx, dot);
-            }
-            const float alpha = std::exp2(ml[2 * r] - mx);  // exp2(-inf) = 0 on the first tile
-            float sum = 0.0f;
-            for (int j = 0; j < nv; ++j) sum += (S[j] = std::exp2(S[j] - mx));
-            ml[2 * r] = mx;
-            ml[2 * r + 1] = ml[2 * r + 1] * alpha + sum;
-            float* orow = O + int64_t(r) * hd;
-            for (int d = 0; d < hd; ++d) orow[d] *= alpha;
-            for (int j = 0; j < nv; ++j) {
-                const float* vj = b.v + (j0 + j) * b.kv_stride;
-                for (int d = 0; d < hd; ++d) orow[d] += S[j] * vj[d];
+        for (int gi = 0; gi < ng; ++gi) {
+            int64_t ks = b.kv_stride, vs = b.kv_stride;
+            const float* K = tile(static_cast<const char*>(b.k) + size_t(gi) * size_t(hd) * kb, b.k_f16, j0, nk, ks,
+                                  hd, kbuf);
+            const float* V = tile(static_cast<const char*>(b.v) + size_t(gi) * size_t(hd) * vb, b.v_f16, j0, nk, vs,
+                                  hd, vbuf);
+            for (int r = 0; r < R; ++r) {
+                const int nv = int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk));  // causal
+                if (nv == 0) continue;
+                const int64_t gr = int64_t(gi) * R + r;
+                const float* qr = Q + gr * hd;
+                float mx = ml[2 * gr];
+                for (int j = 0; j < nv; ++j) {
+                    const float* kj = K + j * ks;
+                    float dot = 0.0f;
+                    for (int d = 0; d < hd; ++d) dot += qr[d] * kj[d];
+                    S[j] = dot;
+                    mx = std::max(mx, dot);
+                }
+                const float alpha = std::exp2(ml[2 * gr] - mx);  // exp2(-inf) = 0 on the first tile
+                float sum = 0.0f;
+                for (int j = 0; j < nv; ++j) sum += (S[j] = std::exp2(S[j] - mx));
+                ml[2 * gr] = mx;
+                ml[2 * gr + 1] = ml[2 * gr + 1] * alpha + sum;
+                float* orow = O + gr * hd;
+                for (int d = 0; d < hd; ++d) orow[d] *= alpha;
+                for (int j = 0; j < nv; ++j) {
+                    const float* vj = V + j * vs;
+                    for (int d = 0; d < hd; ++d) orow[d] += S[j] * vj[d];
+                }
             }
         }
     }
 
-    for (int r = 0; r < R; ++r) {
-        const float* orow = O + int64_t(r) * hd;
-        if (b.out) {
-            float* dst = b.out_row(r);
-            const float inv = 1.0f / ml[2 * r + 1];  // every row of an unsplit block sees key 0
-            for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
-        } else {
-            std::copy(orow, orow + hd, b.part_o + int64_t(r) * hd);
-            b.part_ml[2 * r] = ml[2 * r];
-            b.part_ml[2 * r + 1] = ml[2 * r + 1];
+    for (int gi = 0; gi < ng; ++gi)
+        for (int r = 0; r < R; ++r) {
+            const int64_t gr = int64_t(gi) * R + r;
+            const float* orow = O + gr * hd;
+            if (b.out) {
+                float* dst = b.out_row(r, gi);
+                const float inv = 1.0f / ml[2 * gr + 1];  // every row of an unsplit block sees key 0
+                for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
+            } else {
+                const int64_t pr = int64_t(gi) * b.part_rows + r;
+                std::copy(orow, orow + hd, b.part_o + pr * hd);
+                b.part_ml[2 * pr] = ml[2 * gr];
+                b.part_ml[2 * pr + 1] = ml[2 * gr + 1];
+            }
         }
-    }
 }
 
 }  // namespace alloy::cpu::attn

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -78,11 +79,63 @@ TEST_F(Cli, GreedyRunMatchesTransformers) {
     std::string prompt, want;
     for (int id : ref["greedy"][0]["prompt"]) prompt += std::to_string(id) + " ";
     for (int id : ref["greedy"][0]["generated"]) want += (want.empty() ? "" : " ") + std::to_string(id);
-    for (const char* gdn : {"serial", "chunked"}) {
-        Result r = run("run -m " + model + " --ids \"" + prompt + "\" -n 12 --temp 0 --print-ids --gdn " + gdn, false);
+    // transformers keeps K/V in fp32: the exact comparison runs with an fp32 KV cache (both
+    // spellings of the flags). The default f16 cache moves these logits by ~1e-4 relative
+    // (tests/model/test_hf_fixtures.cpp), which flips no greedy choice here: checked too.
+    for (const char* cache : {"-ctk f32 -ctv f32", "--cache-type-k=f32 --cache-type-v f32", ""})
+        for (const char* gdn : {"serial", "chunked"}) {
+            Result r = run("run -m " + model + " --ids \"" + prompt + "\" -n 12 --temp 0 --print-ids --gdn " + gdn +
+                               " " + cache,
+                           false);
+            ASSERT_EQ(r.code, 0) << r.output;
+            EXPECT_EQ(r.output.substr(0, r.output.find('\n')), want) << gdn << " " << cache;
+        }
+}
+
+// Logits of every position against transformers: 1e-4 relative with an fp32 cache, 1e-3 with
+// the default f16 one (measured 1.2e-4 on this fixture; see test_hf_fixtures.cpp).
+TEST_F(Cli, LogitsMatchTransformersWithEitherCache) {
+    auto ref = nlohmann::json::parse(std::ifstream(std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/r2_untied/reference.json"));
+    const auto& seq = ref["sequences"][0];
+    std::string ids;
+    for (int id : seq["ids"]) ids += std::to_string(id) + " ";
+    std::ifstream in(std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/r2_untied/" + seq["file"].get<std::string>(),
+                     std::ios::binary | std::ios::ate);
+    std::vector<float> want(size_t(in.tellg()) / 4);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(want.data()), std::streamsize(want.size() * 4));
+    const size_t V = ref["vocab"].get<size_t>();
+    for (auto [cache, tol] : {std::pair{"-ctk f32 -ctv f32", 1e-4}, std::pair{"", 1e-3}}) {
+        const std::string out = (dir / "lt.f32").string();
+        Result r = run("logits -m " + model + " --ids \"" + ids + "\" -o " + out + " " + cache);
         ASSERT_EQ(r.code, 0) << r.output;
-        EXPECT_EQ(r.output.substr(0, r.output.find('\n')), want) << gdn;
+        std::ifstream f(out, std::ios::binary);
+        std::vector<float> got(want.size());
+        f.read(reinterpret_cast<char*>(got.data()), std::streamsize(got.size() * 4));
+        ASSERT_TRUE(f.good()) << out;
+        double worst = 0;
+        for (size_t row = 0; row < got.size() / V; ++row) {
+            double num = 0, den = 0;
+            for (size_t v = 0; v < V; ++v) {
+                const double d = double(got[row * V + v]) - want[row * V + v];
+                num += d * d;
+                den += double(want[row * V + v]) * want[row * V + v];
+            }
+            worst = std::max(worst, std::sqrt(num / den));
+        }
+        EXPECT_LT(worst, tol) << "cache flags '" << cache << "'";
     }
+}
+
+// -ctk/-ctv accept f32 and f16 only; anything else names the flag and the value.
+TEST_F(Cli, BadCacheType) {
+    expect_error(run("logits -m " + model + " --ids 1 -o /dev/null -ctk q4_0"), "-ctk/--cache-type-k must be f32 or f16, got 'q4_0'");
+    expect_error(run("run -m " + model + " --ids 1 -n 1 -ctv bf16"), "-ctv/--cache-type-v must be f32 or f16, got 'bf16'");
+    expect_error(run("run -m " + model + " --ids 1 -n 1 --cache-type-k F16"), "'F16'");
+    expect_error(run("profile -m " + model + " -p 4 -ctk q8_0"), "-ctk");
+    expect_error(run("bench -m " + model + " -p 4 -n 0 -r 2 -ctk f16,q8_0"), "'q8_0'");
+    expect_error(run("perplexity -m " + model + " -f /dev/null -ctv x"), "-ctv");
+    expect_error(run("logits -m " + model + " --ids 1 -o /dev/null -ctk"), "cache-type-k");  // value missing
 }
 
 TEST_F(Cli, LogitsFileHasEveryPosition) {
@@ -183,6 +236,17 @@ TEST_F(Cli, BenchJsonUsesLlamaBenchFields) {
     }
     EXPECT_EQ(j[1]["n_gen"], 4);
     EXPECT_EQ(j[3]["n_depth"], 8);
+    EXPECT_EQ(j[0]["type_k"], "f16");  // llama.cpp's default KV cache
+    EXPECT_EQ(j[0]["type_v"], "f16");
+
+    // Cache types are lists as in llama-bench: one test per (type_k, type_v) pair.
+    Result r2 = run("bench -m " + model + " -p 16 -n 0 -r 2 -ctk f32,f16 -ctv f32 -o json", false);
+    ASSERT_EQ(r2.code, 0) << r2.output;
+    auto j2 = nlohmann::json::parse(r2.output);
+    ASSERT_EQ(j2.size(), 2u);
+    EXPECT_EQ(j2[0]["type_k"], "f32");
+    EXPECT_EQ(j2[1]["type_k"], "f16");
+    EXPECT_EQ(j2[1]["type_v"], "f32");
 }
 
 TEST_F(Cli, BenchRejectsBadLists) {

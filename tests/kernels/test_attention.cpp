@@ -1,16 +1,21 @@
 // cpu::attention: every ISA path this CPU has, called explicitly, against ref::attention on
 // random inputs over head_dim {256, 64} x heads {8/2, 6/3, 4/4} x T {1, 2, 7, 63, 64, 65, 200}
-// x n_past {0, 1, 37, 300}; plus long decode, peaky scores, odd head_dim and other thread
-// counts. Outputs start NaN-poisoned, cache rows past n_past + T are NaN (never to be read).
+// x n_past {0, 1, 37, 300} x KV cache {f32, f16}; plus mixed K/V cache types, long decode,
+// peaky scores, odd head_dim and other thread counts. Both sides read the same cache bytes
+// (an f16 cache holds the rounded values, so the reference defines the math on them). Outputs
+// start NaN-poisoned, cache rows past n_past + T are NaN (never to be read).
 // Tolerance per output row: relative L2 error <= 1e-5.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "alloy/error.h"
 #include "kernels/cpu/attention.h"
+#include "format/quant.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/attention.h"
 
@@ -29,12 +34,34 @@ struct Case {
     int n_head, n_head_kv, hd;
     int64_t T, n_past;
     float q_gain = 1.0f;  // > 1: peaky softmax (scores spread over tens of units)
+    GgmlType type_k = GgmlType::F32, type_v = GgmlType::F32;
 };
+
+Case with_types(Case c, GgmlType k, GgmlType v) {
+    c.type_k = k;
+    c.type_v = v;
+    return c;
+}
+
+// A cache of `type` holding `vals` (fp32 values; NaN stays NaN), as bytes.
+std::vector<uint8_t> cache_bytes(const std::vector<float>& vals, GgmlType type) {
+    std::vector<uint8_t> out(vals.size() * (type == GgmlType::F16 ? 2 : 4));
+    for (size_t i = 0; i < vals.size(); ++i) {
+        if (type == GgmlType::F16) {
+            const uint16_t h = fp32_to_fp16(vals[i]);
+            std::memcpy(out.data() + 2 * i, &h, 2);
+        } else {
+            std::memcpy(out.data() + 4 * i, &vals[i], 4);
+        }
+    }
+    return out;
+}
 
 std::string label(const Case& c, Isa isa) {
     return std::string(cpu::isa_name(isa)) + " heads=" + std::to_string(c.n_head) + "/" +
            std::to_string(c.n_head_kv) + " hd=" + std::to_string(c.hd) + " T=" + std::to_string(c.T) +
-           " n_past=" + std::to_string(c.n_past) + " gain=" + std::to_string(c.q_gain);
+           " n_past=" + std::to_string(c.n_past) + " gain=" + std::to_string(c.q_gain) + " cache=" +
+           type_traits(c.type_k).name + "/" + type_traits(c.type_v).name;
 }
 
 // Runs one case on every ISA; returns the worst row error seen.
@@ -50,13 +77,14 @@ double check(const Case& c, uint32_t seed) {
         k[size_t(i)] = nd(rng);
         v[size_t(i)] = nd(rng);
     }
-    const ref::AttentionShape s{c.n_head, c.n_head_kv, c.hd, 1.0f / std::sqrt(float(c.hd))};
+    const ref::AttentionShape s{c.n_head, c.n_head_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.type_k, c.type_v};
+    const std::vector<uint8_t> kc = cache_bytes(k, c.type_k), vc = cache_bytes(v, c.type_v);
     std::vector<float> want(q.size());
-    ref::attention(s, q.data(), k.data(), v.data(), want.data(), c.T, c.n_past);
+    ref::attention(s, q.data(), kc.data(), vc.data(), want.data(), c.T, c.n_past);
     double worst = 0;
     for (Isa isa : isas()) {
         std::vector<float> got(q.size(), NAN);
-        cpu::attention(s, q.data(), k.data(), v.data(), got.data(), c.T, c.n_past, isa);
+        cpu::attention(s, q.data(), kc.data(), vc.data(), got.data(), c.T, c.n_past, isa);
         for (int64_t row = 0; row < c.T * c.n_head; ++row) {
             double num = 0, den = 0;
             for (int d = 0; d < c.hd; ++d) {
@@ -80,30 +108,63 @@ double check(const Case& c, uint32_t seed) {
     return worst;
 }
 
+constexpr GgmlType F32 = GgmlType::F32, F16 = GgmlType::F16;
+
 TEST(Attention, CpuMatchesReferenceOnTheGrid) {
     uint32_t seed = 1;
     double worst = 0;
-    for (int hd : {256, 64})
-        for (auto [nh, nkv] : {std::pair{8, 2}, std::pair{6, 3}, std::pair{4, 4}})
-            for (int64_t T : {1, 2, 7, 63, 64, 65, 200})
-                for (int64_t n_past : {0, 1, 37, 300}) worst = std::max(worst, check({nh, nkv, hd, T, n_past}, seed++));
+    for (GgmlType t : {F32, F16})
+        for (int hd : {256, 64})
+            for (auto [nh, nkv] : {std::pair{8, 2}, std::pair{6, 3}, std::pair{4, 4}})
+                for (int64_t T : {1, 2, 7, 63, 64, 65, 200})
+                    for (int64_t n_past : {0, 1, 37, 300})
+                        worst = std::max(worst, check(with_types({nh, nkv, hd, T, n_past}, t, t), seed++));
     RecordProperty("worst_rel_err", std::to_string(worst));
+}
+
+// K and V caches of different types (each tile path converts its own operand).
+TEST(Attention, MixedCacheTypes) {
+    for (auto [tk, tv] : {std::pair{F16, F32}, std::pair{F32, F16}}) {
+        check(with_types({8, 2, 256, 1, 777}, tk, tv), 401);
+        check(with_types({8, 2, 256, 65, 37}, tk, tv), 402);
+        check(with_types({6, 3, 80, 9, 50}, tk, tv), 403);
+        check(with_types({6, 3, 40, 7, 21}, tk, tv), 404);
+    }
 }
 
 // Long decode: many key splits merged; peaky scores exercise the running-max rescale.
 TEST(Attention, LongDecodeAndPeakyScores) {
-    check({8, 2, 256, 1, 4096}, 101);
-    check({16, 4, 256, 1, 2000}, 102);
-    check({24, 4, 256, 3, 1500}, 103);
-    check({8, 2, 256, 65, 300, 6.0f}, 104);
-    check({8, 2, 64, 1, 1000, 8.0f}, 105);
+    for (GgmlType t : {F32, F16}) {
+        check(with_types({8, 2, 256, 1, 4096}, t, t), 101);
+        check(with_types({16, 4, 256, 1, 2000}, t, t), 102);
+        check(with_types({24, 4, 256, 3, 1500}, t, t), 103);
+        check(with_types({8, 2, 256, 65, 300, 6.0f}, t, t), 104);
+        check(with_types({8, 2, 64, 1, 1000, 8.0f}, t, t), 105);
+        check(with_types({8, 2, 256, 1, 8191, 4.0f}, t, t), 106);
+        check(with_types({8, 2, 256, 65, 2000}, t, t), 107);  // prefill piece after a long cache
+    }
+}
+
+// Short batches over a long cache: few query blocks, so the keys are split and every block
+// takes all KV groups; the last query block is partial (T not a multiple of its tokens).
+TEST(Attention, SplitKeysWithPartialQueryBlocks) {
+    for (GgmlType t : {F32, F16}) {
+        check(with_types({8, 2, 256, 9, 700}, t, t), 501);
+        check(with_types({8, 2, 256, 13, 300}, t, t), 502);
+        check(with_types({6, 3, 40, 20, 400}, t, t), 503);   // portable path
+        check(with_types({12, 2, 64, 7, 900}, t, t), 504);   // group 6: 5 tokens per block
+        check(with_types({4, 2, 80, 40, 2000}, t, t), 505);
+    }
 }
 
 // head_dim 80 (AVX-512 column tail) and 40 (not a multiple of 16: the portable fallback).
 TEST(Attention, OddHeadDims) {
-    check({8, 2, 80, 33, 17}, 201);
-    check({6, 3, 40, 9, 50}, 202);
-    check({4, 1, 48, 1, 700}, 203);
+    for (GgmlType t : {F32, F16}) {
+        check(with_types({8, 2, 80, 33, 17}, t, t), 201);
+        check(with_types({6, 3, 40, 9, 50}, t, t), 202);
+        check(with_types({4, 1, 48, 1, 700}, t, t), 203);
+        check(with_types({5, 5, 16, 3, 61}, t, t), 204);
+    }
 }
 
 // The schedule depends on the thread count (blocks vs key splits): 1 and 3 threads too.
@@ -111,11 +172,46 @@ TEST(Attention, OtherThreadCounts) {
     const int before = cpu::n_threads();
     for (int n : {1, 3}) {
         cpu::set_n_threads(n);
-        check({8, 2, 256, 1, 1234}, 300 + n);
-        check({8, 2, 256, 7, 300}, 310 + n);
-        check({6, 3, 64, 65, 37}, 320 + n);
+        for (GgmlType t : {F32, F16}) {
+            check(with_types({8, 2, 256, 1, 1234}, t, t), 300 + n);
+            check(with_types({8, 2, 256, 7, 300}, t, t), 310 + n);
+            check(with_types({6, 3, 64, 65, 37}, t, t), 320 + n);
+        }
     }
     cpu::set_n_threads(before);
+}
+
+// An f16 cache really holds rounded values: the result differs from the fp32-cache one by
+// about the f16 rounding (2^-11 relative per element), neither 0 nor much more.
+TEST(Attention, F16CacheIsRoundedNotFp32) {
+    const Case c{8, 2, 256, 1, 500};
+    std::mt19937 rng(77);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t kvw = int64_t(c.n_head_kv) * c.hd, n = c.n_past + c.T;
+    std::vector<float> q(size_t(c.T * c.n_head * c.hd)), k(size_t(n * kvw)), v(k.size());
+    for (auto* x : {&q, &k, &v})
+        for (auto& e : *x) e = nd(rng);
+    ref::AttentionShape s{c.n_head, c.n_head_kv, c.hd, 1.0f / std::sqrt(float(c.hd))};
+    std::vector<float> a(q.size()), b(q.size());
+    cpu::attention(s, q.data(), k.data(), v.data(), a.data(), c.T, c.n_past);
+    s.type_k = s.type_v = F16;
+    const auto kc = cache_bytes(k, F16), vc = cache_bytes(v, F16);
+    cpu::attention(s, q.data(), kc.data(), vc.data(), b.data(), c.T, c.n_past);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        den += double(a[i]) * a[i];
+    }
+    const double rel = std::sqrt(num / den);
+    EXPECT_GT(rel, 1e-5);
+    EXPECT_LT(rel, 2e-3);
+}
+
+TEST(Attention, RejectsOtherCacheTypes) {
+    std::vector<float> q(256), k(512), v(512), out(256);
+    ref::AttentionShape s{1, 1, 256, 0.0625f, GgmlType::Q8_0, F16};
+    EXPECT_THROW(cpu::attention(s, q.data(), k.data(), v.data(), out.data(), 1, 0), Error);
+    EXPECT_THROW(ref::attention(s, q.data(), k.data(), v.data(), out.data(), 1, 0), Error);
 }
 
 }  // namespace

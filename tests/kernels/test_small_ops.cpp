@@ -1,21 +1,25 @@
-// The small fused ops (rms_norm, rope_partial, swiglu, sigmoid_gate_mul, add): every ISA path
+// The small fused ops (rms_norm, rope_partial, swiglu, sigmoid_gate_mul, add, kv_store): every ISA path
 // this CPU has, called explicitly, against kernels/ref on random inputs with odd sizes
 // (vector tails) and sizes big enough for the thread pool. Outputs start NaN-poisoned where
 // the op does not work in place. Tolerances per element, stated per op.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/add.h"
 #include "kernels/cpu/gate.h"
+#include "kernels/cpu/kv_store.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/ref/add.h"
 #include "kernels/ref/gate.h"
+#include "kernels/ref/kv_store.h"
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
 #include "kernels/ref/swiglu.h"
@@ -146,6 +150,55 @@ TEST(SmallOps, Add) {
             expect_close(got, want, 0, 0, std::string("add ") + cpu::isa_name(isa) + " n=" + std::to_string(n));
         }
     }
+}
+
+// kv_store: bit-exact with the reference (alloy::fp32_to_fp16, round to nearest even) on
+// random values over the whole f16 range and on the edge cases: ties at both parities, the
+// subnormal halves and the underflow to zero, the overflow threshold 65520, +-0, inf, NaN.
+TEST(SmallOps, KvStore) {
+    std::vector<float> special;
+    for (uint32_t h = 0; h < 0x7C00; h += 7) {  // every 7th finite half and the midpoints above it
+        uint32_t bits = ((h & 0x3FF) << 13) | (h >= 0x400 ? ((h >> 10) + 112) << 23 : 0);
+        float f;
+        if (h < 0x400) {
+            f = std::ldexp(float(h), -24);
+            special.push_back(f + std::ldexp(0.5f, -24));  // a tie between two subnormal halves
+        } else {
+            std::memcpy(&f, &bits, 4);
+            bits += 1u << 12;  // the midpoint to the next half: ties to even
+            float mid;
+            std::memcpy(&mid, &bits, 4);
+            special.push_back(mid);
+        }
+        special.push_back(f);
+        special.push_back(-f);
+    }
+    for (float f : {65504.0f, 65519.99f, 65520.0f, 1e6f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 1e-30f, -0.0f,
+                    std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()})
+        special.push_back(f);
+    auto random = uniform(1024 * 70 + 13, -70000, 70000, 900);
+    for (size_t i = 0; i < random.size(); i += 3) random[i] *= 1e-4f;
+    for (const auto* src : {&special, &random}) {
+        for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(src->size())}) {
+            n = std::min<int64_t>(n, int64_t(src->size()));
+            std::vector<uint16_t> want(static_cast<size_t>(n));
+            ref::kv_store(src->data(), want.data(), GgmlType::F16, n);
+            for (Isa isa : isas()) {
+                std::vector<uint16_t> got(static_cast<size_t>(n) + 1, uint16_t(0xABCD));
+                cpu::kv_store(src->data(), got.data(), GgmlType::F16, n, isa);
+                EXPECT_EQ(got.back(), 0xABCD) << "wrote past the end";
+                got.pop_back();
+                for (int64_t i = 0; i < n; ++i)
+                    ASSERT_EQ(got[size_t(i)], want[size_t(i)])
+                        << cpu::isa_name(isa) << " n=" << n << " at " << i << " x=" << (*src)[size_t(i)];
+            }
+        }
+    }
+    std::vector<float> f32(random.size(), NAN);
+    cpu::kv_store(random.data(), f32.data(), GgmlType::F32, int64_t(random.size()));
+    EXPECT_EQ(f32, random);
+    EXPECT_THROW(cpu::kv_store(random.data(), f32.data(), GgmlType::BF16, 4), std::exception);
 }
 
 }  // namespace

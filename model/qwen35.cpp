@@ -311,7 +311,10 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             mm(L.ssm_out, y, o, p + "ssm_out");
         } else {
             // Gated attention: q/gate interleaved per head, q/k RMSNorm, partial RoPE, GQA.
-            mm(L.wq, h, qg, p + "attn_q");
+            // K and V of this call in fp32 (projection, k_norm, RoPE), then stored into the
+            // cache rows [n_past, n_past + n) in the cache's type.
+            const int64_t kvw = int64_t(nkv) * hd;
+            mm_multi({{&L.wq, qg}, {&L.wk, kx}, {&L.wv, vx}}, h, p + "attn_q+attn_k+attn_v");
             plan->add("split_q_gate", p + "attn_q", [=](const StepContext& c) {
                 for (int64_t th = 0; th < int64_t(c.n) * nh; ++th) {
                     const float* src = qg + th * 2 * hd;
@@ -319,11 +322,6 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                     std::copy(src + hd, src + 2 * hd, gate + th * hd);
                 }
             });
-            const int64_t kvw = int64_t(nkv) * hd;
-            // K and V of this call in fp32 (projection, k_norm, RoPE), then stored into the
-            // cache rows [n_past, n_past + n) in the cache's type.
-            mm(L.wk, h, kx, p + "attn_k");
-            mm(L.wv, h, vx, p + "attn_v");
             plan->add("rms_norm", p + "attn_q_norm", [=, &L](const StepContext& c) {
                 cpu::rms_norm(q, L.q_norm, q, int64_t(c.n) * nh, hd, eps);
             });

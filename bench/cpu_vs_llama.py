@@ -62,14 +62,22 @@ def main():
         return statistics.median(s[1:] if len(s) > 1 and "cold_ts" not in t else s)
 
     peer_by = {key(t): t for t in peer}
-    print(f"| test | llama.cpp t/s | alloy t/s | alloy/llama.cpp | alloy cold t/s |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    # Decode: both engines stream the same bytes per token (alloy's count); stated against the
+    # read bandwidth alloy probed right before its test (the bandwidth floor of this run).
+    print(f"| test | llama.cpp t/s | alloy t/s | alloy/llama.cpp | alloy cold t/s | floor (probe) | llama.cpp % of floor | alloy % of floor |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for t in ours:
         k = key(t)
         if k not in peer_by:
             continue
         pm, om = med(peer_by[k]), med(t)
-        print(f"| {name(k)} | {pm:.2f} | {om:.2f} | {om / pm:.2f}x | {t['cold_ts']:.2f} |")
+        floor = ""
+        if t.get("read_bw_probe_gbs"):
+            f_ts = t["read_bw_probe_gbs"] * 1e9 / t["decode_bytes_per_token"]
+            floor = f"{f_ts:.2f} t/s ({t['read_bw_probe_gbs']:.1f} GB/s) | {100 * pm / f_ts:.0f}% | {100 * om / f_ts:.0f}%"
+        else:
+            floor = " | | "
+        print(f"| {name(k)} | {pm:.2f} | {om:.2f} | {om / pm:.2f}x | {t['cold_ts']:.2f} | {floor} |")
     print(f"\npeak RSS of the whole run: llama.cpp {peer_rss / 2**30:.2f} GiB, alloy {ours_rss / 2**30:.2f} GiB")
 
 

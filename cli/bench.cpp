@@ -189,18 +189,23 @@ void add_bench_command(CLI::App& app) {
         }
         const uint64_t rss = peak_rss_bytes();
 
-        // Achieved rates against this machine's measured limits (shared/anchors/cpu-peer.md).
+        // Bytes a decode step of test t streams on average: weights (LM head included), GDN
+        // state read and write, and the KV cache at the mean depth of the test.
+        auto decode_bytes = [&](const Test& t) {
+            const Qwen35HParams& hp = m.hparams();
+            int n_attn = 0;
+            for (int l = 0; l < hp.n_layer; ++l) n_attn += !hp.is_recurrent(l);
+            const double elem = (t.type_k == "f16" ? 2.0 : 4.0) + (t.type_v == "f16" ? 2.0 : 4.0);
+            return double(info.decode_bytes) + elem * hp.n_head_kv * hp.head_dim * (t.n_depth + t.n_gen / 2.0) * n_attn;
+        };
+        // Achieved rates: prefill in GFLOP/s of the matmuls, decode in GB/s against the
+        // bandwidth probed just before the test.
         auto utilization = [&](const Test& t, double ts) {
             char buf[64];
             if (t.n_prompt) {
                 std::snprintf(buf, sizeof buf, "%.0f GFLOP/s", info.matmul_flops_per_token * ts / 1e9);
             } else {
-                const Qwen35HParams& hp = m.hparams();
-                int n_attn = 0;
-                for (int l = 0; l < hp.n_layer; ++l) n_attn += !hp.is_recurrent(l);
-                const double elem = (t.type_k == "f16" ? 2.0 : 4.0) + (t.type_v == "f16" ? 2.0 : 4.0);
-                const double kv = elem * hp.n_head_kv * hp.head_dim * (t.n_depth + t.n_gen / 2.0) * n_attn;
-                const double gbs = (double(info.decode_bytes) + kv) * ts / 1e9;
+                const double gbs = decode_bytes(t) * ts / 1e9;
                 std::snprintf(buf, sizeof buf, "%.1f GB/s = %.0f%% of %.1f probed", gbs, 100 * gbs / t.probe_gbs,
                               t.probe_gbs);
             }
@@ -266,7 +271,10 @@ void add_bench_command(CLI::App& app) {
             j["cold_ts"] = 1e9 * t.tokens() / t.samples_ns[0];
             j["gdn"] = t.gdn;
             j["peak_rss_bytes"] = rss;
-            if (t.n_gen) j["read_bw_probe_gbs"] = t.probe_gbs;
+            if (t.n_gen) {
+                j["read_bw_probe_gbs"] = t.probe_gbs;
+                j["decode_bytes_per_token"] = decode_bytes(t);
+            }
             all.push_back(j);
         }
         if (output == "json") {

@@ -54,7 +54,7 @@ struct Test {
     std::string gdn, type_k, type_v;
     int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
     std::vector<double> samples_ns;  // all repetitions, the cold one first
-    double probe_gbs = 0;            // decode tests: read bandwidth probed just before the test
+    double probe_gbs = 0;            // decode tests: read bandwidth, mean of probes before and after
     std::string name() const {
         std::string n = n_prompt ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
         return n_depth ? n + " @ d" + std::to_string(n_depth) : n;
@@ -149,15 +149,17 @@ void add_bench_command(CLI::App& app) {
                             for (int n : tg) if (n > 0) tests.push_back({g, ck, cv, t, 0, n, d, {}});
                         }
         // Decode is bandwidth-bound and this host's bandwidth drifts between runs, so each decode
-        // test first probes the read bandwidth on the model's largest tensor (already mapped,
-        // larger than the caches): the test's effective GB/s is then stated against it.
+        // test probes the read bandwidth on the model's largest tensor (already mapped, larger
+        // than the caches) before and after its repetitions: the test's effective GB/s is then
+        // stated against the mean of the two.
         const gguf::TensorInfo* largest = nullptr;
         for (const auto& ti : lm.file->tensors())
             if (!largest || ti.nbytes > largest->nbytes) largest = &ti;
         using clock = std::chrono::steady_clock;
         for (Test& t : tests) {
             cpu::set_n_threads(t.threads);
-            if (t.n_gen && largest) t.probe_gbs = cpu::measure_read_bandwidth(largest->data, largest->nbytes, 3).gb_per_s;
+            auto probe = [&] { return cpu::measure_read_bandwidth(largest->data, largest->nbytes, 3).gb_per_s; };
+            const double probe_before = t.n_gen && largest ? probe() : 0.0;
             ForwardOptions fo;
             fo.gdn_mode = t.gdn == "serial" ? ref::GdnMode::Serial : ref::GdnMode::Chunked;
             fo.gdn_chunk = chunk;
@@ -185,6 +187,7 @@ void add_bench_command(CLI::App& app) {
                 }
                 t.samples_ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count());
             }
+            if (probe_before > 0) t.probe_gbs = 0.5 * (probe_before + probe());  // the host drifts during a test
             if (output == "md") std::fprintf(stderr, "  done %s (%s, %d threads)\n", t.name().c_str(), t.gdn.c_str(), t.threads);
         }
         const uint64_t rss = peak_rss_bytes();

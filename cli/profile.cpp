@@ -1,4 +1,4 @@
-// alloy profile: per-kernel time table of one prefill of -p tokens and one decode step after
+// alloy profile: per-kernel time table of one prefill of -p tokens and of -n decode steps after
 // it (kernel, calls, total ms, share, mean), the kernel sum against the wall clock, and an
 // optional Chrome trace (--trace out.json, open in chrome://tracing or Perfetto).
 #include <chrono>
@@ -30,22 +30,25 @@ void print_table(const char* title, const Profiler& prof, double wall_ms) {
 void add_profile_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("profile", "per-kernel time table of a prefill and a decode step");
     static EngineOptions eo;
-    static int n_prompt = 512, depth = 0;
+    static int n_prompt = 512, depth = 0, n_gen = 1;
     static std::string trace;
     eo.add_to(cmd, false);
     cmd->add_option("-p,--n-prompt", n_prompt, "prefill tokens")->capture_default_str();
+    cmd->add_option("-n,--n-gen", n_gen, "decode steps profiled after the prefill (tg128: -n 128)")
+        ->capture_default_str();
     cmd->add_option("-d,--n-depth", depth, "context before the profiled prefill")->capture_default_str();
     cmd->add_option("--trace", trace, "write a Chrome trace JSON of every kernel launch");
     cmd->callback([] {
         ForwardOptions fo = eo.forward_options();
         if (n_prompt < 1) throw Error("-p must be >= 1");
+        if (n_gen < 1) throw Error("-n must be >= 1");
         LoadedModel lm = load_model(eo.model_path());
         const Qwen35Model& m = *lm.model;
         const int V = m.hparams().n_vocab;
-        SequenceState st = m.new_state(depth + n_prompt + 2, eo.kv_types());
+        SequenceState st = m.new_state(depth + n_prompt + n_gen + 1, eo.kv_types());
         std::vector<float> logits(static_cast<size_t>(V));
         std::mt19937 rng(7);
-        std::vector<int32_t> ids(size_t(depth + n_prompt + 1));
+        std::vector<int32_t> ids(size_t(depth + n_prompt + n_gen));
         for (auto& id : ids) id = int32_t(rng() % uint32_t(V));
         ForwardOptions step = fo;
         step.gdn_mode = ref::GdnMode::Serial;
@@ -63,9 +66,10 @@ void add_profile_command(CLI::App& app) {
         auto t0 = clock::now();
         m.forward(st, ids.data() + depth, n_prompt, fo, logits.data(), &prefill);
         const double pp_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-        decode.set_phase(2, "decode step");
+        decode.set_phase(2, n_gen == 1 ? "decode step" : "decode " + std::to_string(n_gen) + " steps");
         t0 = clock::now();
-        m.forward(st, &ids[size_t(depth + n_prompt)], 1, step, logits.data(), &decode);
+        for (int i = 0; i < n_gen; ++i)
+            m.forward(st, &ids[size_t(depth + n_prompt + i)], 1, step, logits.data(), &decode);
         const double tg_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
 
         std::printf("model %s, %d threads, gdn %s (chunk %d), depth %d, KV cache %s/%s\n", eo.model_path().c_str(),
@@ -74,8 +78,9 @@ void add_profile_command(CLI::App& app) {
                                std::to_string(Qwen35Model::bucket_for(std::min(n_prompt, fo.max_batch), fo)) + "): " +
                                std::to_string(1000.0 * n_prompt / pp_ms) + " tok/s";
         print_table(t1.c_str(), prefill, pp_ms);
-        const std::string t2 = "decode step at position " + std::to_string(depth + n_prompt) + ": " +
-                               std::to_string(1000.0 / tg_ms) + " tok/s";
+        const std::string t2 = (n_gen == 1 ? std::string("decode step") : std::to_string(n_gen) + " decode steps") +
+                               " from position " + std::to_string(depth + n_prompt) + ": " +
+                               std::to_string(1000.0 * n_gen / tg_ms) + " tok/s";
         print_table(t2.c_str(), decode, tg_ms);
         if (!trace.empty()) {
             std::ofstream out(trace);

@@ -267,6 +267,12 @@ TEST_F(Cli, ProfileTableAndTrace) {
     EXPECT_NE(pieces.output.find("bucket 64"), std::string::npos) << pieces.output;
     auto j = nlohmann::json::parse(std::ifstream(trace));
     EXPECT_GT(j["traceEvents"].size(), 20u);
+    // -n N profiles N decode steps: every decode kernel is called N times as often.
+    Result steps = run("profile -m " + model + " -p 16 -n 5", false);
+    ASSERT_EQ(steps.code, 0) << steps.output;
+    EXPECT_NE(steps.output.find("5 decode steps from position 16"), std::string::npos) << steps.output;
+    EXPECT_NE(steps.output.find("| embed | 5 |"), std::string::npos) << steps.output;
+    expect_error(run("profile -m " + model + " -p 16 -n 0"), "-n");
 }
 
 }  // namespace

@@ -32,6 +32,9 @@ namespace {
 constexpr int kRowsPerBlock = 32;     // query rows per block (group x tokens): K/V reuse vs L1
 constexpr int64_t kMinSplitKeys = 256;  // a key split below this is not worth its merge
 constexpr int kItemsPerThread = 4;    // blocks per thread to aim for, for balance
+constexpr int64_t kVerifyTokens = 4;  // calls of up to this many tokens: decode and verification
+constexpr int64_t kGridKeys = 256;    // ... cut their keys on this fixed grid of absolute positions
+static_assert(kGridKeys % attn::kKeyTile == 0, "grid cells start on key-tile boundaries");
 
 }  // namespace
 
@@ -52,10 +55,22 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
     // across threads, and a block takes every KV group (ng = n_kv): each thread then streams
     // whole cache rows of its key range, one contiguous stream per cache, which the hardware
     // prefetchers follow, instead of every other 256-element slice of them.
+    //
+    // Decode and speculative verification (T <= kVerifyTokens) always cut the keys on a fixed
+    // grid of absolute positions, [c * kGridKeys, (c + 1) * kGridKeys), whatever T, n_past and
+    // the thread count: a row's arithmetic (its cells, their tiles, the merge order) then
+    // depends on its own position only, so a verification call of up to 4 tokens reproduces
+    // the decode steps bit for bit. (A split sized from n_past + T would move the boundaries
+    // with T.) Cells past a row's causal limit are empty for it and skipped by the merge; one
+    // non-empty cell merges to the same bits as the unsplit path (weight exp2(0) = 1).
     const int64_t target = int64_t(kItemsPerThread) * n_threads();
+    const bool grid = T <= kVerifyTokens;
     int ng = 1;
     int64_t ns = 1;
-    if (n_qb * n_kv < target) {
+    if (grid) {
+        ns = (n_past + T + kGridKeys - 1) / kGridKeys;
+        if (ns > 1) ng = n_kv;
+    } else if (n_qb * n_kv < target) {
         const int64_t splits = std::min((target + n_qb - 1) / n_qb, (n_past + T + kMinSplitKeys - 1) / kMinSplitKeys);
         if (splits > 1) {
             ng = n_kv;
@@ -95,7 +110,7 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
         b.part_rows = part_rows;
         const int64_t n_keys = n_past + b.t0 + b.tq;  // keys the block's last row sees
         const int64_t per = (n_keys + ns - 1) / ns;
-        const int64_t chunk = (per + attn::kKeyTile - 1) / attn::kKeyTile * attn::kKeyTile;
+        const int64_t chunk = grid ? kGridKeys : (per + attn::kKeyTile - 1) / attn::kKeyTile * attn::kKeyTile;
         b.key_begin = std::min(n_keys, split * chunk);
         b.key_end = std::min(n_keys, (split + 1) * chunk);
         return b;

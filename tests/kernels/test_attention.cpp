@@ -207,6 +207,41 @@ TEST(Attention, F16CacheIsRoundedNotFp32) {
     EXPECT_LT(rel, 2e-3);
 }
 
+// Speculative verification runs 2-4 tokens per call and must reproduce decode bit for bit:
+// token t of a call at n_past = P must get the bits a 1-token call at n_past = P + t gets.
+// Positions around the key-split thresholds and split boundaries, where the split layout of
+// the two calls could differ, on every ISA path and with both threads counts in use.
+TEST(Attention, VerificationWidthsReproduceDecodeBitForBit) {
+    std::mt19937 rng(23);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int n_head = 8, n_kv = 2, hd = 64;
+    const int64_t kvw = int64_t(n_kv) * hd, n_ctx = 2100;
+    std::vector<float> kf(size_t(n_ctx * kvw)), vf(kf.size()), q(size_t(4 * n_head * hd));
+    for (auto& e : kf) e = nd(rng);
+    for (auto& e : vf) e = nd(rng);
+    for (auto& e : q) e = nd(rng);
+    const std::vector<uint8_t> kc = cache_bytes(kf, F16), vc = cache_bytes(vf, F16);
+    const ref::AttentionShape s{n_head, n_kv, hd, 1.0f / std::sqrt(float(hd)), F16, F16};
+    const int saved = cpu::n_threads();
+    for (int threads : {1, 2, 3}) {
+        cpu::set_n_threads(threads);
+        for (Isa isa : isas())
+            for (int64_t P : {250, 253, 254, 255, 256, 511, 765, 766, 767, 1020, 1021, 2040, 2047})
+                for (int64_t T = 2; T <= 4; ++T) {
+                    std::vector<float> wide(size_t(T * n_head * hd), NAN);
+                    cpu::attention(s, q.data(), kc.data(), vc.data(), wide.data(), T, P, isa);
+                    for (int64_t t = 0; t < T; ++t) {
+                        std::vector<float> one(size_t(n_head * hd), NAN);
+                        cpu::attention(s, q.data() + t * n_head * hd, kc.data(), vc.data(), one.data(), 1, P + t, isa);
+                        ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + t * n_head * hd, one.size() * 4))
+                            << cpu::isa_name(isa) << " threads=" << threads << " n_past=" << P << " T=" << T
+                            << " t=" << t;
+                    }
+                }
+    }
+    cpu::set_n_threads(saved);
+}
+
 TEST(Attention, RejectsOtherCacheTypes) {
     std::vector<float> q(256), k(512), v(512), out(256);
     ref::AttentionShape s{1, 1, 256, 0.0625f, GgmlType::Q8_0, F16};

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <unistd.h>
 
 #include "alloy/error.h"
@@ -231,6 +232,33 @@ TEST(HfFixturePieces, PiecesEqualOneCall) {
         m.forward(s2, ids.data(), int(ids.size()), pieces, b.data());
         EXPECT_LT(max_row_rel_error(b, a, V), 1e-5) << chunk;
         EXPECT_EQ(s1.n_past, s2.n_past);
+    }
+}
+
+// Verification deep in the context: after a 250-token prompt, the next 12 tokens as calls of
+// 2, 3 and 4 tokens give the bits of 12 decode steps, across the attention's 256-key grid
+// boundary (kernels/cpu/attention.cpp), with both cache types.
+TEST(HfFixtureDeep, VerificationReproducesDecodeAcrossKeyCells) {
+    Fixture& f = fixture("r1_tied");
+    const Qwen35Model& m = *f.model;
+    const size_t V = size_t(m.hparams().n_vocab);
+    std::mt19937 rng(5);
+    std::vector<int32_t> ids(262);
+    for (auto& id : ids) id = int32_t(rng() % uint32_t(V));
+    for (KvCacheTypes kv : {KvCacheTypes{}, kF32Cache}) {
+        auto run = [&](int width) {
+            SequenceState st = m.new_state(300, kv);
+            ForwardOptions fo;
+            fo.all_logits = true;
+            std::vector<float> prompt(250 * V), out(12 * V);
+            m.forward(st, ids.data(), 250, fo, prompt.data());
+            fo.gdn_mode = ref::GdnMode::Serial;
+            for (int t = 0; t < 12; t += width) m.forward(st, &ids[size_t(250 + t)], width, fo, out.data() + t * V);
+            return out;
+        };
+        const std::vector<float> decode = run(1);
+        for (int width : {2, 3, 4})
+            EXPECT_EQ(run(width), decode) << "width " << width << ", " << type_traits(kv.k).name << " cache";
     }
 }
 

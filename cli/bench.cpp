@@ -3,6 +3,7 @@
 // repetition is cold (plan building, page faults) and is reported apart, the median and
 // stddev come from the rest; every sample is kept. `-o json` uses llama-bench's field names.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -192,6 +193,25 @@ void add_bench_command(CLI::App& app) {
         }
         const uint64_t rss = peak_rss_bytes();
 
+        // Per-op synchronization cost of the thread pool (a decode step runs ~300 parallel
+        // regions), next to an empty OpenMP parallel region, per thread count used.
+        struct SyncCost {
+            double pool_us = 0, omp_us = 0;
+        };
+        std::map<int, SyncCost> sync;
+        for (int t : th) {
+            cpu::set_n_threads(t);
+            SyncCost& c = sync[t];
+            c.pool_us = cpu::region_overhead_us(20000);
+            std::atomic<int64_t> sink{0};
+            const auto o0 = std::chrono::steady_clock::now();
+            for (int r = 0; r < 20000; ++r) {
+#pragma omp parallel num_threads(t)
+                sink.fetch_add(1, std::memory_order_relaxed);
+            }
+            c.omp_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - o0).count() / 20000;
+        }
+
         // Bytes a decode step of test t streams on average: weights (LM head included), GDN
         // state read and write, and the KV cache at the mean depth of the test.
         auto decode_bytes = [&](const Test& t) {
@@ -233,6 +253,9 @@ void add_bench_command(CLI::App& app) {
             }
             std::printf("\nbuild %s, cpu %s, peak RSS %.2f GiB, %d repetitions (first reported as cold)\n",
                         ALLOY_GIT_COMMIT, cpu_name().c_str(), double(rss) / (1 << 30), reps);
+            for (const auto& [t, c] : sync)
+                std::printf("thread pool, %d threads: %.2f us per parallel region (an empty OpenMP region: %.2f us)\n",
+                            t, c.pool_us, c.omp_us);
             return;
         }
         nlohmann::json all = nlohmann::json::array();
@@ -274,6 +297,8 @@ void add_bench_command(CLI::App& app) {
             j["cold_ts"] = 1e9 * t.tokens() / t.samples_ns[0];
             j["gdn"] = t.gdn;
             j["peak_rss_bytes"] = rss;
+            j["pool_region_us"] = sync[t.threads].pool_us;
+            j["omp_region_us"] = sync[t.threads].omp_us;
             if (t.n_gen) {
                 j["read_bw_probe_gbs"] = t.probe_gbs;
                 j["decode_bytes_per_token"] = decode_bytes(t);

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -119,5 +120,14 @@ Pool& pool() {
 int n_threads() { return pool().size(); }
 void set_n_threads(int n) { pool().resize(n); }
 void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn) { pool().run(n, fn); }
+
+double region_overhead_us(int64_t regions) {
+    std::atomic<int64_t> sink{0};
+    const int64_t items = n_threads();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t r = 0; r < regions; ++r) parallel_for(items, [&](int64_t i, int) { sink.fetch_add(i, std::memory_order_relaxed); });
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    return regions > 0 ? us / double(regions) : 0.0;
+}
 
 }  // namespace alloy::cpu

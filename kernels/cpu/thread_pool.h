@@ -18,6 +18,10 @@ int n_threads();
 // Resizes the pool (>= 1). Call before work starts, from one thread.
 void set_n_threads(int n);
 
+// The pool's per-op synchronization cost: mean wall time of one parallel region whose
+// n_threads() items do nothing, over `regions` back-to-back regions (microseconds).
+double region_overhead_us(int64_t regions = 20000);
+
 // Type-erased core; prefer the template below.
 void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn);
 

@@ -233,6 +233,14 @@ TEST_F(Cli, BenchJsonUsesLlamaBenchFields) {
             EXPECT_TRUE(t.contains(f)) << f;
         EXPECT_EQ(t["samples_ts"].size(), 2u);  // the cold repetition is reported apart
         EXPECT_GT(t["avg_ts"].get<double>(), 0);
+        // Alloy's additions: the pool's per-region cost (and OpenMP's, for comparison); for
+        // decode tests the bandwidth probe and the bytes per token it is compared with.
+        EXPECT_GE(t["pool_region_us"].get<double>(), 0.0);
+        EXPECT_GT(t["omp_region_us"].get<double>(), 0.0);
+        if (t["n_gen"].get<int>() > 0) {
+            EXPECT_GT(t["read_bw_probe_gbs"].get<double>(), 0.0);
+            EXPECT_GT(t["decode_bytes_per_token"].get<double>(), 0.0);
+        }
     }
     EXPECT_EQ(j[1]["n_gen"], 4);
     EXPECT_EQ(j[3]["n_depth"], 8);

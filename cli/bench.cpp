@@ -55,7 +55,7 @@ struct Test {
     std::string gdn, type_k, type_v;
     int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
     std::vector<double> samples_ns;  // all repetitions, the cold one first
-    double probe_gbs = 0;            // decode tests: read bandwidth, mean of probes before and after
+    double probe_gbs = 0;            // decode tests: read bandwidth, median of probes between repetitions
     std::string name() const {
         std::string n = n_prompt ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
         return n_depth ? n + " @ d" + std::to_string(n_depth) : n;
@@ -151,16 +151,18 @@ void add_bench_command(CLI::App& app) {
                         }
         // Decode is bandwidth-bound and this host's bandwidth drifts between runs, so each decode
         // test probes the read bandwidth on the model's largest tensor (already mapped, larger
-        // than the caches) before and after its repetitions: the test's effective GB/s is then
-        // stated against the mean of the two.
+        // than the caches) before each warm repetition and after the last: the test's
+        // effective GB/s is then stated against the median of those probes.
         const gguf::TensorInfo* largest = nullptr;
         for (const auto& ti : lm.file->tensors())
             if (!largest || ti.nbytes > largest->nbytes) largest = &ti;
         using clock = std::chrono::steady_clock;
         for (Test& t : tests) {
             cpu::set_n_threads(t.threads);
-            auto probe = [&] { return cpu::measure_read_bandwidth(largest->data, largest->nbytes, 3).gb_per_s; };
-            const double probe_before = t.n_gen && largest ? probe() : 0.0;
+            std::vector<double> probes;  // decode tests: one per repetition, taken just before it
+            auto probe = [&] {
+                if (t.n_gen && largest) probes.push_back(cpu::measure_read_bandwidth(largest->data, largest->nbytes, 3).gb_per_s);
+            };
             ForwardOptions fo;
             fo.gdn_mode = t.gdn == "serial" ? ref::GdnMode::Serial : ref::GdnMode::Chunked;
             fo.gdn_chunk = chunk;
@@ -180,6 +182,7 @@ void add_bench_command(CLI::App& app) {
                     m.forward(st, ctx.data(), t.n_depth, fo, logits.data());
                 }
                 const auto ids = random_ids(t.tokens());
+                if (r > 0) probe();  // the cold repetition is not compared with the floor
                 const auto t0 = clock::now();
                 if (t.n_prompt) {
                     m.forward(st, ids.data(), t.n_prompt, fo, logits.data());
@@ -188,7 +191,8 @@ void add_bench_command(CLI::App& app) {
                 }
                 t.samples_ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count());
             }
-            if (probe_before > 0) t.probe_gbs = 0.5 * (probe_before + probe());  // the host drifts during a test
+            probe();  // and one after the last repetition
+            if (!probes.empty()) t.probe_gbs = median(probes);
             if (output == "md") std::fprintf(stderr, "  done %s (%s, %d threads)\n", t.name().c_str(), t.gdn.c_str(), t.threads);
         }
         const uint64_t rss = peak_rss_bytes();

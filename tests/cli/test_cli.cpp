@@ -11,6 +11,7 @@
 
 #include "format/gguf.h"
 #include "model/convert_qwen35.h"
+#include "tests/logits_error.h"
 
 namespace alloy {
 namespace {
@@ -113,17 +114,7 @@ TEST_F(Cli, LogitsMatchTransformersWithEitherCache) {
         std::vector<float> got(want.size());
         f.read(reinterpret_cast<char*>(got.data()), std::streamsize(got.size() * 4));
         ASSERT_TRUE(f.good()) << out;
-        double worst = 0;
-        for (size_t row = 0; row < got.size() / V; ++row) {
-            double num = 0, den = 0;
-            for (size_t v = 0; v < V; ++v) {
-                const double d = double(got[row * V + v]) - want[row * V + v];
-                num += d * d;
-                den += double(want[row * V + v]) * want[row * V + v];
-            }
-            worst = std::max(worst, std::sqrt(num / den));
-        }
-        EXPECT_LT(worst, tol) << "cache flags '" << cache << "'";
+        EXPECT_LT(test::max_row_rel_error(got, want, V), tol) << "cache flags '" << cache << "'";
     }
 }
 

@@ -19,6 +19,7 @@
 #include "model/convert_qwen35.h"
 #include "model/qwen35.h"
 #include "runtime/sampler.h"
+#include "tests/logits_error.h"
 
 namespace alloy {
 namespace {
@@ -60,20 +61,7 @@ std::vector<float> read_f32(const std::string& path) {
     return v;
 }
 
-// Max over positions of ||a_t - b_t|| / ||b_t||.
-double max_row_rel_error(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
-    double worst = 0;
-    for (size_t r = 0; r < a.size() / V; ++r) {
-        double num = 0, den = 0;
-        for (size_t v = 0; v < V; ++v) {
-            const double d = double(a[r * V + v]) - b[r * V + v];
-            num += d * d;
-            den += double(b[r * V + v]) * b[r * V + v];
-        }
-        worst = std::max(worst, std::sqrt(num / den));
-    }
-    return worst;
-}
+using test::max_row_rel_error;
 
 enum class Path { Serial, Chunked64, Chunked16, Decode };
 

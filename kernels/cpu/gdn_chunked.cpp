@@ -1,8 +1,11 @@
 // Gated delta rule, chunked form on the CPU (prefill). Contract: kernels/cpu/gdn.h; math:
 // spec/GDN.md section 2, same splits as the reference (kernels/ref/gdn_delta.cpp) but every
-// product is a small register-tiled GEMM (gdn_gemm.h) and the state-independent stage 1 runs
-// in batches of chunks, so that its products (~147 KiB per chunk and head at C = 64, d = 128)
-// stay cache-sized instead of being kept for the whole prompt.
+// product is a small register-tiled GEMM (gdn_gemm.h), and a chunk's stage-1 products
+// (~147 KiB per chunk and head at C = 64, d = 128) are consumed soon after they are made
+// instead of being kept for the whole prompt. Two schedules, picked at launch (delta_chunked):
+// pipelined (per (sequence, head), stage 1 then stage 2 chunk by chunk in one thread) when the
+// pairs keep every thread busy, else batched (stage 1 of a batch of chunks in parallel over
+// (chunk, head), then stage 2). The arithmetic per chunk is the same: the bits are too.
 //
 // Per chunk of n <= C tokens of one (sequence, value head), t0 its first token:
 //   stage 1 (parallel over (sequence, chunk, head) of the batch):

@@ -105,31 +105,6 @@ void gated_norm_portable(const float* o, const float* z, const float* norm, floa
     for (int j = 0; j < n; ++j) y[j] = o[j] * inv * norm[j] * ref::silu(z[j]);
 }
 
-void check_fused_args(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
-                      const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
-                      float* state, float* y, const char* op) {
-    ref::detail::check_shape(p.shape, op);
-    ref::detail::check_seq_offsets(n_seqs, seq_offsets, op);
-    if (p.conv_kernel < 1)
-        throw Error(std::string(op) + ": conv_kernel=" + std::to_string(p.conv_kernel) + " must be >= 1");
-    if (p.mode == GdnMode::Chunked && p.chunk_size < 1)
-        throw Error(std::string(op) + ": chunk_size=" + std::to_string(p.chunk_size) + " must be >= 1");
-    if (!(p.eps >= 0.0f)) throw Error(std::string(op) + ": eps must be >= 0");
-    if (n_seqs == 0) return;
-    ref::detail::check_ptr(state, op, "state");
-    if (p.conv_kernel > 1) ref::detail::check_ptr(conv_state, op, "conv_state");
-    if (seq_offsets[n_seqs] > seq_offsets[0]) {
-        ref::detail::check_ptr(qkv, op, "qkv");
-        ref::detail::check_ptr(z, op, "z");
-        ref::detail::check_ptr(a, op, "a");
-        ref::detail::check_ptr(b, op, "b");
-        ref::detail::check_ptr(y, op, "y");
-        ref::detail::check_ptr(w.conv1d, op, "weights.conv1d");
-        ref::detail::check_ptr(w.ssm_a, op, "weights.ssm_a");
-        ref::detail::check_ptr(w.dt_bias, op, "weights.dt_bias");
-        ref::detail::check_ptr(w.norm, op, "weights.norm");
-    }
-}
 
 }  // namespace
 
@@ -138,7 +113,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
                float* state, float* y) {
     const char* op = "cpu::gdn_fused";
     gdn::check_isa(isa, op);
-    check_fused_args(p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, op);
+    ref::detail::check_fused_args(p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, op);
     if (n_seqs == 0) return;
     const bool avx512 = isa == Isa::Avx512;
     const GdnShape& sh = p.shape;

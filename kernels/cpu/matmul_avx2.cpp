@@ -15,11 +15,6 @@
 namespace alloy::cpu::mm {
 namespace {
 
-inline uint16_t load_u16(const void* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
 
 ALLOY_AVX2_TARGET inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

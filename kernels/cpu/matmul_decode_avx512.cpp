@@ -28,11 +28,6 @@ constexpr int kRows = 16;
 constexpr int kBlockBytes = 34;       // Q8_0: f16 scale + 32 int8
 constexpr int kPrefetchBytes = 1024;  // software prefetch distance along each row
 
-inline int32_t load_i32(const void* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 // Row pointers of the call; rows past nr repeat the last row (read, never stored).
 struct Rows {

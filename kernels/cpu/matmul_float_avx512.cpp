@@ -21,16 +21,6 @@ TileKernel tile_avx512_q8();
 
 namespace {
 
-inline int32_t load_i32(const void* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-inline float load_f32(const void* p) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 // ---------------------------------------------------------------------------------------
 // GEMM tiles. BF16: per k-pair, one 32-bit broadcast per row (2 bf16) x NV panel vectors.

@@ -11,10 +11,23 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/ref/weight.h"
 
 namespace alloy::cpu::mm {
+
+// An unaligned little value out of a GGUF row or activation buffer (memcpy: no aliasing or
+// alignment assumptions; compiles to one load).
+template <class T>
+inline T load_as(const void* p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+inline uint16_t load_u16(const void* p) { return load_as<uint16_t>(p); }
+inline int32_t load_i32(const void* p) { return load_as<int32_t>(p); }
+inline float load_f32(const void* p) { return load_as<float>(p); }
 
 constexpr int kGroup = 16;   // tokens per ActPanel group (one zmm of int32/fp32 lanes)
 constexpr int kQ8 = 32;      // Q8_0 block size

@@ -21,16 +21,6 @@ namespace {
 
 constexpr int kBlockBytes = 34;       // f16 scale + 32 int8
 
-inline uint16_t load_u16(const void* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
-inline int32_t load_i32(const void* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 // ---------------------------------------------------------------------------------------
 // Prefill (GEMM): R rows x NV groups of 16 tokens. Per k-quad, each row's 4 weight bytes are

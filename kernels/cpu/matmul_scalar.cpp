@@ -8,11 +8,6 @@
 namespace alloy::cpu::mm {
 namespace {
 
-inline uint16_t load_u16(const void* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
 
 float dot_q8(const uint8_t* w, const ActRows& a, int64_t t) {
     const int64_t nb = a.K / kQ8;

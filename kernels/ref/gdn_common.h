@@ -61,4 +61,32 @@ inline void check_ptr(const void* p, const char* op, const char* name) {
     if (p == nullptr) throw Error(std::string(op) + ": " + name + " is null");
 }
 
+// The arguments of the fused layer op (ref::gdn_fused and every backend's): parameters,
+// offsets, and the pointers the call will touch (none when there are no tokens).
+inline void check_fused_args(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+                             const float* qkv, const float* z, const float* a, const float* b,
+                             const float* conv_state, const float* state, const float* y, const char* op) {
+    check_shape(p.shape, op);
+    check_seq_offsets(n_seqs, seq_offsets, op);
+    if (p.conv_kernel < 1)
+        throw Error(std::string(op) + ": conv_kernel=" + std::to_string(p.conv_kernel) + " must be >= 1");
+    if (p.mode == GdnMode::Chunked && p.chunk_size < 1)
+        throw Error(std::string(op) + ": chunk_size=" + std::to_string(p.chunk_size) + " must be >= 1");
+    if (!(p.eps >= 0.0f)) throw Error(std::string(op) + ": eps must be >= 0");
+    if (n_seqs == 0) return;
+    check_ptr(state, op, "state");
+    if (p.conv_kernel > 1) check_ptr(conv_state, op, "conv_state");
+    if (seq_offsets[n_seqs] > seq_offsets[0]) {
+        check_ptr(qkv, op, "qkv");
+        check_ptr(z, op, "z");
+        check_ptr(a, op, "a");
+        check_ptr(b, op, "b");
+        check_ptr(y, op, "y");
+        check_ptr(w.conv1d, op, "weights.conv1d");
+        check_ptr(w.ssm_a, op, "weights.ssm_a");
+        check_ptr(w.dt_bias, op, "weights.dt_bias");
+        check_ptr(w.norm, op, "weights.norm");
+    }
+}
+
 }  // namespace alloy::ref::detail

@@ -50,34 +50,14 @@ void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_
                const float* qkv, const float* z, const float* a, const float* b,
                float* conv_state, float* state, float* y) {
     const char* op = "gdn_fused";
-    const GdnShape& sh = p.shape;
-    detail::check_shape(sh, op);
-    detail::check_seq_offsets(n_seqs, seq_offsets, op);
-    if (p.conv_kernel < 1)
-        throw Error(std::string(op) + ": conv_kernel=" + std::to_string(p.conv_kernel) + " must be >= 1");
-    if (p.mode == GdnMode::Chunked && p.chunk_size < 1)
-        throw Error(std::string(op) + ": chunk_size=" + std::to_string(p.chunk_size) + " must be >= 1");
-    if (!(p.eps >= 0.0f)) throw Error(std::string(op) + ": eps must be >= 0");
+    detail::check_fused_args(p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, op);
     if (n_seqs == 0) return;
-    detail::check_ptr(state, op, "state");
-    if (p.conv_kernel > 1) detail::check_ptr(conv_state, op, "conv_state");
-
+    const GdnShape& sh = p.shape;
     const int H_k = sh.H_k, H_v = sh.H_v, d_k = sh.d_k, d_v = sh.d_v, K = p.conv_kernel;
     const int key_dim = H_k * d_k, value_dim = H_v * d_v;
     const int conv_dim = 2 * key_dim + value_dim;
     const int base = seq_offsets[0];
     const int T = seq_offsets[n_seqs] - base;  // tokens of all sequences
-    if (T > 0) {
-        detail::check_ptr(qkv, op, "qkv");
-        detail::check_ptr(z, op, "z");
-        detail::check_ptr(a, op, "a");
-        detail::check_ptr(b, op, "b");
-        detail::check_ptr(y, op, "y");
-        detail::check_ptr(w.conv1d, op, "weights.conv1d");
-        detail::check_ptr(w.ssm_a, op, "weights.ssm_a");
-        detail::check_ptr(w.dt_bias, op, "weights.dt_bias");
-        detail::check_ptr(w.norm, op, "weights.norm");
-    }
     // Work on tokens [base, base+T) re-indexed from 0.
     std::vector<int32_t> offs(n_seqs + 1);
     for (int s = 0; s <= n_seqs; ++s) offs[s] = seq_offsets[s] - base;

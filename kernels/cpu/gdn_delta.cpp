@@ -7,7 +7,8 @@
 //   S_j' = alpha S_j + delta_j k                 (one write)
 // AVX-512: 8 columns at a time (their 16 dot products reduced by one transposing tree); for
 // T > 1 a group of 4 such blocks (16 KiB) stays in L1 while up to 64 tokens pass over it, so the
-// state is read from L2/memory once per 64 tokens, not per token; T = 1 streams it once.
+// state is read from L2/memory once per 64 tokens, not per token; T = 1 streams it once, in
+// address order (see step_avx512).
 // Parallel over (sequence, head) only, so each head's arithmetic never depends on the thread
 // count, and its per-column operation sequence never depends on how tokens are split over
 // calls: both properties are part of the decode/verification contract.
@@ -92,17 +93,6 @@ ALLOY_AVX512 inline void store(float* p, __m512 x, __mmask16 m, bool masked) {
         _mm512_storeu_ps(p, x);
 }
 
-// acc[c] += S_c[i:i+16] * k[i:i+16], acc[8 + c] += S_c[i:i+16] * q[i:i+16]
-ALLOY_AVX512 inline void dots_at(const float* cols, int d_k, const float* k, const float* q, int i, __mmask16 m,
-                                 bool masked, __m512 (&acc)[2 * kCols]) {
-    const __m512 kv = load(k + i, m, masked), qv = load(q + i, m, masked);
-    for (int c = 0; c < kCols; ++c) {
-        const __m512 s = load(cols + (std::size_t)c * d_k + i, m, masked);
-        acc[c] = _mm512_fmadd_ps(s, kv, acc[c]);
-        acc[kCols + c] = _mm512_fmadd_ps(s, qv, acc[kCols + c]);
-    }
-}
-
 // S_c[i:i+16] = alpha S_c[i:i+16] + delta_c k[i:i+16]
 ALLOY_AVX512 inline void update_at(float* cols, int d_k, const float* k, int i, __mmask16 m, bool masked,
                                    __m512 alpha, const float* delta) {
@@ -122,8 +112,22 @@ ALLOY_AVX512 void step_avx512(float* cols, int d_k, const float* k, const float*
     const __mmask16 tail = gdn_simd::lanes(d_k - full);
     __m512 acc[2 * kCols];  // [0, 8): S_c . k, [8, 16): S_c . q
     for (auto& a : acc) a = _mm512_setzero_ps();
-    for (int i = 0; i < full; i += 16) dots_at(cols, d_k, k, q, i, 0xFFFF, false, acc);
-    if (full < d_k) dots_at(cols, d_k, k, q, full, tail, true, acc);
+    // Column by column, so that the reads walk the block's 4 KiB in address order: decode
+    // streams the state from memory, and the hardware prefetcher follows one sequential stream
+    // far better than 8 interleaved ones 512 bytes apart. Each sum keeps its order over i.
+    for (int c = 0; c < kCols; ++c) {
+        const float* col = cols + (std::size_t)c * d_k;
+        for (int i = 0; i < full; i += 16) {
+            const __m512 s = _mm512_loadu_ps(col + i);
+            acc[c] = _mm512_fmadd_ps(s, _mm512_loadu_ps(k + i), acc[c]);
+            acc[kCols + c] = _mm512_fmadd_ps(s, _mm512_loadu_ps(q + i), acc[kCols + c]);
+        }
+        if (full < d_k) {
+            const __m512 s = _mm512_maskz_loadu_ps(tail, col + full);
+            acc[c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(tail, k + full), acc[c]);
+            acc[kCols + c] = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(tail, q + full), acc[kCols + c]);
+        }
+    }
     const __m512 sums = reduce16(acc);
     const __m256 sk = _mm512_castps512_ps256(sums);
     const __m256 sq = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sums), 1));
@@ -138,13 +142,9 @@ ALLOY_AVX512 void step_avx512(float* cols, int d_k, const float* k, const float*
     if (full < d_k) update_at(cols, d_k, k, full, tail, true, a16, d);
 }
 
-// Prefetch the cache lines of x[0, n).
-inline void prefetch_row(const float* x, int n, int hint) {
-    for (int i = 0; i < n; i += 16)
-        switch (hint) {
-            case _MM_HINT_T0: _mm_prefetch((const char*)(x + i), _MM_HINT_T0); break;
-            default: _mm_prefetch((const char*)(x + i), _MM_HINT_T1); break;
-        }
+// Prefetch the cache lines of x[0, n) into L2.
+inline void prefetch_row(const float* x, int n) {
+    for (int i = 0; i < n; i += 16) _mm_prefetch((const char*)(x + i), _MM_HINT_T1);
 }
 
 // pad: [kCols, d_k] scratch for a last block of fewer than kCols columns. Blocks of a group
@@ -159,9 +159,9 @@ ALLOY_AVX512 void head_avx512(const DeltaIo& io, int seq, int h, float* pad) {
         for (int r = 0; r < n; ++r) {
             // The rows of q, k, v are 8 KiB apart in the token-major inputs: without a prefetch
             // each one is a cache miss inside the dependent per-token chain of the first group.
-            prefetch_row(io.k_at(t0 + r, kh), d_k, _MM_HINT_T1);
-            prefetch_row(io.q_at(t0 + r, kh), d_k, _MM_HINT_T1);
-            prefetch_row(io.v_at(t0 + r, h), d_v, _MM_HINT_T1);
+            prefetch_row(io.k_at(t0 + r, kh), d_k);
+            prefetch_row(io.q_at(t0 + r, kh), d_k);
+            prefetch_row(io.v_at(t0 + r, h), d_v);
         }
         for (int r = 0; r < n; ++r) {
             alpha[r] = std::exp(io.g[(t0 + r) * H_v + h]);
@@ -180,10 +180,9 @@ ALLOY_AVX512 void head_avx512(const DeltaIo& io, int seq, int h, float* pad) {
                     cols[nb] = pad;
                 }
             }
-            // Decode streams the state from memory: ask for the next group's 16 KiB early.
-            if (n < 4 && g0 + kCols * kGroup < d_v)
-                prefetch_row(S + (std::size_t)(g0 + kCols * kGroup) * d_k,
-                             std::min(kCols * kGroup, d_v - g0 - kCols * kGroup) * d_k, _MM_HINT_T0);
+            // No software prefetch of the next group: decode streams the state in address order
+            // and the hardware prefetcher keeps up; a 16 KiB prefetch burst per group made the
+            // 1 MiB decode pass take 56 us instead of 42 (microbenchmark in NOTES.md).
             for (int r = 0; r < n; ++r)
                 for (int b = 0; b < nb; ++b)
                     step_avx512(cols[b], d_k, io.k_at(t0 + r, kh), io.q_at(t0 + r, kh),

@@ -24,6 +24,7 @@ namespace {
 
 constexpr int kTokBlock = 32;     // tokens per work item of the elementwise stages
 constexpr int kChanBlock = 512;   // conv channels per work item (2 KiB per row)
+constexpr int kDirectConvTokens = 16;  // longest sequence of the channel-major conv (decode, verification)
 
 // Inputs of the conv for one sequence: input time tau < 0 reads the carried state.
 struct ConvSeq {
@@ -47,6 +48,45 @@ ALLOY_AVX512 void conv_rows_avx512(const ConvSeq& cs, int conv_dim, int K, const
                                       _mm512_maskz_loadu_ps(m, cs.row(t - (K - 1) + tap, conv_dim, K) + c), acc);
             _mm512_mask_storeu_ps(u + (std::size_t)t * conv_dim + c, m, gdn_simd::silu512(acc));
         }
+}
+
+// The same conv for a short sequence (n <= kDirectConvTokens) straight from the stored layouts:
+// taps w [conv_dim, K] and state hist [conv_dim, K-1] (updated in place to the last K-1 inputs).
+// Per value: acc = 0, then one FMA per tap, oldest first, as conv_rows_avx512 does. K is a
+// template argument so that the per-channel window lives in registers.
+template <int K>
+ALLOY_AVX512 void conv_direct_avx512(const float* x, int n, int conv_dim, const float* w, float* hist, int c0,
+                                     int c1, float* u) {
+    for (int c = c0; c < c1; ++c) {
+        const float* wc = w + (std::size_t)c * K;
+        float* hc = hist + (std::size_t)c * (K - 1);
+        float win[K - 1 + kDirectConvTokens];  // [K-1 state | n inputs] of channel c
+        for (int i = 0; i < K - 1; ++i) win[i] = hc[i];
+        for (int t = 0; t < n; ++t) win[K - 1 + t] = x[(std::size_t)t * conv_dim + c];
+        for (int t = 0; t < n; ++t) {
+            float acc = 0.0f;
+            for (int tap = 0; tap < K; ++tap) acc = std::fma(wc[tap], win[t + tap], acc);
+            u[(std::size_t)t * conv_dim + c] = acc;
+        }
+        for (int i = 0; i < K - 1; ++i) hc[i] = win[n + i];
+    }
+    for (int t = 0; t < n; ++t)
+        for (int c = c0; c < c1; c += 16) {
+            const __mmask16 m = gdn_simd::lanes(c1 - c);
+            float* p = u + (std::size_t)t * conv_dim + c;
+            _mm512_mask_storeu_ps(p, m, gdn_simd::silu512(_mm512_maskz_loadu_ps(m, p)));
+        }
+}
+
+// conv_direct_avx512 for the K of the call; false when it has no instance for that K.
+bool conv_direct(int K, const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
+                 float* u) {
+    switch (K) {
+        case 2: conv_direct_avx512<2>(x, n, conv_dim, w, hist, c0, c1, u); return true;
+        case 3: conv_direct_avx512<3>(x, n, conv_dim, w, hist, c0, c1, u); return true;
+        case 4: conv_direct_avx512<4>(x, n, conv_dim, w, hist, c0, c1, u); return true;
+        default: return false;
+    }
 }
 
 void conv_rows_portable(const ConvSeq& cs, int conv_dim, int K, const float* wT, int t0, int t1, int c0,
@@ -125,41 +165,55 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     for (int s = 0; s <= n_seqs; ++s) offs[s] = seq_offsets[s] - base;
     const std::size_t t0 = (std::size_t)base;
 
-    // 1. conv + SiLU. Taps transposed to [K, conv_dim] and each state to [K-1, conv_dim] so
-    // that a tap is a contiguous row like the inputs.
-    std::vector<float> wT((std::size_t)K * conv_dim), prev((std::size_t)n_seqs * (K - 1) * conv_dim);
-    for (int c = 0; c < conv_dim; ++c)
-        for (int tap = 0; tap < K; ++tap) wT[(std::size_t)tap * conv_dim + c] = w.conv1d[(std::size_t)c * K + tap];
-    std::vector<ConvSeq> seqs(n_seqs);
-    for (int s = 0; s < n_seqs; ++s) {
-        float* ps = prev.data() + (std::size_t)s * (K - 1) * conv_dim;
-        const float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
-        for (int c = 0; c < conv_dim; ++c)
-            for (int i = 0; i < K - 1; ++i) ps[(std::size_t)i * conv_dim + c] = hs[(std::size_t)c * (K - 1) + i];
-        seqs[s] = {qkv + (t0 + offs[s]) * conv_dim, ps, offs[s + 1] - offs[s]};
-    }
+    // 1. conv + SiLU. Decode and verification (every sequence at most kDirectConvTokens long)
+    // read taps and state in their stored channel-major layout; longer inputs transpose them
+    // to [K, conv_dim] once per call so that a tap is a contiguous row like the inputs. Both
+    // paths do the same operations per value, so they give the same bits.
     float* u = gdn::workspace(gdn::Ws::ConvOut, (std::size_t)T * conv_dim);  // [T, conv_dim] = [Q | K | V]
-    struct ConvItem {
-        int seq, t0, t1;
-    };
-    std::vector<ConvItem> conv_items;
-    for (int s = 0; s < n_seqs; ++s)
-        for (int t = 0; t < seqs[s].n; t += kTokBlock) conv_items.push_back({s, t, std::min(seqs[s].n, t + kTokBlock)});
     const int n_cblocks = (conv_dim + kChanBlock - 1) / kChanBlock;
-    parallel_for((int64_t)conv_items.size() * n_cblocks, [&](int64_t i, int) {
-        const ConvItem& it = conv_items[i / n_cblocks];
-        const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);
-        float* us = u + (std::size_t)offs[it.seq] * conv_dim;
-        (avx512 ? conv_rows_avx512 : conv_rows_portable)(seqs[it.seq], conv_dim, K, wT.data(), it.t0, it.t1, c0, c1, us);
-    });
-    // New conv state = the last K-1 inputs of concat(old state, x) (still partly the old state
-    // when the sequence is shorter than K-1); empty sequences keep theirs.
-    for (int s = 0; s < n_seqs; ++s) {
-        if (seqs[s].n == 0) continue;
-        float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
-        for (int i = 0; i < K - 1; ++i) {
-            const float* src = seqs[s].row(seqs[s].n - (K - 1) + i, conv_dim, K);
-            for (int c = 0; c < conv_dim; ++c) hs[(std::size_t)c * (K - 1) + i] = src[c];
+    int longest = 0;
+    for (int s = 0; s < n_seqs; ++s) longest = std::max(longest, offs[s + 1] - offs[s]);
+    if (avx512 && longest <= kDirectConvTokens && K >= 2 && K <= 4) {
+        parallel_for((int64_t)n_seqs * n_cblocks, [&](int64_t i, int) {
+            const int s = (int)(i / n_cblocks), n = offs[s + 1] - offs[s];
+            const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);
+            if (n > 0)
+                conv_direct(K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
+                            conv_state + (std::size_t)s * conv_dim * (K - 1), c0, c1, u + (std::size_t)offs[s] * conv_dim);
+        });
+    } else {
+        std::vector<float> wT((std::size_t)K * conv_dim), prev((std::size_t)n_seqs * (K - 1) * conv_dim);
+        for (int c = 0; c < conv_dim; ++c)
+            for (int tap = 0; tap < K; ++tap) wT[(std::size_t)tap * conv_dim + c] = w.conv1d[(std::size_t)c * K + tap];
+        std::vector<ConvSeq> seqs(n_seqs);
+        for (int s = 0; s < n_seqs; ++s) {
+            float* ps = prev.data() + (std::size_t)s * (K - 1) * conv_dim;
+            const float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
+            for (int c = 0; c < conv_dim; ++c)
+                for (int i = 0; i < K - 1; ++i) ps[(std::size_t)i * conv_dim + c] = hs[(std::size_t)c * (K - 1) + i];
+            seqs[s] = {qkv + (t0 + offs[s]) * conv_dim, ps, offs[s + 1] - offs[s]};
+        }
+        struct ConvItem {
+            int seq, t0, t1;
+        };
+        std::vector<ConvItem> conv_items;
+        for (int s = 0; s < n_seqs; ++s)
+            for (int t = 0; t < seqs[s].n; t += kTokBlock) conv_items.push_back({s, t, std::min(seqs[s].n, t + kTokBlock)});
+        parallel_for((int64_t)conv_items.size() * n_cblocks, [&](int64_t i, int) {
+            const ConvItem& it = conv_items[i / n_cblocks];
+            const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);
+            float* us = u + (std::size_t)offs[it.seq] * conv_dim;
+            (avx512 ? conv_rows_avx512 : conv_rows_portable)(seqs[it.seq], conv_dim, K, wT.data(), it.t0, it.t1, c0, c1, us);
+        });
+        // New conv state = the last K-1 inputs of concat(old state, x) (still partly the old
+        // state when the sequence is shorter than K-1); empty sequences keep theirs.
+        for (int s = 0; s < n_seqs; ++s) {
+            if (seqs[s].n == 0) continue;
+            float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
+            for (int i = 0; i < K - 1; ++i) {
+                const float* src = seqs[s].row(seqs[s].n - (K - 1) + i, conv_dim, K);
+                for (int c = 0; c < conv_dim; ++c) hs[(std::size_t)c * (K - 1) + i] = src[c];
+            }
         }
     }
 

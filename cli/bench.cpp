@@ -55,6 +55,7 @@ struct Test {
     std::string gdn, type_k, type_v;
     int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;
     std::vector<double> samples_ns;  // all repetitions, the cold one first
+    std::vector<int> run_order;      // per repetition: its position among all repetitions of the run
     double probe_gbs = 0;            // decode tests: read bandwidth, median of probes between repetitions
     std::string name() const {
         std::string n = n_prompt ? "pp" + std::to_string(n_prompt) : "tg" + std::to_string(n_gen);
@@ -93,6 +94,7 @@ void add_bench_command(CLI::App& app) {
     static std::string model, prompts = "512", gens = "128", depths = "0", threads_list, gdn_list = "chunked",
                               output = "md", ctk_list = "f16", ctv_list = "f16";
     static int reps = 5, chunk = 64;
+    static bool interleave = false;
     cmd->add_option("-m,--model", model, "GGUF model file (default: the embedded tiny model)");
     cmd->add_option("-p,--n-prompt", prompts, "prompt sizes, comma separated (0 = none)")->capture_default_str();
     cmd->add_option("-n,--n-gen", gens, "generation sizes, comma separated (0 = none)")->capture_default_str();
@@ -106,6 +108,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--cache-type-v", ctv_list, "-ctv: KV cache types for V, comma separated: f32,f16")
         ->capture_default_str();
     cmd->add_option("-o,--output", output, "md | json | csv")->capture_default_str();
+    cmd->add_flag("--interleave", interleave,
+                  "run repetition r of every test before repetition r+1 (A/B comparisons on a drifting host)");
     cmd->callback([] {
         if (reps < 2) throw Error("-r must be at least 2 (the first repetition is cold and reported apart)");
         if (output != "md" && output != "json" && output != "csv") throw Error("-o must be md, json or csv");
@@ -146,8 +150,8 @@ void add_bench_command(CLI::App& app) {
                 for (const std::string& g : gdns)
                     for (int t : th)
                         for (int d : dd) {
-                            for (int p : pp) if (p > 0) tests.push_back({g, ck, cv, t, p, 0, d, {}});
-                            for (int n : tg) if (n > 0) tests.push_back({g, ck, cv, t, 0, n, d, {}});
+                            for (int p : pp) if (p > 0) tests.push_back({g, ck, cv, t, p, 0, d, {}, {}});
+                            for (int n : tg) if (n > 0) tests.push_back({g, ck, cv, t, 0, n, d, {}, {}});
                         }
         // Decode is bandwidth-bound and this host's bandwidth drifts between runs, so each decode
         // test probes the read bandwidth on the model's largest tensor (already mapped, larger
@@ -160,11 +164,15 @@ void add_bench_command(CLI::App& app) {
             if (!largest || ti.nbytes > largest->nbytes) largest = &ti;
         if (largest && largest->nbytes < kMinProbeBytes) largest = nullptr;
         using clock = std::chrono::steady_clock;
-        for (Test& t : tests) {
+        // One repetition of test t; probes[i] collects test i's bandwidth probes.
+        std::vector<std::vector<double>> probes(tests.size());  // decode tests: one per warm repetition
+        int n_run = 0;
+        auto run_rep = [&](size_t ti, int r) {
+            Test& t = tests[ti];
+            t.run_order.push_back(n_run++);
             cpu::set_n_threads(t.threads);
-            std::vector<double> probes;  // decode tests: one per repetition, taken just before it
             auto probe = [&] {
-                if (t.n_gen && largest) probes.push_back(cpu::measure_read_bandwidth(largest->data, largest->nbytes, 3).gb_per_s);
+                if (t.n_gen && largest) probes[ti].push_back(cpu::measure_read_bandwidth(largest->data, largest->nbytes, 3).gb_per_s);
             };
             ForwardOptions fo;
             fo.gdn_mode = t.gdn == "serial" ? ref::GdnMode::Serial : ref::GdnMode::Chunked;
@@ -178,25 +186,35 @@ void add_bench_command(CLI::App& app) {
                                                           parse_cache_type(t.type_v, kCacheTypeVFlag)}))
                          .first;
             SequenceState& st = it->second;
-            for (int r = 0; r < reps; ++r) {
-                st.reset();
-                if (t.n_depth) {
-                    const auto ctx = random_ids(t.n_depth);
-                    m.forward(st, ctx.data(), t.n_depth, fo, logits.data());
-                }
-                const auto ids = random_ids(t.tokens());
-                if (r > 0) probe();  // the cold repetition is not compared with the floor
-                const auto t0 = clock::now();
-                if (t.n_prompt) {
-                    m.forward(st, ids.data(), t.n_prompt, fo, logits.data());
-                } else {
-                    for (int i = 0; i < t.n_gen; ++i) m.forward(st, &ids[size_t(i)], 1, step, logits.data());
-                }
-                t.samples_ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count());
+            st.reset();
+            if (t.n_depth) {
+                const auto ctx = random_ids(t.n_depth);
+                m.forward(st, ctx.data(), t.n_depth, fo, logits.data());
             }
-            probe();  // and one after the last repetition
-            if (!probes.empty()) t.probe_gbs = median(probes);
-            if (output == "md") std::fprintf(stderr, "  done %s (%s, %d threads)\n", t.name().c_str(), t.gdn.c_str(), t.threads);
+            const auto ids = random_ids(t.tokens());
+            if (r > 0) probe();  // the cold repetition is not compared with the floor
+            const auto t0 = clock::now();
+            if (t.n_prompt) {
+                m.forward(st, ids.data(), t.n_prompt, fo, logits.data());
+            } else {
+                for (int i = 0; i < t.n_gen; ++i) m.forward(st, &ids[size_t(i)], 1, step, logits.data());
+            }
+            t.samples_ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count());
+            if (r == reps - 1) {
+                probe();  // and one after the last repetition
+                if (!probes[ti].empty()) t.probe_gbs = median(probes[ti]);
+                if (output == "md") std::fprintf(stderr, "  done %s (%s, %d threads)\n", t.name().c_str(), t.gdn.c_str(), t.threads);
+            }
+        };
+        // As llama-bench, every repetition of a test before the next test; --interleave runs
+        // repetition r of every test before repetition r + 1 of any, so that arms compared with
+        // each other (--gdn chunked,serial) see the same drift of this shared host.
+        if (interleave) {
+            for (int r = 0; r < reps; ++r)
+                for (size_t ti = 0; ti < tests.size(); ++ti) run_rep(ti, r);
+        } else {
+            for (size_t ti = 0; ti < tests.size(); ++ti)
+                for (int r = 0; r < reps; ++r) run_rep(ti, r);
         }
         const uint64_t rss = peak_rss_bytes();
 
@@ -301,6 +319,9 @@ void add_bench_command(CLI::App& app) {
             j["stddev_ts"] = stddev(ts);
             j["samples_ns"] = ns;
             j["samples_ts"] = ts;
+            // Where each warm sample (as samples_ns) and the cold one ran among all repetitions.
+            j["run_order"] = std::vector<int>(t.run_order.begin() + 1, t.run_order.end());
+            j["cold_run_order"] = t.run_order[0];
             // Alloy's additions: the median, the cold first repetition, the GDN arm, memory.
             j["median_ts"] = median(ts);
             j["cold_ns"] = t.samples_ns[0];

@@ -250,6 +250,25 @@ TEST_F(Cli, BenchJsonUsesLlamaBenchFields) {
     EXPECT_EQ(j2[1]["type_v"], "f32");
 }
 
+// --interleave runs repetition r of every test before repetition r + 1 of any (A/B arms on
+// a drifting host); run_order records where each repetition ran.
+TEST_F(Cli, BenchInterleavesRepetitions) {
+    for (bool inter : {false, true}) {
+        Result r = run("bench -m " + model + " -p 16 -n 0 -r 3 --gdn chunked,serial -o json" +
+                           std::string(inter ? " --interleave" : ""), false);
+        ASSERT_EQ(r.code, 0) << r.output;
+        auto j = nlohmann::json::parse(r.output);
+        ASSERT_EQ(j.size(), 2u);
+        EXPECT_EQ(j[0]["gdn"], "chunked");
+        EXPECT_EQ(j[1]["gdn"], "serial");
+        EXPECT_EQ(j[0]["samples_ns"].size(), 2u);
+        EXPECT_EQ(j[0]["cold_run_order"], 0);
+        EXPECT_EQ(j[1]["cold_run_order"], inter ? 1 : 3) << inter;
+        EXPECT_EQ(j[0]["run_order"], inter ? nlohmann::json({2, 4}) : nlohmann::json({1, 2})) << inter;
+        EXPECT_EQ(j[1]["run_order"], inter ? nlohmann::json({3, 5}) : nlohmann::json({4, 5})) << inter;
+    }
+}
+
 TEST_F(Cli, BenchRejectsBadLists) {
     expect_error(run("bench -m " + model + " -p 16,x"), "-p");
     expect_error(run("bench -m " + model + " -r 1"), "-r");

@@ -48,36 +48,62 @@ ALLOY_TARGET_AVX512 inline __m512 load16(const E* p) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// Software prefetch of the next key tile, spread over the compute of this one and issued in
+// address order: the block's columns of the next tile's K rows, row after row, then its V
+// rows. The microkernels call touch() once per cache line they consume from this tile (the
+// first row tile only), so the next tile (at most as many lines) is requested at the pace the
+// current one is used. Address order matters: the compute walks a tile in another order
+// (half rows per KV group, 64-column passes over V), and DRAM served prefetches in that
+// order at half the rate of a sequential walk (decode at depth 4096 streamed ~13 GB/s, see
+// NOTES.md). To L2 (T1): the next tile's 64 KiB of K and V do not fit in L1 with this one.
+class TilePrefetch {
+public:
+    // Rows of one cache in the next tile: the first at `first`, row_bytes apart, span_bytes of
+    // the block's columns each.
+    struct Rows {
+        const void* first = nullptr;
+        int64_t row_bytes = 0, span_bytes = 0;
+    };
+    TilePrefetch() = default;
+    TilePrefetch(Rows k, Rows v, int n_rows) : part_{k, v}, rows_(n_rows) {}
+    bool active() const { return rows_ > 0; }
+    ALLOY_TARGET_AVX512 void touch() {
+        if (row_ >= rows_) {
+            if (p_ == 1 || !active()) return;
+            p_ = 1;
+            row_ = 0;
+        }
+        const Rows& r = part_[p_];
+        _mm_prefetch(static_cast<const char*>(r.first) + row_ * r.row_bytes + line_ * 64, _MM_HINT_T1);
+        if (++line_ * 64 >= r.span_bytes) {
+            line_ = 0;
+            ++row_;
+        }
+    }
+
+private:
+    Rows part_[2];  // K, then V
+    int rows_ = 0;
+    int p_ = 0, row_ = 0;
+    int64_t line_ = 0;
+};
+
 template <class E>
 constexpr int kLineElems = 64 / int(sizeof(E));
 
-// Software prefetch of the next tile, spread over the compute of this one: while the
-// microkernels read element d of row j of this tile they touch the cache line holding
-// element d of row j of the next tile (pf = that tile, pf_rows = its row count; rows past
-// it are not touched). One line per kLineElems elements consumed keeps a steady stream
-// in flight instead of a burst per tile that would fill the miss buffers and stall.
-template <class E>
-struct NextTile {
-    const E* pf = nullptr;
-    int pf_rows = 0;
-    ALLOY_TARGET_AVX512 void touch(int j, int64_t stride, int d) const {
-        if (j < pf_rows) _mm_prefetch(reinterpret_cast<const char*>(pf + j * stride + d), _MM_HINT_T0);
-    }
-};
-
 // S[r][c] = Q[r] . K[c] for 4 rows and NK keys. Q: [4, hd] contiguous; K rows at stride ks
-// (keys c0.. of the tile: nt.touch(c0 + c, ...) prefetches the same keys of the next tile);
+// (keys c0.. of the tile; with PF, one pf.touch() per cache line read);
 // S: [4, ld].
 template <int NK, class E, bool PF>
 ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const E* K, int64_t ks, float* S, int ld,
-                                        const NextTile<E>& nt, int c0) {
+                                        TilePrefetch& pf, int c0) {
     __m512 acc[4][NK];
     for (int r = 0; r < 4; ++r)
         for (int c = 0; c < NK; ++c) acc[r][c] = _mm512_setzero_ps();
     for (int d = 0; d < hd; d += 16) {
         if constexpr (PF)
             if (d % kLineElems<E> == 0)
-                for (int c = 0; c < NK; ++c) nt.touch(c0 + c, ks, d);
+                for (int c = 0; c < NK; ++c) pf.touch();
         __m512 kv[NK];
         for (int c = 0; c < NK; ++c) kv[c] = load16(K + c * ks + d);
         for (int r = 0; r < 4; ++r) {
@@ -102,26 +128,26 @@ ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const E* K, int6
 
 template <int NK, class E>
 ALLOY_TARGET_AVX512 inline void qk_tile_pf(bool pf, const float* Q, int hd, const E* K, int64_t ks, float* S,
-                                           int ld, const NextTile<E>& nt, int c0) {
-    if (pf) qk_tile<NK, E, true>(Q, hd, K + c0 * ks, ks, S + c0, ld, nt, c0);
-    else qk_tile<NK, E, false>(Q, hd, K + c0 * ks, ks, S + c0, ld, nt, c0);
+                                           int ld, TilePrefetch& tp, int c0) {
+    if (pf) qk_tile<NK, E, true>(Q, hd, K + c0 * ks, ks, S + c0, ld, tp, c0);
+    else qk_tile<NK, E, false>(Q, hd, K + c0 * ks, ks, S + c0, ld, tp, c0);
 }
 
 // S = Q K^T for the row tiles [rb0, Rp) and nk keys (K rows at stride ks); the first row
 // tile prefetches the next tile's rows (nt).
 template <class E>
 ALLOY_TARGET_AVX512 inline void qk_rows(const float* Q, int hd, int rb0, int Rp, const E* K, int64_t ks, int nk,
-                                        float* S, int ld, const NextTile<E>& nt) {
+                                        float* S, int ld, TilePrefetch& tp) {
     for (int rb = rb0; rb < Rp; rb += kRowTile) {
         const float* Qr = Q + int64_t(rb) * hd;
         float* Sr = S + int64_t(rb) * ld;
-        const bool pf = rb == rb0 && nt.pf_rows > 0;
+        const bool pf = rb == rb0 && tp.active();
         int c = 0;
-        for (; c + 4 <= nk; c += 4) qk_tile_pf<4>(pf, Qr, hd, K, ks, Sr, ld, nt, c);
+        for (; c + 4 <= nk; c += 4) qk_tile_pf<4>(pf, Qr, hd, K, ks, Sr, ld, tp, c);
         switch (nk - c) {
-            case 3: qk_tile_pf<3>(pf, Qr, hd, K, ks, Sr, ld, nt, c); break;
-            case 2: qk_tile_pf<2>(pf, Qr, hd, K, ks, Sr, ld, nt, c); break;
-            case 1: qk_tile_pf<1>(pf, Qr, hd, K, ks, Sr, ld, nt, c); break;
+            case 3: qk_tile_pf<3>(pf, Qr, hd, K, ks, Sr, ld, tp, c); break;
+            case 2: qk_tile_pf<2>(pf, Qr, hd, K, ks, Sr, ld, tp, c); break;
+            case 1: qk_tile_pf<1>(pf, Qr, hd, K, ks, Sr, ld, tp, c); break;
             default: break;
         }
     }
@@ -131,7 +157,7 @@ ALLOY_TARGET_AVX512 inline void qk_rows(const float* Q, int hd, int rb0, int Rp,
 // PF, the same columns of the next tile's rows are prefetched.
 template <int NC, class E, bool PF>
 ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E* V, int64_t vs, float* O, int hd,
-                                        const float* alpha, int c0, const NextTile<E>& nt) {
+                                        const float* alpha, int c0, TilePrefetch& tp) {
     __m512 acc[4][NC];
     for (int r = 0; r < 4; ++r) {
         const __m512 a = _mm512_set1_ps(alpha[r]);
@@ -139,7 +165,7 @@ ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E*
     }
     for (int j = 0; j < nk; ++j) {
         if constexpr (PF)
-            for (int c = 0; c < 16 * NC; c += kLineElems<E>) nt.touch(j, vs, c0 + c);
+            for (int c = 0; c < 16 * NC; c += kLineElems<E>) tp.touch();
         const E* vj = V + j * vs + c0;
         __m512 vv[NC];
         for (int c = 0; c < NC; ++c) vv[c] = load16(vj + 16 * c);
@@ -156,28 +182,28 @@ ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E*
 // tile's rows (nt).
 template <class E>
 ALLOY_TARGET_AVX512 inline void pv_rows(const float* S, int ld, int rb0, int Rp, int nk, const E* V, int64_t vs,
-                                        float* O, int hd, const float* alpha, const NextTile<E>& nt) {
+                                        float* O, int hd, const float* alpha, TilePrefetch& tp) {
     for (int rb = rb0; rb < Rp; rb += kRowTile) {
         const float* P = S + int64_t(rb) * ld;
         float* Or = O + int64_t(rb) * hd;
-        const bool pf = rb == rb0 && nt.pf_rows > 0;
+        const bool pf = rb == rb0 && tp.active();
         int c0 = 0;
         for (; c0 + 64 <= hd; c0 += 64)
-            pf ? pv_cols<4, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt)
-               : pv_cols<4, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt);
+            pf ? pv_cols<4, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp)
+               : pv_cols<4, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp);
         for (; c0 < hd; c0 += 16)
-            pf ? pv_cols<1, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt)
-               : pv_cols<1, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, nt);
+            pf ? pv_cols<1, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp)
+               : pv_cols<1, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp);
     }
 }
 
 // dst [nk, hd] = the fp32 values of nk half rows at stride `stride`; prefetches the next
 // tile's rows as it goes.
 ALLOY_TARGET_AVX512 inline void convert_tile(const uint16_t* src, int nk, int64_t stride, int hd, float* dst,
-                                             const NextTile<uint16_t>& nt) {
+                                             TilePrefetch& tp) {
     for (int j = 0; j < nk; ++j)
         for (int d = 0; d < hd; d += 16) {
-            if (d % kLineElems<uint16_t> == 0) nt.touch(j, stride, d);
+            if (d % kLineElems<uint16_t> == 0) tp.touch();
             _mm512_storeu_ps(dst + int64_t(j) * hd + d, load16(src + j * stride + d));
         }
 }
@@ -202,6 +228,7 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
     const EV* Vc = static_cast<const EV*>(b.v);
     const int64_t ks = b.kv_stride;
 
+    const int64_t key_end = std::min(b.key_end, b.limit(R - 1) + 1);
     const __m512 qs = _mm512_set1_ps(b.scale * 1.44269504088896341f);
     for (int gi = 0; gi < ng; ++gi)
         for (int r = 0; r < Rp; ++r) {
@@ -218,10 +245,13 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
         }
     std::fill(O, O + int64_t(ng) * Rp * hd, 0.0f);
 
-    const int64_t key_end = std::min(b.key_end, b.limit(R - 1) + 1);
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
         const int n_next = int(std::clamp<int64_t>(key_end - j0 - kKeyTile, 0, kKeyTile));  // rows of the next tile
+        TilePrefetch next({Kc + (j0 + kKeyTile) * ks, ks * int64_t(sizeof(EK)), int64_t(ng) * hd * int64_t(sizeof(EK))},
+                          {Vc + (j0 + kKeyTile) * ks, ks * int64_t(sizeof(EV)), int64_t(ng) * hd * int64_t(sizeof(EV))},
+                          n_next);
+        TilePrefetch none;  // for reads of the converted fp32 tiles, already in cache
         // Rows before r_first see none of this tile (diagonal tiles, late key splits): skip
         // their 4-row groups entirely.
         const int r_first = int(std::clamp<int64_t>((j0 - b.n_past - b.t0) * b.group, 0, R));
@@ -231,8 +261,6 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
         for (int gi = 0; gi < ng; ++gi) {
             const EK* K = Kc + j0 * ks + int64_t(gi) * hd;
             const EV* V = Vc + j0 * ks + int64_t(gi) * hd;
-            const NextTile<EK> nk_pf{K + kKeyTile * ks, n_next};
-            const NextTile<EV> nv_pf{V + kKeyTile * ks, n_next};
             float* Sg = S + int64_t(gi) * Rp * ld;
             float* Og = O + int64_t(gi) * Rp * hd;
             float *mg = m + gi * Rp, *lg = l + gi * Rp, *ag = alpha + gi * Rp;
@@ -240,14 +268,13 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
             // S = Q K^T on rows [rb0, Rp).
             if constexpr (k16) {
                 if (convert) {
-                    convert_tile(K, nk, ks, hd, Kt, nk_pf);
-                    qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, static_cast<const float*>(Kt), hd, nk, Sg, ld,
-                            NextTile<float>{});
+                    convert_tile(K, nk, ks, hd, Kt, next);
+                    qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, static_cast<const float*>(Kt), hd, nk, Sg, ld, none);
                 } else {
-                    qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, K, ks, nk, Sg, ld, nk_pf);
+                    qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, K, ks, nk, Sg, ld, next);
                 }
             } else {
-                qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, K, ks, nk, Sg, ld, nk_pf);
+                qk_rows(Q + int64_t(gi) * Rp * hd, hd, rb0, Rp, K, ks, nk, Sg, ld, next);
             }
 
             // Online softmax per row; P overwrites S. Rows with no visible key keep their
@@ -279,13 +306,13 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
             // O = alpha O + P V on rows [rb0, Rp).
             if constexpr (v16) {
                 if (convert) {
-                    convert_tile(V, nk, ks, hd, Vt, nv_pf);
-                    pv_rows(Sg, ld, rb0, Rp, nk, static_cast<const float*>(Vt), hd, Og, hd, ag, NextTile<float>{});
+                    convert_tile(V, nk, ks, hd, Vt, next);
+                    pv_rows(Sg, ld, rb0, Rp, nk, static_cast<const float*>(Vt), hd, Og, hd, ag, none);
                 } else {
-                    pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, nv_pf);
+                    pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, next);
                 }
             } else {
-                pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, nv_pf);
+                pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, next);
             }
         }
     }

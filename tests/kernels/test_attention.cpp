@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "alloy/error.h"
+#include "tests/kernels/isa_paths.h"
 #include "kernels/cpu/attention.h"
 #include "format/quant.h"
 #include "kernels/cpu/thread_pool.h"
@@ -24,11 +25,7 @@ namespace {
 
 using cpu::Isa;
 
-std::vector<Isa> isas() {
-    std::vector<Isa> v{Isa::Scalar};
-    if (cpu::active_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
-    return v;
-}
+std::vector<Isa> isas() { return test::isa_paths(); }
 
 struct Case {
     int n_head, n_head_kv, hd;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "alloy/error.h"
+#include "tests/kernels/isa_paths.h"
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/gdn_gemm.h"
 #include "kernels/cpu/thread_pool.h"
@@ -31,11 +32,7 @@ constexpr double kOutTol = 1e-5;
 constexpr double kStateTol = 1e-5;
 
 // The paths to test: every ISA up to the active one (Avx2 runs the portable code).
-std::vector<Isa> isas() {
-    std::vector<Isa> v{Isa::Scalar};
-    if (alloy::cpu::active_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
-    return v;
-}
+std::vector<Isa> isas() { return alloy::test::isa_paths(); }
 
 using namespace alloy::test;
 

@@ -15,6 +15,7 @@
 
 #include "alloy/error.h"
 #include "format/quant.h"
+#include "tests/kernels/isa_paths.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/thread_pool.h"
@@ -57,12 +58,7 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t n_in, int64_t n_out, 
     return bytes;
 }
 
-std::vector<cpu::Isa> isas() {
-    std::vector<cpu::Isa> v;
-    for (cpu::Isa i : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})
-        if (i <= cpu::active_isa()) v.push_back(i);
-    return v;
-}
+std::vector<cpu::Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 
 // Tolerance against the plain fp32 reference: the effect of the activation rounding.
 double plain_tolerance(GgmlType type) {

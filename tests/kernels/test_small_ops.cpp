@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/kernels/isa_paths.h"
 #include "kernels/cpu/add.h"
 #include "kernels/cpu/gate.h"
 #include "kernels/cpu/kv_store.h"
@@ -29,11 +30,7 @@ namespace {
 
 using cpu::Isa;
 
-std::vector<Isa> isas() {
-    std::vector<Isa> v{Isa::Scalar};
-    if (cpu::active_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
-    return v;
-}
+std::vector<Isa> isas() { return test::isa_paths(); }
 
 std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
     std::mt19937 rng(seed);

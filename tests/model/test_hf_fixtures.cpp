@@ -196,11 +196,6 @@ TEST_P(HfFixture, F16AndBf16Files) {
 INSTANTIATE_TEST_SUITE_P(Qwen35, HfFixture,
                          ::testing::Values("r1_tied", "r2_untied", "r3_deep_mtp", "vlm_r2"));
 
-}  // namespace
-}  // namespace alloy
-
-namespace alloy {
-namespace {
 
 // A prompt longer than the largest plan runs as consecutive pieces; the result must be the
 // one-piece result (the states carry over exactly as in one call).
@@ -285,11 +280,6 @@ TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {
     }
 }
 
-}  // namespace
-}  // namespace alloy
-
-namespace alloy {
-namespace {
 
 // The KV cache is sized for n_ctx rows but only the rows written so far are ever touched:
 // a fresh state holds no resident KV pages, and after n tokens at most the pages of n rows

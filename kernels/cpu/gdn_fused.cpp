@@ -25,6 +25,7 @@ namespace {
 constexpr int kTokBlock = 32;     // tokens per work item of the elementwise stages
 constexpr int kChanBlock = 512;   // conv channels per work item (2 KiB per row)
 constexpr int kDirectConvTokens = 16;  // longest sequence of the channel-major conv (decode, verification)
+constexpr int kDirectConvMaxK = 4;     // widest conv it has an instance for (Qwen3.5: 4)
 
 // Inputs of the conv for one sequence: input time tau < 0 reads the carried state.
 struct ConvSeq {
@@ -78,6 +79,28 @@ ALLOY_AVX512 void conv_direct_avx512(const float* x, int n, int conv_dim, const 
         }
 }
 
+// Lane tables of conv_direct4_avx512 for the [16 channels, 3 slots] conv state (48 floats in
+// three vectors B0..B2): slot i of channel j is element 3j + i, taken from (B0, B1) below 32
+// and from (B1, B2) at 3j + i - 16 otherwise; back, element e of output vector o holds slot
+// e % 3 of channel e / 3 (slots 0, 1 from (S0, S1), slot 2 from S2). Built at compile time.
+struct ConvStateLanes {
+    alignas(64) int32_t lo[3][16] = {}, hi[3][16] = {}, back01[3][16] = {}, back2[3][16] = {};
+    __mmask16 from_hi[3] = {0, 0, 0}, is2[3] = {0, 0, 0};
+    constexpr ConvStateLanes() {
+        for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 16; ++j) {
+                const int e = 3 * j + i, f = 16 * i + j, slot = f % 3, ch = f / 3;
+                lo[i][j] = e < 31 ? e : 31;
+                hi[i][j] = e > 16 ? e - 16 : 0;
+                if (e >= 32) from_hi[i] = __mmask16(from_hi[i] | (1u << j));
+                back01[i][j] = slot == 0 ? ch : slot == 1 ? 16 + ch : 0;
+                back2[i][j] = ch;
+                if (slot == 2) is2[i] = __mmask16(is2[i] | (1u << j));
+            }
+    }
+};
+constexpr ConvStateLanes kConvStateLanes;
+
 // conv_direct_avx512<4> with 16 channels per step: the [16, 4] taps and [16, 3] states are
 // de-interleaved into one vector per tap / state slot by lane permutes (and the new state
 // interleaved back), so the per-channel window lives in zmm registers. Per value the same
@@ -89,20 +112,7 @@ ALLOY_AVX512 void conv_direct4_avx512(const float* x, int n, int conv_dim, const
     // Taps: permutex2var over [16 ch x 4 taps] halves gives [tap t of ch 0-7 | tap t+1 of ch 0-7].
     const __m512i tap01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
     const __m512i tap23 = _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
-    // State slot i of channel j is element 3j + i of the 48 loaded: from (B0, B1) below 32, else
-    // from (B1, B2) at 3j + i - 16; and back, element e of output vector o holds slot e % 3.
-    alignas(64) int32_t lo[3][16], hi[3][16], back01[3][16], back2[3][16];
-    __mmask16 from_hi[3] = {0, 0, 0}, is2[3] = {0, 0, 0};
-    for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 16; ++j) {
-            const int e = 3 * j + i, f = 16 * i + j, slot = f % 3, ch = f / 3;
-            lo[i][j] = std::min(e, 31);
-            hi[i][j] = std::max(e - 16, 0);
-            if (e >= 32) from_hi[i] |= __mmask16(1u << j);
-            back01[i][j] = slot == 0 ? ch : slot == 1 ? 16 + ch : 0;
-            back2[i][j] = ch;
-            if (slot == 2) is2[i] |= __mmask16(1u << j);
-        }
+    const ConvStateLanes& L = kConvStateLanes;
     int c = c0;
     for (; c + 16 <= c1; c += 16) {
         const float* wc = w + (std::size_t)c * K;
@@ -116,9 +126,9 @@ ALLOY_AVX512 void conv_direct4_avx512(const float* x, int n, int conv_dim, const
         const __m512 b0 = _mm512_loadu_ps(hc), b1 = _mm512_loadu_ps(hc + 16), b2 = _mm512_loadu_ps(hc + 32);
         __m512 win[K - 1 + kDirectConvTokens];  // [3 state slots | n inputs], 16 channels each
         for (int i = 0; i < K - 1; ++i)
-            win[i] = _mm512_mask_blend_ps(from_hi[i],
-                                          _mm512_permutex2var_ps(b0, _mm512_load_si512(lo[i]), b1),
-                                          _mm512_permutex2var_ps(b1, _mm512_load_si512(hi[i]), b2));
+            win[i] = _mm512_mask_blend_ps(L.from_hi[i],
+                                          _mm512_permutex2var_ps(b0, _mm512_load_si512(L.lo[i]), b1),
+                                          _mm512_permutex2var_ps(b1, _mm512_load_si512(L.hi[i]), b2));
         for (int t = 0; t < n; ++t) win[K - 1 + t] = _mm512_loadu_ps(x + (std::size_t)t * conv_dim + c);
         for (int t = 0; t < n; ++t) {
             __m512 acc = _mm512_setzero_ps();
@@ -127,21 +137,20 @@ ALLOY_AVX512 void conv_direct4_avx512(const float* x, int n, int conv_dim, const
         }
         const __m512 s0 = win[n], s1 = win[n + 1], s2 = win[n + 2];  // the new state slots
         for (int o = 0; o < K - 1; ++o)
-            _mm512_storeu_ps(hc + 16 * o, _mm512_mask_blend_ps(is2[o],
-                                                               _mm512_permutex2var_ps(s0, _mm512_load_si512(back01[o]), s1),
-                                                               _mm512_permutexvar_ps(_mm512_load_si512(back2[o]), s2)));
+            _mm512_storeu_ps(hc + 16 * o, _mm512_mask_blend_ps(L.is2[o],
+                                                               _mm512_permutex2var_ps(s0, _mm512_load_si512(L.back01[o]), s1),
+                                                               _mm512_permutexvar_ps(_mm512_load_si512(L.back2[o]), s2)));
     }
     if (c < c1) conv_direct_avx512<4>(x, n, conv_dim, w, hist, c, c1, u);
 }
 
-// conv_direct_avx512 for the K of the call; false when it has no instance for that K.
-bool conv_direct(int K, const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
+// conv_direct_avx512 for the K of the call (2 <= K <= kDirectConvMaxK).
+void conv_direct(int K, const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
                  float* u) {
     switch (K) {
-        case 2: conv_direct_avx512<2>(x, n, conv_dim, w, hist, c0, c1, u); return true;
-        case 3: conv_direct_avx512<3>(x, n, conv_dim, w, hist, c0, c1, u); return true;
-        case 4: conv_direct4_avx512(x, n, conv_dim, w, hist, c0, c1, u); return true;
-        default: return false;
+        case 2: conv_direct_avx512<2>(x, n, conv_dim, w, hist, c0, c1, u); break;
+        case 3: conv_direct_avx512<3>(x, n, conv_dim, w, hist, c0, c1, u); break;
+        default: conv_direct4_avx512(x, n, conv_dim, w, hist, c0, c1, u); break;
     }
 }
 
@@ -229,7 +238,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     const int n_cblocks = (conv_dim + kChanBlock - 1) / kChanBlock;
     int longest = 0;
     for (int s = 0; s < n_seqs; ++s) longest = std::max(longest, offs[s + 1] - offs[s]);
-    if (avx512 && longest <= kDirectConvTokens && K >= 2 && K <= 4) {
+    if (avx512 && longest <= kDirectConvTokens && K >= 2 && K <= kDirectConvMaxK) {
         parallel_for((int64_t)n_seqs * n_cblocks, [&](int64_t i, int) {
             const int s = (int)(i / n_cblocks), n = offs[s + 1] - offs[s];
             const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);

@@ -96,7 +96,7 @@ constexpr int kLineElems = 64 / int(sizeof(E));
 // S: [4, ld].
 template <int NK, class E, bool PF>
 ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const E* K, int64_t ks, float* S, int ld,
-                                        TilePrefetch& pf, int c0) {
+                                        TilePrefetch& pf) {
     __m512 acc[4][NK];
     for (int r = 0; r < 4; ++r)
         for (int c = 0; c < NK; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -129,12 +129,12 @@ ALLOY_TARGET_AVX512 inline void qk_tile(const float* Q, int hd, const E* K, int6
 template <int NK, class E>
 ALLOY_TARGET_AVX512 inline void qk_tile_pf(bool pf, const float* Q, int hd, const E* K, int64_t ks, float* S,
                                            int ld, TilePrefetch& tp, int c0) {
-    if (pf) qk_tile<NK, E, true>(Q, hd, K + c0 * ks, ks, S + c0, ld, tp, c0);
-    else qk_tile<NK, E, false>(Q, hd, K + c0 * ks, ks, S + c0, ld, tp, c0);
+    if (pf) qk_tile<NK, E, true>(Q, hd, K + c0 * ks, ks, S + c0, ld, tp);
+    else qk_tile<NK, E, false>(Q, hd, K + c0 * ks, ks, S + c0, ld, tp);
 }
 
 // S = Q K^T for the row tiles [rb0, Rp) and nk keys (K rows at stride ks); the first row
-// tile prefetches the next tile's rows (nt).
+// tile prefetches the next tile (tp).
 template <class E>
 ALLOY_TARGET_AVX512 inline void qk_rows(const float* Q, int hd, int rb0, int Rp, const E* K, int64_t ks, int nk,
                                         float* S, int ld, TilePrefetch& tp) {
@@ -154,7 +154,7 @@ ALLOY_TARGET_AVX512 inline void qk_rows(const float* Q, int hd, int rb0, int Rp,
 }
 
 // O[r] = alpha[r] * O[r] + sum_j P[r][j] V[j] for 4 rows, columns [c0, c0 + 16 NC); with
-// PF, the same columns of the next tile's rows are prefetched.
+// PF, one tp.touch() per cache line read.
 template <int NC, class E, bool PF>
 ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E* V, int64_t vs, float* O, int hd,
                                         const float* alpha, int c0, TilePrefetch& tp) {
@@ -179,7 +179,7 @@ ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E*
 }
 
 // O = alpha O + P V for the row tiles [rb0, Rp); the first row tile prefetches the next
-// tile's rows (nt).
+// tile (tp).
 template <class E>
 ALLOY_TARGET_AVX512 inline void pv_rows(const float* S, int ld, int rb0, int Rp, int nk, const E* V, int64_t vs,
                                         float* O, int hd, const float* alpha, TilePrefetch& tp) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <new>
 #include <cstdio>
 
 namespace alloy {
@@ -10,8 +11,11 @@ namespace {
 
 std::atomic<bool> g_poison{false};
 
+// 64-byte aligned: the kernels move activations in 64-byte vectors, and a block from plain
+// new[] starts 16 bytes into a line, which splits every such load and store in two lines.
 std::shared_ptr<float[]> new_block(size_t n) {
-    std::shared_ptr<float[]> b(new float[n]);
+    constexpr std::align_val_t kAlign{64};
+    std::shared_ptr<float[]> b(new (kAlign) float[n], [](float* p) { ::operator delete[](p, kAlign); });
     if (g_poison) std::fill(b.get(), b.get() + n, std::numeric_limits<float>::quiet_NaN());
     return b;
 }

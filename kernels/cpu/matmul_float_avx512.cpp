@@ -113,7 +113,10 @@ TileKernel tile_avx512(GgmlType type) {
 // y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens, in 16 x 16 register
 // transposes instead of one strided scalar store per element.
 ALLOY_F_TARGET void store_transposed_avx512(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y,
-                                            int64_t ldy) {
+                                            int64_t ldy, bool stream) {
+    // Non-temporal only where every store covers one whole line: 16 rows from a 64-byte
+    // aligned start, with a row stride that keeps the next token's start aligned too.
+    stream = stream && ((reinterpret_cast<uintptr_t>(y) | uintptr_t(ldy * 4)) & 63) == 0;
     for (int64_t i0 = 0; i0 < rows; i0 += 16) {
         const int64_t ni = rows - i0 < 16 ? rows - i0 : 16;
         const __mmask16 row_mask = __mmask16((1u << ni) - 1);
@@ -124,9 +127,14 @@ ALLOY_F_TARGET void store_transposed_avx512(const float* tile, int ldt, int64_t 
             for (int i = 0; i < 16; ++i)
                 r[i] = i < ni ? _mm512_maskz_loadu_ps(tok_mask, tile + (i0 + i) * ldt + t0) : _mm512_setzero_ps();
             transpose16(r, col);
-            for (int t = 0; t < nt; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + i0, row_mask, col[t]);
+            if (stream && ni == 16 && i0 % 16 == 0) {
+                for (int t = 0; t < nt; ++t) _mm512_stream_ps(y + (t0 + t) * ldy + i0, col[t]);
+            } else {
+                for (int t = 0; t < nt; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + i0, row_mask, col[t]);
+            }
         }
     }
+    if (stream) _mm_sfence();  // non-temporal stores are weakly ordered: visible before the item ends
 }
 
 ALLOY_F_TARGET void interleave16_avx512(const uint32_t* rows, int64_t units, uint32_t* dst) {

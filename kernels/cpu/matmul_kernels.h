@@ -89,7 +89,10 @@ RowKernel rowdot_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F16
 TileKernel tile_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F32
 
 // y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens (GEMM tiles back to [T, n_out]).
-void store_transposed_avx512(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y, int64_t ldy);
+// stream: write whole aligned 16-float runs with non-temporal stores (for outputs far larger
+// than the caches, which a plain store would first read from memory); ends with an sfence.
+void store_transposed_avx512(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y, int64_t ldy,
+                             bool stream = false);
 
 // dst[u * 16 + l] = rows[l * units + u] for l < 16, u < units (32-bit units): 16 token rows
 // interleaved into the ActPanel layout, by 16 x 16 register transposes.

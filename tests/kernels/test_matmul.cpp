@@ -181,6 +181,46 @@ TEST(Matmul, ResultDoesNotDependOnThreadCount) {
     }
 }
 
+// GEMM outputs of 2 MiB and more are written with non-temporal stores where every store is a
+// whole aligned line (matmul.cpp, kStreamOutBytes). The same rows computed as slices too small
+// to stream, and the large call into an unaligned output (the plain-store fallback), must give
+// the same bits. Row count 8240: a last row chunk of 32; 70 tokens: a part-filled token group.
+TEST(Matmul, StreamedLargeOutputsMatchPlainStoresBitForBit) {
+    std::mt19937 rng(23);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    cpu::MatmulScratch scratch;
+    const int64_t n_in = 64, n_out = 8240, T = 70, slice = 1040;
+    ASSERT_GE(T * n_out * 4, int64_t(2) << 20);
+    ASSERT_LT(T * slice * 4, int64_t(2) << 20);
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::Q4_0}) {
+        const std::vector<uint8_t> bytes = random_weights(type, n_in, n_out, rng);
+        const size_t rb = row_bytes(type, n_in);
+        const WeightView W{type, n_in, n_out, bytes.data(), rb};
+        std::vector<float> x(size_t(T * n_in));
+        for (auto& v : x) v = nd(rng);
+        for (cpu::Isa isa : isas()) {
+            const std::string what = std::string(type_traits(type).name) + " " + cpu::isa_name(isa);
+            std::vector<float> whole(size_t(T * n_out) + 16 + 1, NAN), sliced(size_t(T * n_out), NAN);
+            // 64-byte aligned start inside `whole`, and one float past it (unaligned).
+            float* aligned_y = whole.data();
+            while (reinterpret_cast<uintptr_t>(aligned_y) % 64) ++aligned_y;
+            cpu::matmul(W, x.data(), aligned_y, T, isa, scratch);
+            for (int64_t r0 = 0; r0 < n_out; r0 += slice) {
+                const int64_t nr = std::min(slice, n_out - r0);
+                const WeightView part{type, n_in, nr, bytes.data() + size_t(r0) * rb, rb};
+                std::vector<float> y(size_t(T * nr), NAN);
+                cpu::matmul(part, x.data(), y.data(), T, isa, scratch);
+                for (int64_t t = 0; t < T; ++t)
+                    std::copy_n(y.data() + t * nr, nr, sliced.data() + t * n_out + r0);
+            }
+            EXPECT_EQ(0, std::memcmp(aligned_y, sliced.data(), sliced.size() * 4)) << what << " aligned output";
+            std::vector<float> unaligned(size_t(T * n_out) + 1, NAN);
+            cpu::matmul(W, x.data(), unaligned.data() + 1, T, isa, scratch);
+            EXPECT_EQ(0, std::memcmp(unaligned.data() + 1, sliced.data(), sliced.size() * 4)) << what << " unaligned output";
+        }
+    }
+}
+
 // Decode (T = 1) must be reproduced bit for bit by calls of up to 4 tokens (speculative
 // verification widths) on every ISA path, and by long prefill calls (T > 4, GEMM tiles) on
 // every path except Q8_0 and BF16 on AVX-512, whose decode kernels are streaming GEMVs that

@@ -18,7 +18,7 @@ namespace alloy::cpu {
 namespace attn {
 
 float* scratch(int slot, int64_t n_floats) {
-    thread_local std::vector<float> bufs[6];
+    thread_local std::vector<float> bufs[8];
     std::vector<float>& b = bufs[slot];
     if (int64_t(b.size()) < n_floats + 16) b.resize(size_t(n_floats + 16));
     const uintptr_t p = reinterpret_cast<uintptr_t>(b.data());
@@ -108,6 +108,7 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
         b.t0 = qb * tq;
         b.tq = int(std::min<int64_t>(tq, T - b.t0));
         b.part_rows = part_rows;
+        b.grid = grid;
         const int64_t n_keys = n_past + b.t0 + b.tq;  // keys the block's last row sees
         const int64_t per = (n_keys + ns - 1) / ns;
         const int64_t chunk = grid ? kGridKeys : (per + attn::kKeyTile - 1) / attn::kKeyTile * attn::kKeyTile;

@@ -5,6 +5,9 @@
 //   online softmax per row over the tile (masked by causality only on diagonal tiles)
 //   O = alpha * O + P V   4 rows x 64 columns in 16 zmm accumulators, P broadcast from L1
 // Q rows are pre-scaled by scale * log2(e) so the softmax is exp2 of a difference.
+// Prefill blocks with an f16 K cache (off the decode grid, at most 32 rows) take the
+// transposed path instead for S and the softmax (tile_softmax_t): 11% faster on a 512-token
+// chunk at depth 3584 (167 -> 186 GFLOP/s, Zen 4, 2 threads).
 //
 // f16 caches: the microkernels are templated on the element type and convert with
 // vcvtph2ps as they load (decode: one row tile, each converted vector feeds 4 rows); when a
@@ -153,11 +156,12 @@ ALLOY_TARGET_AVX512 inline void qk_rows(const float* Q, int hd, int rb0, int Rp,
     }
 }
 
-// O[r] = alpha[r] * O[r] + sum_j P[r][j] V[j] for 4 rows, columns [c0, c0 + 16 NC); with
+// O[r] = alpha[r] * O[r] + sum_j P[r][j] V[j] for 4 rows, columns [c0, c0 + 16 NC), P[r][j] at
+// P[r * prs + j * pks] (row-major scores, or the transposed ones of the prefill path); with
 // PF, one tp.touch() per cache line read.
 template <int NC, class E, bool PF>
-ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E* V, int64_t vs, float* O, int hd,
-                                        const float* alpha, int c0, TilePrefetch& tp) {
+ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int prs, int pks, int nk, const E* V, int64_t vs, float* O,
+                                        int hd, const float* alpha, int c0, TilePrefetch& tp) {
     __m512 acc[4][NC];
     for (int r = 0; r < 4; ++r) {
         const __m512 a = _mm512_set1_ps(alpha[r]);
@@ -170,7 +174,7 @@ ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E*
         __m512 vv[NC];
         for (int c = 0; c < NC; ++c) vv[c] = load16(vj + 16 * c);
         for (int r = 0; r < 4; ++r) {
-            const __m512 p = _mm512_set1_ps(P[r * ld + j]);
+            const __m512 p = _mm512_set1_ps(P[r * prs + j * pks]);
             for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
         }
     }
@@ -181,19 +185,82 @@ ALLOY_TARGET_AVX512 inline void pv_cols(const float* P, int ld, int nk, const E*
 // O = alpha O + P V for the row tiles [rb0, Rp); the first row tile prefetches the next
 // tile (tp).
 template <class E>
-ALLOY_TARGET_AVX512 inline void pv_rows(const float* S, int ld, int rb0, int Rp, int nk, const E* V, int64_t vs,
-                                        float* O, int hd, const float* alpha, TilePrefetch& tp) {
+ALLOY_TARGET_AVX512 inline void pv_rows(const float* S, int prs, int pks, int rb0, int Rp, int nk, const E* V,
+                                        int64_t vs, float* O, int hd, const float* alpha, TilePrefetch& tp) {
     for (int rb = rb0; rb < Rp; rb += kRowTile) {
-        const float* P = S + int64_t(rb) * ld;
+        const float* P = S + int64_t(rb) * prs;
         float* Or = O + int64_t(rb) * hd;
         const bool pf = rb == rb0 && tp.active();
         int c0 = 0;
         for (; c0 + 64 <= hd; c0 += 64)
-            pf ? pv_cols<4, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp)
-               : pv_cols<4, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp);
+            pf ? pv_cols<4, E, true>(P, prs, pks, nk, V, vs, Or, hd, alpha + rb, c0, tp)
+               : pv_cols<4, E, false>(P, prs, pks, nk, V, vs, Or, hd, alpha + rb, c0, tp);
         for (; c0 < hd; c0 += 16)
-            pf ? pv_cols<1, E, true>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp)
-               : pv_cols<1, E, false>(P, ld, nk, V, vs, Or, hd, alpha + rb, c0, tp);
+            pf ? pv_cols<1, E, true>(P, prs, pks, nk, V, vs, Or, hd, alpha + rb, c0, tp)
+               : pv_cols<1, E, false>(P, prs, pks, nk, V, vs, Or, hd, alpha + rb, c0, tp);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Prefill path (blocks off the decode grid, f16 K): keys broadcast against a transposed copy
+// of the block's queries, Qt [hd][kLanes], so S^T[j] holds key j's score for every row in
+// one lane per row. The dot products need no horizontal sums (qk_tile spends 45
+// instructions per 16 scores on them) and the online softmax is vertical across keys. Each
+// score sums over d in order; decode and verification keep qk_tile's order (the grid path),
+// so they still reproduce each other bit for bit.
+constexpr int kLanes = 32;  // row lanes of the transposed path: two zmm per key
+static_assert(kKeyTile % 8 == 0, "the transposed QK tile takes keys 8 at a time");
+
+// PT[j][lane] = sum_d K[j][d] Qt[d][lane] for 8 keys from K (fp32 rows at stride ks).
+ALLOY_TARGET_AVX512 inline void qk_keys8_t(const float* Qt, int hd, const float* K, int64_t ks, float* PT) {
+    __m512 acc[8][2];
+    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int d = 0; d < hd; ++d) {
+        const __m512 q0 = _mm512_load_ps(Qt + d * kLanes), q1 = _mm512_load_ps(Qt + d * kLanes + 16);
+        for (int j = 0; j < 8; ++j) {
+            const __m512 k = _mm512_set1_ps(K[j * ks + d]);
+            acc[j][0] = _mm512_fmadd_ps(k, q0, acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(k, q1, acc[j][1]);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        _mm512_store_ps(PT + j * kLanes, acc[j][0]);
+        _mm512_store_ps(PT + j * kLanes + 16, acc[j][1]);
+    }
+}
+
+// One key tile of the transposed path: scores of keys [j0, j0 + nk) into PT [kKeyTile][kLanes],
+// then the online softmax per lane. lim[lane]: the last key the lane's row may see (-1 for
+// pad lanes). PT becomes the probabilities, zero where a key is not visible; m, l, alpha
+// [kLanes] as in run_block (alpha = 1 for a lane that sees no key of this tile).
+ALLOY_TARGET_AVX512 inline void tile_softmax_t(const float* Qt, int hd, const float* K, int64_t ks, int nk,
+                                               int64_t j0, const int32_t* lim, float* PT, float* m, float* l,
+                                               float* alpha) {
+    for (int j = 0; j < nk; j += 8) qk_keys8_t(Qt, hd, K + j * ks, ks, PT + j * kLanes);  // keys >= nk: masked below
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int v = 0; v < 2; ++v) {
+        const __m512i L = _mm512_load_si512(lim + 16 * v);
+        __m512 mx = ninf;
+        for (int j = 0; j < nk; ++j) {
+            const __mmask16 vis = _mm512_cmple_epi32_mask(_mm512_set1_epi32(int32_t(j0 + j)), L);
+            mx = _mm512_max_ps(mx, _mm512_mask_mov_ps(ninf, vis, _mm512_load_ps(PT + j * kLanes + 16 * v)));
+        }
+        const __mmask16 any = _mm512_cmp_ps_mask(mx, ninf, _CMP_NEQ_OQ);
+        const __m512 m_old = _mm512_load_ps(m + 16 * v), m_new = _mm512_max_ps(m_old, mx);
+        // exp2(-inf) = 0 on a lane's first visible tile; lanes without a visible key keep alpha 1.
+        const __m512 a = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), any, avx512::exp2(_mm512_sub_ps(m_old, m_new)));
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < nk; ++j) {
+            const __mmask16 vis = _mm512_cmple_epi32_mask(_mm512_set1_epi32(int32_t(j0 + j)), L);
+            float* pj = PT + j * kLanes + 16 * v;
+            const __m512 p = _mm512_maskz_mov_ps(vis, avx512::exp2(_mm512_sub_ps(_mm512_load_ps(pj), m_new)));
+            _mm512_store_ps(pj, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_store_ps(alpha + 16 * v, a);
+        _mm512_store_ps(l + 16 * v, _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(l + 16 * v), a), sum));
+        _mm512_store_ps(m + 16 * v, _mm512_mask_mov_ps(m_old, any, m_new));
     }
 }
 
@@ -213,15 +280,21 @@ constexpr int kConvertTileFromRowTiles = 2;
 
 template <class EK, class EV>
 ALLOY_TARGET_AVX512 void run_block(const Block& b) {
-    const int R = b.rows(), Rp = (R + kRowTile - 1) / kRowTile * kRowTile, hd = b.hd, ng = b.ng;
+    constexpr bool k16 = !std::is_same_v<EK, float>, v16 = !std::is_same_v<EV, float>;
+    // The transposed path pads every group's rows to its kLanes lanes.
+    const bool transposed = k16 && !b.grid && b.rows() <= kLanes;
+    const int R = b.rows(), Rp = transposed ? kLanes : (R + kRowTile - 1) / kRowTile * kRowTile, hd = b.hd;
+    const int ng = b.ng;
     constexpr int ld = kKeyTile;
+    static_assert(kLanes == kKeyTile, "S holds [Rp][kKeyTile] scores or [kKeyTile][kLanes] transposed ones");
     // Per group gi, rows [gi * Rp, (gi + 1) * Rp) of:
     float* Q = scratch(0, int64_t(ng) * Rp * hd);  // [Rp, hd] q * scale * log2(e), pad rows zero
     float* O = scratch(1, int64_t(ng) * Rp * hd);  // [Rp, hd] unnormalised output
     float* S = scratch(2, int64_t(ng) * Rp * ld);  // [Rp, kKeyTile] scores, then probabilities
     float* st = scratch(3, 3 * int64_t(ng) * Rp);  // m, l, alpha, [ng * Rp] each
     float *m = st, *l = st + ng * Rp, *alpha = st + 2 * ng * Rp;
-    constexpr bool k16 = !std::is_same_v<EK, float>, v16 = !std::is_same_v<EV, float>;
+    float* Qt = transposed ? scratch(6, int64_t(ng) * hd * kLanes) : nullptr;  // [hd][kLanes] per group
+    int32_t* lim = transposed ? reinterpret_cast<int32_t*>(scratch(7, kLanes)) : nullptr;
     float* Kt = k16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;  // fp32 copy of an f16 K tile
     float* Vt = v16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
     const EK* Kc = static_cast<const EK*>(b.k);
@@ -244,6 +317,12 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
             l[gr] = 0.0f;
         }
     std::fill(O, O + int64_t(ng) * Rp * hd, 0.0f);
+    if (transposed) {
+        for (int gi = 0; gi < ng; ++gi)
+            for (int r = 0; r < kLanes; ++r)
+                for (int d = 0; d < hd; ++d) Qt[(int64_t(gi) * hd + d) * kLanes + r] = Q[(int64_t(gi) * Rp + r) * hd + d];
+        for (int r = 0; r < kLanes; ++r) lim[r] = r < R ? int32_t(b.limit(r)) : -1;
+    }
 
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
@@ -264,6 +343,20 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
             float* Sg = S + int64_t(gi) * Rp * ld;
             float* Og = O + int64_t(gi) * Rp * hd;
             float *mg = m + gi * Rp, *lg = l + gi * Rp, *ag = alpha + gi * Rp;
+
+            if constexpr (k16) {
+                if (transposed) {
+                    convert_tile(K, nk, ks, hd, Kt, next);
+                    tile_softmax_t(Qt + int64_t(gi) * hd * kLanes, hd, Kt, hd, nk, j0, lim, Sg, mg, lg, ag);
+                    if constexpr (v16) {
+                        convert_tile(V, nk, ks, hd, Vt, next);
+                        pv_rows(Sg, 1, kLanes, 0, Rp, nk, static_cast<const float*>(Vt), hd, Og, hd, ag, none);
+                    } else {
+                        pv_rows(Sg, 1, kLanes, 0, Rp, nk, V, ks, Og, hd, ag, next);
+                    }
+                    continue;
+                }
+            }
 
             // S = Q K^T on rows [rb0, Rp).
             if constexpr (k16) {
@@ -307,12 +400,12 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
             if constexpr (v16) {
                 if (convert) {
                     convert_tile(V, nk, ks, hd, Vt, next);
-                    pv_rows(Sg, ld, rb0, Rp, nk, static_cast<const float*>(Vt), hd, Og, hd, ag, none);
+                    pv_rows(Sg, ld, 1, rb0, Rp, nk, static_cast<const float*>(Vt), hd, Og, hd, ag, none);
                 } else {
-                    pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, next);
+                    pv_rows(Sg, ld, 1, rb0, Rp, nk, V, ks, Og, hd, ag, next);
                 }
             } else {
-                pv_rows(Sg, ld, rb0, Rp, nk, V, ks, Og, hd, ag, next);
+                pv_rows(Sg, ld, 1, rb0, Rp, nk, V, ks, Og, hd, ag, next);
             }
         }
     }

@@ -38,6 +38,10 @@ struct Block {
     int64_t n_past = 0, t0 = 0;
     int tq = 0;                       // tokens [t0, t0 + tq)
     int64_t key_begin = 0, key_end = 0;  // keys [key_begin, key_end), further clipped by causality
+    // Decode and verification (keys on the fixed grid): every row's arithmetic must be the
+    // one a 1-token call gives it, so the AVX-512 block keeps its row-tile QK order. Off the
+    // grid (prefill) it may take the transposed path instead.
+    bool grid = false;
 
     // Exactly one destination: normalised rows into out ([T, n_head, hd], rows of this block
     // only), or the unnormalised partial state of a key split into part_o [ng * part_rows, hd]
@@ -59,7 +63,8 @@ void run_block_scalar(const Block& b);
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0
 
 // Aligned per-thread scratch (grows, never shrinks; pool threads live for the process).
-// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of an f16 K and V tile.
+// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of an f16 K and V tile; 6, 7: the
+// transposed path's Qt and row limits.
 float* scratch(int slot, int64_t n_floats);
 
 }  // namespace alloy::cpu::attn

@@ -125,8 +125,10 @@ TEST_P(HfFixture, LogitsAgreeWithTheDefaultF16Cache) {
 // Speculative verification runs a few tokens per call through the serial arm and must
 // reproduce what decode (one token per call) computes, bit for bit: every kernel on that path
 // (matmul, GDN serial, kv_store, attention, norms) gives the same bits for 1..4 tokens per
-// call. Checked with the default f16 KV cache and with an fp32 one. (These F32 fixtures also
-// run long prefills through kernels with the same sums: checked too.)
+// call. Checked with the default f16 KV cache and with an fp32 one. These F32 fixtures also
+// run long prefills through kernels with the same sums when the cache is fp32: checked too.
+// With an f16 cache, prefill attention takes its transposed path (kernels/cpu/
+// attention_avx512.cpp), which sums each score in another order: close, not the same bits.
 TEST_P(HfFixture, VerificationReproducesDecodeBitForBit) {
     Fixture& f = fixture(GetParam());
     const Qwen35Model& m = *f.model;
@@ -147,7 +149,10 @@ TEST_P(HfFixture, VerificationReproducesDecodeBitForBit) {
             }
             EXPECT_EQ(out, decode) << "verification width " << width << ", " << cache << " cache";
         }
-        EXPECT_EQ(run_logits(m, ids, Path::Serial, kv), decode) << cache << " cache";
+        if (kv.k == GgmlType::F32)
+            EXPECT_EQ(run_logits(m, ids, Path::Serial, kv), decode) << cache << " cache";
+        else
+            EXPECT_LT(max_row_rel_error(run_logits(m, ids, Path::Serial, kv), decode, V), 1e-5) << cache << " cache";
     }
 }
 

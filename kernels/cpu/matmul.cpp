@@ -120,7 +120,6 @@ void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int6
 void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
                 int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out) {
     const mm::TileKernel& kt = p.tile;
-    std::fill(tile, tile + rc * ldt, 0.0f);
     const int64_t K = W.n_in;
     for (int64_t k0 = 0; k0 < K; k0 += kt.kc) {
         const int64_t k1 = std::min<int64_t>(K, k0 + kt.kc);

@@ -46,7 +46,9 @@ ALLOY_F_TARGET void bf16_tile(const WeightView& W, int64_t r0, const ActPanel& p
     for (int r = 0; r < R; ++r)
         for (int v = 0; v < NV; ++v) {
             float* o = tile + r * ldt + v * kGroup;
-            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[r][v]));
+            // The first chunk adds to zero, not to the tile (same bits as a zeroed tile).
+            const __m512 prev = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o);
+            _mm512_storeu_ps(o, _mm512_add_ps(prev, acc[r][v]));
         }
 }
 
@@ -72,7 +74,9 @@ ALLOY_F_TARGET void f32_tile(const WeightView& W, int64_t r0, const ActPanel& p,
     for (int r = 0; r < R; ++r)
         for (int v = 0; v < NV; ++v) {
             float* o = tile + r * ldt + v * kGroup;
-            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[r][v]));
+            // The first chunk adds to zero, not to the tile (same bits as a zeroed tile).
+            const __m512 prev = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o);
+            _mm512_storeu_ps(o, _mm512_add_ps(prev, acc[r][v]));
         }
 }
 

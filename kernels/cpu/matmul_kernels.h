@@ -72,7 +72,9 @@ constexpr int kF32Kc = 128;   // 64 tokens x 128 x 4 B
 
 // GEMM tile kernel: rows [r0, r0 + nr) (nr <= rows), token groups [g0, g0 + nv)
 // (nv <= groups), inner range [k0, k1) (k0 a multiple of kc, k1 = min(k0 + kc, K));
-//   tile[i * ldt + v * 16 + l] += partial dot of row r0 + i with token (g0 + v) * 16 + l.
+//   tile[i * ldt + v * 16 + l] += partial dot of row r0 + i with token (g0 + v) * 16 + l,
+// where the call with k0 == 0 starts from zero instead of the tile (which it may find
+// uninitialised): no separate zeroing pass.
 using TileFn = void (*)(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv,
                         int64_t k0, int64_t k1, float* tile, int ldt);
 struct TileKernel {

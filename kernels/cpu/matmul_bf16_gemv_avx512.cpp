@@ -3,10 +3,14 @@
 // Per (row, token) the arithmetic is fixed: vdpbf16ps over 32 elements at a time into 16 fp32
 // lanes, in order, a masked step for a tail, then one fixed 16-lane reduction. So every T in
 // 1..4 gives the same bits per output (verification reproduces decode exactly); the T > 4
-// GEMM sums in another order. Four rows stream at once from distant parts of the range, with
-// no software prefetch: on this host (2026-11-30, tg16 of the 0.8B BF16 model, three
-// alternating rounds) 4 streams gave 20.3-23.3 t/s, 2 streams 18.0-22.4, 1 stream 19.5,
-// 8 streams 17.2-18.1 and 8 streams with a 1 KiB prefetch (the first version) 16.3-17.9.
+// GEMM sums in another order. Two rows stream at once from distant parts of the range, with
+// no software prefetch. The host has a slow memory phase (probe ~34 GB/s) and a fast one
+// (~53 GB/s); 12 alternated pairs of tg48 on the 0.8B BF16 model (fourth session,
+// 2026-11-30): 2 streams vs 4 gave +0.2 to +6% in the slow phase (94-98% of the probed floor)
+// and +4 to +13% in the fast one (85-91%). In the fast phase 3 and 1 streams also beat 4
+// (30.5-31.1 and 29.9-30.2 vs 27.6-28.3 t/s), 8 streams lost (25.4-25.8), and a software
+// prefetch 512 B-2 KiB ahead in every stream lost 8-15%. (The third session, in a slow phase
+// only, had 4 streams ahead of 2 within overlapping ranges.)
 #include <immintrin.h>
 
 #include "kernels/cpu/matmul_gemv_rows.h"
@@ -14,6 +18,8 @@
 
 namespace alloy::cpu::mm {
 namespace {
+
+constexpr int kStreams = 2;  // rows streamed side by side per thread (see above)
 
 #define ALLOY_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
@@ -69,10 +75,10 @@ void range_bf16(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, i
 void bf16_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                       int64_t ldy) {
     switch (nt) {
-        case 1: range_bf16<4, 1>(W, r0, nr, a, t0, y, ldy); break;
-        case 2: range_bf16<4, 2>(W, r0, nr, a, t0, y, ldy); break;
-        case 3: range_bf16<4, 3>(W, r0, nr, a, t0, y, ldy); break;
-        default: range_bf16<4, 4>(W, r0, nr, a, t0, y, ldy); break;
+        case 1: range_bf16<kStreams, 1>(W, r0, nr, a, t0, y, ldy); break;
+        case 2: range_bf16<kStreams, 2>(W, r0, nr, a, t0, y, ldy); break;
+        case 3: range_bf16<kStreams, 3>(W, r0, nr, a, t0, y, ldy); break;
+        default: range_bf16<kStreams, 4>(W, r0, nr, a, t0, y, ldy); break;
     }
 }
 

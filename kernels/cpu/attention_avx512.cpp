@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/cpu/attention_block.h"
+#include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/vec_math_avx512.h"
 
 namespace alloy::cpu::attn {
@@ -318,9 +319,8 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
         }
     std::fill(O, O + int64_t(ng) * Rp * hd, 0.0f);
     if (transposed) {
-        for (int gi = 0; gi < ng; ++gi)
-            for (int r = 0; r < kLanes; ++r)
-                for (int d = 0; d < hd; ++d) Qt[(int64_t(gi) * hd + d) * kLanes + r] = Q[(int64_t(gi) * Rp + r) * hd + d];
+        for (int gi = 0; gi < ng; ++gi)  // Qt[d][r] = Q[r][d]
+            mm::store_transposed_avx512(Q + int64_t(gi) * Rp * hd, hd, kLanes, hd, Qt + int64_t(gi) * hd * kLanes, kLanes);
         for (int r = 0; r < kLanes; ++r) lim[r] = r < R ? int32_t(b.limit(r)) : -1;
     }
 

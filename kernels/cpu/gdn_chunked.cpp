@@ -27,7 +27,7 @@
 #include "kernels/cpu/gdn_gemm.h"
 #include "kernels/cpu/gdn_internal.h"
 #include "kernels/cpu/gdn_simd.h"
-#include "kernels/cpu/matmul_transpose.h"
+#include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace alloy::cpu {
@@ -67,25 +67,12 @@ void transpose_portable(const float* src, int ld_src, float* dst, int ld_dst, in
                     dst[(std::size_t)c * ld_dst + r] = src[(std::size_t)r * ld_src + c];
 }
 
-// The same in 16 x 16 register transposes, edges masked.
-ALLOY_AVX512 void transpose_avx512(const float* src, int ld_src, float* dst, int ld_dst, int rows, int cols) {
-    for (int r0 = 0; r0 < rows; r0 += 16) {
-        const int nr = std::min(16, rows - r0);
-        for (int c0 = 0; c0 < cols; c0 += 16) {
-            const int nc = std::min(16, cols - c0);
-            __m512 in[16], out[16];
-            for (int i = 0; i < 16; ++i)
-                in[i] = i < nr ? _mm512_maskz_loadu_ps(gdn_simd::lanes(nc), src + (std::size_t)(r0 + i) * ld_src + c0)
-                               : _mm512_setzero_ps();
-            mm::transpose16(in, out);
-            for (int c = 0; c < nc; ++c)
-                _mm512_mask_storeu_ps(dst + (std::size_t)(c0 + c) * ld_dst + r0, gdn_simd::lanes(nr), out[c]);
-        }
-    }
-}
-
+// On AVX-512 the matmul's register transpose does the same (16 x 16 blocks, edges masked).
 void transpose(Isa isa, const float* src, int ld_src, float* dst, int ld_dst, int rows, int cols) {
-    (isa == Isa::Avx512 ? transpose_avx512 : transpose_portable)(src, ld_src, dst, ld_dst, rows, cols);
+    if (isa == Isa::Avx512)
+        mm::store_transposed_avx512(src, ld_src, rows, cols, dst, ld_dst);
+    else
+        transpose_portable(src, ld_src, dst, ld_dst, rows, cols);
 }
 
 // Where the products of one (chunk, head) slot live; C is the chunk size.

@@ -35,6 +35,7 @@ constexpr int64_t kRowDotTile = 32;     // tokens per row-dot item
 // A/B in one process (0.8B model, 2026-11-30, Zen 4): BF16 pp512 +4.9%, pp4096 +2.5%, Q8_0
 // pp512 +2.9%; 64 tokens (1.5 MB outputs) neutral, 128 tokens +1.8%.
 constexpr int64_t kStreamOutBytes = int64_t(2) << 20;
+bool stream_output(int64_t T, int64_t N) { return T * N * int64_t(sizeof(float)) >= kStreamOutBytes; }
 constexpr int64_t kTileRowGroups = 8;   // row groups (of TileKernel::rows) per GEMM item
 constexpr int64_t kConvertRows = 16;    // rows per converted-weights item
 
@@ -224,7 +225,7 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
             const int64_t g0 = (it / jb.n_chunks) * kt.groups, r0 = (it % jb.n_chunks) * chunk;
             float* tile = reinterpret_cast<float*>(aligned(s.per_thread[size_t(thread)], size_t(chunk * ldt) * 4));
             gemm_range(p, W, panel, r0, std::min(chunk, N - r0), g0, int(std::min<int64_t>(kt.groups, G - g0)), T,
-                       tile, ldt, jb.y, N, T * N * int64_t(sizeof(float)) >= kStreamOutBytes);
+                       tile, ldt, jb.y, N, stream_output(T, N));
         } else if (gemv) {
             const int64_t r0 = it * jb.rows_per_item, nr = std::min(jb.rows_per_item, N - r0);
             for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
@@ -260,7 +261,7 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
         if (gemm) {
             for (int64_t g0 = 0; g0 < G; g0 += p.tile.groups)
                 gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(p.tile.groups, G - g0)), T, tile, ldt,
-                           y + r0, N, T * N * int64_t(sizeof(float)) >= kStreamOutBytes);
+                           y + r0, N, stream_output(T, N));
         } else {
             rowdot_range(p, V, rows_act, 0, rc, 0, T, y + r0, N);
         }

@@ -131,7 +131,7 @@ ALLOY_F_TARGET void store_transposed_avx512(const float* tile, int ldt, int64_t 
             for (int i = 0; i < 16; ++i)
                 r[i] = i < ni ? _mm512_maskz_loadu_ps(tok_mask, tile + (i0 + i) * ldt + t0) : _mm512_setzero_ps();
             transpose16(r, col);
-            if (stream && ni == 16 && i0 % 16 == 0) {
+            if (stream && ni == 16) {
                 for (int t = 0; t < nt; ++t) _mm512_stream_ps(y + (t0 + t) * ldy + i0, col[t]);
             } else {
                 for (int t = 0; t < nt; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy + i0, row_mask, col[t]);

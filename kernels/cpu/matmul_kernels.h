@@ -90,7 +90,9 @@ RowKernel rowdot_avx2(GgmlType type);    // Q8_0, BF16, F16, F32
 RowKernel rowdot_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F16, F32
 TileKernel tile_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F32
 
-// y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens (GEMM tiles back to [T, n_out]).
+// y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens (GEMM tiles back to [T, n_out]);
+// the CPU kernels' one AVX-512 matrix transpose (also activation panels, the GDN state and
+// K^T, attention's transposed queries).
 // stream: write whole aligned 16-float runs with non-temporal stores (for outputs far larger
 // than the caches, which a plain store would first read from memory); ends with an sfence.
 void store_transposed_avx512(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y, int64_t ldy,

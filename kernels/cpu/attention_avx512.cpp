@@ -5,9 +5,11 @@
 //   online softmax per row over the tile (masked by causality only on diagonal tiles)
 //   O = alpha * O + P V   4 rows x 64 columns in 16 zmm accumulators, P broadcast from L1
 // Q rows are pre-scaled by scale * log2(e) so the softmax is exp2 of a difference.
-// Prefill blocks with an f16 K cache (off the decode grid, at most 32 rows) take the
-// transposed path instead for S and the softmax (tile_softmax_t): 11% faster on a 512-token
-// chunk at depth 3584 (167 -> 186 GFLOP/s, Zen 4, 2 threads).
+// Prefill blocks with an f16 K cache (off the decode grid, at most kMaxPrefillRows rows) take
+// the transposed path instead for S and the softmax (tile_softmax_t): 11% faster on a
+// 512-token chunk at depth 3584 (167 -> 186 GFLOP/s, Zen 4, 2 threads). Such a block holds
+// its rows in lane sets of kLanes and converts each K and V tile once for all of them (64
+// rows instead of 32: ~186 -> ~198 GFLOP/s, the conversions fell from ~9% to ~5% of the op).
 //
 // f16 caches: the microkernels are templated on the element type and convert with
 // vcvtph2ps as they load (decode: one row tile, each converted vector feeds 4 rows); when a
@@ -71,7 +73,7 @@ public:
     TilePrefetch() = default;
     TilePrefetch(Rows k, Rows v, int n_rows) : part_{k, v}, rows_(n_rows) {}
     bool active() const { return rows_ > 0; }
-    ALLOY_TARGET_AVX512 void touch() {
+    ALLOY_TARGET_AVX512 __attribute__((always_inline)) void touch() {
         if (row_ >= rows_) {
             if (p_ == 1 || !active()) return;
             p_ = 1;
@@ -210,10 +212,14 @@ ALLOY_TARGET_AVX512 inline void pv_rows(const float* S, int prs, int pks, int rb
 // score sums over d in order; decode and verification keep qk_tile's order (the grid path),
 // so they still reproduce each other bit for bit.
 constexpr int kLanes = 32;  // row lanes of the transposed path: two zmm per key
+constexpr int kMaxLaneSets = kMaxPrefillRows / kLanes;
+static_assert(kMaxPrefillRows % kLanes == 0, "prefill blocks hold whole lane sets");
 static_assert(kKeyTile % 8 == 0, "the transposed QK tile takes keys 8 at a time");
 
-// PT[j][lane] = sum_d K[j][d] Qt[d][lane] for 8 keys from K (fp32 rows at stride ks).
-ALLOY_TARGET_AVX512 inline void qk_keys8_t(const float* Qt, int hd, const float* K, int64_t ks, float* PT) {
+// PT[j][lane] = sum_d K[j][d] Qt[d][lane] for 8 keys from K (fp32 rows at stride ks). Not
+// inlined: inside run_block GCC 12 kept two of the 16 accumulators on the stack (a
+// store-to-load chain per d, ~8% of the op's time).
+ALLOY_TARGET_AVX512 __attribute__((noinline)) void qk_keys8_t(const float* Qt, int hd, const float* K, int64_t ks, float* PT) {
     __m512 acc[8][2];
     for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
 #pragma GCC unroll 4
@@ -282,9 +288,11 @@ constexpr int kConvertTileFromRowTiles = 2;
 template <class EK, class EV>
 ALLOY_TARGET_AVX512 void run_block(const Block& b) {
     constexpr bool k16 = !std::is_same_v<EK, float>, v16 = !std::is_same_v<EV, float>;
-    // The transposed path pads every group's rows to its kLanes lanes.
-    const bool transposed = k16 && !b.grid && b.rows() <= kLanes;
-    const int R = b.rows(), Rp = transposed ? kLanes : (R + kRowTile - 1) / kRowTile * kRowTile, hd = b.hd;
+    // The transposed path pads every group's rows to whole lane sets of kLanes rows; every
+    // converted K and V tile serves all the block's lane sets.
+    const bool transposed = k16 && !b.grid && b.rows() <= kMaxLaneSets * kLanes;
+    const int nl = transposed ? (b.rows() + kLanes - 1) / kLanes : 0;  // lane sets per group
+    const int R = b.rows(), Rp = transposed ? nl * kLanes : (R + kRowTile - 1) / kRowTile * kRowTile, hd = b.hd;
     const int ng = b.ng;
     constexpr int ld = kKeyTile;
     static_assert(kLanes == kKeyTile, "S holds [Rp][kKeyTile] scores or [kKeyTile][kLanes] transposed ones");
@@ -294,8 +302,8 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
     float* S = scratch(2, int64_t(ng) * Rp * ld);  // [Rp, kKeyTile] scores, then probabilities
     float* st = scratch(3, 3 * int64_t(ng) * Rp);  // m, l, alpha, [ng * Rp] each
     float *m = st, *l = st + ng * Rp, *alpha = st + 2 * ng * Rp;
-    float* Qt = transposed ? scratch(6, int64_t(ng) * hd * kLanes) : nullptr;  // [hd][kLanes] per group
-    int32_t* lim = transposed ? reinterpret_cast<int32_t*>(scratch(7, kLanes)) : nullptr;
+    float* Qt = transposed ? scratch(6, int64_t(ng) * Rp * hd) : nullptr;  // [hd][kLanes] per group and lane set
+    int32_t* lim = transposed ? reinterpret_cast<int32_t*>(scratch(7, Rp)) : nullptr;
     float* Kt = k16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;  // fp32 copy of an f16 K tile
     float* Vt = v16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
     const EK* Kc = static_cast<const EK*>(b.k);
@@ -319,9 +327,10 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
         }
     std::fill(O, O + int64_t(ng) * Rp * hd, 0.0f);
     if (transposed) {
-        for (int gi = 0; gi < ng; ++gi)  // Qt[d][r] = Q[r][d]
-            mm::store_transposed_avx512(Q + int64_t(gi) * Rp * hd, hd, kLanes, hd, Qt + int64_t(gi) * hd * kLanes, kLanes);
-        for (int r = 0; r < kLanes; ++r) lim[r] = r < R ? int32_t(b.limit(r)) : -1;
+        for (int gl = 0; gl < ng * nl; ++gl)  // per group and lane set: Qt[d][lane] = Q[lane][d]
+            mm::store_transposed_avx512(Q + int64_t(gl) * kLanes * hd, hd, kLanes, hd, Qt + int64_t(gl) * hd * kLanes,
+                                        kLanes, false);
+        for (int r = 0; r < Rp; ++r) lim[r] = r < R ? int32_t(b.limit(r)) : -1;
     }
 
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
@@ -346,13 +355,26 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
 
             if constexpr (k16) {
                 if (transposed) {
-                    convert_tile(K, nk, ks, hd, Kt, next);
-                    tile_softmax_t(Qt + int64_t(gi) * hd * kLanes, hd, Kt, hd, nk, j0, lim, Sg, mg, lg, ag);
-                    if constexpr (v16) {
-                        convert_tile(V, nk, ks, hd, Vt, next);
-                        pv_rows(Sg, 1, kLanes, 0, Rp, nk, static_cast<const float*>(Vt), hd, Og, hd, ag, none);
-                    } else {
-                        pv_rows(Sg, 1, kLanes, 0, Rp, nk, V, ks, Og, hd, ag, next);
+                    // Lane sets before l_first see none of this tile (diagonal tiles): their
+                    // state stays as it is.
+                    const int l_first = r_first / kLanes;
+                    // The next tile is prefetched during the first P V row tile (a burst of
+                    // it during the conversions stalled them on the miss buffers).
+                    convert_tile(K, nk, ks, hd, Kt, none);
+                    for (int ls = l_first; ls < nl; ++ls) {
+                        const int o = ls * kLanes;
+                        tile_softmax_t(Qt + (int64_t(gi) * nl + ls) * hd * kLanes, hd, Kt, hd, nk, j0, lim + o,
+                                       Sg + o * ld, mg + o, lg + o, ag + o);
+                    }
+                    if constexpr (v16) convert_tile(V, nk, ks, hd, Vt, none);
+                    for (int ls = l_first; ls < nl; ++ls) {
+                        const int o = ls * kLanes;
+                        if constexpr (v16)
+                            pv_rows(Sg + o * ld, 1, kLanes, 0, kLanes, nk, static_cast<const float*>(Vt), hd,
+                                    Og + int64_t(o) * hd, hd, ag + o, ls == l_first ? next : none);
+                        else
+                            pv_rows(Sg + o * ld, 1, kLanes, 0, kLanes, nk, V, ks, Og + int64_t(o) * hd, hd, ag + o,
+                                    ls == l_first ? next : none);
                     }
                     continue;
                 }

@@ -22,6 +22,10 @@ namespace alloy::cpu::attn {
 
 constexpr int kKeyTile = 32;  // keys per tile: K and V tiles of hd=256 are 16 KiB each in f16, 32 in fp32
 constexpr int kRowTile = 4;   // query rows per microkernel (4 rows x 4 keys = 16 zmm accumulators)
+// Query rows per prefill block (group x tokens). The AVX-512 prefill path converts every f16
+// K and V tile once per block, so more rows per block convert less per FLOP; 64 rows keep a
+// block's Q, Qt and O (64 KiB each in fp32) well inside L2.
+constexpr int kMaxPrefillRows = 64;
 static_assert(kKeyTile == 32, "the AVX-512 softmax holds one tile row in two zmm");
 
 struct Block {

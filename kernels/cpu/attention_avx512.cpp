@@ -335,7 +335,9 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
 
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
-        const int n_next = int(std::clamp<int64_t>(key_end - j0 - kKeyTile, 0, kKeyTile));  // rows of the next tile
+        // Rows of the next tile: of this block, or on its last tile the first tile of the block
+        // this thread runs next (prefetch_end).
+        const int n_next = int(std::clamp<int64_t>(std::max(key_end, b.prefetch_end) - j0 - kKeyTile, 0, kKeyTile));
         TilePrefetch next({Kc + (j0 + kKeyTile) * ks, ks * int64_t(sizeof(EK)), int64_t(ng) * hd * int64_t(sizeof(EK))},
                           {Vc + (j0 + kKeyTile) * ks, ks * int64_t(sizeof(EV)), int64_t(ng) * hd * int64_t(sizeof(EV))},
                           n_next);

@@ -42,6 +42,9 @@ struct Block {
     int64_t n_past = 0, t0 = 0;
     int tq = 0;                       // tokens [t0, t0 + tq)
     int64_t key_begin = 0, key_end = 0;  // keys [key_begin, key_end), further clipped by causality
+    // When the thread's next block continues with keys [key_end, prefetch_end) of the same
+    // rows and groups, the last tile prefetches that block's first tile (0: nothing).
+    int64_t prefetch_end = 0;
     // Decode and verification (keys on the fixed grid): every row's arithmetic must be the
     // one a 1-token call gives it, so the AVX-512 block keeps its row-tile QK order. Off the
     // grid (prefill) it may take the transposed path instead.

@@ -8,6 +8,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/matmul_kernels.h"
@@ -35,13 +36,14 @@ ALLOY_F_TARGET void bf16_tile(const WeightView& W, int64_t r0, const ActPanel& p
     __m512 acc[R][NV];
     for (auto& r : acc)
         for (auto& v : r) v = _mm512_setzero_ps();
+    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));  // rows of the next tile (<= 0: none)
     for (int64_t k2 = k0 / 2; k2 < k1 / 2; ++k2) {
         // Every 64 bytes of the weight rows, the same line of the next R rows (the next call
         // of gemm_range reads them at this k): without it each call began with R streams
         // from DRAM that the hardware prefetcher had not seen (+4-8% GEMM, T = 64..512).
-        // Past the last row of W this is a prefetch of an unmapped line: no fault, no effect.
         if ((k2 & 15) == 0)
-            for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + k2 * 4), _MM_HINT_T0);
+            for (int r = 0; r < next_rows; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + k2 * 4), _MM_HINT_T0);
         __m512i xv[NV];
         for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_si512(xb + v * gb + k2 * 2 * kGroup);
         for (int r = 0; r < R; ++r) {

@@ -469,6 +469,15 @@ Tensors gate_run(const SmallIn& in, cpu::Isa isa, bool reference) {
     return {{"x", std::move(x)}};
 }
 
+// rows = (token, head) pairs, n = 2 * head_dim (query, then gate). One path: plain copies.
+Tensors split_q_gate_run(const SmallIn& in, cpu::Isa, bool reference) {
+    const int hd = int(in.c.n / 2);
+    std::vector<float> q(size_t(in.c.rows * hd), NAN), gate(q.size(), NAN);
+    if (reference) alloy::ref::split_q_gate(in.a.data(), in.c.rows, hd, q.data(), gate.data());
+    else cpu::split_q_gate(in.a.data(), in.c.rows, hd, q.data(), gate.data());
+    return {{"q", std::move(q)}, {"gate", std::move(gate)}};
+}
+
 Tensors add_run(const SmallIn& in, cpu::Isa isa, bool reference) {
     std::vector<float> x = in.a;
     if (reference) alloy::ref::add(x.data(), in.b.data(), int64_t(x.size()));
@@ -502,7 +511,8 @@ void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(co
     }
 }
 
-const std::vector<std::string> kKernelOps{"ATTENTION", "KV_STORE", "RMS_NORM", "ROPE", "SWIGLU", "SIGMOID_GATE_MUL", "ADD"};
+const std::vector<std::string> kKernelOps{"ATTENTION", "KV_STORE",         "RMS_NORM", "ROPE", "SWIGLU",
+                                          "SIGMOID_GATE_MUL", "SPLIT_Q_GATE", "ADD"};
 
 void run_kernel_ops(const Options& o, Tally& tally) {
     auto want = [&](const char* op) { return o.op.empty() || o.op == op; };
@@ -524,6 +534,9 @@ void run_kernel_ops(const Options& o, Tally& tally) {
     if (want("SIGMOID_GATE_MUL"))
         run_kernel_op<SmallIn, SmallCase>("SIGMOID_GATE_MUL", {{1, 2048}, {7, 2051}, {Tbig, 2048}}, make_small_in,
                                           small_label, gate_run, tally);
+    if (want("SPLIT_Q_GATE"))  // rows = tokens * heads, n = 2 * head_dim
+        run_kernel_op<SmallIn, SmallCase>("SPLIT_Q_GATE", {{8, 512}, {7, 160}, {Tbig * 8, 512}}, make_small_in,
+                                          small_label, split_q_gate_run, tally);
     if (want("ADD"))
         run_kernel_op<SmallIn, SmallCase>("ADD", {{1, 1024}, {7, 1027}, {Tbig, 1024}}, make_small_in, small_label,
                                           add_run, tally);

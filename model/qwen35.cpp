@@ -330,11 +330,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             const int64_t kvw = int64_t(nkv) * hd;
             mm_multi({{&L.wq, qg}, {&L.wk, kx}, {&L.wv, vx}}, h, p + "attn_q+attn_k+attn_v");
             plan->add("split_q_gate", p + "attn_q", [=](const StepContext& c) {
-                for (int64_t th = 0; th < int64_t(c.n) * nh; ++th) {
-                    const float* src = qg + th * 2 * hd;
-                    std::copy(src, src + hd, q + th * hd);
-                    std::copy(src + hd, src + 2 * hd, gate + th * hd);
-                }
+                cpu::split_q_gate(qg, int64_t(c.n) * nh, hd, q, gate);
             });
             plan->add("rms_norm", p + "attn_q_norm", [=, &L](const StepContext& c) {
                 cpu::rms_norm(q, L.q_norm, q, int64_t(c.n) * nh, hd, eps);

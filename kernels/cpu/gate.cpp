@@ -1,5 +1,7 @@
 #include "kernels/cpu/gate.h"
 
+#include <algorithm>
+
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/vec_math_avx512.h"
 #include "kernels/ref/activations.h"
@@ -30,5 +32,15 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t n, Isa isa) {
 }
 
 void sigmoid_gate_mul(float* x, const float* g, int64_t n) { sigmoid_gate_mul(x, g, n, active_isa()); }
+
+void split_q_gate(const float* qg, int64_t rows, int hd, float* q, float* gate) {
+    for_chunks(rows, 2 * int64_t(hd), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+            const float* src = qg + r * 2 * hd;
+            std::copy(src, src + hd, q + r * hd);
+            std::copy(src + hd, src + 2 * hd, gate + r * hd);
+        }
+    });
+}
 
 }  // namespace alloy::cpu

@@ -1,5 +1,6 @@
 // Output gate of the gated attention block on the CPU: x *= sigmoid(g), same contract as
-// ref::sigmoid_gate_mul (kernels/ref/gate.h); within 1e-6 relative of the reference.
+// ref::sigmoid_gate_mul (kernels/ref/gate.h); within 1e-6 relative of the reference. And the
+// split of the q projection into query and gate.
 #pragma once
 #include <cstdint>
 
@@ -11,5 +12,9 @@ namespace alloy::cpu {
 void sigmoid_gate_mul(float* x, const float* g, int64_t n);
 // Same on an explicit ISA path (tests); Avx2 runs the portable path.
 void sigmoid_gate_mul(float* x, const float* g, int64_t n, Isa isa);
+
+// qg [rows, 2 * hd] -> q [rows, hd], gate [rows, hd], as ref::split_q_gate (exact copies).
+// Large inputs run on the pool (a 512-token prefill piece copies 8 MiB).
+void split_q_gate(const float* qg, int64_t rows, int hd, float* q, float* gate);
 
 }  // namespace alloy::cpu

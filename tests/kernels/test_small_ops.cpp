@@ -1,4 +1,4 @@
-// The small fused ops (rms_norm, rope_partial, swiglu, sigmoid_gate_mul, add, kv_store): every ISA path
+// The small fused ops (rms_norm, rope_partial, swiglu, sigmoid_gate_mul, split_q_gate, add, kv_store): every ISA path
 // this CPU has, called explicitly, against kernels/ref on random inputs with odd sizes
 // (vector tails) and sizes big enough for the thread pool. Outputs start NaN-poisoned where
 // the op does not work in place. Tolerances per element, stated per op.
@@ -131,6 +131,23 @@ TEST(SmallOps, SigmoidGateMul) {
             cpu::sigmoid_gate_mul(got.data(), g.data(), n, isa);
             expect_close(got, want, 1e-6, 0, std::string("gate ") + cpu::isa_name(isa) + " n=" + std::to_string(n));
         }
+    }
+}
+
+// Exact copies: odd head dims, one row, and enough rows to take the pool.
+TEST(SmallOps, SplitQGate) {
+    uint32_t seed = 350;
+    for (auto [rows, hd] : {std::pair<int64_t, int>{1, 256}, {7, 5}, {3, 64}, {512 * 8, 256}, {1001, 80}}) {
+        const auto qg = uniform(size_t(rows * 2 * hd), -4, 4, seed++);
+        std::vector<float> want_q(size_t(rows * hd)), want_g(want_q.size());
+        ref::split_q_gate(qg.data(), rows, hd, want_q.data(), want_g.data());
+        std::vector<float> q(want_q.size(), NAN), g(want_q.size(), NAN);
+        cpu::split_q_gate(qg.data(), rows, hd, q.data(), g.data());
+        const std::string what = "split_q_gate rows=" + std::to_string(rows) + " hd=" + std::to_string(hd);
+        EXPECT_EQ(q, want_q) << what;
+        EXPECT_EQ(g, want_g) << what;
+        EXPECT_EQ(want_q[size_t(hd) - 1], qg[size_t(hd) - 1]) << what;  // the reference itself: q first, then the gate
+        EXPECT_EQ(want_g[0], qg[size_t(hd)]) << what;
     }
 }
 

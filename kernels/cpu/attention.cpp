@@ -134,11 +134,9 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
     part.resize(size_t(n_items * item_rows * (hd + 2)));
     float* part_o = part.data();
     float* part_ml = part.data() + n_items * item_rows * hd;
-    auto run_item = [&](int64_t i, int64_t prefetch_end) {
-        attn::Block b = make_block(i);
+    auto run_item = [&](int64_t i, attn::Block b) {
         b.part_o = part_o + i * item_rows * hd;
         b.part_ml = part_ml + i * item_rows * 2;
-        b.prefetch_end = prefetch_end;
         run_block(b);
     };
     if (grid && n_gb == 1 && n_qb == 1) {
@@ -149,10 +147,17 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
         const int nt = n_threads();
         parallel_for(nt, [&](int64_t th, int) {
             const int64_t i0 = n_items * th / nt, i1 = n_items * (th + 1) / nt;
-            for (int64_t i = i0; i < i1; ++i) run_item(i, i + 1 < i1 ? make_block(i + 1).key_end : 0);
+            if (i0 == i1) return;
+            attn::Block b = make_block(i0);
+            for (int64_t i = i0; i < i1; ++i) {
+                const attn::Block next = i + 1 < i1 ? make_block(i + 1) : attn::Block{};
+                b.prefetch_end = next.key_end;  // 0 after the thread's last cell: nothing
+                run_item(i, b);
+                b = next;
+            }
         });
     } else {
-        parallel_for(n_items, [&](int64_t i, int) { run_item(i, 0); });
+        parallel_for(n_items, [&](int64_t i, int) { run_item(i, make_block(i)); });
     }
     parallel_for(T * s.n_head, [&](int64_t th, int) {
         const int64_t t = th / s.n_head;

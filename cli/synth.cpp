@@ -14,6 +14,7 @@ void add_synth_command(CLI::App& app) {
     cmd->add_option("--dtype", dtype, "matrix type: f32 | f16 | bf16 | q8_0")->capture_default_str();
     cmd->add_option("--tokenizer", opt.tokenizer_json, "HF tokenizer.json to embed (default: the bundled Qwen3 one)");
     cmd->add_option("--seed", opt.seed, "random seed")->capture_default_str();
+    cmd->add_option("--layers", opt.n_layer, "layer count instead of the preset's (every 4th is attention)");
     cmd->add_option("-o,--output", opt.out_path, "output .gguf")->required();
     cmd->callback([] {
         opt.dtype = parse_dtype(dtype);

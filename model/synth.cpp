@@ -56,7 +56,10 @@ std::string synth_qwen35(const SynthOptions& opt) {
     auto it = presets().find(opt.preset);
     if (it == presets().end())
         throw Error("synth: unknown --preset '" + opt.preset + "' (tiny, 0.8b, 2b, 4b, 9b, 27b)");
-    const Preset& P = it->second;
+    if (opt.n_layer < 0 || opt.n_layer > 1024)
+        throw Error("synth: --layers " + std::to_string(opt.n_layer) + " is outside [1, 1024]");
+    Preset P = it->second;
+    if (opt.n_layer > 0) P.n_layer = opt.n_layer;
     if (opt.tokenizer_json.empty()) throw Error("synth: a tokenizer.json is needed (--tokenizer)");
     Vocab vocab = Tokenizer::from_hf_json(opt.tokenizer_json).vocab();
     int n_vocab = P.n_vocab ? P.n_vocab : int((vocab.tokens.size() + 127) / 128 * 128);

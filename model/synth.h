@@ -16,6 +16,7 @@ struct SynthOptions {
     std::string tokenizer_json;       // vocabulary to embed (HF tokenizer.json)
     std::string out_path;
     uint64_t seed = 42;
+    int n_layer = 0;                  // 0: the preset's; else this many (every 4th is attention)
 };
 
 std::string synth_qwen35(const SynthOptions& opt);  // returns a one-line summary

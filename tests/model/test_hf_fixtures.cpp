@@ -18,6 +18,7 @@
 #include "alloy/error.h"
 #include "model/convert_qwen35.h"
 #include "model/qwen35.h"
+#include "model/synth.h"
 #include "runtime/sampler.h"
 #include "tests/logits_error.h"
 
@@ -221,6 +222,78 @@ TEST(HfFixturePieces, PiecesEqualOneCall) {
         EXPECT_LT(max_row_rel_error(b, a, V), 1e-5) << chunk;
         EXPECT_EQ(s1.n_past, s2.n_past);
     }
+}
+
+// Only the last token's logits (the default): the last layer computes its queries, attention,
+// output projection and MLP for the last row alone, and an inner piece of a long prompt stops
+// that layer once its K/V rows are stored. Both must keep the oracle's logits: the prompt in
+// one call and in pieces of 16 (inner pieces write the last layer's K/V and nothing after
+// it), then one decode step, which reads the K/V the pruned prompt pass stored.
+TEST_P(HfFixture, LastTokenLogitsSkipTheUnusedRows) {
+    Fixture& f = fixture(GetParam());
+    const Qwen35Model& m = *f.model;
+    const size_t V = f.ref["vocab"].get<size_t>();
+    for (const auto& seq : f.ref["sequences"]) {
+        const auto ids = seq["ids"].get<std::vector<int32_t>>();
+        const auto want = read_f32(kFixtures + GetParam() + "/" + seq["file"].get<std::string>());
+        const size_t n = ids.size();
+        ASSERT_GE(n, 3u);
+        auto row = [&](size_t t) { return std::vector<float>(want.begin() + long(t * V), want.begin() + long((t + 1) * V)); };
+        for (int piece : {0, 16}) {
+            ForwardOptions fo;
+            fo.gdn_chunk = 16;
+            if (piece) fo.max_batch = piece;
+            SequenceState st = m.new_state(256, kF32Cache);
+            std::vector<float> logits(V);
+            m.forward(st, ids.data(), int(n - 1), fo, logits.data());
+            EXPECT_LT(max_row_rel_error(logits, row(n - 2), V), 1e-4) << GetParam() << " T=" << n - 1 << " piece " << piece;
+            m.forward(st, &ids[n - 1], 1, fo, logits.data());
+            EXPECT_LT(max_row_rel_error(logits, row(n - 1), V), 1e-4) << GetParam() << " decode after T=" << n - 1;
+        }
+    }
+}
+
+// The same pruning when the last layer is a GDN one (the fixtures all end in attention):
+// synthetic models of 3 and 5 layers. Their F16 weights run kernels that give the same bits
+// for any token count, so the last-token path must reproduce the last row of the all-logits
+// path exactly, in one call and in pieces, and so must the state it leaves for the next call.
+TEST(LastTokenLogits, GdnLastLayerGivesTheAllRowsBits) {
+    const fs::path dir = fs::temp_directory_path() / ("alloy_synth_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    for (int layers : {3, 5}) {
+        SynthOptions so;
+        so.dtype = GgmlType::F16;
+        so.n_layer = layers;
+        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
+        so.out_path = (dir / ("gdn_last_" + std::to_string(layers) + ".gguf")).string();
+        synth_qwen35(so);
+        auto m = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+        fs::remove(so.out_path);
+        ASSERT_TRUE(m->hparams().is_recurrent(layers - 1));
+        const size_t V = size_t(m->hparams().n_vocab);
+        std::mt19937 rng(11);
+        std::vector<int32_t> ids(41);
+        for (auto& id : ids) id = int32_t(rng() % 5000);
+        const int n = int(ids.size()) - 1;  // the prompt; the last id is one decode step
+        auto run = [&](bool all, int piece) {
+            ForwardOptions fo;
+            fo.all_logits = all;
+            fo.gdn_chunk = 16;
+            if (piece) fo.max_batch = piece;
+            SequenceState st = m->new_state(64, kF32Cache);
+            std::vector<float> out(size_t(all ? n : 1) * V), next(V);
+            m->forward(st, ids.data(), n, fo, out.data());
+            fo.all_logits = false;
+            m->forward(st, &ids[size_t(n)], 1, fo, next.data());
+            out.erase(out.begin(), out.end() - long(V));  // the prompt's last row
+            out.insert(out.end(), next.begin(), next.end());
+            return out;
+        };
+        const std::vector<float> want = run(true, 0);
+        for (int piece : {0, 16})
+            EXPECT_EQ(run(false, piece), want) << layers << " layers, piece " << piece;
+    }
+    fs::remove_all(dir);
 }
 
 // Verification deep in the context: after a 250-token prompt, the next 12 tokens as calls of

@@ -74,7 +74,9 @@ struct Shape { int64_t n_in, n_out; };
 std::vector<Shape> shapes_for(GgmlType type) {
     const int64_t block = type_traits(type).block_elems;
     if (block == 256) return {{256, 37}, {4096 + 256, 19}};
-    std::vector<Shape> s{{32, 37}, {96, 19}, {4096 + 32, 21}, {512, 67}};
+    // {64, 1501}: the decode GEMVs cut its rows into several guided items (matmul.cpp), the last
+    // one short and odd.
+    std::vector<Shape> s{{32, 37}, {96, 19}, {4096 + 32, 21}, {512, 67}, {64, 1501}};
     if (block == 1) s.push_back({37, 23});  // odd n_in: masked tails, no bf16 pairs
     return s;
 }

@@ -198,7 +198,7 @@ ALLOY_AVX512 void head_avx512(const DeltaIo& io, int seq, int h, float* pad) {
 void delta_serial(Isa isa, const DeltaIo& io) {
     const int n_items = io.n_seqs * io.shape.H_v;
     std::vector<std::vector<float>> pad(n_threads());
-    auto run = [&](int64_t item, int thread) {
+    parallel_for(n_items, [&](int64_t item, int thread) {
         const int seq = (int)(item / io.shape.H_v), h = (int)(item % io.shape.H_v);
         if (io.offs[seq + 1] == io.offs[seq]) return;
         if (isa == Isa::Avx512) {
@@ -208,23 +208,7 @@ void delta_serial(Isa isa, const DeltaIo& io) {
         } else {
             head_portable(io, seq, h);
         }
-    };
-    // Decode streams every head's state (64 KiB at the Qwen3.5 shapes) from memory once. When
-    // all heads are equal work (all sequences of one length), each thread takes one contiguous
-    // run of heads: a single sequential stream, where heads handed out one at a time made each
-    // thread skip a head's state between its own. 1 MiB decode pass with cold states
-    // (microbenchmark, 2026-11-30): 53-64 us -> 44-52 us. Same bits: a head's arithmetic
-    // never depends on the thread that runs it.
-    bool equal = true;
-    for (int s = 1; s < io.n_seqs; ++s) equal = equal && io.offs[s + 1] - io.offs[s] == io.offs[1] - io.offs[0];
-    const int threads = std::min<int>(n_threads(), n_items);
-    if (equal && threads > 1) {
-        parallel_for(threads, [&](int64_t part, int thread) {
-            for (int64_t item = part * n_items / threads; item < (part + 1) * n_items / threads; ++item) run(item, thread);
-        });
-    } else {
-        parallel_for(n_items, run);
-    }
+    });
 }
 
 // The reference's argument checks (kernels/ref/gdn_delta.cpp), same messages.

@@ -94,7 +94,7 @@ void add_bench_command(CLI::App& app) {
     static std::string model, prompts = "512", gens = "128", depths = "0", threads_list, gdn_list = "chunked",
                               output = "md", ctk_list = "f16", ctv_list = "f16";
     static int reps = 5, chunk = 64;
-    static bool interleave = false;
+    static bool interleave = false, use_mmap = false;
     cmd->add_option("-m,--model", model, "GGUF model file (default: the embedded tiny model)");
     cmd->add_option("-p,--n-prompt", prompts, "prompt sizes, comma separated (0 = none)")->capture_default_str();
     cmd->add_option("-n,--n-gen", gens, "generation sizes, comma separated (0 = none)")->capture_default_str();
@@ -108,6 +108,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--cache-type-v", ctv_list, "-ctv: KV cache types for V, comma separated: f32,f16")
         ->capture_default_str();
     cmd->add_option("-o,--output", output, "md | json | csv")->capture_default_str();
+    cmd->add_flag("--mmap", use_mmap, "use the file mapping for the weights (llama-bench -mmp 1) instead of reading "
+                                      "them into memory");
     cmd->add_flag("--interleave", interleave,
                   "run repetition r of every test before repetition r+1 (A/B comparisons on a drifting host)");
     cmd->callback([] {
@@ -128,7 +130,7 @@ void add_bench_command(CLI::App& app) {
             }
         }
         const std::string path = model.empty() ? default_model_path() : model;
-        LoadedModel lm = load_model(path);
+        LoadedModel lm = load_model(path, use_mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident);
         const Qwen35Model& m = *lm.model;
         const ModelInfo info = model_info(m);
         const int V = m.hparams().n_vocab;
@@ -309,6 +311,7 @@ void add_bench_command(CLI::App& app) {
             j["type_k"] = t.type_k;
             j["type_v"] = t.type_v;
             j["n_gpu_layers"] = 0;
+            j["use_mmap"] = use_mmap;
             j["n_prompt"] = t.n_prompt;
             j["n_gen"] = t.n_gen;
             j["n_depth"] = t.n_depth;

@@ -21,6 +21,8 @@ void EngineOptions::add_to(CLI::App* cmd, bool model_required) {
         ->capture_default_str();
     cmd->add_option("--cache-type-k", cache_type_k, "-ctk: KV cache type for K: f32 | f16")->capture_default_str();
     cmd->add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type for V: f32 | f16")->capture_default_str();
+    cmd->add_flag("--mmap", mmap, "use the file mapping for the weights instead of reading them into memory "
+                                   "(faster start; slower decode)");
 }
 
 KvCacheTypes EngineOptions::kv_types() const {

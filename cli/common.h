@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "format/ggml_types.h"
+#include "format/gguf.h"
 #include "model/qwen35.h"
 
 namespace alloy::cli {
@@ -18,10 +19,12 @@ struct EngineOptions {
     int threads = 0;         // 0: all cores
     int batch = 512;         // longest prefill piece (llama.cpp's ubatch)
     std::string cache_type_k = "f16", cache_type_v = "f16";  // -ctk / -ctv, llama.cpp's defaults
+    bool mmap = false;       // use the file mapping instead of reading the weights into memory
     void add_to(CLI::App* cmd, bool model_required);
     ForwardOptions forward_options() const;  // validates every option; sets the thread count
     KvCacheTypes kv_types() const;           // throws naming -ctk/-ctv and the bad value
     std::string model_path() const;          // resolves the default model
+    gguf::TensorData tensor_data() const { return mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident; }
 };
 
 // "1 2 3" or "1,2,3" -> ids; throws naming the bad entry.

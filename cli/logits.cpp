@@ -21,7 +21,7 @@ void add_logits_command(CLI::App& app) {
         ForwardOptions fo = eo.forward_options();
         const std::vector<int32_t> ids = parse_ids(ids_text);
         if (ids.empty()) throw Error("--ids: no token ids given");
-        LoadedModel lm = load_model(eo.model_path());
+        LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
         const int V = lm.model->hparams().n_vocab;
         SequenceState st = lm.model->new_state(eo.ctx, eo.kv_types());
         std::vector<float> logits(ids.size() * size_t(V));

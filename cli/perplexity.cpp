@@ -28,7 +28,7 @@ void add_perplexity_command(CLI::App& app) {
         if (!in) throw Error(file + ": cannot open");
         std::stringstream ss;
         ss << in.rdbuf();
-        LoadedModel lm = load_model(eo.model_path());
+        LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
         const std::vector<int32_t> tokens = lm.require_tokenizer().encode(ss.str(), false);
         const int n_ctx = eo.ctx;
         if (n_ctx < 4) throw Error("-c must be at least 4 for perplexity");

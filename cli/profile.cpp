@@ -42,7 +42,7 @@ void add_profile_command(CLI::App& app) {
         ForwardOptions fo = eo.forward_options();
         if (n_prompt < 1) throw Error("-p must be >= 1");
         if (n_gen < 1) throw Error("-n must be >= 1");
-        LoadedModel lm = load_model(eo.model_path());
+        LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
         const Qwen35Model& m = *lm.model;
         const int V = m.hparams().n_vocab;
         SequenceState st = m.new_state(depth + n_prompt + n_gen + 1, eo.kv_types());

@@ -34,7 +34,7 @@ void add_run_command(CLI::App& app) {
         if (n_predict < 0) throw Error("-n must be >= 0");
         if (prompt.empty() == ids_text.empty()) throw Error("give exactly one of -p/--prompt and --ids");
         Sampler sampler(sp);
-        LoadedModel lm = load_model(eo.model_path());
+        LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
         std::vector<int32_t> ids;
         if (!ids_text.empty()) {
             ids = parse_ids(ids_text);

@@ -236,11 +236,25 @@ int64_t TensorInfo::n_elements() const {
     return n;
 }
 
-std::unique_ptr<File> File::open(const std::string& path) {
+std::unique_ptr<File> File::open(const std::string& path, TensorData where) {
     std::unique_ptr<File> f(new File());
     f->path_ = path;
     f->map_ = map_file(path, f->map_size_);
-    f->parse_all(static_cast<const uint8_t*>(f->map_), f->map_size_);
+    const auto* base = static_cast<const uint8_t*>(f->map_);
+    f->parse_all(base, f->map_size_);
+    if (where == TensorData::Resident && !f->tensors_.empty()) {
+        // One read of the span from the first tensor's byte to the last one's end (validated
+        // above to lie inside the file); the mapping keeps serving the metadata.
+        size_t lo = f->map_size_, hi = 0;
+        for (const TensorInfo& t : f->tensors_) {
+            lo = std::min(lo, size_t(t.data - base));
+            hi = std::max(hi, size_t(t.data - base) + t.nbytes);
+        }
+        if (hi > lo) {
+            f->resident_ = ResidentBytes::read(path, lo, hi - lo);
+            for (TensorInfo& t : f->tensors_) t.data = f->resident_.data() + (t.data - base - lo);
+        }
+    }
     return f;
 }
 

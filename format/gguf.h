@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "format/ggml_types.h"
+#include "format/resident_bytes.h"
 
 namespace alloy::gguf {
 
@@ -58,15 +59,22 @@ struct TensorInfo {
     GgmlType type = GgmlType::F32;
     std::vector<int64_t> ne;    // ne[0] fastest varying; 1..4 dims
     uint64_t offset = 0;        // relative to the data section
-    const uint8_t* data = nullptr;  // points into the mapping (reader only)
+    const uint8_t* data = nullptr;  // into the mapping, or the resident copy (reader only)
     size_t nbytes = 0;
     int64_t n_elements() const;
 };
 
+// Where a File's tensor bytes live: in the read-only file mapping (instant open, pages shared
+// with the page cache), or read into anonymous memory on 2 MiB pages (resident_bytes.h: the
+// faster layout for streaming weights; what the model-running commands use unless --mmap).
+enum class TensorData { Mapped, Resident };
+
 class File {
 public:
-    // mmaps and fully validates the file; throws alloy::Error on any problem.
-    static std::unique_ptr<File> open(const std::string& path);
+    // mmaps and fully validates the file; throws alloy::Error on any problem. With
+    // TensorData::Resident the tensor bytes are then read into memory and every
+    // TensorInfo::data points there.
+    static std::unique_ptr<File> open(const std::string& path, TensorData where = TensorData::Mapped);
     // Parses an in-memory buffer (used by the fuzz target and tests). The buffer must
     // outlive the File.
     static std::unique_ptr<File> parse(const uint8_t* data, size_t size, const std::string& name);
@@ -112,6 +120,7 @@ private:
     std::map<std::string, size_t> tensor_index_;
     void* map_ = nullptr;
     size_t map_size_ = 0;
+    ResidentBytes resident_;
 };
 
 // Writes a GGUF v3 file: metadata in insertion order, tensors aligned to `alignment`.

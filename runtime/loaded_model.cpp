@@ -15,9 +15,9 @@ const Tokenizer& LoadedModel::require_tokenizer() const {
     return *tokenizer;
 }
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, gguf::TensorData where) {
     LoadedModel m;
-    m.file = std::shared_ptr<gguf::File>(gguf::File::open(path));
+    m.file = std::shared_ptr<gguf::File>(gguf::File::open(path, where));
     m.model = Qwen35Model::load(m.file);
     if (m.file->has("tokenizer.ggml.model")) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
     return m;

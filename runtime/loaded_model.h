@@ -19,7 +19,9 @@ struct LoadedModel {
     const Tokenizer& require_tokenizer() const;  // throws naming the file
 };
 
-LoadedModel load_model(const std::string& path);
+// The weights are read into memory on 2 MiB pages (format/resident_bytes.h: faster to stream
+// than the file mapping) unless `where` is TensorData::Mapped (the commands' --mmap).
+LoadedModel load_model(const std::string& path, gguf::TensorData where = gguf::TensorData::Resident);
 
 // The embedded default: a tiny synthetic Qwen3.5 with the real Qwen3 vocabulary, written on
 // first use (no download). Returns its path.

@@ -106,7 +106,8 @@ TEST_F(Cli, LogitsMatchTransformersWithEitherCache) {
     in.seekg(0);
     in.read(reinterpret_cast<char*>(want.data()), std::streamsize(want.size() * 4));
     const size_t V = ref["vocab"].get<size_t>();
-    for (auto [cache, tol] : {std::pair{"-ctk f32 -ctv f32", 1e-4}, std::pair{"", 1e-3}}) {
+    // --mmap: the weights used through the file mapping instead of read into memory.
+    for (auto [cache, tol] : {std::pair{"-ctk f32 -ctv f32", 1e-4}, std::pair{"", 1e-3}, std::pair{"--mmap -ctk f32 -ctv f32", 1e-4}}) {
         const std::string out = (dir / "lt.f32").string();
         Result r = run("logits -m " + model + " --ids \"" + ids + "\" -o " + out + " " + cache);
         ASSERT_EQ(r.code, 0) << r.output;
@@ -238,6 +239,7 @@ TEST_F(Cli, BenchJsonUsesLlamaBenchFields) {
     EXPECT_EQ(j[1]["n_gen"], 4);
     EXPECT_EQ(j[3]["n_depth"], 8);
     EXPECT_EQ(j[0]["type_k"], "f16");  // llama.cpp's default KV cache
+    EXPECT_EQ(j[0]["use_mmap"], false);  // weights read into memory (llama-bench -mmp 0)
     EXPECT_EQ(j[0]["type_v"], "f16");
 
     // Cache types are lists as in llama-bench: one test per (type_k, type_v) pair.

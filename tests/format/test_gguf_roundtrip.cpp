@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "format/gguf.h"
@@ -183,6 +184,55 @@ TEST(GgufRoundTrip, ParseFromMemoryMatchesOpen) {
     std::vector<float> back(64);
     dequantize_row(GgmlType::Q8_0, f->tensor("x").data, back.data(), 64);
     for (int i = 0; i < 64; ++i) EXPECT_NEAR(back[i], v[i], 0.01f);
+    std::remove(path.c_str());
+}
+
+// TensorData::Resident reads the tensor bytes into memory of its own: same metadata, same
+// bytes, pointers into one 2 MiB-aligned copy instead of the mapping (spacing kept), and the
+// bytes stay valid for the File's lifetime. Alignment 64 and an odd tensor make the span start
+// past the header and end unaligned.
+TEST(GgufOpen, ResidentCopyHasTheMappedBytes) {
+    const std::string path = test::temp_path("resident.gguf");
+    Writer w(64);
+    w.set("general.architecture", Value::str("test"));
+    const std::vector<float> a = random_floats(3 * 1000 + 1, 21);
+    const std::vector<float> q = random_floats(32 * 777, 22);
+    w.add_tensor_f32("a", GgmlType::F32, {3001}, a.data());
+    w.add_tensor_f32("q", GgmlType::Q8_0, {32 * 7, 111}, q.data());
+    w.add_tensor("e", GgmlType::F32, {0}, {});
+    w.write(path);
+    auto mapped = File::open(path);
+    auto resident = File::open(path, TensorData::Resident);
+    EXPECT_EQ(resident->get_string("general.architecture"), "test");
+    ASSERT_EQ(resident->tensors().size(), mapped->tensors().size());
+    const uint8_t* r0 = resident->tensors()[0].data;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(r0) % (uintptr_t(2) << 20), 0u);
+    for (size_t i = 0; i < mapped->tensors().size(); ++i) {
+        const TensorInfo& m = mapped->tensors()[i];
+        const TensorInfo& r = resident->tensors()[i];
+        EXPECT_NE(r.data, m.data) << m.name;
+        EXPECT_EQ(r.data - r0, m.data - mapped->tensors()[0].data) << m.name;
+        EXPECT_EQ(r.nbytes, m.nbytes) << m.name;
+        EXPECT_EQ(0, std::memcmp(r.data, m.data, m.nbytes)) << m.name;
+    }
+    std::remove(path.c_str());  // the copy does not depend on the file any more
+    std::vector<float> back(3001);
+    dequantize_row(GgmlType::F32, resident->tensor("a").data, back.data(), 3001);
+    EXPECT_EQ(back, a);
+}
+
+TEST(ResidentBytes, ReadsRangesAndNamesWhatFailed) {
+    const std::string path = test::temp_path("range.bin");
+    const std::vector<uint8_t> bytes = random_bytes(100000, 23);
+    test::write_file(path, bytes);
+    ResidentBytes r = ResidentBytes::read(path, 777, 90000);
+    ASSERT_EQ(r.size(), 90000u);
+    EXPECT_EQ(0, std::memcmp(r.data(), bytes.data() + 777, 90000));
+    ResidentBytes moved = std::move(r);
+    EXPECT_EQ(r.data(), nullptr);
+    EXPECT_EQ(0, std::memcmp(moved.data(), bytes.data() + 777, 90000));
+    expect_error([&] { ResidentBytes::read(path, 99000, 2000); }, {path, "byte 100000", "end of file"});
+    expect_error([] { ResidentBytes::read("/nonexistent/x.bin", 0, 10); }, {"/nonexistent/x.bin", "cannot open"});
     std::remove(path.c_str());
 }
 

@@ -1,0 +1,78 @@
+#include "format/resident_bytes.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "alloy/error.h"
+
+namespace alloy {
+namespace {
+
+constexpr size_t kHugePage = size_t(2) << 20;
+constexpr size_t kReadChunk = size_t(64) << 20;  // one pread per 64 MiB
+
+}  // namespace
+
+ResidentBytes ResidentBytes::read(const std::string& path, uint64_t offset, size_t size) {
+    ResidentBytes r;
+    if (size == 0) return r;
+    const size_t rounded = (size + kHugePage - 1) / kHugePage * kHugePage;
+    r.map_size_ = rounded + kHugePage;  // room to align the start to a 2 MiB boundary
+    r.map_ = mmap(nullptr, r.map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r.map_ == MAP_FAILED) {
+        r.map_ = nullptr;
+        throw Error(path + ": cannot allocate " + std::to_string(size) + " bytes for the tensor data: " +
+                    std::strerror(errno));
+    }
+    r.data_ = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(r.map_) + kHugePage - 1) & ~(kHugePage - 1));
+    r.size_ = size;
+    madvise(r.data_, rounded, MADV_HUGEPAGE);  // a hint: without THP the copy still works
+
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+    size_t done = 0;
+    while (done < size) {
+        const ssize_t n = pread(fd, r.data_ + done, std::min(kReadChunk, size - done), off_t(offset + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            const std::string why = n < 0 ? std::strerror(errno) : "unexpected end of file";
+            ::close(fd);
+            throw Error(path + ": reading tensor data at byte " + std::to_string(offset + done) + ": " + why);
+        }
+        done += size_t(n);
+    }
+    ::close(fd);
+    return r;
+}
+
+void ResidentBytes::release() {
+    if (map_) munmap(map_, map_size_);
+    map_ = nullptr;
+    data_ = nullptr;
+    map_size_ = size_ = 0;
+}
+
+ResidentBytes::~ResidentBytes() { release(); }
+
+ResidentBytes::ResidentBytes(ResidentBytes&& o) noexcept
+    : map_(std::exchange(o.map_, nullptr)), map_size_(std::exchange(o.map_size_, 0)),
+      data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+ResidentBytes& ResidentBytes::operator=(ResidentBytes&& o) noexcept {
+    if (this != &o) {
+        release();
+        map_ = std::exchange(o.map_, nullptr);
+        map_size_ = std::exchange(o.map_size_, 0);
+        data_ = std::exchange(o.data_, nullptr);
+        size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+}
+
+}  // namespace alloy

@@ -303,7 +303,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             cpu::matmul_multi(outs.data(), int(outs.size()), in, n_rows(r, c));
         });
     };
-    // x rows [r0, r0 + n) -> out rows [0, n) (out == h except for the final norm).
+    // Rows [row0, row0 + n) of `in` (the residual stream x) -> rows [0, n) of `out` (h).
     auto norm = [&](const float* in, const float* w, float* out, const std::string& label, Rows r = Rows::All) {
         plan->add("rms_norm", label, [=](const StepContext& c) {
             cpu::rms_norm(in + row0(r, c) * D, w, out, n_rows(r, c), D, eps);

@@ -46,6 +46,7 @@ struct Plan {
     bool convert_gemm = false;  // ... only on the GEMM path (F16: the row-dot reads f16 directly)
     mm::RowKernel rowdot;
     mm::TileKernel tile;      // fn == nullptr: no GEMM path
+    bool stream_gemv = false;  // T <= 4 runs the streaming GEMV (Q8_0 with VNNI, BF16 with AVX512-BF16)
     std::string name;
 };
 
@@ -64,6 +65,7 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
             if (avx512 && mm::cpu_has_avx512_vnni()) {
                 p.rowdot = mm::rowdot_avx512(type);
                 p.tile = mm::tile_avx512(type);
+                p.stream_gemv = true;
                 p.name = "avx512-vnni";
             } else {
                 p.rowdot = avx2 ? mm::rowdot_avx2(type) : mm::rowdot_scalar(type);
@@ -76,6 +78,7 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
                 p.vector = true;
                 p.rowdot = mm::rowdot_avx512(type);
                 if (n_in % 2 == 0) p.tile = mm::tile_avx512(type);
+                p.stream_gemv = true;
                 p.name = "avx512-bf16";
             } else {
                 p.act = ActKind::Bf16F32;
@@ -211,8 +214,7 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
     const mm::ActPanel& panel = act.panel;
     const int64_t G = (T + mm::kGroup - 1) / mm::kGroup;
     const GgmlType wtype = jobs[0].W->type;
-    const bool gemv = !gemm && ((wtype == GgmlType::Q8_0 && p.name == "avx512-vnni") ||
-                                (wtype == GgmlType::BF16 && p.name == "avx512-bf16"));
+    const bool gemv = !gemm && p.stream_gemv;
     const mm::TileKernel& kt = p.tile;
     const int64_t chunk = kTileRowGroups * kt.rows, n_tiles = gemm ? (G + kt.groups - 1) / kt.groups : 0;
     const int64_t n_row_tiles = (T + kRowDotTile - 1) / kRowDotTile;
@@ -354,7 +356,7 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T) {
     const Plan p = make_plan(wtype, isa, n_in);
-    return p.name + (use_gemm(p, T) ? " gemm" : " rowdot");
+    return p.name + (use_gemm(p, T) ? " gemm" : p.stream_gemv ? " gemv" : " rowdot");
 }
 
 }  // namespace alloy::cpu

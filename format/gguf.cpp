@@ -236,7 +236,7 @@ int64_t TensorInfo::n_elements() const {
     return n;
 }
 
-std::unique_ptr<File> File::open(const std::string& path, TensorData where) {
+std::unique_ptr<File> File::open(const std::string& path, TensorData where, uint64_t memory_limit) {
     std::unique_ptr<File> f(new File());
     f->path_ = path;
     f->map_ = map_file(path, f->map_size_);
@@ -250,7 +250,9 @@ std::unique_ptr<File> File::open(const std::string& path, TensorData where) {
             lo = std::min(lo, size_t(t.data - base));
             hi = std::max(hi, size_t(t.data - base) + t.nbytes);
         }
-        if (hi > lo) {
+        if (memory_limit == 0) memory_limit = ResidentBytes::available_memory();
+        const bool fits = memory_limit == 0 || double(hi - lo) <= 0.9 * double(memory_limit);
+        if (hi > lo && fits) {
             f->resident_ = ResidentBytes::read(path, lo, hi - lo);
             for (TensorInfo& t : f->tensors_) t.data = f->resident_.data() + (t.data - base - lo);
         }

@@ -73,8 +73,11 @@ class File {
 public:
     // mmaps and fully validates the file; throws alloy::Error on any problem. With
     // TensorData::Resident the tensor bytes are then read into memory and every
-    // TensorInfo::data points there.
-    static std::unique_ptr<File> open(const std::string& path, TensorData where = TensorData::Mapped);
+    // TensorInfo::data points there, unless they exceed 90% of `memory_limit` (default: the
+    // memory available now), in which case they stay mapped (a model larger than memory
+    // still runs, paged from the file, instead of being killed for lack of memory).
+    static std::unique_ptr<File> open(const std::string& path, TensorData where = TensorData::Mapped,
+                                      uint64_t memory_limit = 0);
     // Parses an in-memory buffer (used by the fuzz target and tests). The buffer must
     // outlive the File.
     static std::unique_ptr<File> parse(const uint8_t* data, size_t size, const std::string& name);
@@ -83,6 +86,7 @@ public:
     File& operator=(const File&) = delete;
 
     const std::string& path() const { return path_; }
+    bool resident() const { return resident_.size() > 0; }  // tensor bytes read into memory
     uint32_t version() const { return version_; }
     uint32_t alignment() const { return alignment_; }
 

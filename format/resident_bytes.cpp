@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -49,6 +50,17 @@ ResidentBytes ResidentBytes::read(const std::string& path, uint64_t offset, size
     }
     ::close(fd);
     return r;
+}
+
+uint64_t ResidentBytes::available_memory() {
+    FILE* f = std::fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "MemAvailable: %lu kB", &kb) == 1) break;
+    std::fclose(f);
+    return kb * 1024;
 }
 
 void ResidentBytes::release() {

@@ -26,6 +26,10 @@ public:
     ResidentBytes(const ResidentBytes&) = delete;
     ResidentBytes& operator=(const ResidentBytes&) = delete;
 
+    // MemAvailable of /proc/meminfo (what can be allocated without swapping, page cache
+    // included), or 0 when it cannot be read.
+    static uint64_t available_memory();
+
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
 

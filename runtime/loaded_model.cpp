@@ -1,5 +1,7 @@
 #include "runtime/loaded_model.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -18,6 +20,11 @@ const Tokenizer& LoadedModel::require_tokenizer() const {
 LoadedModel load_model(const std::string& path, gguf::TensorData where) {
     LoadedModel m;
     m.file = std::shared_ptr<gguf::File>(gguf::File::open(path, where));
+    const auto& ts = m.file->tensors();
+    const bool has_bytes = std::any_of(ts.begin(), ts.end(), [](const gguf::TensorInfo& t) { return t.nbytes > 0; });
+    if (where == gguf::TensorData::Resident && !m.file->resident() && has_bytes)
+        std::fprintf(stderr, "note: %s: the weights do not fit in the memory available now; using the file "
+                             "mapping instead (as --mmap)\n", path.c_str());
     m.model = Qwen35Model::load(m.file);
     if (m.file->has("tokenizer.ggml.model")) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
     return m;

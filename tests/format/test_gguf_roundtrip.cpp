@@ -215,6 +215,13 @@ TEST(GgufOpen, ResidentCopyHasTheMappedBytes) {
         EXPECT_EQ(r.nbytes, m.nbytes) << m.name;
         EXPECT_EQ(0, std::memcmp(r.data, m.data, m.nbytes)) << m.name;
     }
+    EXPECT_TRUE(resident->resident());
+    EXPECT_FALSE(mapped->resident());
+    // Tensor bytes above 90% of the memory limit stay mapped (a model larger than memory).
+    auto too_big = File::open(path, TensorData::Resident, /*memory_limit=*/4096);
+    EXPECT_FALSE(too_big->resident());
+    EXPECT_EQ(too_big->tensor("q").nbytes, mapped->tensor("q").nbytes);
+    EXPECT_EQ(0, std::memcmp(too_big->tensor("q").data, mapped->tensor("q").data, mapped->tensor("q").nbytes));
     std::remove(path.c_str());  // the copy does not depend on the file any more
     std::vector<float> back(3001);
     dequantize_row(GgmlType::F32, resident->tensor("a").data, back.data(), 3001);

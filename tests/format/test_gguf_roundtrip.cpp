@@ -241,6 +241,16 @@ TEST(ResidentBytes, ReadsRangesAndNamesWhatFailed) {
     expect_error([&] { ResidentBytes::read(path, 99000, 2000); }, {path, "byte 100000", "end of file"});
     expect_error([] { ResidentBytes::read("/nonexistent/x.bin", 0, 10); }, {"/nonexistent/x.bin", "cannot open"});
     std::remove(path.c_str());
+    // Over 2 MiB: read in 2 MiB-aligned shares by several threads (when the machine has them);
+    // a file that ends inside a later share still names the byte where it ended.
+    const size_t big = (size_t(5) << 20) + 333;
+    const std::vector<uint8_t> large = random_bytes(big, 24);
+    test::write_file(path, large);
+    ResidentBytes l = ResidentBytes::read(path, 100, big - 100);
+    ASSERT_EQ(l.size(), big - 100);
+    EXPECT_EQ(0, std::memcmp(l.data(), large.data() + 100, big - 100));
+    expect_error([&] { ResidentBytes::read(path, 0, big + 1000); }, {path, "byte " + std::to_string(big), "end of file"});
+    std::remove(path.c_str());
 }
 
 TEST(GgufWriter, NonDefaultAlignment) {

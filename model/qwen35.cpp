@@ -322,11 +322,13 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             pos[t] = c.n_past + t;
         }
     });
-    // The last row's own table serves the pruned last layer's single query.
+    // The last row's own table serves the pruned last layer's single query; built only by
+    // plans that have one (not decode, where the last layer runs its one row as it is).
+    const bool last_query_only = logits_mode == 1 && bucket > 1 && !hp.is_recurrent(hp.n_layer - 1);
     auto rope_last = std::make_shared<cpu::RopeTable>();
     plan->add("rope_table", "rope", [=, this](const StepContext& c) {
         *rope = cpu::rope_table(pos, c.n, hp_.n_rot, hp_.rope_base);
-        if (logits_mode == 1) *rope_last = cpu::rope_table(pos + c.n - 1, 1, hp_.n_rot, hp_.rope_base);
+        if (last_query_only) *rope_last = cpu::rope_table(pos + c.n - 1, 1, hp_.n_rot, hp_.rope_base);
     });
 
     for (int l = 0; l < hp.n_layer; ++l) {

@@ -12,7 +12,7 @@
 
 namespace alloy {
 
-void* map_file(const std::string& path, size_t& size) {
+int open_regular_file(const std::string& path, size_t* size) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
     struct stat st {};
@@ -20,7 +20,12 @@ void* map_file(const std::string& path, size_t& size) {
         ::close(fd);
         throw Error(path + ": not a regular file");
     }
-    size = static_cast<size_t>(st.st_size);
+    if (size) *size = static_cast<size_t>(st.st_size);
+    return fd;
+}
+
+void* map_file(const std::string& path, size_t& size) {
+    const int fd = open_regular_file(path, &size);
     void* m = nullptr;
     if (size > 0) {  // mmap rejects length 0
         m = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);

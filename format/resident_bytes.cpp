@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "alloy/error.h"
+#include "format/mapped_file.h"
 
 namespace alloy {
 namespace {
@@ -37,8 +38,7 @@ ResidentBytes ResidentBytes::read(const std::string& path, uint64_t offset, size
     r.size_ = size;
     madvise(r.data_, rounded, MADV_HUGEPAGE);  // a hint: without THP the copy still works
 
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+    const int fd = open_regular_file(path);
     // Most of a load is the kernel clearing the new pages as the reads fault them in, which
     // runs on the faulting thread: a few threads, each reading its own 2 MiB-aligned share,
     // divide that time.

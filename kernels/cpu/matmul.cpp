@@ -47,6 +47,7 @@ struct Plan {
     mm::RowKernel rowdot;
     mm::TileKernel tile;      // fn == nullptr: no GEMM path
     bool stream_gemv = false;  // T <= 4 runs the streaming GEMV (Q8_0 with VNNI, BF16 with AVX512-BF16)
+    bool avx2_tiles = false;   // the GEMM tiles are the AVX2 ones (their transposed store too)
     std::string name;
 };
 
@@ -83,19 +84,23 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
             } else {
                 p.act = ActKind::Bf16F32;
                 p.rowdot = avx2 ? mm::rowdot_avx2(type) : mm::rowdot_scalar(type);
+                if (avx2 && n_in % 2 == 0) p.tile = mm::tile_avx2(type);
+                p.avx2_tiles = avx2;
                 p.name = avx2 ? "avx2" : "scalar";
             }
             return p;
         case GgmlType::F32:
         case GgmlType::F16:
             p.rowdot = rowdot_for(type);
-            if (avx512) p.tile = mm::tile_avx512(GgmlType::F32);
-            p.convert_gemm = type == GgmlType::F16 && avx512;
+            if (avx2) p.tile = avx512 ? mm::tile_avx512(GgmlType::F32) : mm::tile_avx2(GgmlType::F32);
+            p.avx2_tiles = avx2 && !avx512;
+            p.convert_gemm = type == GgmlType::F16 && avx2;
             p.name = isa_label;
             return p;
         default:
             p.rowdot = rowdot_for(GgmlType::F32);
-            if (avx512) p.tile = mm::tile_avx512(GgmlType::F32);
+            if (avx2) p.tile = avx512 ? mm::tile_avx512(GgmlType::F32) : mm::tile_avx2(GgmlType::F32);
+            p.avx2_tiles = avx2 && !avx512;
             p.convert = true;
             p.name = std::string(isa_label) + " dequant";
             return p;
@@ -131,12 +136,13 @@ void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, i
             kt.fn(W, r0 + r, int(std::min<int64_t>(kt.rows, rc - r)), panel, g0, nv, k0, k1, tile + r * ldt, ldt);
     }
     const int64_t t0 = g0 * mm::kGroup, tn = std::min<int64_t>(nv * mm::kGroup, T - t0);
-    mm::store_transposed_avx512(tile, ldt, rc, tn, y + t0 * ldy + r0, ldy, stream_out);
+    if (p.avx2_tiles) mm::store_transposed_avx2(tile, ldt, rc, tn, y + t0 * ldy + r0, ldy);
+    else mm::store_transposed_avx512(tile, ldt, rc, tn, y + t0 * ldy + r0, ldy, stream_out);
 }
 
-void convert_rows(const WeightView& W, int64_t r0, int64_t rc, float* out) {
+void convert_rows(const Plan& p, const WeightView& W, int64_t r0, int64_t rc, float* out) {
     for (int64_t i = 0; i < rc; ++i) {
-        if (W.type == GgmlType::F16) mm::f16_to_f32_avx512(W.row(r0 + i), W.n_in, out + i * W.n_in);  // AVX-512 only
+        if (W.type == GgmlType::F16 && !p.avx2_tiles) mm::f16_to_f32_avx512(W.row(r0 + i), W.n_in, out + i * W.n_in);
         else dequantize_row(W.type, W.row(r0 + i), out + i * W.n_in, W.n_in);
     }
 }
@@ -279,7 +285,7 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
         uint8_t* buf = aligned(s.per_thread[size_t(thread)], size_t(kConvertRows * K + kConvertRows * ldt) * 4);
         float* wf = reinterpret_cast<float*>(buf);
         float* tile = wf + kConvertRows * K;
-        convert_rows(W, r0, rc, wf);
+        convert_rows(p, W, r0, rc, wf);
         const WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
         if (gemm) {
             for (int64_t g0 = 0; g0 < G; g0 += p.tile.groups)

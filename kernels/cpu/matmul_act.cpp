@@ -154,9 +154,10 @@ void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K,
         f = c.take<float>(size_t(G * kGroup * K));
         out.f = f;
     }
-    std::vector<std::vector<uint8_t>> rowbuf(static_cast<size_t>(n_threads()));
-    parallel_for(G, [&](int64_t g, int thread) {
-        std::vector<uint8_t>& rb = rowbuf[size_t(thread)];
+    parallel_for(G, [&](int64_t g, int) {
+        // Per pool thread and kept between calls: the panel is built once per weight product,
+        // hundreds of times per prompt.
+        thread_local std::vector<uint8_t> rb;
         if (kind == ActKind::Q8 || kind == ActKind::Bf16Bits) {
             // The group's 16 token rows are converted side by side, then their 32-bit units
             // (k-quads or k-pairs) are interleaved into the panel by 16 x 16 transposes.
@@ -196,7 +197,6 @@ void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K,
                     }
             return;
         }
-        rb.resize(size_t(K) * 4 + 64);
         for (int l = 0; l < kGroup; ++l) {
             const int64_t t = g * kGroup + l;
             const bool real = t < T;

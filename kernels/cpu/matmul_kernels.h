@@ -2,10 +2,10 @@
 // Not for use outside kernels/cpu and their tests.
 //
 // Two activation layouts, both prepared once per call by matmul_act.cpp:
-//  - ActRows, token-major, read by the row-dot kernels (decode GEMV on AVX-512; every T on
-//    AVX2 and scalar): each kernel call takes a few adjacent weight rows x up to 4 tokens.
-//  - ActPanel, token-vectorised in groups of 16 tokens, read by the AVX-512 GEMM tiles: one
-//    zmm holds the same k-slice of 16 tokens, so a weight element (or pair, or quad) is
+//  - ActRows, token-major, read by the row-dot kernels (decode GEMV on AVX-512 and AVX2; every
+//    T on the scalar path and for Q8_0 on AVX2): each kernel call takes a few adjacent weight rows x up to 4 tokens.
+//  - ActPanel, token-vectorised in groups of 16 tokens, read by the GEMM tiles: one zmm (two
+//    ymm on AVX2) holds the same k-slice of 16 tokens, so a weight element (or pair, or quad) is
 //    broadcast straight from the row-major GGUF row and meets 16 tokens in one instruction.
 //    No weight repacking is needed: the weights keep their file layout.
 #pragma once
@@ -92,6 +92,7 @@ RowKernel rowdot_scalar(GgmlType type);  // Q8_0, BF16, F16, F32
 RowKernel rowdot_avx2(GgmlType type);    // Q8_0, BF16, F16, F32
 RowKernel rowdot_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F16, F32
 TileKernel tile_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F32
+TileKernel tile_avx2(GgmlType type);    // BF16 (panel of bf16-rounded fp32), F32
 
 // y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens (GEMM tiles back to [T, n_out]);
 // the CPU kernels' one AVX-512 matrix transpose (also activation panels, the GDN state and
@@ -100,6 +101,9 @@ TileKernel tile_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F32
 // than the caches, which a plain store would first read from memory); ends with an sfence.
 void store_transposed_avx512(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y, int64_t ldy,
                              bool stream = false);
+
+// The same on AVX2 (8 x 8 register transposes), always with plain stores.
+void store_transposed_avx2(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y, int64_t ldy);
 
 // dst[u * 16 + l] = rows[l * units + u] for l < 16, u < units (32-bit units): 16 token rows
 // interleaved into the ActPanel layout, by 16 x 16 register transposes.

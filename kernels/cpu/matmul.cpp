@@ -70,6 +70,8 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
                 p.name = "avx512-vnni";
             } else {
                 p.rowdot = avx2 ? mm::rowdot_avx2(type) : mm::rowdot_scalar(type);
+                if (avx2) p.tile = mm::tile_avx2(type);
+                p.avx2_tiles = avx2;
                 p.name = avx2 ? "avx2" : "scalar";
             }
             return p;

@@ -137,8 +137,11 @@ ALLOY_AVX2_TARGET inline void transpose8(const __m256 (&r)[8], __m256 (&c)[8]) {
 
 }  // namespace
 
+TileKernel tile_avx2_q8();  // matmul_q8_avx2.cpp
+
 TileKernel tile_avx2(GgmlType type) {
     switch (type) {
+        case GgmlType::Q8_0: return tile_avx2_q8();
         case GgmlType::BF16: return {bf16_tile_any, kRows, kGroups, kKc};
         case GgmlType::F32: return {f32_tile_any, kRows, kGroups, kKc};
         default: return {};

@@ -3,7 +3,7 @@
 //
 // Two activation layouts, both prepared once per call by matmul_act.cpp:
 //  - ActRows, token-major, read by the row-dot kernels (decode GEMV on AVX-512 and AVX2; every
-//    T on the scalar path and for Q8_0 on AVX2): each kernel call takes a few adjacent weight rows x up to 4 tokens.
+//    T on the scalar path): each kernel call takes a few adjacent weight rows x up to 4 tokens.
 //  - ActPanel, token-vectorised in groups of 16 tokens, read by the GEMM tiles: one zmm (two
 //    ymm on AVX2) holds the same k-slice of 16 tokens, so a weight element (or pair, or quad) is
 //    broadcast straight from the row-major GGUF row and meets 16 tokens in one instruction.
@@ -92,7 +92,7 @@ RowKernel rowdot_scalar(GgmlType type);  // Q8_0, BF16, F16, F32
 RowKernel rowdot_avx2(GgmlType type);    // Q8_0, BF16, F16, F32
 RowKernel rowdot_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F16, F32
 TileKernel tile_avx512(GgmlType type);  // Q8_0 (VNNI), BF16 (AVX512-BF16), F32
-TileKernel tile_avx2(GgmlType type);    // BF16 (panel of bf16-rounded fp32), F32
+TileKernel tile_avx2(GgmlType type);    // Q8_0 (vpmaddubsw), BF16 (panel of bf16-rounded fp32), F32
 
 // y[t * ldy + i] = tile[i * ldt + t] for i < rows, t < tokens (GEMM tiles back to [T, n_out]);
 // the CPU kernels' one AVX-512 matrix transpose (also activation panels, the GDN state and

@@ -1,0 +1,92 @@
+// Q8_0 weights x Q8_0-quantized activations on AVX2 (no VNNI): the GEMM tile of the prefill
+// path there, on the same activation panels as the AVX-512 tile (matmul_q8_avx512.cpp).
+//
+// vpmaddubsw multiplies u8 by s8 into int16 pair sums, so the sign of each weight byte moves
+// onto the activation: |w| * (sign(w) x) = w x (ggml's AVX2 trick; |w| <= 128, |x| <= 127, so
+// a pair sum stays below 2^15). vpmaddwd with ones widens the pairs to int32 quad sums. Block
+// sums are exact integers, each scaled by d_w * d_x in fp32 and summed in fp32, in block order,
+// as ggml_vec_dot_q8_0_q8_0; the corr field of the panel (VNNI's unsigned offset) is unused.
+// Tile: 3 rows x 16 tokens (two ymm): 6 int32 block accumulators in registers; the fp32 sums
+// stay in the tile (in L1), updated once per block of 32.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/matmul_kernels.h"
+
+#define ALLOY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+namespace alloy::cpu::mm {
+namespace {
+
+constexpr int kBlockBytes = 34;  // f16 scale + 32 int8
+constexpr int kRows = 3, kGroups = 1;
+constexpr int kKc = 1024;  // the panel slice: 16 tokens x 1 KiB
+
+template <int R>
+ALLOY_AVX2_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1,
+                               float* tile, int ldt) {
+    const int64_t K = p.K, nb = K / kQ8;
+    const size_t rb = W.row_bytes;
+    const uint8_t* w = W.row(r0);
+    const int64_t gq = K * kGroup;   // bytes per group of q
+    const int64_t gs = nb * kGroup;  // elements per group of d
+    const int8_t* xq = p.q + g0 * gq;
+    const float* xd = p.d + g0 * gs;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));
+    if (k0 == 0)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            _mm256_storeu_ps(tile + r * ldt, _mm256_setzero_ps());
+            _mm256_storeu_ps(tile + r * ldt + 8, _mm256_setzero_ps());
+        }
+    for (int64_t b = k0 / kQ8; b < k1 / kQ8; ++b) {
+        // The same block of the next rows, which the next call reads (as the AVX-512 tiles).
+        for (int r = 0; r < next_rows; ++r)
+            _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + b * kBlockBytes), _MM_HINT_T0);
+        __m256i acc[2 * R];
+#pragma GCC unroll 8
+        for (int i = 0; i < 2 * R; ++i) acc[i] = _mm256_setzero_si256();
+        const uint8_t* wb = w + b * kBlockBytes + 2;
+        const int8_t* xb = xq + b * kQ8 * kGroup;
+        // Not unrolled: GCC would schedule every quad's weight broadcasts first and spill.
+#pragma GCC unroll 1
+        for (int j = 0; j < kQ8 / 4; ++j) {
+            const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb + j * 64));
+            const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb + j * 64 + 32));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const __m256i wq = _mm256_set1_epi32(load_i32(wb + r * rb + 4 * j));
+                const __m256i aw = _mm256_abs_epi8(wq);
+                const __m256i s0 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x0, wq));
+                const __m256i s1 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x1, wq));
+                acc[2 * r] = _mm256_add_epi32(acc[2 * r], _mm256_madd_epi16(s0, ones));
+                acc[2 * r + 1] = _mm256_add_epi32(acc[2 * r + 1], _mm256_madd_epi16(s1, ones));
+            }
+        }
+        const __m256 d0 = _mm256_load_ps(xd + b * kGroup), d1 = _mm256_load_ps(xd + b * kGroup + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(w + r * rb + b * kBlockBytes)));
+            float* o = tile + r * ldt;
+            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[2 * r]), _mm256_mul_ps(dw, d0), _mm256_loadu_ps(o)));
+            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[2 * r + 1]), _mm256_mul_ps(dw, d1),
+                                                    _mm256_loadu_ps(o + 8)));
+        }
+    }
+}
+
+using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
+const TileImpl kQ8Table[kRows] = {&q8_tile<1>, &q8_tile<2>, &q8_tile<3>};
+
+void q8_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int /*nv = 1*/, int64_t k0,
+                 int64_t k1, float* tile, int ldt) {
+    kQ8Table[nr - 1](W, r0, p, g0, k0, k1, tile, ldt);
+}
+
+}  // namespace
+
+TileKernel tile_avx2_q8() { return {q8_tile_any, kRows, kGroups, kKc}; }
+
+}  // namespace alloy::cpu::mm

@@ -15,7 +15,8 @@
 //    writes back is bit-identical (it is a copy of inputs).
 //
 // The overloads taking an Isa run that path explicitly (tests run every path the CPU has);
-// the others use active_isa(). Isa::Avx2 runs the portable path (plain C++). Asking for an
+// the others use active_isa(). Isa::Avx2 runs the portable path (plain C++) except for the
+// chunked form's matrix products (AVX2 tiles, gdn_gemm.cpp). Asking for an
 // ISA above active_isa() throws alloy::Error.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Small fp32 GEMMs of the chunked GDN form: an AVX-512 register-tiled kernel and the
+// Small fp32 GEMMs of the chunked GDN form: AVX-512 and AVX2 register-tiled kernels and the
 // portable loops. Contract in kernels/cpu/gdn_gemm.h.
 #include "kernels/cpu/gdn_gemm.h"
 
@@ -120,6 +120,86 @@ ALLOY_AVX512 void gemm_avx512(const Gemm& g) {
     }
 }
 
+// ---- AVX2 + FMA: MR rows x NV vectors of 8 columns (6 x 2: 12 accumulators, 2 B vectors and
+// one broadcast of the 16 ymm registers), the same panel order as the AVX-512 kernel. A
+// panel's last vector is masked (vmaskmov) where the width is not a multiple of 8.
+constexpr int kMr2 = 6;
+constexpr int kNv2 = 2;
+
+#define ALLOY_AVX2 __attribute__((target("avx2,fma")))
+
+ALLOY_AVX2 inline __m256i lanes8(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+template <int MR, int NV>
+ALLOY_AVX2 void tile_avx2(int kend, const float* A, int lda, const float* B, int ldb, float* C, int ldc, float c_scale,
+                          __m256i last) {
+    __m256 acc[MR * NV];  // flat, loops unrolled: GCC 12 keeps a 2-D array of vectors in memory
+#pragma GCC unroll 16
+    for (int i = 0; i < MR * NV; ++i) acc[i] = _mm256_setzero_ps();
+    for (int k = 0; k < kend; ++k) {
+        const float* Bk = B + (long)k * ldb;
+        __m256 b[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) b[v] = v == NV - 1 ? _mm256_maskload_ps(Bk + 8 * v, last) : _mm256_loadu_ps(Bk + 8 * v);
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; ++m) {
+            const __m256 a = _mm256_broadcast_ss(A + (long)m * lda + k);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) acc[m * NV + v] = _mm256_fmadd_ps(a, b[v], acc[m * NV + v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            float* c = C + (long)m * ldc + 8 * v;
+            __m256 r = acc[m * NV + v];
+            if (v == NV - 1) {
+                if (c_scale != 0.0f) r = _mm256_fmadd_ps(_mm256_set1_ps(c_scale), _mm256_maskload_ps(c, last), r);
+                _mm256_maskstore_ps(c, last, r);
+            } else {
+                if (c_scale != 0.0f) r = _mm256_fmadd_ps(_mm256_set1_ps(c_scale), _mm256_loadu_ps(c), r);
+                _mm256_storeu_ps(c, r);
+            }
+        }
+}
+
+using TileFn2 = void (*)(int, const float*, int, const float*, int, float*, int, float, __m256i);
+
+template <int MR>
+constexpr TileFn2 tile2_for(int nv) {
+    return nv == 1 ? tile_avx2<MR, 1> : tile_avx2<MR, 2>;
+}
+
+TileFn2 pick_tile2(int mr, int nv) {
+    switch (mr) {
+        case 1: return tile2_for<1>(nv);
+        case 2: return tile2_for<2>(nv);
+        case 3: return tile2_for<3>(nv);
+        case 4: return tile2_for<4>(nv);
+        case 5: return tile2_for<5>(nv);
+        default: return tile2_for<6>(nv);
+    }
+}
+
+ALLOY_AVX2 void gemm_avx2(const Gemm& g) {
+    for (int n0 = 0; n0 < g.N; n0 += 8 * kNv2) {
+        for (int m0 = 0; m0 < g.M; m0 += kMr2) {
+            const int mr = std::min(kMr2, g.M - m0);
+            int nw = std::min(8 * kNv2, g.N - n0);
+            if (g.tri == Tri::LowerC) nw = std::min(nw, m0 + mr - n0);  // rows need s <= r only
+            if (nw <= 0) continue;
+            const int nv = (nw + 7) / 8;
+            const int kend = g.tri == Tri::LowerA ? std::min(g.K, m0 + mr) : g.K;
+            pick_tile2(mr, nv)(kend, g.A + (long)m0 * g.lda, g.lda, g.B + n0, g.ldb, g.C + (long)m0 * g.ldc + n0,
+                               g.ldc, g.c_scale, lanes8(nw - 8 * (nv - 1)));
+        }
+    }
+}
+#undef ALLOY_AVX2
+
 void gemm_portable(const Gemm& g) {
     for (int r = 0; r < g.M; ++r) {
         float* Cr = g.C + (long)r * g.ldc;
@@ -140,6 +220,8 @@ void gemm(Isa isa, const Gemm& g) {
     if (g.M <= 0 || g.N <= 0) return;
     if (isa == Isa::Avx512)
         gemm_avx512(g);
+    else if (isa == Isa::Avx2)
+        gemm_avx2(g);
     else
         gemm_portable(g);
 }

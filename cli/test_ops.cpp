@@ -329,13 +329,14 @@ std::vector<GdnCase> gdn_cases(const Options& o) {
 
 // ---------------------------------------------------------------------------------------
 // ATTENTION and the small fused ops (kernels/cpu vs kernels/ref), one variant per ISA path
-// this CPU has. Inputs: q, k, v ~ N(0, 1) (scores ~ N(0, 1) as after q/k RMSNorm); the
+// this CPU has (cpu-avx2 runs the portable code of every op but ATTENTION). Inputs: q, k, v ~ N(0, 1) (scores ~ N(0, 1) as after q/k RMSNorm); the
 // elementwise ops take ranges like a trained model's activations. ATTENTION runs on f32 and
 // f16 KV caches (type_k/type_v); both sides read the same cache bytes, so an f16 case checks
 // the kernel, not the rounding.
 
 std::vector<std::pair<const char*, cpu::Isa>> cpu_isas() {
     std::vector<std::pair<const char*, cpu::Isa>> v{{"cpu-scalar", cpu::Isa::Scalar}};
+    if (cpu::active_isa() >= cpu::Isa::Avx2) v.push_back({"cpu-avx2", cpu::Isa::Avx2});
     if (cpu::active_isa() >= cpu::Isa::Avx512) v.push_back({"cpu-avx512", cpu::Isa::Avx512});
     return v;
 }

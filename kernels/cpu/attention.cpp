@@ -45,7 +45,8 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
     if (T <= 0) return;
     assert(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.head_dim > 0 && n_past >= 0);
     const auto run_block = isa >= Isa::Avx512 && s.head_dim % 16 == 0 ? attn::run_block_avx512
-                                                                        : attn::run_block_scalar;
+                           : isa >= Isa::Avx2 && s.head_dim % 8 == 0  ? attn::run_block_avx2
+                                                                      : attn::run_block_scalar;
     const int group = s.n_head / s.n_head_kv, hd = s.head_dim, n_kv = s.n_head_kv;
     const bool grid = T <= kVerifyTokens;
     // Prefill with an f16 K cache: the AVX-512 block converts each K and V tile once for all

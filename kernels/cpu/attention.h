@@ -25,7 +25,7 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache,
                const void* v_cache, float* out, int64_t T, int64_t n_past);
 
 // Same, on an explicit ISA path (tests, comparisons). Avx512 needs head_dim % 16 == 0 and
-// falls back to the portable path otherwise; Avx2 runs the portable path.
+// Avx2 head_dim % 8 == 0; each falls back to the next path below otherwise.
 void attention(const AttentionShape& s, const float* q, const void* k_cache,
                const void* v_cache, float* out, int64_t T, int64_t n_past, Isa isa);
 

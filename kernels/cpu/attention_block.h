@@ -67,6 +67,7 @@ struct Block {
 };
 
 void run_block_scalar(const Block& b);
+void run_block_avx2(const Block& b);    // needs hd % 8 == 0
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0
 
 // Aligned per-thread scratch (grows, never shrinks; pool threads live for the process).

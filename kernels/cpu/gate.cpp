@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/cpu/vec_math_avx512.h"
 #include "kernels/ref/activations.h"
 
@@ -24,10 +25,17 @@ ALLOY_TARGET_AVX512 void gate_avx512(float* x, const float* g, int64_t n) {
     }
 }
 
+ALLOY_TARGET_AVX2 void gate_avx2(float* x, const float* g, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), avx2::sigmoid(_mm256_loadu_ps(g + i))));
+    gate_scalar(x + i, g + i, n - i);
+}
+
 }  // namespace
 
 void sigmoid_gate_mul(float* x, const float* g, int64_t n, Isa isa) {
-    auto fn = isa >= Isa::Avx512 ? gate_avx512 : gate_scalar;
+    auto fn = isa >= Isa::Avx512 ? gate_avx512 : isa >= Isa::Avx2 ? gate_avx2 : gate_scalar;
     for_chunks(n, 1, [&](int64_t b, int64_t e) { fn(x + b, g + b, e - b); });
 }
 

@@ -10,7 +10,7 @@ namespace alloy::cpu {
 
 // x: [n] gated in place; g: [n] gate logits. Large n runs on the pool.
 void sigmoid_gate_mul(float* x, const float* g, int64_t n);
-// Same on an explicit ISA path (tests); Avx2 runs the portable path.
+// Same on an explicit ISA path (tests).
 void sigmoid_gate_mul(float* x, const float* g, int64_t n, Isa isa);
 
 // qg [rows, 2 * hd] -> q [rows, hd], gate [rows, hd], as ref::split_q_gate (exact copies).

@@ -1,6 +1,7 @@
 #include "kernels/cpu/swiglu.h"
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/cpu/vec_math_avx512.h"
 #include "kernels/ref/activations.h"
 
@@ -26,10 +27,20 @@ ALLOY_TARGET_AVX512 void swiglu_avx512(const float* gate, const float* up, float
     }
 }
 
+ALLOY_TARGET_AVX2 void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 silu = _mm256_mul_ps(g, avx2::sigmoid(g));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+    swiglu_scalar(gate + i, up + i, out + i, n - i);
+}
+
 }  // namespace
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n, Isa isa) {
-    auto fn = isa >= Isa::Avx512 ? swiglu_avx512 : swiglu_scalar;
+    auto fn = isa >= Isa::Avx512 ? swiglu_avx512 : isa >= Isa::Avx2 ? swiglu_avx2 : swiglu_scalar;
     for_chunks(n, 1, [&](int64_t b, int64_t e) { fn(gate + b, up + b, out + b, e - b); });
 }
 

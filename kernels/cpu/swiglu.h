@@ -9,7 +9,7 @@ namespace alloy::cpu {
 
 // gate, up, out: [n]; out may alias gate or up. Large n runs on the pool.
 void swiglu(const float* gate, const float* up, float* out, int64_t n);
-// Same on an explicit ISA path (tests); Avx2 runs the portable path.
+// Same on an explicit ISA path (tests).
 void swiglu(const float* gate, const float* up, float* out, int64_t n, Isa isa);
 
 }  // namespace alloy::cpu

@@ -25,7 +25,7 @@ namespace {
 
 using cpu::Isa;
 
-std::vector<Isa> isas() { return test::isa_paths(); }
+std::vector<Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 
 struct Case {
     int n_head, n_head_kv, hd;
@@ -154,10 +154,12 @@ TEST(Attention, SplitKeysWithPartialQueryBlocks) {
     }
 }
 
-// head_dim 80 (AVX-512 column tail) and 40 (not a multiple of 16: the portable fallback).
+// head_dim 80 (AVX-512 column tail), 40 (not a multiple of 16: AVX2 on the AVX-512 path) and
+// 36 (not a multiple of 8: the portable fallback on both vector paths).
 TEST(Attention, OddHeadDims) {
     for (GgmlType t : {F32, F16}) {
         check(with_types({8, 2, 80, 33, 17}, t, t), 201);
+        check(with_types({4, 2, 36, 5, 40}, t, t), 205);
         check(with_types({6, 3, 40, 9, 50}, t, t), 202);
         check(with_types({4, 1, 48, 1, 700}, t, t), 203);
         check(with_types({5, 5, 16, 3, 61}, t, t), 204);

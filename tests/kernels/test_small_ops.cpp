@@ -107,7 +107,7 @@ TEST(SmallOps, SwiGlu) {
         const auto up = uniform(size_t(n), -3, 3, seed++);
         std::vector<float> want(static_cast<size_t>(n));
         ref::swiglu(gate.data(), up.data(), want.data(), n);
-        for (Isa isa : isas()) {
+        for (Isa isa : test::isa_paths(/*has_avx2_code=*/true)) {
             const std::string what = std::string("swiglu ") + cpu::isa_name(isa) + " n=" + std::to_string(n);
             std::vector<float> got(size_t(n), NAN);
             cpu::swiglu(gate.data(), up.data(), got.data(), n, isa);
@@ -126,7 +126,7 @@ TEST(SmallOps, SigmoidGateMul) {
         const auto g = uniform(size_t(n), -30, 30, seed++);
         std::vector<float> want = x;
         ref::sigmoid_gate_mul(want.data(), g.data(), n);
-        for (Isa isa : isas()) {
+        for (Isa isa : test::isa_paths(/*has_avx2_code=*/true)) {
             std::vector<float> got = x;
             cpu::sigmoid_gate_mul(got.data(), g.data(), n, isa);
             expect_close(got, want, 1e-6, 0, std::string("gate ") + cpu::isa_name(isa) + " n=" + std::to_string(n));

@@ -109,6 +109,9 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
     }
 }
 
+// The activation converters' path (all give the same bits; only their speed differs).
+Isa act_isa(const Plan& p) { return p.vector ? Isa::Avx512 : p.avx2_tiles ? Isa::Avx2 : Isa::Scalar; }
+
 bool use_gemm(const Plan& p, int64_t T) { return p.tile.fn != nullptr && T > mm::kRowDotTokens; }
 
 uint8_t* aligned(std::vector<uint8_t>& v, size_t bytes) {
@@ -173,10 +176,10 @@ Prepared prepare(const Plan& p, const float* x, int64_t T, int64_t K, MatmulScra
     if (s.per_thread.size() < size_t(n_threads())) s.per_thread.resize(size_t(n_threads()));
     if (a.gemm) {
         uint8_t* buf = aligned(s.act, mm::act_panel_bytes(p.act, T, K));
-        mm::prep_panel(p.act, p.vector, x, T, K, buf, a.panel);
+        mm::prep_panel(p.act, act_isa(p), x, T, K, buf, a.panel);
     } else {
         uint8_t* buf = aligned(s.act, mm::act_rows_bytes(p.act, T, K));
-        mm::prep_rows(p.act, p.vector, x, T, K, buf, a.rows);
+        mm::prep_rows(p.act, act_isa(p), x, T, K, buf, a.rows);
     }
     return a;
 }

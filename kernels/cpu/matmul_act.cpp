@@ -24,12 +24,13 @@ struct Carver {
     }
 };
 
-void quantize_q8(bool vector, const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
-    if (vector) quantize_q8_avx512(x, K, q, d, corr);
+void quantize_q8(Isa isa, const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
+    if (isa == Isa::Avx512) quantize_q8_avx512(x, K, q, d, corr);
+    else if (isa == Isa::Avx2) quantize_q8_avx2(x, K, q, d, corr);
     else quantize_q8_scalar(x, K, q, d, corr);
 }
-void to_bf16(bool vector, const float* x, int64_t n, uint16_t* out) {
-    if (vector) to_bf16_avx512(x, n, out);
+void to_bf16(Isa isa, const float* x, int64_t n, uint16_t* out) {
+    if (isa == Isa::Avx512) to_bf16_avx512(x, n, out);
     else to_bf16_scalar(x, n, out);
 }
 
@@ -90,7 +91,7 @@ size_t act_rows_bytes(ActKind kind, int64_t T, int64_t K) {
     return 0;
 }
 
-void prep_rows(ActKind kind, bool vector, const float* x, int64_t T, int64_t K, uint8_t* buf, ActRows& out) {
+void prep_rows(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uint8_t* buf, ActRows& out) {
     out = ActRows{};
     out.K = K;
     Carver c{buf};
@@ -100,13 +101,13 @@ void prep_rows(ActKind kind, bool vector, const float* x, int64_t T, int64_t K, 
             int8_t* q = c.take<int8_t>(size_t(T * K));
             float* d = c.take<float>(size_t(T * nb));
             int32_t* corr = c.take<int32_t>(size_t(T * nb));
-            for (int64_t t = 0; t < T; ++t) quantize_q8(vector, x + t * K, K, q + t * K, d + t * nb, corr + t * nb);
+            for (int64_t t = 0; t < T; ++t) quantize_q8(isa, x + t * K, K, q + t * K, d + t * nb, corr + t * nb);
             out.q = q, out.d = d, out.corr = corr;
             return;
         }
         case ActKind::Bf16Bits: {
             uint16_t* bf = c.take<uint16_t>(size_t(T * K));
-            to_bf16(vector, x, T * K, bf);
+            to_bf16(isa, x, T * K, bf);
             out.bf = bf;
             return;
         }
@@ -133,7 +134,7 @@ size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K) {
 
 // Each group of 16 tokens is built by one pool item: a token row is converted into a small
 // per-thread row buffer, then its 4-byte units are spread to lane l of every panel vector.
-void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K, uint8_t* buf, ActPanel& out) {
+void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uint8_t* buf, ActPanel& out) {
     out = ActPanel{};
     out.K = K;
     const int64_t G = (T + kGroup - 1) / kGroup, nb = K / kQ8;
@@ -176,14 +177,14 @@ void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K,
                         std::fill(rc + l * nb, rc + (l + 1) * nb, 0);
                     }
                 } else if (kind == ActKind::Q8) {
-                    quantize_q8(vector, x + t * K, K, reinterpret_cast<int8_t*>(row), rd + l * nb, rc + l * nb);
+                    quantize_q8(isa, x + t * K, K, reinterpret_cast<int8_t*>(row), rd + l * nb, rc + l * nb);
                 } else {
-                    to_bf16(vector, x + t * K, K, reinterpret_cast<uint16_t*>(row));
+                    to_bf16(isa, x + t * K, K, reinterpret_cast<uint16_t*>(row));
                 }
             }
             uint32_t* dst = reinterpret_cast<uint32_t*>(kind == ActKind::Q8 ? static_cast<void*>(q + g * kGroup * K)
                                                                             : static_cast<void*>(bf + g * kGroup * K));
-            if (vector) {
+            if (isa == Isa::Avx512) {
                 interleave16_avx512(rows, units, dst);
             } else {
                 for (int64_t u = 0; u < units; ++u)
@@ -200,7 +201,7 @@ void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K,
         for (int l = 0; l < kGroup; ++l) {
             const int64_t t = g * kGroup + l;
             const bool real = t < T;
-            if (vector && kind == ActKind::F32) {  // one 16 x K transpose per group
+            if (isa == Isa::Avx512 && kind == ActKind::F32) {  // one 16 x K transpose per group
                 if (l > 0) continue;
                 const int64_t n_real = T - g * kGroup < kGroup ? T - g * kGroup : kGroup;
                 float* pf = f + g * kGroup * K;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul_kernels.h"
 
 namespace alloy::cpu::mm {
@@ -21,9 +22,9 @@ size_t act_rows_bytes(ActKind kind, int64_t T, int64_t K);
 size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K);
 
 // Fill `buf` (act_*_bytes, 64-byte aligned) and point `out` into it (F32 rows point at x
-// itself). `vector` selects the AVX-512 converters (bit-identical to the scalar ones).
+// itself). `isa` picks the converters (AVX-512, AVX2 or scalar; all give the same bits).
 // prep_panel runs on the thread pool; prep_rows on the calling thread.
-void prep_rows(ActKind kind, bool vector, const float* x, int64_t T, int64_t K, uint8_t* buf, ActRows& out);
-void prep_panel(ActKind kind, bool vector, const float* x, int64_t T, int64_t K, uint8_t* buf, ActPanel& out);
+void prep_rows(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uint8_t* buf, ActRows& out);
+void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uint8_t* buf, ActPanel& out);
 
 }  // namespace alloy::cpu::mm

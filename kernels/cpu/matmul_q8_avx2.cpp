@@ -89,4 +89,38 @@ void q8_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int
 
 TileKernel tile_avx2_q8() { return {q8_tile_any, kRows, kGroups, kKc}; }
 
+// Activation quantization on AVX2, bit-identical to quantize_q8_scalar (max, the multiply and
+// round to nearest even are exact IEEE operations in both; int32 -> int8 cannot saturate, as
+// |x * 127 / amax| <= 127).
+ALLOY_AVX2_TARGET void quantize_q8_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < K / kQ8; ++b) {
+        const float* xb = x + b * kQ8;
+        __m256 v[4];
+        for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        d[b] = _cvtsh_ss(_cvtss_sh(amax / 127.f, _MM_FROUND_TO_NEAREST_INT));
+        const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
+        __m256i iv[4];
+        for (int i = 0; i < 4; ++i)
+            iv[i] = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        // Packs work per 128-bit lane: the bytes come out in the order 0 2 4 6 1 3 5 7 of the
+        // four-int groups, which one cross-lane dword permutation puts back.
+        const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQ8),
+                            _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        corr[b] = -128 * _mm_cvtsi128_si32(s4);
+    }
+}
+
 }  // namespace alloy::cpu::mm

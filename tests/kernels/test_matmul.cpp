@@ -147,6 +147,15 @@ TEST(Matmul, Q8ActivationQuantizerMatchesGgmlX86) {
         for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(b * 32 + i)]));
         EXPECT_EQ(d0[size_t(b)], fp16_to_fp32(fp32_to_fp16(amax / 127.f)));
     }
+    if (cpu::active_isa() >= cpu::Isa::Avx2) {
+        std::vector<int8_t> q2(static_cast<size_t>(K));
+        std::vector<float> d2(static_cast<size_t>(nb));
+        std::vector<int32_t> c2(static_cast<size_t>(nb));
+        cpu::mm::quantize_q8_avx2(x.data(), K, q2.data(), d2.data(), c2.data());
+        EXPECT_EQ(q0, q2);
+        EXPECT_EQ(d0, d2);
+        EXPECT_EQ(c0, c2);
+    }
     if (cpu::active_isa() == cpu::Isa::Avx512) {
         cpu::mm::quantize_q8_avx512(x.data(), K, q1.data(), d1.data(), c1.data());
         EXPECT_EQ(q0, q1);

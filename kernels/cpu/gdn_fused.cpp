@@ -15,6 +15,7 @@
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/gdn_internal.h"
 #include "kernels/cpu/gdn_simd.h"
+#include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/activations.h"
 #include "kernels/ref/gdn_common.h"
@@ -168,6 +169,53 @@ void conv_rows_portable(const ConvSeq& cs, int conv_dim, int K, const float* wT,
     }
 }
 
+// ---- AVX2 versions of the conv, the L2 norm and the gated norm (the rest of the op's
+// AVX2 path is portable, but for the chunked products: gdn_gemm.cpp).
+
+ALLOY_TARGET_AVX2 inline __m256 silu_avx2(__m256 x) { return _mm256_mul_ps(x, avx2::sigmoid(x)); }
+
+ALLOY_TARGET_AVX2 inline float hsum_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// conv_rows_portable, 8 channels at a time (FMA per tap, oldest first); a channel past the
+// last whole vector of [c0, c1) is always the portable one, whatever T.
+ALLOY_TARGET_AVX2 void conv_rows_avx2(const ConvSeq& cs, int conv_dim, int K, const float* wT, int t0, int t1, int c0,
+                                      int c1, float* u) {
+    const int c8 = c0 + (c1 - c0) / 8 * 8;
+    for (int t = t0; t < t1; ++t)
+        for (int c = c0; c < c8; c += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int tap = 0; tap < K; ++tap)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(wT + (std::size_t)tap * conv_dim + c),
+                                      _mm256_loadu_ps(cs.row(t - (K - 1) + tap, conv_dim, K) + c), acc);
+            _mm256_storeu_ps(u + (std::size_t)t * conv_dim + c, silu_avx2(acc));
+        }
+    if (c8 < c1) conv_rows_portable(cs, conv_dim, K, wT, t0, t1, c8, c1, u);
+}
+
+// x *= scale / sqrt(sum x^2 + eps); n % 8 == 0.
+ALLOY_TARGET_AVX2 void l2norm_avx2(float* x, int n, float eps, float scale) {
+    __m256 ss = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) ss = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), ss);
+    const __m256 f = _mm256_set1_ps(scale / std::sqrt(hsum_avx2(ss) + eps));
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
+}
+
+// y = o rsqrt(mean(o^2) + eps) norm SiLU(z); n % 8 == 0.
+ALLOY_TARGET_AVX2 void gated_norm_avx2(const float* o, const float* z, const float* norm, float* y, int n, float eps) {
+    __m256 ss = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) ss = _mm256_fmadd_ps(_mm256_loadu_ps(o + i), _mm256_loadu_ps(o + i), ss);
+    const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(hsum_avx2(ss) / (float)n + eps));
+    for (int i = 0; i < n; i += 8) {
+        const __m256 on = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(o + i), inv), _mm256_loadu_ps(norm + i));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(on, silu_avx2(_mm256_loadu_ps(z + i))));
+    }
+}
+
 // x *= scale / sqrt(sum x^2 + eps)
 ALLOY_AVX512 void l2norm_avx512(float* x, int n, float eps, float scale) {
     __m512 ss = _mm512_setzero_ps();
@@ -222,6 +270,11 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     if (n_seqs == 0) return;
     const bool avx512 = isa == Isa::Avx512;
     const GdnShape& sh = p.shape;
+    // The AVX2 norms need whole vectors (every Qwen3.5 head: 128).
+    const bool avx2 = isa == Isa::Avx2 && sh.d_k % 8 == 0 && sh.d_v % 8 == 0;
+    const auto l2norm = avx512 ? l2norm_avx512 : avx2 ? l2norm_avx2 : l2norm_portable;
+    const auto gated_norm = avx512 ? gated_norm_avx512 : avx2 ? gated_norm_avx2 : gated_norm_portable;
+    const auto conv_rows = avx512 ? conv_rows_avx512 : isa == Isa::Avx2 ? conv_rows_avx2 : conv_rows_portable;
     const int H_k = sh.H_k, H_v = sh.H_v, d_k = sh.d_k, d_v = sh.d_v, K = p.conv_kernel;
     const int key_dim = H_k * d_k, value_dim = H_v * d_v, conv_dim = 2 * key_dim + value_dim;
     const int base = seq_offsets[0], T = seq_offsets[n_seqs] - base;
@@ -268,7 +321,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
             const ConvItem& it = conv_items[i / n_cblocks];
             const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);
             float* us = u + (std::size_t)offs[it.seq] * conv_dim;
-            (avx512 ? conv_rows_avx512 : conv_rows_portable)(seqs[it.seq], conv_dim, K, wT.data(), it.t0, it.t1, c0, c1, us);
+            conv_rows(seqs[it.seq], conv_dim, K, wT.data(), it.t0, it.t1, c0, c1, us);
         });
         // New conv state = the last K-1 inputs of concat(old state, x) (still partly the old
         // state when the sequence is shorter than K-1); empty sequences keep theirs.
@@ -290,8 +343,8 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
         for (int t = (int)blk * kTokBlock; t < std::min(T, (int)(blk + 1) * kTokBlock); ++t) {
             float* u_t = u + (std::size_t)t * conv_dim;
             for (int kh = 0; kh < H_k; ++kh) {
-                (avx512 ? l2norm_avx512 : l2norm_portable)(u_t + kh * d_k, d_k, p.eps, q_scale);
-                (avx512 ? l2norm_avx512 : l2norm_portable)(u_t + key_dim + kh * d_k, d_k, p.eps, 1.0f);
+                l2norm(u_t + kh * d_k, d_k, p.eps, q_scale);
+                l2norm(u_t + key_dim + kh * d_k, d_k, p.eps, 1.0f);
             }
             for (int h = 0; h < H_v; ++h) {
                 const std::size_t th = (std::size_t)t * H_v + h, src = (t0 + t) * H_v + h;
@@ -325,8 +378,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
         for (int t = (int)blk * kTokBlock; t < std::min(T, (int)(blk + 1) * kTokBlock); ++t)
             for (int h = 0; h < H_v; ++h) {
                 const std::size_t row = ((t0 + t) * H_v + h) * d_v;
-                (avx512 ? gated_norm_avx512 : gated_norm_portable)(o + ((std::size_t)t * H_v + h) * d_v,
-                                                                   z + row, w.norm, y + row, d_v, p.eps);
+                gated_norm(o + ((std::size_t)t * H_v + h) * d_v, z + row, w.norm, y + row, d_v, p.eps);
             }
     });
 }

@@ -15,8 +15,9 @@
 //    writes back is bit-identical (it is a copy of inputs).
 //
 // The overloads taking an Isa run that path explicitly (tests run every path the CPU has);
-// the others use active_isa(). Isa::Avx2 runs the portable path (plain C++) except for the
-// chunked form's matrix products (AVX2 tiles, gdn_gemm.cpp). Asking for an
+// the others use active_isa(). Isa::Avx2 has its own serial delta rule (d_k % 8 == 0), conv,
+// norms and chunked-form matrix products (gdn_gemm.cpp); the rest of its path is the portable
+// code. Asking for an
 // ISA above active_isa() throws alloy::Error.
 #pragma once
 #include <cstdint>

@@ -31,8 +31,9 @@ using alloy::ref::GdnWeights;
 constexpr double kOutTol = 1e-5;
 constexpr double kStateTol = 1e-5;
 
-// The paths to test: every ISA up to the active one (Avx2 runs the portable code).
-std::vector<Isa> isas() { return alloy::test::isa_paths(/*has_avx2_code=*/true); }  // the chunked products
+// The paths to test: every ISA up to the active one (AVX2 has its own delta rule, conv, norms
+// and chunked products; the rest of its path is portable).
+std::vector<Isa> isas() { return alloy::test::isa_paths(/*has_avx2_code=*/true); }
 
 using namespace alloy::test;
 

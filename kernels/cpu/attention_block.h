@@ -66,6 +66,19 @@ struct Block {
     float* out_row(int r, int gi) const { return out + head_row(r, gi) * hd; }
 };
 
+// The per-row operations of the row-by-row block (attention_scalar.cpp), so the portable and
+// AVX2 blocks share one schedule: a row's math depends on its own position only.
+struct RowOps {
+    // Rows [j0, j0 + nk) of a cache as fp32 rows: the cache itself when fp32 (stride kept),
+    // else converted into buf (stride becomes hd).
+    const float* (*tile)(const void* cache, bool f16, int64_t j0, int nk, int64_t& stride, int hd, float* buf);
+    void (*scale)(const float* src, float* dst, int hd, float f);                 // dst = src * f
+    void (*scores)(const float* q, const float* K, int64_t ks, int nv, int hd, float* S);  // S[j] = q . K[j]
+    // o = o * alpha + sum_j P[j] V[j], keys in order
+    void (*update_o)(float* o, float alpha, const float* P, const float* V, int64_t vs, int nv, int hd);
+};
+void run_block_rows(const Block& b, const RowOps& ops);
+
 void run_block_scalar(const Block& b);
 void run_block_avx2(const Block& b);    // needs hd % 8 == 0
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0

@@ -1,6 +1,7 @@
 // Portable block of cpu::attention (any head_dim): the same tiled online softmax as the
-// AVX-512 block, written as plain loops the compiler may vectorise for the baseline ISA.
-// f16 tiles are converted to fp32 once per tile (exactly, alloy::fp16_to_fp32).
+// AVX-512 block, row by row, as plain loops the compiler may vectorise for the baseline ISA.
+// The schedule (run_block_rows) is shared with the AVX2 block, which brings its own per-row
+// operations. f16 tiles are converted to fp32 once per tile (exactly, alloy::fp16_to_fp32).
 #include <algorithm>
 #include <cmath>
 
@@ -21,9 +22,30 @@ const float* tile(const void* cache, bool f16, int64_t j0, int nk, int64_t& stri
     return buf;
 }
 
+void scale(const float* src, float* dst, int hd, float f) {
+    for (int d = 0; d < hd; ++d) dst[d] = src[d] * f;
+}
+
+void scores(const float* q, const float* K, int64_t ks, int nv, int hd, float* S) {
+    for (int j = 0; j < nv; ++j) {
+        const float* kj = K + j * ks;
+        float dot = 0.0f;
+        for (int d = 0; d < hd; ++d) dot += q[d] * kj[d];
+        S[j] = dot;
+    }
+}
+
+void update_o(float* o, float alpha, const float* P, const float* V, int64_t vs, int nv, int hd) {
+    for (int d = 0; d < hd; ++d) o[d] *= alpha;
+    for (int j = 0; j < nv; ++j) {
+        const float* vj = V + j * vs;
+        for (int d = 0; d < hd; ++d) o[d] += P[j] * vj[d];
+    }
+}
+
 }  // namespace
 
-void run_block_scalar(const Block& b) {
+void run_block_rows(const Block& b, const RowOps& ops) {
     const int R = b.rows(), hd = b.hd, ng = b.ng, NR = ng * R;  // row gi * R + r: row r of group gi
     float* Q = scratch(0, int64_t(NR) * hd);  // [NR, hd] q * scale * log2(e)
     float* O = scratch(1, int64_t(NR) * hd);  // [NR, hd] unnormalised output
@@ -34,9 +56,8 @@ void run_block_scalar(const Block& b) {
     const float qs = b.scale * 1.44269504088896341f;
     for (int gi = 0; gi < ng; ++gi)
         for (int r = 0; r < R; ++r) {
-            const float* src = b.q_row(r, gi);
             const int64_t gr = int64_t(gi) * R + r;
-            for (int d = 0; d < hd; ++d) Q[gr * hd + d] = src[d] * qs;
+            ops.scale(b.q_row(r, gi), Q + gr * hd, hd, qs);
             ml[2 * gr] = -INFINITY;
             ml[2 * gr + 1] = 0.0f;
         }
@@ -48,34 +69,23 @@ void run_block_scalar(const Block& b) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
         for (int gi = 0; gi < ng; ++gi) {
             int64_t ks = b.kv_stride, vs = b.kv_stride;
-            const float* K = tile(static_cast<const char*>(b.k) + size_t(gi) * size_t(hd) * kb, b.k_f16, j0, nk, ks,
-                                  hd, kbuf);
-            const float* V = tile(static_cast<const char*>(b.v) + size_t(gi) * size_t(hd) * vb, b.v_f16, j0, nk, vs,
-                                  hd, vbuf);
+            const float* K = ops.tile(static_cast<const char*>(b.k) + size_t(gi) * size_t(hd) * kb, b.k_f16, j0, nk,
+                                      ks, hd, kbuf);
+            const float* V = ops.tile(static_cast<const char*>(b.v) + size_t(gi) * size_t(hd) * vb, b.v_f16, j0, nk,
+                                      vs, hd, vbuf);
             for (int r = 0; r < R; ++r) {
                 const int nv = int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk));  // causal
                 if (nv == 0) continue;
                 const int64_t gr = int64_t(gi) * R + r;
-                const float* qr = Q + gr * hd;
+                ops.scores(Q + gr * hd, K, ks, nv, hd, S);
                 float mx = ml[2 * gr];
-                for (int j = 0; j < nv; ++j) {
-                    const float* kj = K + j * ks;
-                    float dot = 0.0f;
-                    for (int d = 0; d < hd; ++d) dot += qr[d] * kj[d];
-                    S[j] = dot;
-                    mx = std::max(mx, dot);
-                }
+                for (int j = 0; j < nv; ++j) mx = std::max(mx, S[j]);
                 const float alpha = std::exp2(ml[2 * gr] - mx);  // exp2(-inf) = 0 on the first tile
                 float sum = 0.0f;
                 for (int j = 0; j < nv; ++j) sum += (S[j] = std::exp2(S[j] - mx));
                 ml[2 * gr] = mx;
                 ml[2 * gr + 1] = ml[2 * gr + 1] * alpha + sum;
-                float* orow = O + gr * hd;
-                for (int d = 0; d < hd; ++d) orow[d] *= alpha;
-                for (int j = 0; j < nv; ++j) {
-                    const float* vj = V + j * vs;
-                    for (int d = 0; d < hd; ++d) orow[d] += S[j] * vj[d];
-                }
+                ops.update_o(O + gr * hd, alpha, S, V, vs, nv, hd);
             }
         }
     }
@@ -85,9 +95,8 @@ void run_block_scalar(const Block& b) {
             const int64_t gr = int64_t(gi) * R + r;
             const float* orow = O + gr * hd;
             if (b.out) {
-                float* dst = b.out_row(r, gi);
-                const float inv = 1.0f / ml[2 * gr + 1];  // every row of an unsplit block sees key 0
-                for (int d = 0; d < hd; ++d) dst[d] = orow[d] * inv;
+                // every row of an unsplit block sees key 0, so its sum is positive
+                ops.scale(orow, b.out_row(r, gi), hd, 1.0f / ml[2 * gr + 1]);
             } else {
                 const int64_t pr = int64_t(gi) * b.part_rows + r;
                 std::copy(orow, orow + hd, b.part_o + pr * hd);
@@ -96,5 +105,7 @@ void run_block_scalar(const Block& b) {
             }
         }
 }
+
+void run_block_scalar(const Block& b) { run_block_rows(b, {tile, scale, scores, update_o}); }
 
 }  // namespace alloy::cpu::attn

@@ -174,12 +174,6 @@ void conv_rows_portable(const ConvSeq& cs, int conv_dim, int K, const float* wT,
 
 ALLOY_TARGET_AVX2 inline __m256 silu_avx2(__m256 x) { return _mm256_mul_ps(x, avx2::sigmoid(x)); }
 
-ALLOY_TARGET_AVX2 inline float hsum_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // conv_rows_portable, 8 channels at a time (FMA per tap, oldest first); a channel past the
 // last whole vector of [c0, c1) is always the portable one, whatever T.
@@ -201,7 +195,7 @@ ALLOY_TARGET_AVX2 void conv_rows_avx2(const ConvSeq& cs, int conv_dim, int K, co
 ALLOY_TARGET_AVX2 void l2norm_avx2(float* x, int n, float eps, float scale) {
     __m256 ss = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) ss = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), ss);
-    const __m256 f = _mm256_set1_ps(scale / std::sqrt(hsum_avx2(ss) + eps));
+    const __m256 f = _mm256_set1_ps(scale / std::sqrt(avx2::hsum(ss) + eps));
     for (int i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), f));
 }
 
@@ -209,7 +203,7 @@ ALLOY_TARGET_AVX2 void l2norm_avx2(float* x, int n, float eps, float scale) {
 ALLOY_TARGET_AVX2 void gated_norm_avx2(const float* o, const float* z, const float* norm, float* y, int n, float eps) {
     __m256 ss = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) ss = _mm256_fmadd_ps(_mm256_loadu_ps(o + i), _mm256_loadu_ps(o + i), ss);
-    const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(hsum_avx2(ss) / (float)n + eps));
+    const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(avx2::hsum(ss) / (float)n + eps));
     for (int i = 0; i < n; i += 8) {
         const __m256 on = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(o + i), inv), _mm256_loadu_ps(norm + i));
         _mm256_storeu_ps(y + i, _mm256_mul_ps(on, silu_avx2(_mm256_loadu_ps(z + i))));

@@ -9,23 +9,18 @@
 #include <cstring>
 
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/vec_math_avx2.h"
 
-#define ALLOY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 
 namespace alloy::cpu::mm {
 namespace {
 
 
-ALLOY_AVX2_TARGET inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+using avx2::hsum;
 
 // One block's contribution for NT tokens: acc[t] += (exact block sum) * d_w * d_x.
 template <int NT>
-ALLOY_AVX2_TARGET inline void q8_block(const uint8_t* w, const ActRows& a, int64_t t0, int64_t nb, int64_t b,
+ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* w, const ActRows& a, int64_t t0, int64_t nb, int64_t b,
                                        __m256* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
@@ -42,7 +37,7 @@ ALLOY_AVX2_TARGET inline void q8_block(const uint8_t* w, const ActRows& a, int64
 
 // Even and odd blocks in two accumulators per token (independent FMA chains), as float_row.
 template <int NT>
-ALLOY_AVX2_TARGET void q8_row(const uint8_t* w, const ActRows& a, int64_t t0, float* out) {
+ALLOY_TARGET_AVX2 void q8_row(const uint8_t* w, const ActRows& a, int64_t t0, float* out) {
     const int64_t nb = a.K / kQ8;
     __m256 acc[NT], acc2[NT];
     for (auto& v : acc) v = _mm256_setzero_ps();
@@ -59,7 +54,7 @@ ALLOY_AVX2_TARGET void q8_row(const uint8_t* w, const ActRows& a, int64_t t0, fl
 enum class Kind { Bf16, F16, F32 };
 
 template <Kind kind>
-ALLOY_AVX2_TARGET inline __m256 widen8(const uint8_t* w, int64_t k) {
+ALLOY_TARGET_AVX2 inline __m256 widen8(const uint8_t* w, int64_t k) {
     if constexpr (kind == Kind::Bf16) {
         const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * k));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -71,7 +66,7 @@ ALLOY_AVX2_TARGET inline __m256 widen8(const uint8_t* w, int64_t k) {
 }
 
 template <Kind kind>
-ALLOY_AVX2_TARGET inline float widen1(const uint8_t* w, int64_t k) {
+ALLOY_TARGET_AVX2 inline float widen1(const uint8_t* w, int64_t k) {
     if constexpr (kind == Kind::Bf16) {
         const uint32_t u = uint32_t(load_u16(w + 2 * k)) << 16;
         float f;
@@ -90,7 +85,7 @@ ALLOY_AVX2_TARGET inline float widen1(const uint8_t* w, int64_t k) {
 // the previous one (4 cycles per 8 weights), which held BF16 decode to half the bandwidth
 // floor. The same arithmetic for every NT, so 1..4-token calls give the same bits.
 template <Kind kind, int NT>
-ALLOY_AVX2_TARGET void float_row(const uint8_t* w, const ActRows& a, int64_t t0, float* out) {
+ALLOY_TARGET_AVX2 void float_row(const uint8_t* w, const ActRows& a, int64_t t0, float* out) {
     const int64_t K = a.K;
     __m256 acc[NT], acc2[NT];
     for (auto& v : acc) v = _mm256_setzero_ps();

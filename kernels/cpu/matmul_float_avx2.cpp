@@ -12,8 +12,8 @@
 #include <algorithm>
 
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/vec_math_avx2.h"
 
-#define ALLOY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 
 namespace alloy::cpu::mm {
 namespace {
@@ -24,7 +24,7 @@ constexpr int kKc = 256;  // panel slice 2 groups x 16 tokens x 256 x 4 B = 32 K
 // Adds the accumulators ([R][2 NV], flat) to the tile (the first k-chunk adds to zero, not to
 // the tile, which may be uninitialised).
 template <int R, int NV>
-ALLOY_AVX2_TARGET __attribute__((always_inline)) inline void add_to_tile(const __m256* acc, bool first, float* tile,
+ALLOY_TARGET_AVX2 __attribute__((always_inline)) inline void add_to_tile(const __m256* acc, bool first, float* tile,
                                                                            int ldt) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
@@ -46,7 +46,7 @@ inline void prefetch_next_rows(const uint8_t* w, size_t rb, int R, int next_rows
 // array with every loop unrolled by pragma: GCC 12 keeps a [R][V] array of vectors in memory
 // and stores all of it on every k step.
 template <int R, int NV>
-ALLOY_AVX2_TARGET __attribute__((always_inline)) inline void k_step(__m256* acc, const __m256* wv, const float* xk,
+ALLOY_TARGET_AVX2 __attribute__((always_inline)) inline void k_step(__m256* acc, const __m256* wv, const float* xk,
                                                                       int64_t gf) {
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * NV; ++v) {
@@ -56,9 +56,22 @@ ALLOY_AVX2_TARGET __attribute__((always_inline)) inline void k_step(__m256* acc,
     }
 }
 
-template <int R, int NV>
-ALLOY_AVX2_TARGET void f32_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1,
-                                float* tile, int ldt) {
+// Weight element k of a row, broadcast as fp32. BF16: broadcast to every 16-bit half, then
+// shifted up 16 bits within each 32-bit lane, it is its fp32 value in every lane (two
+// instructions, no mask register).
+template <bool kBf16>
+ALLOY_TARGET_AVX2 __attribute__((always_inline)) inline __m256 weight_at(const uint8_t* row, int64_t k) {
+    if constexpr (kBf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_set1_epi16(short(load_u16(row + k * 2))), 16));
+    else
+        return _mm256_broadcast_ss(reinterpret_cast<const float*>(row + k * 4));
+}
+
+// BF16 (kBf16) or F32 weights.
+template <bool kBf16, int R, int NV>
+ALLOY_TARGET_AVX2 void float_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
+                                  int64_t k1, float* tile, int ldt) {
+    constexpr int kElemBytes = kBf16 ? 2 : 4;
     const size_t rb = W.row_bytes;
     const uint8_t* w = W.row(r0);
     const int64_t gf = p.K * kGroup;
@@ -68,37 +81,23 @@ ALLOY_AVX2_TARGET void f32_tile(const WeightView& W, int64_t r0, const ActPanel&
 #pragma GCC unroll 16
     for (int i = 0; i < R * 2 * NV; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t k = k0; k < k1; ++k) {
-        if ((k & 15) == 0) prefetch_next_rows(w, rb, R, next_rows, size_t(k) * 4);
+        if ((k & (64 / kElemBytes - 1)) == 0) prefetch_next_rows(w, rb, R, next_rows, size_t(k) * kElemBytes);
         __m256 wv[R];
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) wv[r] = _mm256_broadcast_ss(reinterpret_cast<const float*>(w + r * rb + k * 4));
+        for (int r = 0; r < R; ++r) wv[r] = weight_at<kBf16>(w + r * rb, k);
         k_step<R, NV>(acc, wv, xf + k * kGroup, gf);
     }
     add_to_tile<R, NV>(acc, k0 == 0, tile, ldt);
 }
-
-// BF16 weights: element k of a row broadcast to every 16-bit half, then shifted up 16 bits
-// within each 32-bit lane, is its fp32 value in every lane (two instructions, no mask register).
 template <int R, int NV>
-ALLOY_AVX2_TARGET void bf16_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
-                                 int64_t k1, float* tile, int ldt) {
-    const size_t rb = W.row_bytes;
-    const uint8_t* w = W.row(r0);
-    const int64_t gf = p.K * kGroup;
-    const float* xf = p.f + g0 * gf;
-    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));
-    __m256 acc[R * 2 * NV];
-#pragma GCC unroll 16
-    for (int i = 0; i < R * 2 * NV; ++i) acc[i] = _mm256_setzero_ps();
-    for (int64_t k = k0; k < k1; ++k) {
-        if ((k & 31) == 0) prefetch_next_rows(w, rb, R, next_rows, size_t(k) * 2);
-        __m256 wv[R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r)
-            wv[r] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_set1_epi16(short(load_u16(w + r * rb + k * 2))), 16));
-        k_step<R, NV>(acc, wv, xf + k * kGroup, gf);
-    }
-    add_to_tile<R, NV>(acc, k0 == 0, tile, ldt);
+void bf16_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1, float* tile,
+               int ldt) {
+    float_tile<true, R, NV>(W, r0, p, g0, k0, k1, tile, ldt);
+}
+template <int R, int NV>
+void f32_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1, float* tile,
+              int ldt) {
+    float_tile<false, R, NV>(W, r0, p, g0, k0, k1, tile, ldt);
 }
 
 using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
@@ -117,7 +116,7 @@ void f32_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, in
 }
 
 // 8 x 8 transpose of r[0..8) (rows) into c[0..8) (columns).
-ALLOY_AVX2_TARGET inline void transpose8(const __m256 (&r)[8], __m256 (&c)[8]) {
+ALLOY_TARGET_AVX2 inline void transpose8(const __m256 (&r)[8], __m256 (&c)[8]) {
     __m256 t[8], u[8];
     for (int i = 0; i < 4; ++i) {
         t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -150,7 +149,7 @@ TileKernel tile_avx2(GgmlType type) {
 
 // y[t * ldy + i] = tile[i * ldt + t]: whole 8 x 8 blocks by register transposes, the edges one
 // value at a time. (No streamed variant: a plain store for every output size.)
-ALLOY_AVX2_TARGET void store_transposed_avx2(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y,
+ALLOY_TARGET_AVX2 void store_transposed_avx2(const float* tile, int ldt, int64_t rows, int64_t tokens, float* y,
                                              int64_t ldy) {
     const int64_t rows8 = rows & ~int64_t(7), tokens8 = tokens & ~int64_t(7);
     for (int64_t i0 = 0; i0 < rows8; i0 += 8)

@@ -13,8 +13,8 @@
 #include <algorithm>
 
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/vec_math_avx2.h"
 
-#define ALLOY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 
 namespace alloy::cpu::mm {
 namespace {
@@ -24,7 +24,7 @@ constexpr int kRows = 3, kGroups = 1;
 constexpr int kKc = 1024;  // the panel slice: 16 tokens x 1 KiB
 
 template <int R>
-ALLOY_AVX2_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1,
+ALLOY_TARGET_AVX2 void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1,
                                float* tile, int ldt) {
     const int64_t K = p.K, nb = K / kQ8;
     const size_t rb = W.row_bytes;
@@ -92,7 +92,7 @@ TileKernel tile_avx2_q8() { return {q8_tile_any, kRows, kGroups, kKc}; }
 // Activation quantization on AVX2, bit-identical to quantize_q8_scalar (max, the multiply and
 // round to nearest even are exact IEEE operations in both; int32 -> int8 cannot saturate, as
 // |x * 127 / amax| <= 127).
-ALLOY_AVX2_TARGET void quantize_q8_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
+ALLOY_TARGET_AVX2 void quantize_q8_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < K / kQ8; ++b) {
         const float* xb = x + b * kQ8;

@@ -10,6 +10,14 @@
 
 namespace alloy::cpu::avx2 {
 
+// Sum of the 8 lanes.
+ALLOY_TARGET_AVX2 inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 // 2^k for integer k in [-126, 127], as a float built in the exponent field.
 ALLOY_TARGET_AVX2 inline __m256 pow2i(__m256i k) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));

@@ -2,14 +2,26 @@
 
 #include <cstdlib>
 #include <cstring>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 namespace alloy::cpu {
+
+#if defined(__x86_64__)
+// The AVX2 kernels also convert f16 with F16C (every AVX2 CPU has it, but it is its own CPUID
+// bit; clang 14's __builtin_cpu_supports does not know the name).
+static bool has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
 
 static Isa detect() {
     Isa best = Isa::Scalar;
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = Isa::Avx2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) best = Isa::Avx2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) best = Isa::Avx512;
 #endif
     if (const char* want = std::getenv("ALLOY_ISA")) {

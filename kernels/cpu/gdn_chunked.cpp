@@ -29,6 +29,7 @@
 #include "kernels/cpu/gdn_simd.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/vec_math_avx2.h"
 
 namespace alloy::cpu {
 namespace gdn {
@@ -51,9 +52,18 @@ ALLOY_AVX512 void exp_row_avx512(const float* x, float* y, int n) {
     }
 }
 
+// The same with the AVX2 exp (vec_math_avx2.h), the tail by libm.
+ALLOY_TARGET_AVX2 void exp_row_avx2(const float* x, float* y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, avx2::exp(_mm256_loadu_ps(x + i)));
+    for (; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
 void exp_row(Isa isa, const float* x, float* y, int n) {
     if (isa == Isa::Avx512)
         exp_row_avx512(x, y, n);
+    else if (isa == Isa::Avx2)
+        exp_row_avx2(x, y, n);
     else
         for (int i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
@@ -67,10 +77,12 @@ void transpose_portable(const float* src, int ld_src, float* dst, int ld_dst, in
                     dst[(std::size_t)c * ld_dst + r] = src[(std::size_t)r * ld_src + c];
 }
 
-// On AVX-512 the matmul's register transpose does the same (16 x 16 blocks, edges masked).
+// On AVX-512 and AVX2 the matmul's register transposes do the same (16 x 16 or 8 x 8 blocks).
 void transpose(Isa isa, const float* src, int ld_src, float* dst, int ld_dst, int rows, int cols) {
     if (isa == Isa::Avx512)
         mm::store_transposed_avx512(src, ld_src, rows, cols, dst, ld_dst);
+    else if (isa == Isa::Avx2)
+        mm::store_transposed_avx2(src, ld_src, rows, cols, dst, ld_dst);
     else
         transpose_portable(src, ld_src, dst, ld_dst, rows, cols);
 }

@@ -21,6 +21,7 @@
 #include "kernels/cpu/gdn_internal.h"
 #include "kernels/cpu/gdn_simd.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/ref/gdn_common.h"
 
 namespace alloy::cpu {
@@ -56,24 +57,29 @@ void head_portable(const DeltaIo& io, int seq, int h) {
 // (2 KiB at d_k = 128, still in L1) are updated. Per token the same operations whatever the
 // token count of the call, so verification reproduces decode.
 
-#define ALLOY_AVX2 __attribute__((target("avx2,fma")))
-
 // Lane i of the result = sum of the 8 lanes of v[i].
-ALLOY_AVX2 inline __m256 reduce8(const __m256 v[8]) {
+ALLOY_TARGET_AVX2 inline __m256 reduce8(const __m256 v[8]) {
     const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
     const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
     const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-ALLOY_AVX2 float dot_avx2(const float* a, const float* b, int n) {
+// a . b in 8 lanes, n % 8 == 0.
+ALLOY_TARGET_AVX2 __m256 dot8_avx2(const float* a, const float* b, int n) {
     __m256 acc = _mm256_setzero_ps();
     for (int i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    const __m256 v[8] = {acc, acc, acc, acc, acc, acc, acc, acc};
-    return _mm256_cvtss_f32(reduce8(v));
+    return acc;
 }
 
-ALLOY_AVX2 void head_avx2(const DeltaIo& io, int seq, int h) {
+// col = alpha col + delta k
+ALLOY_TARGET_AVX2 inline void update_col_avx2(float* col, const float* k, int d_k, __m256 alpha, float delta) {
+    const __m256 dc = _mm256_set1_ps(delta);
+    for (int i = 0; i < d_k; i += 8)
+        _mm256_storeu_ps(col + i, _mm256_fmadd_ps(_mm256_loadu_ps(k + i), dc, _mm256_mul_ps(alpha, _mm256_loadu_ps(col + i))));
+}
+
+ALLOY_TARGET_AVX2 void head_avx2(const DeltaIo& io, int seq, int h) {
     const int d_k = io.shape.d_k, d_v = io.shape.d_v, kh = io.shape.key_head(h);
     float* S = io.state + ((std::size_t)seq * io.shape.H_v + h) * d_v * d_k;  // [d_v, d_k]
     for (int64_t t = io.offs[seq]; t < io.offs[seq + 1]; ++t) {
@@ -82,7 +88,7 @@ ALLOY_AVX2 void head_avx2(const DeltaIo& io, int seq, int h) {
         const float* v = io.v_at(t, h);
         float* o = io.out_at(t, h);
         const float alpha = std::exp(io.g[t * io.shape.H_v + h]), beta = io.beta[t * io.shape.H_v + h];
-        const float kq = dot_avx2(k, q, d_k);
+        const float kq = avx2::hsum(dot8_avx2(k, q, d_k));
         const __m256 va = _mm256_set1_ps(alpha);
         int j = 0;
         for (; j + 4 <= d_v; j += 4) {
@@ -102,34 +108,17 @@ ALLOY_AVX2 void head_avx2(const DeltaIo& io, int seq, int h) {
                 delta[c] = beta * (v[j + c] - alpha * sums[c]);
                 o[j + c] = alpha * sums[4 + c] + delta[c] * kq;
             }
-            for (int c = 0; c < 4; ++c) {
-                float* col = cols + (std::size_t)c * d_k;
-                const __m256 dc = _mm256_set1_ps(delta[c]);
-                for (int i = 0; i < d_k; i += 8)
-                    _mm256_storeu_ps(col + i, _mm256_fmadd_ps(_mm256_loadu_ps(k + i), dc,
-                                                              _mm256_mul_ps(va, _mm256_loadu_ps(col + i))));
-            }
+            for (int c = 0; c < 4; ++c) update_col_avx2(cols + (std::size_t)c * d_k, k, d_k, va, delta[c]);
         }
         for (; j < d_v; ++j) {  // columns past the last group of 4: one at a time, same math
             float* col = S + (std::size_t)j * d_k;
-            __m256 ak = _mm256_setzero_ps(), aq = ak;
-            for (int i = 0; i < d_k; i += 8) {
-                const __m256 sv = _mm256_loadu_ps(col + i);
-                ak = _mm256_fmadd_ps(sv, _mm256_loadu_ps(k + i), ak);
-                aq = _mm256_fmadd_ps(sv, _mm256_loadu_ps(q + i), aq);
-            }
-            const __m256 r[8] = {ak, aq, ak, aq, ak, aq, ak, aq};
-            alignas(32) float sums[8];
-            _mm256_store_ps(sums, reduce8(r));
-            const float delta = beta * (v[j] - alpha * sums[0]);
-            o[j] = alpha * sums[1] + delta * kq;
-            const __m256 dc = _mm256_set1_ps(delta);
-            for (int i = 0; i < d_k; i += 8)
-                _mm256_storeu_ps(col + i, _mm256_fmadd_ps(_mm256_loadu_ps(k + i), dc, _mm256_mul_ps(va, _mm256_loadu_ps(col + i))));
+            const float sk = avx2::hsum(dot8_avx2(col, k, d_k)), sq = avx2::hsum(dot8_avx2(col, q, d_k));
+            const float delta = beta * (v[j] - alpha * sk);
+            o[j] = alpha * sq + delta * kq;
+            update_col_avx2(col, k, d_k, va, delta);
         }
     }
 }
-#undef ALLOY_AVX2
 
 // ---- AVX-512 ----------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kernels/cpu/gdn_simd.h"
+#include "kernels/cpu/vec_math_avx2.h"
 
 namespace alloy::cpu::gdn {
 namespace {
@@ -126,14 +127,12 @@ ALLOY_AVX512 void gemm_avx512(const Gemm& g) {
 constexpr int kMr2 = 6;
 constexpr int kNv2 = 2;
 
-#define ALLOY_AVX2 __attribute__((target("avx2,fma")))
-
-ALLOY_AVX2 inline __m256i lanes8(int n) {
+ALLOY_TARGET_AVX2 inline __m256i lanes8(int n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 template <int MR, int NV>
-ALLOY_AVX2 void tile_avx2(int kend, const float* A, int lda, const float* B, int ldb, float* C, int ldc, float c_scale,
+ALLOY_TARGET_AVX2 void tile_avx2(int kend, const float* A, int lda, const float* B, int ldb, float* C, int ldc, float c_scale,
                           __m256i last) {
     __m256 acc[MR * NV];  // flat, loops unrolled: GCC 12 keeps a 2-D array of vectors in memory
 #pragma GCC unroll 16
@@ -184,7 +183,7 @@ TileFn2 pick_tile2(int mr, int nv) {
     }
 }
 
-ALLOY_AVX2 void gemm_avx2(const Gemm& g) {
+ALLOY_TARGET_AVX2 void gemm_avx2(const Gemm& g) {
     for (int n0 = 0; n0 < g.N; n0 += 8 * kNv2) {
         for (int m0 = 0; m0 < g.M; m0 += kMr2) {
             const int mr = std::min(kMr2, g.M - m0);
@@ -198,7 +197,6 @@ ALLOY_AVX2 void gemm_avx2(const Gemm& g) {
         }
     }
 }
-#undef ALLOY_AVX2
 
 void gemm_portable(const Gemm& g) {
     for (int r = 0; r < g.M; ++r) {

@@ -269,6 +269,8 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
             const int64_t r0 = jb.bounds[it], nr = jb.bounds[it + 1] - r0;
             for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
                 const int nt = int(std::min<int64_t>(mm::kRowDotTokens, T - t));
+                // AVX2 plans (also Q8_0 on AVX-512 without VNNI) have no streaming GEMV: their
+                // row-dot kernels run over the same guided items.
                 if (p.avx2_tiles) rowdot_range(p, W, rows_act, r0, nr, t, nt, jb.y, N);
                 else if (wtype == GgmlType::Q8_0) mm::q8_gemv_avx512(W, r0, nr, rows_act, t, nt, jb.y, N);
                 else mm::bf16_gemv_avx512(W, r0, nr, rows_act, t, nt, jb.y, N);

@@ -2,7 +2,7 @@
 // functions compiled with ALLOY_TARGET_AVX2). The same method and coefficients as
 // vec_math_avx512.h's exp; AVX2 has no vscalefps, so 2^n is applied as two exponent-field
 // factors 2^(n >> 1) and 2^(n - (n >> 1)), each a normal float over the clamped range
-// (n in [-151, 129]): the result underflows to 0 and overflows to inf as expf does.
+// (n in [-150, 128] after the clamp): the result underflows to 0 and overflows to inf as expf does.
 #pragma once
 #include <immintrin.h>
 

@@ -2,11 +2,12 @@
 // activations once, and splits the work over the thread pool.
 //
 // Work split:
-//  - streaming GEMVs (Q8_0, BF16 with T <= 4 on AVX-512): contiguous row ranges per item,
-//    several rows streamed side by side (matmul_q8_gemv_avx512.cpp, matmul_bf16_gemv_avx512.cpp).
-//  - row-dot (F32/F16 T <= 4 on AVX-512, every T elsewhere): items of 64 rows x 32 tokens; the
+//  - streaming GEMVs (Q8_0, BF16 with T <= 4 on AVX-512 and AVX2): contiguous row ranges per
+//    item, several rows streamed side by side (matmul_q8_gemv_avx512.cpp,
+//    matmul_bf16_gemv_avx512.cpp, matmul_avx2.cpp).
+//  - row-dot (F32/F16 T <= 4, every T on the scalar path): items of 64 rows x 32 tokens; the
 //    AVX-512 kernels read 16 rows side by side.
-//  - GEMM tiles (T > 4 on AVX-512): items of (token tile, row chunk), token-tile-major so both
+//  - GEMM tiles (T > 4 on AVX-512 and AVX2): items of (token tile, row chunk), token-tile-major so both
 //    threads share one activation tile in L3 while each streams its own weight rows. Inside an
 //    item the inner dimension is cut into kc chunks, so the activation slice of the tile stays
 //    in L1 while every row group of the chunk passes over it.
@@ -46,10 +47,10 @@ struct Plan {
     bool convert_gemm = false;  // ... only on the GEMM path (F16: the row-dot reads f16 directly)
     mm::RowKernel rowdot;
     mm::TileKernel tile;      // fn == nullptr: no GEMM path
-    // T <= 4 runs over guided row items (long contiguous runs first, see guided_items): the
-    // streaming GEMVs for Q8_0 with VNNI and BF16 with AVX512-BF16, the row-dot kernels on
-    // AVX2 (Q8_0 and BF16: +4-14% decode against 64-row items, in-process A/B, 2026-11-30).
-    bool stream_gemv = false;
+    // T <= 4 runs the streaming GEMV over guided row items (long contiguous runs first, see
+    // guided_items): Q8_0 with VNNI and BF16 with AVX512-BF16, and both on AVX2. nullptr:
+    // the row-dot kernel over short row items.
+    mm::GemvFn gemv = nullptr;
     bool avx2_tiles = false;   // the GEMM tiles are the AVX2 ones (their transposed store too)
     std::string name;
 };
@@ -69,13 +70,13 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
             if (avx512 && mm::cpu_has_avx512_vnni()) {
                 p.rowdot = mm::rowdot_avx512(type);
                 p.tile = mm::tile_avx512(type);
-                p.stream_gemv = true;
+                p.gemv = mm::q8_gemv_avx512;
                 p.name = "avx512-vnni";
             } else {
                 p.rowdot = avx2 ? mm::rowdot_avx2(type) : mm::rowdot_scalar(type);
                 if (avx2) p.tile = mm::tile_avx2(type);
                 p.avx2_tiles = avx2;
-                p.stream_gemv = avx2;  // guided items of row-dot kernels (see Plan)
+                if (avx2) p.gemv = mm::gemv_avx2(type);
                 p.name = avx2 ? "avx2" : "scalar";
             }
             return p;
@@ -85,14 +86,14 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
                 p.vector = true;
                 p.rowdot = mm::rowdot_avx512(type);
                 if (n_in % 2 == 0) p.tile = mm::tile_avx512(type);
-                p.stream_gemv = true;
+                p.gemv = mm::bf16_gemv_avx512;
                 p.name = "avx512-bf16";
             } else {
                 p.act = ActKind::Bf16F32;
                 p.rowdot = avx2 ? mm::rowdot_avx2(type) : mm::rowdot_scalar(type);
                 if (avx2 && n_in % 2 == 0) p.tile = mm::tile_avx2(type);
                 p.avx2_tiles = avx2;
-                p.stream_gemv = avx2;  // guided items of row-dot kernels (see Plan)
+                if (avx2) p.gemv = mm::gemv_avx2(type);
                 p.name = avx2 ? "avx2" : "scalar";
             }
             return p;
@@ -229,8 +230,7 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
     const mm::ActRows& rows_act = act.rows;
     const mm::ActPanel& panel = act.panel;
     const int64_t G = (T + mm::kGroup - 1) / mm::kGroup;
-    const GgmlType wtype = jobs[0].W->type;
-    const bool gemv = !gemm && p.stream_gemv;
+    const bool gemv = !gemm && p.gemv != nullptr;
     const mm::TileKernel& kt = p.tile;
     const int64_t chunk = kTileRowGroups * kt.rows, n_tiles = gemm ? (G + kt.groups - 1) / kt.groups : 0;
     const int64_t n_row_tiles = (T + kRowDotTile - 1) / kRowDotTile;
@@ -269,11 +269,7 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
             const int64_t r0 = jb.bounds[it], nr = jb.bounds[it + 1] - r0;
             for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
                 const int nt = int(std::min<int64_t>(mm::kRowDotTokens, T - t));
-                // AVX2 plans (also Q8_0 on AVX-512 without VNNI) have no streaming GEMV: their
-                // row-dot kernels run over the same guided items.
-                if (p.avx2_tiles) rowdot_range(p, W, rows_act, r0, nr, t, nt, jb.y, N);
-                else if (wtype == GgmlType::Q8_0) mm::q8_gemv_avx512(W, r0, nr, rows_act, t, nt, jb.y, N);
-                else mm::bf16_gemv_avx512(W, r0, nr, rows_act, t, nt, jb.y, N);
+                p.gemv(W, r0, nr, rows_act, t, nt, jb.y, N);
             }
         } else {
             const int64_t t0 = (it / jb.n_chunks) * kRowDotTile, r0 = (it % jb.n_chunks) * kRowChunk;
@@ -375,7 +371,7 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T) {
     const Plan p = make_plan(wtype, isa, n_in);
-    return p.name + (use_gemm(p, T) ? " gemm" : p.stream_gemv ? " gemv" : " rowdot");
+    return p.name + (use_gemm(p, T) ? " gemm" : p.gemv ? " gemv" : " rowdot");
 }
 
 }  // namespace alloy::cpu

@@ -1,5 +1,6 @@
-// AVX2 + FMA row-dot kernels (the fallback for CPUs without AVX-512 VNNI / BF16).
-// One weight row is loaded once and dotted with up to 4 tokens.
+// AVX2 + FMA row-dot kernels and decode GEMVs (the fallback for CPUs without AVX-512 VNNI /
+// BF16). A weight row is loaded once and dotted with up to 4 tokens; the GEMVs stream two
+// rows at once.
 //  - Q8_0: one block per ymm. vpmaddubsw needs an unsigned operand, so the sign of each weight
 //    byte moves onto the activation (|w| x sign(w)*x, ggml's trick; no int16 overflow since
 //    2 * 128 * 127 < 32768), then vpmaddwd with ones gives 8 exact int32 partial sums.
@@ -8,47 +9,62 @@
 
 #include <cstring>
 
+#include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/vec_math_avx2.h"
-
 
 namespace alloy::cpu::mm {
 namespace {
 
-
 using avx2::hsum;
 
-// One block's contribution for NT tokens: acc[t] += (exact block sum) * d_w * d_x.
-template <int NT>
-ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* w, const ActRows& a, int64_t t0, int64_t nb, int64_t b,
+// Rows streamed side by side per thread by the decode GEMVs. One stream (row-dot over the
+// guided items) left AVX2 decode at 75-81% of the bandwidth floor.
+constexpr int kGemvStreams = 2;
+
+// One block's contribution for NS rows and NT tokens: acc[s * NT + t] += (exact block sum)
+// * d_w * d_x. Flat accumulator arrays: GCC 12 keeps 2-D vector arrays in memory.
+template <int NS, int NT>
+ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* const* w, const ActRows& a, int64_t t0, int64_t nb, int64_t b,
                                        __m256* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
-    const __m256i aw = _mm256_abs_epi8(wq);
-    const float dw = _cvtsh_ss(load_u16(w));
-    for (int t = 0; t < NT; ++t) {
-        const int64_t tt = t0 + t;
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + tt * a.K + b * kQ8));
-        const __m256i s16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, wq));
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
-        acc[t] = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * a.d[tt * nb + b]), acc[t]);
+    __m256i x[NT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+        x[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * a.K + b * kQ8));
+#pragma GCC unroll 4
+    for (int s = 0; s < NS; ++s) {
+        const uint8_t* blk = w[s] + b * 34;
+        const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        const __m256i aw = _mm256_abs_epi8(wq);
+        const float dw = _cvtsh_ss(load_u16(blk));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+            const __m256i s16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[t], wq));
+            const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
+            acc[s * NT + t] =
+                _mm256_fmadd_ps(sum, _mm256_set1_ps(dw * a.d[(t0 + t) * nb + b]), acc[s * NT + t]);
+        }
     }
 }
 
-// Even and odd blocks in two accumulators per token (independent FMA chains), as float_row.
-template <int NT>
-ALLOY_TARGET_AVX2 void q8_row(const uint8_t* w, const ActRows& a, int64_t t0, float* out) {
+// Rows w[0..NS) x NT tokens into out[s * NT + t]. Even and odd blocks in two accumulators
+// per output (independent FMA chains), as float_rows. The arithmetic per output does not
+// depend on NS or NT: every grouping gives the same bits.
+template <int NS, int NT>
+ALLOY_TARGET_AVX2 void q8_rows(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) {
     const int64_t nb = a.K / kQ8;
-    __m256 acc[NT], acc2[NT];
-    for (auto& v : acc) v = _mm256_setzero_ps();
-    for (auto& v : acc2) v = _mm256_setzero_ps();
+    __m256 acc[NS * NT], acc2[NS * NT];
+#pragma GCC unroll 8
+    for (int i = 0; i < NS * NT; ++i) acc[i] = acc2[i] = _mm256_setzero_ps();
     int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, w += 68) {
-        q8_block<NT>(w, a, t0, nb, b, acc);
-        q8_block<NT>(w + 34, a, t0, nb, b + 1, acc2);
+    for (; b + 2 <= nb; b += 2) {
+        q8_block<NS, NT>(w, a, t0, nb, b, acc);
+        q8_block<NS, NT>(w, a, t0, nb, b + 1, acc2);
     }
-    if (b < nb) q8_block<NT>(w, a, t0, nb, b, acc);
-    for (int t = 0; t < NT; ++t) out[t] = hsum(_mm256_add_ps(acc[t], acc2[t]));
+    if (b < nb) q8_block<NS, NT>(w, a, t0, nb, b, acc);
+#pragma GCC unroll 8
+    for (int i = 0; i < NS * NT; ++i) out[i] = hsum(_mm256_add_ps(acc[i], acc2[i]));
 }
 
 enum class Kind { Bf16, F16, F32 };
@@ -81,78 +97,130 @@ ALLOY_TARGET_AVX2 inline float widen1(const uint8_t* w, int64_t k) {
     }
 }
 
-// Two accumulators per token (even and odd 8-element chunks): with one, every FMA waited for
-// the previous one (4 cycles per 8 weights), which held BF16 decode to half the bandwidth
-// floor. The same arithmetic for every NT, so 1..4-token calls give the same bits.
-template <Kind kind, int NT>
-ALLOY_TARGET_AVX2 void float_row(const uint8_t* w, const ActRows& a, int64_t t0, float* out) {
+// Rows w[0..NS) x NT tokens into out[s * NT + t]. Two accumulators per output (even and odd
+// 8-element chunks): with one, every FMA waited for the previous one (4 cycles per 8
+// weights), which held BF16 decode to half the bandwidth floor. The same arithmetic for every
+// NS and NT, so 1..4-token calls give the same bits.
+template <Kind kind, int NS, int NT>
+ALLOY_TARGET_AVX2 void float_rows(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) {
     const int64_t K = a.K;
-    __m256 acc[NT], acc2[NT];
-    for (auto& v : acc) v = _mm256_setzero_ps();
-    for (auto& v : acc2) v = _mm256_setzero_ps();
+    __m256 acc[NS * NT], acc2[NS * NT];
+#pragma GCC unroll 8
+    for (int i = 0; i < NS * NT; ++i) acc[i] = acc2[i] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
-        const __m256 wv = widen8<kind>(w, k), wv2 = widen8<kind>(w, k + 8);
+        __m256 x[NT], x2[NT];
+#pragma GCC unroll 4
         for (int t = 0; t < NT; ++t) {
-            acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(a.f + (t0 + t) * K + k), acc[t]);
-            acc2[t] = _mm256_fmadd_ps(wv2, _mm256_loadu_ps(a.f + (t0 + t) * K + k + 8), acc2[t]);
+            x[t] = _mm256_loadu_ps(a.f + (t0 + t) * K + k);
+            x2[t] = _mm256_loadu_ps(a.f + (t0 + t) * K + k + 8);
+        }
+#pragma GCC unroll 4
+        for (int s = 0; s < NS; ++s) {
+            const __m256 wv = widen8<kind>(w[s], k), wv2 = widen8<kind>(w[s], k + 8);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) {
+                acc[s * NT + t] = _mm256_fmadd_ps(wv, x[t], acc[s * NT + t]);
+                acc2[s * NT + t] = _mm256_fmadd_ps(wv2, x2[t], acc2[s * NT + t]);
+            }
         }
     }
-    for (; k + 8 <= K; k += 8) {
-        const __m256 wv = widen8<kind>(w, k);
-        for (int t = 0; t < NT; ++t) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(a.f + (t0 + t) * K + k), acc[t]);
-    }
-    for (int t = 0; t < NT; ++t) {
-        float s = hsum(_mm256_add_ps(acc[t], acc2[t]));
-        for (int64_t j = k; j < K; ++j) s += widen1<kind>(w, j) * a.f[(t0 + t) * K + j];
-        out[t] = s;
-    }
-}
-
-template <class Row>
-void rows_loop(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy,
-               Row row) {
-    float out[kRowDotTokens];
-    for (int i = 0; i < nr; ++i) {
-        row(W.row(r0 + i), a, t0, nt, out);
-        for (int t = 0; t < nt; ++t) y[(t0 + t) * ldy + r0 + i] = out[t];
-    }
-}
-
-void q8_rowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y,
-               int64_t ldy) {
-    rows_loop(W, r0, nr, a, t0, nt, y, ldy, [](const uint8_t* w, const ActRows& a, int64_t t0, int nt, float* o) {
-        switch (nt) {
-            case 1: return q8_row<1>(w, a, t0, o);
-            case 2: return q8_row<2>(w, a, t0, o);
-            case 3: return q8_row<3>(w, a, t0, o);
-            default: return q8_row<4>(w, a, t0, o);
+    for (; k + 8 <= K; k += 8)
+        for (int s = 0; s < NS; ++s) {
+            const __m256 wv = widen8<kind>(w[s], k);
+            for (int t = 0; t < NT; ++t)
+                acc[s * NT + t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(a.f + (t0 + t) * K + k), acc[s * NT + t]);
         }
-    });
+    for (int s = 0; s < NS; ++s)
+        for (int t = 0; t < NT; ++t) {
+            float sum = hsum(_mm256_add_ps(acc[s * NT + t], acc2[s * NT + t]));
+            for (int64_t j = k; j < K; ++j) sum += widen1<kind>(w[s], j) * a.f[(t0 + t) * K + j];
+            out[s * NT + t] = sum;
+        }
 }
 
+// A rows kernel (q8_rows, float_rows<kind>) for NS rows and NT tokens.
+template <int NS, int NT>
+struct Q8Rows {
+    static void run(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) { q8_rows<NS, NT>(w, a, t0, out); }
+};
 template <Kind kind>
-void float_rowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y,
-                  int64_t ldy) {
-    rows_loop(W, r0, nr, a, t0, nt, y, ldy, [](const uint8_t* w, const ActRows& a, int64_t t0, int nt, float* o) {
-        switch (nt) {
-            case 1: return float_row<kind, 1>(w, a, t0, o);
-            case 2: return float_row<kind, 2>(w, a, t0, o);
-            case 3: return float_row<kind, 3>(w, a, t0, o);
-            default: return float_row<kind, 4>(w, a, t0, o);
+struct FloatRows {
+    template <int NS, int NT>
+    struct Of {
+        static void run(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) {
+            float_rows<kind, NS, NT>(w, a, t0, out);
         }
-    });
+    };
+};
+
+// Rows rows[0..NS) of W, tokens [t0, t0 + NT), into y.
+template <template <int, int> class R, int NS, int NT>
+void rows_to_y(const WeightView& W, const int64_t* rows, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
+    const uint8_t* w[NS];
+    float out[NS * NT];
+    for (int s = 0; s < NS; ++s) w[s] = W.row(rows[s]);
+    R<NS, NT>::run(w, a, t0, out);
+    for (int s = 0; s < NS; ++s)
+        for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + rows[s]] = out[s * NT + t];
+}
+
+// Row-dot contract (matmul_kernels.h): nr <= 4 neighbouring rows, one at a time.
+template <template <int, int> class R, int NT>
+void rowdot_nt(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
+    for (int64_t r = r0; r < r0 + nr; ++r) rows_to_y<R, 1, NT>(W, &r, a, t0, y, ldy);
+}
+
+template <template <int, int> class R>
+void rowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
+    switch (nt) {
+        case 1: return rowdot_nt<R, 1>(W, r0, nr, a, t0, y, ldy);
+        case 2: return rowdot_nt<R, 2>(W, r0, nr, a, t0, y, ldy);
+        case 3: return rowdot_nt<R, 3>(W, r0, nr, a, t0, y, ldy);
+        default: return rowdot_nt<R, 4>(W, r0, nr, a, t0, y, ldy);
+    }
+}
+
+// Decode GEMV contract (matmul_kernels.h): a long row range, kGemvStreams rows from distant
+// parts of it streamed side by side (matmul_gemv_rows.h) for 1 and 2 tokens; 3 and 4
+// (verification) keep one row at a time, their accumulators filling the 16 registers.
+template <template <int, int> class R, int NT>
+void gemv_nt(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
+    constexpr int NS = NT <= 2 ? kGemvStreams : 1;
+    stream_rows<NS>(
+        r0, nr, [&](const int64_t* rows) { rows_to_y<R, NS, NT>(W, rows, a, t0, y, ldy); },
+        [&](const int64_t* row) { rows_to_y<R, 1, NT>(W, row, a, t0, y, ldy); });
+}
+
+template <template <int, int> class R>
+void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
+    switch (nt) {
+        case 1: return gemv_nt<R, 1>(W, r0, nr, a, t0, y, ldy);
+        case 2: return gemv_nt<R, 2>(W, r0, nr, a, t0, y, ldy);
+        case 3: return gemv_nt<R, 3>(W, r0, nr, a, t0, y, ldy);
+        default: return gemv_nt<R, 4>(W, r0, nr, a, t0, y, ldy);
+    }
 }
 
 }  // namespace
 
 RowKernel rowdot_avx2(GgmlType type) {
     switch (type) {
-        case GgmlType::Q8_0: return {q8_rowdot, 4};
-        case GgmlType::BF16: return {float_rowdot<Kind::Bf16>, 4};
-        case GgmlType::F16: return {float_rowdot<Kind::F16>, 4};
-        case GgmlType::F32: return {float_rowdot<Kind::F32>, 4};
+        case GgmlType::Q8_0: return {rowdot<Q8Rows>, 4};
+        case GgmlType::BF16: return {rowdot<FloatRows<Kind::Bf16>::Of>, 4};
+        case GgmlType::F16: return {rowdot<FloatRows<Kind::F16>::Of>, 4};
+        case GgmlType::F32: return {rowdot<FloatRows<Kind::F32>::Of>, 4};
         default: return {};
+    }
+}
+
+GemvFn gemv_avx2(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q8_0: return gemv<Q8Rows>;
+        case GgmlType::BF16: return gemv<FloatRows<Kind::Bf16>::Of>;
+        case GgmlType::F16: return gemv<FloatRows<Kind::F16>::Of>;
+        case GgmlType::F32: return gemv<FloatRows<Kind::F32>::Of>;
+        default: return nullptr;
     }
 }
 

@@ -121,14 +121,22 @@ void quantize_q8_avx512(const float* x, int64_t K, int8_t* q, float* d, int32_t*
 void to_bf16_scalar(const float* x, int64_t n, uint16_t* out);
 void to_bf16_avx512(const float* x, int64_t n, uint16_t* out);
 
-// Q8_0 decode GEMV (AVX512-VNNI): rows [r0, r0 + nr), tokens [t0, t0 + nt), nt <= 4;
-// y[t * ldy + r] = dot(row r, token t). Batch-invariant for T <= 4 (see its file).
+// Decode GEMV: rows [r0, r0 + nr) (a long range: the kernel picks its own row streams),
+// tokens [t0, t0 + nt), nt <= 4; y[t * ldy + r] = dot(row r, token t). Batch-invariant for
+// T <= 4: each output's arithmetic does not depend on nt (verification reproduces decode).
+using GemvFn = void (*)(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                        int64_t ldy);
+
+// Q8_0 decode GEMV (AVX512-VNNI, activations in a.q / a.d).
 void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                     int64_t ldy);
 
 // BF16 decode GEMV (AVX512-BF16), same contract as q8_gemv_avx512 (activations in a.bf).
 void bf16_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                       int64_t ldy);
+
+// AVX2 decode GEMVs (Q8_0, BF16, F16, F32; activations as for rowdot_avx2), nullptr otherwise.
+GemvFn gemv_avx2(GgmlType type);
 
 bool cpu_has_avx512_vnni();
 bool cpu_has_avx512_bf16();

@@ -267,9 +267,11 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                     ASSERT_EQ(0, std::memcmp(one.data(), all.data() + t * sh.n_out, one.size() * 4))
                         << type_traits(type).name << " " << cpu::isa_name(isa) << " n_in=" << sh.n_in << " t=" << t;
                 }
-                cpu::matmul(W, x.data() + 5 * sh.n_in, three.data(), 3, isa, scratch);
-                EXPECT_EQ(0, std::memcmp(three.data(), all.data() + 5 * sh.n_out, three.size() * 4))
-                    << type_traits(type).name << " " << cpu::isa_name(isa) << " T=3";
+                for (int64_t n : {2, 3}) {  // (4 and 1 are the calls above)
+                    cpu::matmul(W, x.data() + 5 * sh.n_in, three.data(), n, isa, scratch);
+                    EXPECT_EQ(0, std::memcmp(three.data(), all.data() + 5 * sh.n_out, size_t(n * sh.n_out) * 4))
+                        << type_traits(type).name << " " << cpu::isa_name(isa) << " T=" << n;
+                }
             }
         }
     }

@@ -103,9 +103,9 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-t,--threads", threads_list, "thread counts, comma separated (default: all cores)");
     cmd->add_option("--gdn", gdn_list, "GDN prefill kernels to compare: chunked,serial")->capture_default_str();
     cmd->add_option("--chunk", chunk, "GDN chunk size")->capture_default_str();
-    cmd->add_option("--cache-type-k", ctk_list, "-ctk: KV cache types for K, comma separated: f32,f16")
+    cmd->add_option("--cache-type-k", ctk_list, "-ctk: KV cache types for K, comma separated: f32,f16,bf16")
         ->capture_default_str();
-    cmd->add_option("--cache-type-v", ctv_list, "-ctv: KV cache types for V, comma separated: f32,f16")
+    cmd->add_option("--cache-type-v", ctv_list, "-ctv: KV cache types for V, comma separated: f32,f16,bf16")
         ->capture_default_str();
     cmd->add_option("-o,--output", output, "md | json | csv")->capture_default_str();
     cmd->add_flag("--mmap", use_mmap, "use the file mapping for the weights (llama-bench -mmp 1) instead of reading "

@@ -19,8 +19,8 @@ void EngineOptions::add_to(CLI::App* cmd, bool model_required) {
     cmd->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
     cmd->add_option("-b,--batch-size", batch, "longest prefill piece in tokens (a multiple of --chunk)")
         ->capture_default_str();
-    cmd->add_option("--cache-type-k", cache_type_k, "-ctk: KV cache type for K: f32 | f16")->capture_default_str();
-    cmd->add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type for V: f32 | f16")->capture_default_str();
+    cmd->add_option("--cache-type-k", cache_type_k, "-ctk: KV cache type for K: f32 | f16 | bf16")->capture_default_str();
+    cmd->add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type for V: f32 | f16 | bf16")->capture_default_str();
     cmd->add_flag("--mmap", mmap, "use the file mapping for the weights instead of reading them into memory "
                                    "(faster start; slower decode)");
 }
@@ -81,7 +81,8 @@ const char* const kCacheTypeVFlag = "-ctv/--cache-type-v";
 GgmlType parse_cache_type(const std::string& s, const char* flag) {
     if (s == "f32") return GgmlType::F32;
     if (s == "f16") return GgmlType::F16;
-    throw Error(std::string(flag) + " must be f32 or f16, got '" + s + "'");
+    if (s == "bf16") return GgmlType::BF16;
+    throw Error(std::string(flag) + " must be f32, f16 or bf16, got '" + s + "'");
 }
 
 void rewrite_llama_style_flags(std::vector<std::string>& args) {

@@ -330,9 +330,9 @@ std::vector<GdnCase> gdn_cases(const Options& o) {
 // ---------------------------------------------------------------------------------------
 // ATTENTION and the small fused ops (kernels/cpu vs kernels/ref), one variant per ISA path
 // this CPU has (cpu-avx2 runs the portable code of every op but ATTENTION). Inputs: q, k, v ~ N(0, 1) (scores ~ N(0, 1) as after q/k RMSNorm); the
-// elementwise ops take ranges like a trained model's activations. ATTENTION runs on f32 and
-// f16 KV caches (type_k/type_v); both sides read the same cache bytes, so an f16 case checks
-// the kernel, not the rounding.
+// elementwise ops take ranges like a trained model's activations. ATTENTION runs on f32, f16
+// and bf16 KV caches (type_k/type_v); both sides read the same cache bytes, so a 16-bit case
+// checks the kernel, not the rounding.
 
 std::vector<std::pair<const char*, cpu::Isa>> cpu_isas() {
     std::vector<std::pair<const char*, cpu::Isa>> v{{"cpu-scalar", cpu::Isa::Scalar}};
@@ -396,13 +396,14 @@ std::vector<AttnCase> attn_cases(const Options& o) {
         shapes.push_back({16, 4, 256, 129, 1000});
     }
     std::vector<AttnCase> v;
-    for (GgmlType t : {GgmlType::F32, GgmlType::F16})
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
         for (AttnCase c : shapes) {
             c.type_k = c.type_v = t;
             v.push_back(c);
         }
     v.push_back({8, 2, 256, 1, 1000, GgmlType::F16, GgmlType::F32});
     v.push_back({8, 2, 256, 65, 37, GgmlType::F32, GgmlType::F16});
+    v.push_back({8, 2, 256, 65, 37, GgmlType::BF16, GgmlType::F16});
     return v;
 }
 

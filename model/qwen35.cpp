@@ -189,7 +189,7 @@ SequenceState Qwen35Model::new_state(int n_ctx, KvCacheTypes kv_types) const {
     if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
     for (GgmlType t : {kv_types.k, kv_types.v})
         if (!ref::kv_type_supported(t))
-            throw Error(std::string("KV cache type must be f32 or f16, got ") + type_traits(t).name);
+            throw Error(std::string("KV cache type must be f32, f16 or bf16, got ") + type_traits(t).name);
     SequenceState s;
     s.n_ctx = n_ctx;
     s.kv_types = kv_types;

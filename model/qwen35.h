@@ -60,7 +60,7 @@ struct Qwen35Layer {
     const float* k_norm = nullptr;          // [head_dim]
 };
 
-// Element types of the KV cache (llama.cpp's -ctk / -ctv): F32 or F16, f16 by default as in
+// Element types of the KV cache (llama.cpp's -ctk / -ctv): F32, F16 or BF16, f16 by default as in
 // llama.cpp. K and V are computed in fp32 and rounded to the cache type when stored
 // (kernels/ref/kv_store.h); attention reads the rounded values.
 struct KvCacheTypes {

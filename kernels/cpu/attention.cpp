@@ -41,7 +41,7 @@ static_assert(kGridKeys % attn::kKeyTile == 0, "grid cells start on key-tile bou
 void attention(const AttentionShape& s, const float* q, const void* k_cache, const void* v_cache,
                float* out, int64_t T, int64_t n_past, Isa isa) {
     if (!ref::kv_type_supported(s.type_k) || !ref::kv_type_supported(s.type_v))
-        throw Error("attention: KV cache types must be f32 or f16");
+        throw Error("attention: KV cache types must be f32, f16 or bf16");
     if (T <= 0) return;
     assert(s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 && s.head_dim > 0 && n_past >= 0);
     const auto run_block = isa >= Isa::Avx512 && s.head_dim % 16 == 0 ? attn::run_block_avx512
@@ -49,9 +49,9 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
                                                                       : attn::run_block_scalar;
     const int group = s.n_head / s.n_head_kv, hd = s.head_dim, n_kv = s.n_head_kv;
     const bool grid = T <= kVerifyTokens;
-    // Prefill with an f16 K cache: the AVX-512 block converts each K and V tile once for all
+    // Prefill with a 16-bit K cache: the AVX-512 block converts each K and V tile once for all
     // its rows, so larger blocks convert less per FLOP (+5-10% on the op at 64 rows).
-    const int rows_per_block = !grid && s.type_k == GgmlType::F16 ? attn::kMaxPrefillRows : kRowsPerBlock;
+    const int rows_per_block = !grid && s.type_k != GgmlType::F32 ? attn::kMaxPrefillRows : kRowsPerBlock;
     const int tq = int(std::min<int64_t>(T, std::max(1, rows_per_block / group)));  // tokens per block
     const int64_t n_qb = (T + tq - 1) / tq;
 
@@ -89,8 +89,11 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
     // Item i -> block: the latest query blocks (most keys) first, so the atomic hand-out of
     // the pool ends with the cheap ones and the threads finish together; then the key split,
     // then the group block: item(qb_rev, split, gb) = (qb_rev * ns + split) * n_gb + gb.
-    const bool k16 = s.type_k == GgmlType::F16, v16 = s.type_v == GgmlType::F16;
-    const size_t kb = k16 ? 2 : 4, vb = v16 ? 2 : 4;  // bytes per element
+    auto elem = [](GgmlType t) {
+        return t == GgmlType::F16 ? attn::Elem::F16 : t == GgmlType::BF16 ? attn::Elem::Bf16 : attn::Elem::F32;
+    };
+    const attn::Elem ke = elem(s.type_k), ve = elem(s.type_v);
+    const size_t kb = attn::elem_bytes(ke), vb = attn::elem_bytes(ve);  // bytes per element
     auto make_block = [&](int64_t i) {
         const int64_t qb = n_qb - 1 - i / (ns * n_gb);
         const int g0 = int(i % n_gb) * ng;
@@ -99,8 +102,8 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
         b.q = q;
         b.k = static_cast<const char*>(k_cache) + size_t(g0) * size_t(hd) * kb;
         b.v = static_cast<const char*>(v_cache) + size_t(g0) * size_t(hd) * vb;
-        b.k_f16 = k16;
-        b.v_f16 = v16;
+        b.k_elem = ke;
+        b.v_elem = ve;
         b.kv_stride = int64_t(n_kv) * hd;
         b.n_head = s.n_head;
         b.hd = hd;

@@ -1,8 +1,8 @@
 // Causal GQA attention on the CPU, same contract as ref::attention (kernels/ref/attention.h):
 // query head h reads KV head h / (n_head / n_head_kv); token t (absolute position n_past + t)
-// sees cache rows [0, n_past + t]. The caches are fp32 or f16 (s.type_k, s.type_v); f16
-// elements are converted exactly to fp32 as they are read. fp32 accumulation; within 1e-5
-// relative of the reference on the same cache bytes.
+// sees cache rows [0, n_past + t]. The caches are fp32, f16 or bf16 (s.type_k, s.type_v);
+// 16-bit elements are converted exactly to fp32 as they are read. fp32 accumulation; within
+// 1e-5 relative of the reference on the same cache bytes.
 //
 // Flash-attention schedule (attention_block.h): the queries of one KV group and a few tokens
 // form a block that streams K/V tiles once for all its rows, with an online softmax, so no
@@ -19,7 +19,7 @@ namespace alloy::cpu {
 using ref::AttentionShape;
 
 // q: [T, n_head, head_dim] fp32; k_cache, v_cache: [n_ctx, n_head_kv, head_dim] of s.type_k /
-// s.type_v (F32 or F16, else alloy::Error) with rows [0, n_past + T) filled; out:
+// s.type_v (F32, F16 or BF16, else alloy::Error) with rows [0, n_past + T) filled; out:
 // [T, n_head, head_dim] fp32. Threads: the pool (thread_pool.h).
 void attention(const AttentionShape& s, const float* q, const void* k_cache,
                const void* v_cache, float* out, int64_t T, int64_t n_past);

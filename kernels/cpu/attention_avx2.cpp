@@ -1,6 +1,6 @@
 // AVX2 + FMA block of cpu::attention (head_dim % 8 == 0): the portable block's schedule
 // (run_block_rows, attention_scalar.cpp) with its per-row products in 8-lane vectors, for CPUs
-// without AVX-512. f16 tiles are converted once per tile with F16C (exact). Every row is computed on
+// without AVX-512. f16 and bf16 tiles are converted once per tile (F16C; a shift: exact). Every row is computed on
 // its own (scores of 4 keys at a time, each key's dot product in its own accumulator), so a
 // row's arithmetic does not depend on the block it is in: decode and verification get the same
 // bits (attention_block.h). The exponentials are scalar std::exp2, 32 per row and tile.
@@ -20,14 +20,17 @@ using avx2::hsum;
 
 // Rows [j0, j0 + nk) of a cache at element stride `stride`, as fp32 rows of hd: the cache
 // itself when fp32 (stride kept), else converted into buf (stride becomes hd).
-ALLOY_TARGET_AVX2 const float* tile(const void* cache, bool f16, int64_t j0, int nk, int64_t& stride, int hd,
+ALLOY_TARGET_AVX2 const float* tile(const void* cache, Elem e, int64_t j0, int nk, int64_t& stride, int hd,
                                     float* buf) {
-    if (!f16) return static_cast<const float*>(cache) + j0 * stride;
+    if (e == Elem::F32) return static_cast<const float*>(cache) + j0 * stride;
     const uint16_t* src = static_cast<const uint16_t*>(cache) + j0 * stride;
     for (int j = 0; j < nk; ++j)
-        for (int d = 0; d < hd; d += 8)
+        for (int d = 0; d < hd; d += 8) {
+            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * stride + d));
             _mm256_store_ps(buf + int64_t(j) * hd + d,
-                            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * stride + d))));
+                            e == Elem::F16 ? _mm256_cvtph_ps(h)
+                                           : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+        }
     stride = hd;
     return buf;
 }

@@ -45,13 +45,21 @@ ALLOY_TARGET_AVX512 inline __m512 reduce16(const __m512 (&v)[16]) {
                          _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// 16 consecutive elements of a cache row as fp32 (E = float, or uint16_t for IEEE half).
+// A bf16 cache element (an IEEE half is a plain uint16_t).
+struct Bf16 {
+    uint16_t bits;
+};
+
+// 16 consecutive elements of a cache row as fp32 (E = float, uint16_t for IEEE half, Bf16).
 template <class E>
 ALLOY_TARGET_AVX512 inline __m512 load16(const E* p) {
     if constexpr (std::is_same_v<E, float>)
         return _mm512_loadu_ps(p);
-    else
+    else if constexpr (std::is_same_v<E, uint16_t>)
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    else
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 
 // Software prefetch of the next key tile, spread over the compute of this one and issued in
@@ -271,13 +279,14 @@ ALLOY_TARGET_AVX512 inline void tile_softmax_t(const float* Qt, int hd, const fl
     }
 }
 
-// dst [nk, hd] = the fp32 values of nk half rows at stride `stride`; prefetches the next
+// dst [nk, hd] = the fp32 values of nk 16-bit rows at stride `stride`; prefetches the next
 // tile's rows as it goes.
-ALLOY_TARGET_AVX512 inline void convert_tile(const uint16_t* src, int nk, int64_t stride, int hd, float* dst,
+template <class E>
+ALLOY_TARGET_AVX512 inline void convert_tile(const E* src, int nk, int64_t stride, int hd, float* dst,
                                              TilePrefetch& tp) {
     for (int j = 0; j < nk; ++j)
         for (int d = 0; d < hd; d += 16) {
-            if (d % kLineElems<uint16_t> == 0) tp.touch();
+            if (d % kLineElems<E> == 0) tp.touch();
             _mm512_storeu_ps(dst + int64_t(j) * hd + d, load16(src + j * stride + d));
         }
 }
@@ -451,13 +460,23 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
         }
 }
 
+template <class EK>
+void run_block_v(const Block& b) {
+    switch (b.v_elem) {
+        case Elem::F32: return run_block<EK, float>(b);
+        case Elem::F16: return run_block<EK, uint16_t>(b);
+        case Elem::Bf16: return run_block<EK, Bf16>(b);
+    }
+}
+
 }  // namespace
 
 void run_block_avx512(const Block& b) {
-    if (b.k_f16)
-        b.v_f16 ? run_block<uint16_t, uint16_t>(b) : run_block<uint16_t, float>(b);
-    else
-        b.v_f16 ? run_block<float, uint16_t>(b) : run_block<float, float>(b);
+    switch (b.k_elem) {
+        case Elem::F32: return run_block_v<float>(b);
+        case Elem::F16: return run_block_v<uint16_t>(b);
+        case Elem::Bf16: return run_block_v<Bf16>(b);
+    }
 }
 
 }  // namespace alloy::cpu::attn

@@ -11,10 +11,10 @@
 // n_past + t0 + r / group. Scores are kept in the base-2 domain (q pre-scaled by
 // scale * log2(e)), so m is log2-based.
 //
-// The caches hold fp32 or f16 elements (k_f16, v_f16). An f16 tile is either converted inline
-// as it is loaded (one conversion shared by the rows of one register tile: decode) or, when
-// many row tiles reuse it (prefill), converted once into a per-thread fp32 tile. f16 -> fp32
-// is exact, so both give the same bits.
+// The caches hold fp32, f16 or bf16 elements (Block::k_elem, v_elem). A 16-bit tile is either
+// converted inline as it is loaded (one conversion shared by the rows of one register tile:
+// decode) or, when many row tiles reuse it (prefill), converted once into a per-thread fp32
+// tile. f16 -> fp32 and bf16 -> fp32 are exact, so both give the same bits.
 #pragma once
 #include <cstdint>
 
@@ -28,13 +28,17 @@ constexpr int kRowTile = 4;   // query rows per microkernel (4 rows x 4 keys = 1
 constexpr int kMaxPrefillRows = 64;
 static_assert(kKeyTile == 32, "the AVX-512 softmax holds one tile row in two zmm");
 
+// Element type of a cache.
+enum class Elem : uint8_t { F32, F16, Bf16 };
+inline int elem_bytes(Elem e) { return e == Elem::F32 ? 4 : 2; }
+
 struct Block {
     const float* q = nullptr;  // [T, n_head, hd] (whole batch)
     // K and V caches at the block's first KV head g0: key j of group gi starts at element
-    // j * kv_stride + gi * hd, fp32 or (k_f16 / v_f16) IEEE half.
+    // j * kv_stride + gi * hd, of type k_elem / v_elem.
     const void* k = nullptr;
     const void* v = nullptr;
-    bool k_f16 = false, v_f16 = false;
+    Elem k_elem = Elem::F32, v_elem = Elem::F32;
     int64_t kv_stride = 0;     // n_head_kv * hd (elements)
     int n_head = 0, hd = 0, group = 0, h0 = 0;  // h0 = g0 * group, first query head of the block
     int ng = 1;                // KV groups in the block
@@ -71,7 +75,7 @@ struct Block {
 struct RowOps {
     // Rows [j0, j0 + nk) of a cache as fp32 rows: the cache itself when fp32 (stride kept),
     // else converted into buf (stride becomes hd).
-    const float* (*tile)(const void* cache, bool f16, int64_t j0, int nk, int64_t& stride, int hd, float* buf);
+    const float* (*tile)(const void* cache, Elem e, int64_t j0, int nk, int64_t& stride, int hd, float* buf);
     void (*scale)(const float* src, float* dst, int hd, float f);                 // dst = src * f
     void (*scores)(const float* q, const float* K, int64_t ks, int nv, int hd, float* S);  // S[j] = q . K[j]
     // o = o * alpha + sum_j P[j] V[j], keys in order
@@ -84,7 +88,7 @@ void run_block_avx2(const Block& b);    // needs hd % 8 == 0
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0
 
 // Aligned per-thread scratch (grows, never shrinks; pool threads live for the process).
-// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of an f16 K and V tile; 6, 7: the
+// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of a 16-bit K and V tile; 6, 7: the
 // transposed path's Qt and row limits.
 float* scratch(int slot, int64_t n_floats);
 

@@ -1,7 +1,7 @@
 // Portable block of cpu::attention (any head_dim): the same tiled online softmax as the
 // AVX-512 block, row by row, as plain loops the compiler may vectorise for the baseline ISA.
 // The schedule (run_block_rows) is shared with the AVX2 block, which brings its own per-row
-// operations. f16 tiles are converted to fp32 once per tile (exactly, alloy::fp16_to_fp32).
+// operations. f16 and bf16 tiles are converted to fp32 once per tile (exactly).
 #include <algorithm>
 #include <cmath>
 
@@ -13,11 +13,14 @@ namespace {
 
 // Rows [j0, j0 + nk) of a cache at element stride `stride`, as fp32 rows of hd: the cache
 // itself when fp32 (stride kept), else converted into buf (stride becomes hd).
-const float* tile(const void* cache, bool f16, int64_t j0, int nk, int64_t& stride, int hd, float* buf) {
-    if (!f16) return static_cast<const float*>(cache) + j0 * stride;
+const float* tile(const void* cache, Elem e, int64_t j0, int nk, int64_t& stride, int hd, float* buf) {
+    if (e == Elem::F32) return static_cast<const float*>(cache) + j0 * stride;
     const uint16_t* src = static_cast<const uint16_t*>(cache) + j0 * stride;
     for (int j = 0; j < nk; ++j)
-        for (int d = 0; d < hd; ++d) buf[int64_t(j) * hd + d] = fp16_to_fp32(src[j * stride + d]);
+        for (int d = 0; d < hd; ++d) {
+            const uint16_t h = src[j * stride + d];
+            buf[int64_t(j) * hd + d] = e == Elem::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
+        }
     stride = hd;
     return buf;
 }
@@ -51,8 +54,8 @@ void run_block_rows(const Block& b, const RowOps& ops) {
     float* O = scratch(1, int64_t(NR) * hd);  // [NR, hd] unnormalised output
     float* S = scratch(2, kKeyTile);          // [kKeyTile] one row's scores, then probabilities
     float* ml = scratch(3, 2 * int64_t(NR));  // [NR, 2] running max (log2 units), running sum
-    float* kbuf = b.k_f16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;
-    float* vbuf = b.v_f16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
+    float* kbuf = b.k_elem != Elem::F32 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;
+    float* vbuf = b.v_elem != Elem::F32 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
     const float qs = b.scale * 1.44269504088896341f;
     for (int gi = 0; gi < ng; ++gi)
         for (int r = 0; r < R; ++r) {
@@ -63,15 +66,15 @@ void run_block_rows(const Block& b, const RowOps& ops) {
         }
     std::fill(O, O + int64_t(NR) * hd, 0.0f);
 
-    const size_t kb = b.k_f16 ? 2 : 4, vb = b.v_f16 ? 2 : 4;
+    const size_t kb = elem_bytes(b.k_elem), vb = elem_bytes(b.v_elem);
     const int64_t key_end = std::min(b.key_end, b.limit(R - 1) + 1);
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
         const int nk = int(std::min<int64_t>(kKeyTile, key_end - j0));
         for (int gi = 0; gi < ng; ++gi) {
             int64_t ks = b.kv_stride, vs = b.kv_stride;
-            const float* K = ops.tile(static_cast<const char*>(b.k) + size_t(gi) * size_t(hd) * kb, b.k_f16, j0, nk,
+            const float* K = ops.tile(static_cast<const char*>(b.k) + size_t(gi) * size_t(hd) * kb, b.k_elem, j0, nk,
                                       ks, hd, kbuf);
-            const float* V = ops.tile(static_cast<const char*>(b.v) + size_t(gi) * size_t(hd) * vb, b.v_f16, j0, nk,
+            const float* V = ops.tile(static_cast<const char*>(b.v) + size_t(gi) * size_t(hd) * vb, b.v_elem, j0, nk,
                                       vs, hd, vbuf);
             for (int r = 0; r < R; ++r) {
                 const int nv = int(std::clamp<int64_t>(b.limit(r) + 1 - j0, 0, nk));  // causal

@@ -6,6 +6,7 @@
 #include "alloy/error.h"
 #include "format/quant.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/vec_math_avx512.h"
 
 namespace alloy::cpu {
@@ -38,6 +39,12 @@ void kv_store(const float* src, void* dst, GgmlType type, int64_t n, Isa isa) {
         for_chunks(n, 1, [&](int64_t b, int64_t e) {
             std::memcpy(static_cast<float*>(dst) + b, src + b, size_t(e - b) * sizeof(float));
         });
+        return;
+    }
+    if (type == GgmlType::BF16) {  // the matmul's activation converters (the same rounding)
+        auto fn = isa >= Isa::Avx512 ? mm::to_bf16_avx512 : mm::to_bf16_scalar;
+        uint16_t* d = static_cast<uint16_t*>(dst);
+        for_chunks(n, 1, [&](int64_t b, int64_t e) { fn(src + b, e - b, d + b); });
         return;
     }
     if (type != GgmlType::F16)

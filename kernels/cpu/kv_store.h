@@ -10,7 +10,7 @@
 
 namespace alloy::cpu {
 
-// dst[0..n) = src[0..n) as `type` (F32 or F16; throws otherwise). Large n runs on the pool.
+// dst[0..n) = src[0..n) as `type` (F32, F16 or BF16; throws otherwise). Large n runs on the pool.
 void kv_store(const float* src, void* dst, GgmlType type, int64_t n);
 // Same on an explicit ISA path (tests); Avx2 runs the portable path.
 void kv_store(const float* src, void* dst, GgmlType type, int64_t n, Isa isa);

@@ -13,7 +13,7 @@ namespace alloy::ref {
 void attention(const AttentionShape& s, const float* q, const void* k_cache,
                const void* v_cache, float* out, int64_t T, int64_t n_past) {
     if (!kv_type_supported(s.type_k) || !kv_type_supported(s.type_v))
-        throw Error("attention: KV cache types must be f32 or f16");
+        throw Error("attention: KV cache types must be f32, f16 or bf16");
     const int group = s.n_head / s.n_head_kv;
     const int64_t kv_stride = int64_t(s.n_head_kv) * s.head_dim;
     // The cache rows this call reads, as fp32 (exact for f16).

@@ -1,8 +1,8 @@
 // cpu::attention: every ISA path this CPU has, called explicitly, against ref::attention on
 // random inputs over head_dim {256, 64} x heads {8/2, 6/3, 4/4} x T {1, 2, 7, 63, 64, 65, 200}
-// x n_past {0, 1, 37, 300} x KV cache {f32, f16}; plus mixed K/V cache types, long decode,
+// x n_past {0, 1, 37, 300} x KV cache {f32, f16, bf16}; plus mixed K/V cache types, long decode,
 // peaky scores, odd head_dim and other thread counts. Both sides read the same cache bytes
-// (an f16 cache holds the rounded values, so the reference defines the math on them). Outputs
+// (a 16-bit cache holds the rounded values, so the reference defines the math on them). Outputs
 // start NaN-poisoned, cache rows past n_past + T are NaN (never to be read).
 // Tolerance per output row: relative L2 error <= 1e-5.
 #include <gtest/gtest.h>
@@ -42,10 +42,10 @@ Case with_types(Case c, GgmlType k, GgmlType v) {
 
 // A cache of `type` holding `vals` (fp32 values; NaN stays NaN), as bytes.
 std::vector<uint8_t> cache_bytes(const std::vector<float>& vals, GgmlType type) {
-    std::vector<uint8_t> out(vals.size() * (type == GgmlType::F16 ? 2 : 4));
+    std::vector<uint8_t> out(vals.size() * (type == GgmlType::F32 ? 4 : 2));
     for (size_t i = 0; i < vals.size(); ++i) {
-        if (type == GgmlType::F16) {
-            const uint16_t h = fp32_to_fp16(vals[i]);
+        if (type != GgmlType::F32) {
+            const uint16_t h = type == GgmlType::F16 ? fp32_to_fp16(vals[i]) : fp32_to_bf16(vals[i]);
             std::memcpy(out.data() + 2 * i, &h, 2);
         } else {
             std::memcpy(out.data() + 4 * i, &vals[i], 4);
@@ -105,12 +105,12 @@ double check(const Case& c, uint32_t seed) {
     return worst;
 }
 
-constexpr GgmlType F32 = GgmlType::F32, F16 = GgmlType::F16;
+constexpr GgmlType F32 = GgmlType::F32, F16 = GgmlType::F16, BF16 = GgmlType::BF16;
 
 TEST(Attention, CpuMatchesReferenceOnTheGrid) {
     uint32_t seed = 1;
     double worst = 0;
-    for (GgmlType t : {F32, F16})
+    for (GgmlType t : {F32, F16, BF16})
         for (int hd : {256, 64})
             for (auto [nh, nkv] : {std::pair{8, 2}, std::pair{6, 3}, std::pair{4, 4}})
                 for (int64_t T : {1, 2, 7, 63, 64, 65, 200})
@@ -121,7 +121,8 @@ TEST(Attention, CpuMatchesReferenceOnTheGrid) {
 
 // K and V caches of different types (each tile path converts its own operand).
 TEST(Attention, MixedCacheTypes) {
-    for (auto [tk, tv] : {std::pair{F16, F32}, std::pair{F32, F16}}) {
+    for (auto [tk, tv] : {std::pair{F16, F32}, std::pair{F32, F16}, std::pair{BF16, F16}, std::pair{F32, BF16},
+                          std::pair{BF16, F32}}) {
         check(with_types({8, 2, 256, 1, 777}, tk, tv), 401);
         check(with_types({8, 2, 256, 65, 37}, tk, tv), 402);
         check(with_types({6, 3, 80, 9, 50}, tk, tv), 403);
@@ -131,7 +132,7 @@ TEST(Attention, MixedCacheTypes) {
 
 // Long decode: many key splits merged; peaky scores exercise the running-max rescale.
 TEST(Attention, LongDecodeAndPeakyScores) {
-    for (GgmlType t : {F32, F16}) {
+    for (GgmlType t : {F32, F16, BF16}) {
         check(with_types({8, 2, 256, 1, 4096}, t, t), 101);
         check(with_types({16, 4, 256, 1, 2000}, t, t), 102);
         check(with_types({24, 4, 256, 3, 1500}, t, t), 103);
@@ -145,7 +146,7 @@ TEST(Attention, LongDecodeAndPeakyScores) {
 // Short batches over a long cache: few query blocks, so the keys are split and every block
 // takes all KV groups; the last query block is partial (T not a multiple of its tokens).
 TEST(Attention, SplitKeysWithPartialQueryBlocks) {
-    for (GgmlType t : {F32, F16}) {
+    for (GgmlType t : {F32, F16, BF16}) {
         check(with_types({8, 2, 256, 9, 700}, t, t), 501);
         check(with_types({8, 2, 256, 13, 300}, t, t), 502);
         check(with_types({6, 3, 40, 20, 400}, t, t), 503);   // portable path
@@ -157,7 +158,7 @@ TEST(Attention, SplitKeysWithPartialQueryBlocks) {
 // head_dim 80 (AVX-512 column tail), 40 (not a multiple of 16: AVX2 on the AVX-512 path) and
 // 36 (not a multiple of 8: the portable fallback on both vector paths).
 TEST(Attention, OddHeadDims) {
-    for (GgmlType t : {F32, F16}) {
+    for (GgmlType t : {F32, F16, BF16}) {
         check(with_types({8, 2, 80, 33, 17}, t, t), 201);
         check(with_types({4, 2, 36, 5, 40}, t, t), 205);
         check(with_types({6, 3, 40, 9, 50}, t, t), 202);
@@ -171,7 +172,7 @@ TEST(Attention, OtherThreadCounts) {
     const int before = cpu::n_threads();
     for (int n : {1, 3}) {
         cpu::set_n_threads(n);
-        for (GgmlType t : {F32, F16}) {
+        for (GgmlType t : {F32, F16, BF16}) {
             check(with_types({8, 2, 256, 1, 1234}, t, t), 300 + n);
             check(with_types({8, 2, 256, 7, 300}, t, t), 310 + n);
             check(with_types({6, 3, 64, 65, 37}, t, t), 320 + n);

@@ -191,28 +191,39 @@ TEST(SmallOps, KvStore) {
                     std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                     std::numeric_limits<float>::quiet_NaN()})
         special.push_back(f);
+    // bf16 ties (low half 0x8000) on both sides of even, and a bf16 NaN whose payload is in
+    // the low half only (truncation would make it infinity).
+    for (uint32_t bits : {0x3F808000u, 0x3F818000u, 0xC0FF8000u, 0x7F808001u, 0x007F8000u}) {
+        float f;
+        std::memcpy(&f, &bits, 4);
+        special.push_back(f);
+    }
     auto random = uniform(1024 * 70 + 13, -70000, 70000, 900);
     for (size_t i = 0; i < random.size(); i += 3) random[i] *= 1e-4f;
-    for (const auto* src : {&special, &random}) {
-        for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(src->size())}) {
-            n = std::min<int64_t>(n, int64_t(src->size()));
-            std::vector<uint16_t> want(static_cast<size_t>(n));
-            ref::kv_store(src->data(), want.data(), GgmlType::F16, n);
-            for (Isa isa : isas()) {
-                std::vector<uint16_t> got(static_cast<size_t>(n) + 1, uint16_t(0xABCD));
-                cpu::kv_store(src->data(), got.data(), GgmlType::F16, n, isa);
-                EXPECT_EQ(got.back(), 0xABCD) << "wrote past the end";
-                got.pop_back();
-                for (int64_t i = 0; i < n; ++i)
-                    ASSERT_EQ(got[size_t(i)], want[size_t(i)])
-                        << cpu::isa_name(isa) << " n=" << n << " at " << i << " x=" << (*src)[size_t(i)];
+    for (GgmlType type : {GgmlType::F16, GgmlType::BF16})
+        for (const auto* src : {&special, &random}) {
+            for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(src->size())}) {
+                n = std::min<int64_t>(n, int64_t(src->size()));
+                std::vector<uint16_t> want(static_cast<size_t>(n));
+                ref::kv_store(src->data(), want.data(), type, n);
+                for (Isa isa : isas()) {
+                    std::vector<uint16_t> got(static_cast<size_t>(n) + 1, uint16_t(0xABCD));
+                    cpu::kv_store(src->data(), got.data(), type, n, isa);
+                    EXPECT_EQ(got.back(), 0xABCD) << "wrote past the end";
+                    got.pop_back();
+                    for (int64_t i = 0; i < n; ++i)
+                        ASSERT_EQ(got[size_t(i)], want[size_t(i)]) << type_traits(type).name << " " << cpu::isa_name(isa)
+                                                                   << " n=" << n << " at " << i << " x=" << (*src)[size_t(i)];
+                }
             }
         }
-    }
+    uint16_t tie;  // 1 + 2^-8 is halfway between two bf16: to even (1.0)
+    ref::kv_store(std::vector<float>{1.00390625f}.data(), &tie, GgmlType::BF16, 1);
+    EXPECT_EQ(tie, 0x3F80);
     std::vector<float> f32(random.size(), NAN);
     cpu::kv_store(random.data(), f32.data(), GgmlType::F32, int64_t(random.size()));
     EXPECT_EQ(f32, random);
-    EXPECT_THROW(cpu::kv_store(random.data(), f32.data(), GgmlType::BF16, 4), std::exception);
+    EXPECT_THROW(cpu::kv_store(random.data(), f32.data(), GgmlType::Q8_0, 4), std::exception);
 }
 
 }  // namespace

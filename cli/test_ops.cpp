@@ -369,9 +369,18 @@ AttnIn make_attn_in(const AttnCase& c, uint32_t seed) {
     return in;
 }
 
+alloy::ref::AttentionShape attn_shape(const AttnCase& c) {
+    return {c.n_head, c.n_head_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.type_k, c.type_v};
+}
+
+// The bf16-products prefill path of bf16 caches rounds q and the probabilities to bf16
+// (kernels/cpu/attention.h): nmse up to 1e-4 there (row errors ~1e-3 to 6e-3).
+double attn_threshold(const AttnCase& c, cpu::Isa isa) {
+    return cpu::attention_uses_bf16_products(attn_shape(c), c.T, isa) ? 1e-4 : kMaxNmseF32;
+}
+
 Tensors attn_run(const AttnIn& in, cpu::Isa isa, bool reference) {
-    const alloy::ref::AttentionShape s{in.c.n_head, in.c.n_head_kv, in.c.hd, 1.0f / std::sqrt(float(in.c.hd)),
-                                       in.c.type_k, in.c.type_v};
+    const alloy::ref::AttentionShape s = attn_shape(in.c);
     std::vector<float> out(in.q.size(), NAN);
     if (reference) alloy::ref::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past);
     else cpu::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past, isa);
@@ -488,9 +497,11 @@ Tensors add_run(const SmallIn& in, cpu::Isa isa, bool reference) {
 }
 
 // Runs the reference once per case and every variant against it (run_op for any case type).
+// max_nmse: the op's threshold for a case on an ISA path (nullptr: kMaxNmseF32 everywhere).
 template <class In, class Case>
 void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(const Case&, uint32_t),
-                   std::string (*label)(const Case&), Tensors (*run)(const In&, cpu::Isa, bool), Tally& tally) {
+                   std::string (*label)(const Case&), Tensors (*run)(const In&, cpu::Isa, bool), Tally& tally,
+                   double (*threshold)(const Case&, cpu::Isa) = nullptr) {
     uint32_t seed = 1000;
     for (const Case& c : cases) {
         const In in = make(c, seed++);
@@ -502,11 +513,12 @@ void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(co
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             std::string worst;
             const double nmse = max_nmse(got, want, worst);
-            const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
+            const double limit = threshold ? threshold(c, isa) : kMaxNmseF32;
+            const bool ok = std::isfinite(nmse) && nmse <= limit;
             ++tally.run;
             tally.passed += ok ? 1 : 0;
             std::printf("%s(variant=%s,%s): %s nmse=%.1e", op, name, label(c).c_str(), ok ? "OK" : "FAIL", nmse);
-            if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
+            if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), limit);
             std::printf("  [%.2f ms]\n", ms);
             std::fflush(stdout);
         }
@@ -519,7 +531,8 @@ const std::vector<std::string> kKernelOps{"ATTENTION", "KV_STORE",         "RMS_
 void run_kernel_ops(const Options& o, Tally& tally) {
     auto want = [&](const char* op) { return o.op.empty() || o.op == op; };
     if (want("ATTENTION"))
-        run_kernel_op<AttnIn, AttnCase>("ATTENTION", attn_cases(o), make_attn_in, attn_label, attn_run, tally);
+        run_kernel_op<AttnIn, AttnCase>("ATTENTION", attn_cases(o), make_attn_in, attn_label, attn_run, tally,
+                                        attn_threshold);
     const int64_t Tbig = o.quick ? 65 : 512;  // prefill-sized rows
     if (want("KV_STORE"))  // one decode row, an odd tail, a prefill piece (n = n_kv * hd = 512)
         run_kernel_op<SmallIn, SmallCase>("KV_STORE", {{1, 512}, {1, 1031}, {Tbig, 512}}, make_small_in, small_label,

@@ -11,6 +11,7 @@
 
 #include "alloy/error.h"
 #include "kernels/cpu/attention_block.h"
+#include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/kv_store.h"
 
@@ -18,7 +19,7 @@ namespace alloy::cpu {
 namespace attn {
 
 float* scratch(int slot, int64_t n_floats) {
-    thread_local std::vector<float> bufs[8];
+    thread_local std::vector<float> bufs[10];
     std::vector<float>& b = bufs[slot];
     if (int64_t(b.size()) < n_floats + 16) b.resize(size_t(n_floats + 16));
     const uintptr_t p = reinterpret_cast<uintptr_t>(b.data());
@@ -186,6 +187,11 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache, con
         const float inv = 1.0f / l;
         for (int d = 0; d < hd; ++d) dst[d] *= inv;
     });
+}
+
+bool attention_uses_bf16_products(const AttentionShape& s, int64_t T, Isa isa) {
+    return std::min(isa, active_isa()) >= Isa::Avx512 && s.head_dim % 16 == 0 && T > kVerifyTokens &&
+           s.type_k == GgmlType::BF16 && s.type_v == GgmlType::BF16 && mm::cpu_has_avx512_bf16();
 }
 
 void attention(const AttentionShape& s, const float* q, const void* k_cache, const void* v_cache,

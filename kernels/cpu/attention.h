@@ -2,7 +2,10 @@
 // query head h reads KV head h / (n_head / n_head_kv); token t (absolute position n_past + t)
 // sees cache rows [0, n_past + t]. The caches are fp32, f16 or bf16 (s.type_k, s.type_v);
 // 16-bit elements are converted exactly to fp32 as they are read. fp32 accumulation; within
-// 1e-5 relative of the reference on the same cache bytes.
+// 1e-5 relative of the reference on the same cache bytes. One exception, by choice of cache:
+// prefill (T > 4) with bf16 K and V on AVX512-BF16 rounds Q and the probabilities to bf16 and
+// multiplies in bf16 pairs (fp32 sums), as GPU flash attention does with a bf16 cache: ~2x
+// the products per instruction, ~1e-3 relative error (attention_uses_bf16_products).
 //
 // Flash-attention schedule (attention_block.h): the queries of one KV group and a few tokens
 // form a block that streams K/V tiles once for all its rows, with an online softmax, so no
@@ -28,5 +31,9 @@ void attention(const AttentionShape& s, const float* q, const void* k_cache,
 // Avx2 head_dim % 8 == 0; each falls back to the next path below otherwise.
 void attention(const AttentionShape& s, const float* q, const void* k_cache,
                const void* v_cache, float* out, int64_t T, int64_t n_past, Isa isa);
+
+// Whether a call of T tokens on this ISA path takes the bf16-products prefill path above
+// (tests pick their tolerance from it). Decode and verification (T <= 4) never do.
+bool attention_uses_bf16_products(const AttentionShape& s, int64_t T, Isa isa);
 
 }  // namespace alloy::cpu

@@ -245,14 +245,12 @@ ALLOY_TARGET_AVX512 __attribute__((noinline)) void qk_keys8_t(const float* Qt, i
     }
 }
 
-// One key tile of the transposed path: scores of keys [j0, j0 + nk) into PT [kKeyTile][kLanes],
-// then the online softmax per lane. lim[lane]: the last key the lane's row may see (-1 for
-// pad lanes). PT becomes the probabilities, zero where a key is not visible; m, l, alpha
-// [kLanes] as in run_block (alpha = 1 for a lane that sees no key of this tile).
-ALLOY_TARGET_AVX512 inline void tile_softmax_t(const float* Qt, int hd, const float* K, int64_t ks, int nk,
-                                               int64_t j0, const int32_t* lim, float* PT, float* m, float* l,
-                                               float* alpha) {
-    for (int j = 0; j < nk; j += 8) qk_keys8_t(Qt, hd, K + j * ks, ks, PT + j * kLanes);  // keys >= nk: masked below
+// The online softmax step of the transposed path on the scores PT [kKeyTile][kLanes] of keys
+// [j0, j0 + nk). lim[lane]: the last key the lane's row may see (-1 for pad lanes). PT
+// becomes the probabilities, zero where a key is not visible; m, l, alpha [kLanes] as in
+// run_block (alpha = 1 for a lane that sees no key of this tile).
+ALLOY_TARGET_AVX512 inline void softmax_t(int nk, int64_t j0, const int32_t* lim, float* PT, float* m, float* l,
+                                          float* alpha) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int v = 0; v < 2; ++v) {
         const __m512i L = _mm512_load_si512(lim + 16 * v);
@@ -279,6 +277,14 @@ ALLOY_TARGET_AVX512 inline void tile_softmax_t(const float* Qt, int hd, const fl
     }
 }
 
+// One key tile of the transposed path: scores of keys [j0, j0 + nk) into PT, then softmax_t.
+ALLOY_TARGET_AVX512 inline void tile_softmax_t(const float* Qt, int hd, const float* K, int64_t ks, int nk,
+                                               int64_t j0, const int32_t* lim, float* PT, float* m, float* l,
+                                               float* alpha) {
+    for (int j = 0; j < nk; j += 8) qk_keys8_t(Qt, hd, K + j * ks, ks, PT + j * kLanes);  // keys >= nk: masked below
+    softmax_t(nk, j0, lim, PT, m, l, alpha);
+}
+
 // dst [nk, hd] = the fp32 values of nk 16-bit rows at stride `stride`; prefetches the next
 // tile's rows as it goes.
 template <class E>
@@ -289,6 +295,120 @@ ALLOY_TARGET_AVX512 inline void convert_tile(const E* src, int nk, int64_t strid
             if (d % kLineElems<E> == 0) tp.touch();
             _mm512_storeu_ps(dst + int64_t(j) * hd + d, load16(src + j * stride + d));
         }
+}
+
+// ---------------------------------------------------------------------------------------
+// bf16 prefill path (transposed blocks with bf16 K and V caches, on AVX512-BF16): the same
+// schedule with vdpbf16ps, two products per lane and instruction instead of one FMA's one,
+// as GPU flash attention computes: Q and the probabilities P are rounded to bf16 for the two
+// products, the sums, softmax and output stay fp32. K and V are already bf16 (no rounding).
+// Operands hold bf16 pairs in 32-bit lanes (lo | hi << 16): Qtb [hd/2][kLanes] (dims d, d+1
+// of every lane's query), Kb [keys][hd] (the cache rows, whose dims come in pairs already),
+// Pb [keys/2][kLanes] and Vb [keys/2][hd] (keys j, j+1). Decode and verification (the grid)
+// keep the exact fp32 path, so they still reproduce each other bit for bit.
+
+// Lanes of lo and hi rounded to bf16 and paired: lo | hi << 16.
+ALLOY_TARGET_AVX512 inline __m512i pack_pairs(__m512 lo, __m512 hi) {
+    const __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+    const __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+    return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+// Qtb from the transposed fp32 queries Qt [hd][kLanes] (hd even).
+ALLOY_TARGET_AVX512 void pack_qt_bf16(const float* Qt, int hd, uint32_t* Qtb) {
+    for (int d = 0; d < hd; d += 2)
+        for (int h = 0; h < kLanes; h += 16)
+            _mm512_store_si512(Qtb + (d / 2) * kLanes + h,
+                               pack_pairs(_mm512_load_ps(Qt + d * kLanes + h), _mm512_load_ps(Qt + (d + 1) * kLanes + h)));
+}
+
+// Kb: nk cache rows copied, then zero rows up to a multiple of 8 keys (the QK kernel's step;
+// cache rows past the block's keys may be unbacked, so they are never read).
+ALLOY_TARGET_AVX512 void copy_k_bf16(const Bf16* K, int nk, int64_t ks, int hd, uint16_t* Kb) {
+    for (int j = 0; j < nk; ++j)
+        for (int d = 0; d < hd; d += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(Kb + j * hd + d),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(K + j * ks + d)));
+    for (int j = nk; j % 8; ++j)
+        for (int d = 0; d < hd; d += 16)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(Kb + j * hd + d), _mm256_setzero_si256());
+}
+
+// PT[j][lane] = sum over d of K[j][d] Q[lane][d] for 8 keys, in bf16 pairs.
+ALLOY_TARGET_AVX512 __attribute__((noinline)) void qk_keys8_bf16(const uint32_t* Qtb, int hd, const uint16_t* Kb,
+                                                                 float* PT) {
+    __m512 acc[8][2];
+    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+    for (int dp = 0; dp < hd / 2; ++dp) {
+        const __m512bh q0 = (__m512bh)_mm512_load_si512(Qtb + dp * kLanes);
+        const __m512bh q1 = (__m512bh)_mm512_load_si512(Qtb + dp * kLanes + 16);
+        for (int j = 0; j < 8; ++j) {
+            uint32_t kp;
+            __builtin_memcpy(&kp, Kb + j * hd + 2 * dp, 4);
+            const __m512bh k = (__m512bh)_mm512_set1_epi32(int(kp));
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], k, q0);
+            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], k, q1);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        _mm512_store_ps(PT + j * kLanes, acc[j][0]);
+        _mm512_store_ps(PT + j * kLanes + 16, acc[j][1]);
+    }
+}
+
+// Vb from nk cache rows (an odd last key paired with zeros); one tp.touch() per cache line.
+ALLOY_TARGET_AVX512 void pair_v_bf16(const Bf16* V, int nk, int64_t vs, int hd, uint32_t* Vb, TilePrefetch& tp) {
+    for (int j = 0; j < nk; j += 2)
+        for (int d = 0; d < hd; d += 16) {
+            if (d % 32 == 0) tp.touch();
+            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(V + j * vs + d)));
+            const __m512i hi =
+                j + 1 < nk ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(V + (j + 1) * vs + d)))
+                           : _mm512_setzero_si512();
+            _mm512_store_si512(Vb + (j / 2) * hd + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+}
+
+// Pb from the probabilities PT [kKeyTile][kLanes] of nk keys (an odd last key paired with 0).
+ALLOY_TARGET_AVX512 void pair_p_bf16(const float* PT, int nk, uint32_t* Pb) {
+    for (int j = 0; j < nk; j += 2)
+        for (int h = 0; h < kLanes; h += 16) {
+            const __m512 hi = j + 1 < nk ? _mm512_load_ps(PT + (j + 1) * kLanes + h) : _mm512_setzero_ps();
+            _mm512_store_si512(Pb + (j / 2) * kLanes + h, pack_pairs(_mm512_load_ps(PT + j * kLanes + h), hi));
+        }
+}
+
+// O[r] = alpha[r] O[r] + sum over key pairs of Pb[jp][r] . Vb[jp] for 4 lanes r, columns
+// [c0, c0 + 16 NC).
+template <int NC>
+ALLOY_TARGET_AVX512 inline void pv_cols_bf16(const uint32_t* Pb, int np, const uint32_t* Vb, float* O, int hd,
+                                             const float* alpha, int c0) {
+    __m512 acc[4][NC];
+    for (int r = 0; r < 4; ++r) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+        for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_mul_ps(a, _mm512_loadu_ps(O + r * hd + c0 + 16 * c));
+    }
+    for (int jp = 0; jp < np; ++jp) {
+        __m512bh vv[NC];
+        for (int c = 0; c < NC; ++c) vv[c] = (__m512bh)_mm512_load_si512(Vb + jp * hd + c0 + 16 * c);
+        for (int r = 0; r < 4; ++r) {
+            const __m512bh p = (__m512bh)_mm512_set1_epi32(int(Pb[jp * kLanes + r]));
+            for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p, vv[c]);
+        }
+    }
+    for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < NC; ++c) _mm512_storeu_ps(O + r * hd + c0 + 16 * c, acc[r][c]);
+}
+
+// One lane set: O [kLanes, hd] = alpha O + P V.
+ALLOY_TARGET_AVX512 void pv_lanes_bf16(const uint32_t* Pb, int np, const uint32_t* Vb, float* O, int hd,
+                                       const float* alpha) {
+    for (int r = 0; r < kLanes; r += kRowTile) {
+        int c0 = 0;
+        for (; c0 + 64 <= hd; c0 += 64) pv_cols_bf16<4>(Pb + r, np, Vb, O + r * hd, hd, alpha + r, c0);
+        for (; c0 < hd; c0 += 16) pv_cols_bf16<1>(Pb + r, np, Vb, O + r * hd, hd, alpha + r, c0);
+    }
 }
 
 // A tile is converted once (instead of inline by every row tile) from this many row tiles on.
@@ -313,8 +433,13 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
     float *m = st, *l = st + ng * Rp, *alpha = st + 2 * ng * Rp;
     float* Qt = transposed ? scratch(6, int64_t(ng) * Rp * hd) : nullptr;  // [hd][kLanes] per group and lane set
     int32_t* lim = transposed ? reinterpret_cast<int32_t*>(scratch(7, Rp)) : nullptr;
-    float* Kt = k16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;  // fp32 copy of an f16 K tile
+    float* Kt = k16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;  // fp32 copy of a 16-bit K tile
     float* Vt = v16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
+    // bf16 caches on AVX512-BF16: the transposed path in bf16 pairs (Kt and Vt hold Kb, Vb).
+    constexpr bool bf16_caches = std::is_same_v<EK, Bf16> && std::is_same_v<EV, Bf16>;
+    const bool bf16_dot = bf16_caches && transposed && mm::cpu_has_avx512_bf16();
+    uint32_t* Qtb = bf16_dot ? reinterpret_cast<uint32_t*>(scratch(8, int64_t(ng) * Rp * hd / 2)) : nullptr;
+    uint32_t* Pb = bf16_dot ? reinterpret_cast<uint32_t*>(scratch(9, int64_t(kKeyTile / 2) * kLanes)) : nullptr;
     const EK* Kc = static_cast<const EK*>(b.k);
     const EV* Vc = static_cast<const EV*>(b.v);
     const int64_t ks = b.kv_stride;
@@ -340,6 +465,9 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
             mm::store_transposed_avx512(Q + int64_t(gl) * kLanes * hd, hd, kLanes, hd, Qt + int64_t(gl) * hd * kLanes,
                                         kLanes, false);
         for (int r = 0; r < Rp; ++r) lim[r] = r < R ? int32_t(b.limit(r)) : -1;
+        if (bf16_dot)
+            for (int gl = 0; gl < ng * nl; ++gl)
+                pack_qt_bf16(Qt + int64_t(gl) * hd * kLanes, hd, Qtb + int64_t(gl) * hd / 2 * kLanes);
     }
 
     for (int64_t j0 = b.key_begin; j0 < key_end; j0 += kKeyTile) {
@@ -369,6 +497,25 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
                     // Lane sets before l_first see none of this tile (diagonal tiles): their
                     // state stays as it is.
                     const int l_first = r_first / kLanes;
+                    if constexpr (bf16_caches) {
+                        if (bf16_dot) {
+                            uint16_t* Kb = reinterpret_cast<uint16_t*>(Kt);
+                            uint32_t* Vb = reinterpret_cast<uint32_t*>(Vt);
+                            const int np = (nk + 1) / 2;
+                            copy_k_bf16(K, nk, ks, hd, Kb);
+                            pair_v_bf16(V, nk, ks, hd, Vb, next);
+                            for (int ls = l_first; ls < nl; ++ls) {
+                                const int o = ls * kLanes;
+                                float* PT = Sg + o * ld;
+                                const uint32_t* Qs = Qtb + (int64_t(gi) * nl + ls) * hd / 2 * kLanes;
+                                for (int j = 0; j < nk; j += 8) qk_keys8_bf16(Qs, hd, Kb + j * hd, PT + j * kLanes);
+                                softmax_t(nk, j0, lim + o, PT, mg + o, lg + o, ag + o);
+                                pair_p_bf16(PT, nk, Pb);
+                                pv_lanes_bf16(Pb, np, Vb, Og + int64_t(o) * hd, hd, ag + o);
+                            }
+                            continue;
+                        }
+                    }
                     // The next tile is prefetched during the first P V row tile (measured a
                     // little faster than a burst of it during the conversions).
                     convert_tile(K, nk, ks, hd, Kt, none);

@@ -88,8 +88,9 @@ void run_block_avx2(const Block& b);    // needs hd % 8 == 0
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0
 
 // Aligned per-thread scratch (grows, never shrinks; pool threads live for the process).
-// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of a 16-bit K and V tile; 6, 7: the
-// transposed path's Qt and row limits.
+// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of a 16-bit K and V tile (or the bf16
+// path's paired tiles); 6, 7: the transposed path's Qt and row limits; 8, 9: the bf16 path's
+// paired queries and probabilities.
 float* scratch(int slot, int64_t n_floats);
 
 }  // namespace alloy::cpu::attn

@@ -3,6 +3,7 @@
 
     python3 bench/cpu_vs_llama.py --llama-bench PATH/llama-bench --model M.gguf \
         [-p 512,4096] [-n 128] [-d 0,4096] [-r 5] [-t 2] [--alloy build/alloy] [--rounds 1]
+        [--cache-type f16|bf16|f32]
 
 llama.cpp is built by hand outside this repository (never committed, no build script here);
 pass its llama-bench binary. Both engines get the same tests, threads and repetitions; the
@@ -53,11 +54,14 @@ def main():
     ap.add_argument("-t", default="2")
     ap.add_argument("--gdn", default="chunked")
     ap.add_argument("--llama-args", default="", help="extra llama-bench args, e.g. '-fa 1'")
+    ap.add_argument("--cache-type", default="", help="KV cache type of K and V for both engines (-ctk/-ctv), e.g. bf16")
     ap.add_argument("--out", default="bench/last_run.json")
     ap.add_argument("--rounds", type=int, default=1, help="alternate the engines this many times and pool")
     a = ap.parse_args()
 
     common = ["-m", a.model, "-p", a.p, "-n", a.n, "-d", a.d, "-r", a.r, "-t", a.t, "-o", "json"]
+    if a.cache_type:
+        common += ["-ctk", a.cache_type, "-ctv", a.cache_type]
     rounds = []  # per round: (llama.cpp JSON, alloy JSON, {engine: peak RSS})
     for _ in range(a.rounds):
         # llama-bench runs an extra warm-up by default; switch it off so both report rep 1 as cold.

@@ -165,41 +165,36 @@ void rows_to_y(const WeightView& W, const int64_t* rows, const ActRows& a, int64
         for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + rows[s]] = out[s * NT + t];
 }
 
-// Row-dot contract (matmul_kernels.h): nr <= 4 neighbouring rows, one at a time.
-template <template <int, int> class R, int NT>
-void rowdot_nt(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
-    for (int64_t r = r0; r < r0 + nr; ++r) rows_to_y<R, 1, NT>(W, &r, a, t0, y, ldy);
+// f.template operator()<NT>() for the token count nt in 1..4 (the kernels' NT is compile-time).
+template <class F>
+void with_tokens(int nt, F&& f) {
+    switch (nt) {
+        case 1: return f.template operator()<1>();
+        case 2: return f.template operator()<2>();
+        case 3: return f.template operator()<3>();
+        default: return f.template operator()<4>();
+    }
 }
 
+// Row-dot contract (matmul_kernels.h): nr <= 4 neighbouring rows, one at a time.
 template <template <int, int> class R>
 void rowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
-    switch (nt) {
-        case 1: return rowdot_nt<R, 1>(W, r0, nr, a, t0, y, ldy);
-        case 2: return rowdot_nt<R, 2>(W, r0, nr, a, t0, y, ldy);
-        case 3: return rowdot_nt<R, 3>(W, r0, nr, a, t0, y, ldy);
-        default: return rowdot_nt<R, 4>(W, r0, nr, a, t0, y, ldy);
-    }
+    with_tokens(nt, [&]<int NT>() {
+        for (int64_t r = r0; r < r0 + nr; ++r) rows_to_y<R, 1, NT>(W, &r, a, t0, y, ldy);
+    });
 }
 
 // Decode GEMV contract (matmul_kernels.h): a long row range, kGemvStreams rows from distant
 // parts of it streamed side by side (matmul_gemv_rows.h) for 1 and 2 tokens; 3 and 4
 // (verification) keep one row at a time, their accumulators filling the 16 registers.
-template <template <int, int> class R, int NT>
-void gemv_nt(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
-    constexpr int NS = NT <= 2 ? kGemvStreams : 1;
-    stream_rows<NS>(
-        r0, nr, [&](const int64_t* rows) { rows_to_y<R, NS, NT>(W, rows, a, t0, y, ldy); },
-        [&](const int64_t* row) { rows_to_y<R, 1, NT>(W, row, a, t0, y, ldy); });
-}
-
 template <template <int, int> class R>
 void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
-    switch (nt) {
-        case 1: return gemv_nt<R, 1>(W, r0, nr, a, t0, y, ldy);
-        case 2: return gemv_nt<R, 2>(W, r0, nr, a, t0, y, ldy);
-        case 3: return gemv_nt<R, 3>(W, r0, nr, a, t0, y, ldy);
-        default: return gemv_nt<R, 4>(W, r0, nr, a, t0, y, ldy);
-    }
+    with_tokens(nt, [&]<int NT>() {
+        constexpr int NS = NT <= 2 ? kGemvStreams : 1;
+        stream_rows<NS>(
+            r0, nr, [&](const int64_t* rows) { rows_to_y<R, NS, NT>(W, rows, a, t0, y, ldy); },
+            [&](const int64_t* row) { rows_to_y<R, 1, NT>(W, row, a, t0, y, ldy); });
+    });
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "alloy/error.h"
 #include "tests/kernels/isa_paths.h"
+#include "tests/logits_error.h"
 #include "kernels/cpu/attention.h"
 #include "format/quant.h"
 #include "kernels/cpu/thread_pool.h"
@@ -190,28 +191,33 @@ TEST(Attention, OtherThreadCounts) {
     cpu::set_n_threads(before);
 }
 
+// q [T, n_head, hd] and fp32 K, V rows [n_past + T, n_kv, hd] ~ N(0, 1).
+struct Qkv {
+    std::vector<float> q, k, v;
+};
+Qkv random_qkv(const Case& c, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t kvw = int64_t(c.n_head_kv) * c.hd, n = c.n_past + c.T;
+    Qkv x{std::vector<float>(size_t(c.T * c.n_head * c.hd)), std::vector<float>(size_t(n * kvw)), {}};
+    x.v.resize(x.k.size());
+    for (auto* t : {&x.q, &x.k, &x.v})
+        for (auto& e : *t) e = nd(rng);
+    return x;
+}
+
 // An f16 cache really holds rounded values: the result differs from the fp32-cache one by
 // about the f16 rounding (2^-11 relative per element), neither 0 nor much more.
 TEST(Attention, F16CacheIsRoundedNotFp32) {
     const Case c{8, 2, 256, 1, 500};
-    std::mt19937 rng(77);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int64_t kvw = int64_t(c.n_head_kv) * c.hd, n = c.n_past + c.T;
-    std::vector<float> q(size_t(c.T * c.n_head * c.hd)), k(size_t(n * kvw)), v(k.size());
-    for (auto* x : {&q, &k, &v})
-        for (auto& e : *x) e = nd(rng);
+    const auto [q, k, v] = random_qkv(c, 77);
     ref::AttentionShape s{c.n_head, c.n_head_kv, c.hd, 1.0f / std::sqrt(float(c.hd))};
     std::vector<float> a(q.size()), b(q.size());
     cpu::attention(s, q.data(), k.data(), v.data(), a.data(), c.T, c.n_past);
     s.type_k = s.type_v = F16;
     const auto kc = cache_bytes(k, F16), vc = cache_bytes(v, F16);
     cpu::attention(s, q.data(), kc.data(), vc.data(), b.data(), c.T, c.n_past);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-        den += double(a[i]) * a[i];
-    }
-    const double rel = std::sqrt(num / den);
+    const double rel = test::max_row_rel_error(b, a, a.size());  // one row: the whole output
     EXPECT_GT(rel, 1e-5);
     EXPECT_LT(rel, 2e-3);
 }
@@ -224,22 +230,12 @@ TEST(Attention, Bf16CachePrefillUsesBf16Products) {
     ref::AttentionShape s{c.n_head, c.n_head_kv, c.hd, 1.0f / std::sqrt(float(c.hd)), BF16, BF16};
     if (!cpu::attention_uses_bf16_products(s, c.T, cpu::active_isa())) GTEST_SKIP() << "no AVX512-BF16 here";
     EXPECT_FALSE(cpu::attention_uses_bf16_products(s, 4, cpu::active_isa()));
-    std::mt19937 rng(78);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    const int64_t kvw = int64_t(c.n_head_kv) * c.hd, n = c.n_past + c.T;
-    std::vector<float> q(size_t(c.T * c.n_head * c.hd)), k(size_t(n * kvw)), v(k.size());
-    for (auto* x : {&q, &k, &v})
-        for (auto& e : *x) e = nd(rng);
+    const auto [q, k, v] = random_qkv(c, 78);
     const auto kc = cache_bytes(k, BF16), vc = cache_bytes(v, BF16);
     std::vector<float> fast(q.size()), exact(q.size());
     cpu::attention(s, q.data(), kc.data(), vc.data(), fast.data(), c.T, c.n_past, cpu::active_isa());
     cpu::attention(s, q.data(), kc.data(), vc.data(), exact.data(), c.T, c.n_past, Isa::Scalar);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < fast.size(); ++i) {
-        num += (double(fast[i]) - exact[i]) * (double(fast[i]) - exact[i]);
-        den += double(exact[i]) * exact[i];
-    }
-    const double rel = std::sqrt(num / den);
+    const double rel = test::max_row_rel_error(fast, exact, exact.size());
     EXPECT_GT(rel, 1e-4);
     EXPECT_LT(rel, 5e-3);
 }

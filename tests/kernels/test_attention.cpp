@@ -253,24 +253,26 @@ TEST(Attention, VerificationWidthsReproduceDecodeBitForBit) {
     for (auto& e : kf) e = nd(rng);
     for (auto& e : vf) e = nd(rng);
     for (auto& e : q) e = nd(rng);
-    const std::vector<uint8_t> kc = cache_bytes(kf, F16), vc = cache_bytes(vf, F16);
-    const ref::AttentionShape s{n_head, n_kv, hd, 1.0f / std::sqrt(float(hd)), F16, F16};
     const int saved = cpu::n_threads();
-    for (int threads : {1, 2, 3}) {
-        cpu::set_n_threads(threads);
-        for (Isa isa : isas())
-            for (int64_t P : {250, 253, 254, 255, 256, 511, 765, 766, 767, 1020, 1021, 2040, 2047})
-                for (int64_t T = 2; T <= 4; ++T) {
-                    std::vector<float> wide(size_t(T * n_head * hd), NAN);
-                    cpu::attention(s, q.data(), kc.data(), vc.data(), wide.data(), T, P, isa);
-                    for (int64_t t = 0; t < T; ++t) {
-                        std::vector<float> one(size_t(n_head * hd), NAN);
-                        cpu::attention(s, q.data() + t * n_head * hd, kc.data(), vc.data(), one.data(), 1, P + t, isa);
-                        ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + t * n_head * hd, one.size() * 4))
-                            << cpu::isa_name(isa) << " threads=" << threads << " n_past=" << P << " T=" << T
-                            << " t=" << t;
+    for (GgmlType type : {F16, BF16}) {  // bf16: decode keeps exact products (no bf16-products path)
+        for (int threads : {1, 2, 3}) {
+            const std::vector<uint8_t> kc = cache_bytes(kf, type), vc = cache_bytes(vf, type);
+            const ref::AttentionShape s{n_head, n_kv, hd, 1.0f / std::sqrt(float(hd)), type, type};
+            cpu::set_n_threads(threads);
+            for (Isa isa : isas())
+                for (int64_t P : {250, 253, 254, 255, 256, 511, 765, 766, 767, 1020, 1021, 2040, 2047})
+                    for (int64_t T = 2; T <= 4; ++T) {
+                        std::vector<float> wide(size_t(T * n_head * hd), NAN);
+                        cpu::attention(s, q.data(), kc.data(), vc.data(), wide.data(), T, P, isa);
+                        for (int64_t t = 0; t < T; ++t) {
+                            std::vector<float> one(size_t(n_head * hd), NAN);
+                            cpu::attention(s, q.data() + t * n_head * hd, kc.data(), vc.data(), one.data(), 1, P + t, isa);
+                            ASSERT_EQ(0, std::memcmp(one.data(), wide.data() + t * n_head * hd, one.size() * 4))
+                                << type_traits(type).name << " " << cpu::isa_name(isa) << " threads=" << threads
+                                << " n_past=" << P << " T=" << T << " t=" << t;
+                        }
                     }
-                }
+        }
     }
     cpu::set_n_threads(saved);
 }

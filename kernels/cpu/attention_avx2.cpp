@@ -24,13 +24,15 @@ ALLOY_TARGET_AVX2 const float* tile(const void* cache, Elem e, int64_t j0, int n
                                     float* buf) {
     if (e == Elem::F32) return static_cast<const float*>(cache) + j0 * stride;
     const uint16_t* src = static_cast<const uint16_t*>(cache) + j0 * stride;
-    for (int j = 0; j < nk; ++j)
-        for (int d = 0; d < hd; d += 8) {
-            const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * stride + d));
-            _mm256_store_ps(buf + int64_t(j) * hd + d,
-                            e == Elem::F16 ? _mm256_cvtph_ps(h)
-                                           : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-        }
+    auto halves = [&](int j, int d) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j * stride + d)); };
+    if (e == Elem::F16)
+        for (int j = 0; j < nk; ++j)
+            for (int d = 0; d < hd; d += 8) _mm256_store_ps(buf + int64_t(j) * hd + d, _mm256_cvtph_ps(halves(j, d)));
+    else  // bf16: the upper half of an fp32
+        for (int j = 0; j < nk; ++j)
+            for (int d = 0; d < hd; d += 8)
+                _mm256_store_ps(buf + int64_t(j) * hd + d,
+                                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves(j, d)), 16)));
     stride = hd;
     return buf;
 }

@@ -16,11 +16,12 @@ namespace {
 const float* tile(const void* cache, Elem e, int64_t j0, int nk, int64_t& stride, int hd, float* buf) {
     if (e == Elem::F32) return static_cast<const float*>(cache) + j0 * stride;
     const uint16_t* src = static_cast<const uint16_t*>(cache) + j0 * stride;
-    for (int j = 0; j < nk; ++j)
-        for (int d = 0; d < hd; ++d) {
-            const uint16_t h = src[j * stride + d];
-            buf[int64_t(j) * hd + d] = e == Elem::F16 ? fp16_to_fp32(h) : bf16_to_fp32(h);
-        }
+    if (e == Elem::F16)
+        for (int j = 0; j < nk; ++j)
+            for (int d = 0; d < hd; ++d) buf[int64_t(j) * hd + d] = fp16_to_fp32(src[j * stride + d]);
+    else
+        for (int j = 0; j < nk; ++j)
+            for (int d = 0; d < hd; ++d) buf[int64_t(j) * hd + d] = bf16_to_fp32(src[j * stride + d]);
     stride = hd;
     return buf;
 }

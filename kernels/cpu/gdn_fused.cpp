@@ -172,9 +172,6 @@ void conv_rows_portable(const ConvSeq& cs, int conv_dim, int K, const float* wT,
 // ---- AVX2 versions of the conv, the L2 norm and the gated norm (the rest of the op's
 // AVX2 path is portable, but for the chunked products: gdn_gemm.cpp).
 
-ALLOY_TARGET_AVX2 inline __m256 silu_avx2(__m256 x) { return _mm256_mul_ps(x, avx2::sigmoid(x)); }
-
-
 // conv_rows_portable, 8 channels at a time (FMA per tap, oldest first); a channel past the
 // last whole vector of [c0, c1) is always the portable one, whatever T.
 ALLOY_TARGET_AVX2 void conv_rows_avx2(const ConvSeq& cs, int conv_dim, int K, const float* wT, int t0, int t1, int c0,
@@ -186,7 +183,7 @@ ALLOY_TARGET_AVX2 void conv_rows_avx2(const ConvSeq& cs, int conv_dim, int K, co
             for (int tap = 0; tap < K; ++tap)
                 acc = _mm256_fmadd_ps(_mm256_loadu_ps(wT + (std::size_t)tap * conv_dim + c),
                                       _mm256_loadu_ps(cs.row(t - (K - 1) + tap, conv_dim, K) + c), acc);
-            _mm256_storeu_ps(u + (std::size_t)t * conv_dim + c, silu_avx2(acc));
+            _mm256_storeu_ps(u + (std::size_t)t * conv_dim + c, avx2::silu(acc));
         }
     if (c8 < c1) conv_rows_portable(cs, conv_dim, K, wT, t0, t1, c8, c1, u);
 }
@@ -206,7 +203,7 @@ ALLOY_TARGET_AVX2 void gated_norm_avx2(const float* o, const float* z, const flo
     const __m256 inv = _mm256_set1_ps(1.0f / std::sqrt(avx2::hsum(ss) / (float)n + eps));
     for (int i = 0; i < n; i += 8) {
         const __m256 on = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(o + i), inv), _mm256_loadu_ps(norm + i));
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(on, silu_avx2(_mm256_loadu_ps(z + i))));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(on, avx2::silu(_mm256_loadu_ps(z + i))));
     }
 }
 

@@ -67,7 +67,7 @@ ALLOY_TARGET_AVX2 void q8_rows(const uint8_t* const* w, const ActRows& a, int64_
     for (int i = 0; i < NS * NT; ++i) out[i] = hsum(_mm256_add_ps(acc[i], acc2[i]));
 }
 
-enum class Kind { Bf16, F16, F32 };
+enum class Kind { Q8, Bf16, F16, F32 };  // weight row formats
 
 template <Kind kind>
 ALLOY_TARGET_AVX2 inline __m256 widen8(const uint8_t* w, int64_t k) {
@@ -139,28 +139,16 @@ ALLOY_TARGET_AVX2 void float_rows(const uint8_t* const* w, const ActRows& a, int
         }
 }
 
-// A rows kernel (q8_rows, float_rows<kind>) for NS rows and NT tokens.
-template <int NS, int NT>
-struct Q8Rows {
-    static void run(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) { q8_rows<NS, NT>(w, a, t0, out); }
-};
-template <Kind kind>
-struct FloatRows {
-    template <int NS, int NT>
-    struct Of {
-        static void run(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) {
-            float_rows<kind, NS, NT>(w, a, t0, out);
-        }
-    };
-};
-
 // Rows rows[0..NS) of W, tokens [t0, t0 + NT), into y.
-template <template <int, int> class R, int NS, int NT>
+template <Kind kind, int NS, int NT>
 void rows_to_y(const WeightView& W, const int64_t* rows, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
     const uint8_t* w[NS];
     float out[NS * NT];
     for (int s = 0; s < NS; ++s) w[s] = W.row(rows[s]);
-    R<NS, NT>::run(w, a, t0, out);
+    if constexpr (kind == Kind::Q8)
+        q8_rows<NS, NT>(w, a, t0, out);
+    else
+        float_rows<kind, NS, NT>(w, a, t0, out);
     for (int s = 0; s < NS; ++s)
         for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + rows[s]] = out[s * NT + t];
 }
@@ -177,23 +165,23 @@ void with_tokens(int nt, F&& f) {
 }
 
 // Row-dot contract (matmul_kernels.h): nr <= 4 neighbouring rows, one at a time.
-template <template <int, int> class R>
+template <Kind kind>
 void rowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
     with_tokens(nt, [&]<int NT>() {
-        for (int64_t r = r0; r < r0 + nr; ++r) rows_to_y<R, 1, NT>(W, &r, a, t0, y, ldy);
+        for (int64_t r = r0; r < r0 + nr; ++r) rows_to_y<kind, 1, NT>(W, &r, a, t0, y, ldy);
     });
 }
 
 // Decode GEMV contract (matmul_kernels.h): a long row range, kGemvStreams rows from distant
 // parts of it streamed side by side (matmul_gemv_rows.h) for 1 and 2 tokens; 3 and 4
 // (verification) keep one row at a time, their accumulators filling the 16 registers.
-template <template <int, int> class R>
+template <Kind kind>
 void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
     with_tokens(nt, [&]<int NT>() {
         constexpr int NS = NT <= 2 ? kGemvStreams : 1;
         stream_rows<NS>(
-            r0, nr, [&](const int64_t* rows) { rows_to_y<R, NS, NT>(W, rows, a, t0, y, ldy); },
-            [&](const int64_t* row) { rows_to_y<R, 1, NT>(W, row, a, t0, y, ldy); });
+            r0, nr, [&](const int64_t* rows) { rows_to_y<kind, NS, NT>(W, rows, a, t0, y, ldy); },
+            [&](const int64_t* row) { rows_to_y<kind, 1, NT>(W, row, a, t0, y, ldy); });
     });
 }
 
@@ -201,20 +189,20 @@ void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t
 
 RowKernel rowdot_avx2(GgmlType type) {
     switch (type) {
-        case GgmlType::Q8_0: return {rowdot<Q8Rows>, 4};
-        case GgmlType::BF16: return {rowdot<FloatRows<Kind::Bf16>::Of>, 4};
-        case GgmlType::F16: return {rowdot<FloatRows<Kind::F16>::Of>, 4};
-        case GgmlType::F32: return {rowdot<FloatRows<Kind::F32>::Of>, 4};
+        case GgmlType::Q8_0: return {rowdot<Kind::Q8>, 4};
+        case GgmlType::BF16: return {rowdot<Kind::Bf16>, 4};
+        case GgmlType::F16: return {rowdot<Kind::F16>, 4};
+        case GgmlType::F32: return {rowdot<Kind::F32>, 4};
         default: return {};
     }
 }
 
 GemvFn gemv_avx2(GgmlType type) {
     switch (type) {
-        case GgmlType::Q8_0: return gemv<Q8Rows>;
-        case GgmlType::BF16: return gemv<FloatRows<Kind::Bf16>::Of>;
-        case GgmlType::F16: return gemv<FloatRows<Kind::F16>::Of>;
-        case GgmlType::F32: return gemv<FloatRows<Kind::F32>::Of>;
+        case GgmlType::Q8_0: return gemv<Kind::Q8>;
+        case GgmlType::BF16: return gemv<Kind::Bf16>;
+        case GgmlType::F16: return gemv<Kind::F16>;
+        case GgmlType::F32: return gemv<Kind::F32>;
         default: return nullptr;
     }
 }

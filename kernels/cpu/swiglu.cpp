@@ -30,9 +30,7 @@ ALLOY_TARGET_AVX512 void swiglu_avx512(const float* gate, const float* up, float
 ALLOY_TARGET_AVX2 void swiglu_avx2(const float* gate, const float* up, float* out, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 silu = _mm256_mul_ps(g, avx2::sigmoid(g));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(avx2::silu(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
     }
     swiglu_scalar(gate + i, up + i, out + i, n - i);
 }

@@ -54,4 +54,7 @@ ALLOY_TARGET_AVX2 inline __m256 sigmoid(__m256 x) {
     return _mm256_blendv_ps(inv, _mm256_mul_ps(inv, e), neg);
 }
 
+// SiLU(x) = x sigmoid(x).
+ALLOY_TARGET_AVX2 inline __m256 silu(__m256 x) { return _mm256_mul_ps(x, sigmoid(x)); }
+
 }  // namespace alloy::cpu::avx2

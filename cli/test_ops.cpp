@@ -480,13 +480,44 @@ Tensors gate_run(const SmallIn& in, cpu::Isa isa, bool reference) {
     return {{"x", std::move(x)}};
 }
 
-// rows = (token, head) pairs, n = 2 * head_dim (query, then gate). One path: plain copies.
-Tensors split_q_gate_run(const SmallIn& in, cpu::Isa, bool reference) {
-    const int hd = int(in.c.n / 2);
-    std::vector<float> q(size_t(in.c.rows * hd), NAN), gate(q.size(), NAN);
-    if (reference) alloy::ref::split_q_gate(in.a.data(), in.c.rows, hd, q.data(), gate.data());
-    else cpu::split_q_gate(in.a.data(), in.c.rows, hd, q.data(), gate.data());
-    return {{"q", std::move(q)}, {"gate", std::move(gate)}};
+// rows = (token, head) pairs, n = head_dim; the gate rows read 2 * head_dim apart, as the
+// model reads them in place in the interleaved q/gate projection.
+Tensors gate_strided_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> x = in.b, g(in.a.size() * 2);
+    for (int64_t r = 0; r < in.c.rows; ++r)
+        std::copy(in.a.begin() + r * in.c.n, in.a.begin() + (r + 1) * in.c.n, g.begin() + (2 * r + 1) * in.c.n);
+    if (reference) alloy::ref::sigmoid_gate_mul(x.data(), g.data() + in.c.n, in.c.rows, in.c.n, 2 * in.c.n);
+    else cpu::sigmoid_gate_mul(x.data(), g.data() + in.c.n, in.c.rows, in.c.n, 2 * in.c.n, isa);
+    return {{"x", std::move(x)}};
+}
+
+// x += y, then the norm of x: both outputs compared.
+Tensors add_rms_norm_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    std::vector<float> x = in.a, out(in.a.size(), NAN);
+    if (reference) alloy::ref::add_rms_norm(x.data(), in.b.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f);
+    else cpu::add_rms_norm(x.data(), in.b.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f, isa);
+    return {{"x", std::move(x)}, {"out", std::move(out)}};
+}
+
+// rows = tokens, n = heads * 256: the q path (heads read from [query | gate] pairs) and the
+// k path (in place).
+Tensors rms_norm_rope_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+    const int heads = int(in.c.n / kRopeHeadDim);
+    std::vector<float> qg(in.a.size() * 2), q(in.a.size(), NAN), k = in.b;
+    for (int64_t r = 0; r < in.c.rows * heads; ++r)
+        std::copy(in.a.begin() + r * kRopeHeadDim, in.a.begin() + (r + 1) * kRopeHeadDim, qg.begin() + 2 * r * kRopeHeadDim);
+    const float* w = in.w.data();  // the first 256 of the row weights
+    if (reference) {
+        alloy::ref::rms_norm_rope(qg.data(), 2 * kRopeHeadDim, w, q.data(), in.pos.data(), in.c.rows, heads,
+                                  kRopeHeadDim, kRopeRot, 1e7f, 1e-6f);
+        alloy::ref::rms_norm_rope(k.data(), kRopeHeadDim, w, k.data(), in.pos.data(), in.c.rows, heads, kRopeHeadDim,
+                                  kRopeRot, 1e7f, 1e-6f);
+    } else {
+        const cpu::RopeTable tab = cpu::rope_table(in.pos.data(), in.c.rows, kRopeRot, 1e7f);
+        cpu::rms_norm_rope(tab, qg.data(), 2 * kRopeHeadDim, w, q.data(), heads, kRopeHeadDim, 1e-6f, isa);
+        cpu::rms_norm_rope(tab, k.data(), kRopeHeadDim, w, k.data(), heads, kRopeHeadDim, 1e-6f, isa);
+    }
+    return {{"q", std::move(q)}, {"k", std::move(k)}};
 }
 
 Tensors add_run(const SmallIn& in, cpu::Isa isa, bool reference) {
@@ -525,8 +556,9 @@ void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(co
     }
 }
 
-const std::vector<std::string> kKernelOps{"ATTENTION", "KV_STORE",         "RMS_NORM", "ROPE", "SWIGLU",
-                                          "SIGMOID_GATE_MUL", "SPLIT_Q_GATE", "ADD"};
+const std::vector<std::string> kKernelOps{"ATTENTION",        "KV_STORE", "RMS_NORM",     "ADD_RMS_NORM",
+                                          "ROPE",             "RMS_NORM_ROPE", "SWIGLU", "SIGMOID_GATE_MUL",
+                                          "ADD"};
 
 void run_kernel_ops(const Options& o, Tally& tally) {
     auto want = [&](const char* op) { return o.op.empty() || o.op == op; };
@@ -540,18 +572,24 @@ void run_kernel_ops(const Options& o, Tally& tally) {
     if (want("RMS_NORM"))  // hidden rows (D = 1024) and per-head q/k norms (256)
         run_kernel_op<SmallIn, SmallCase>("RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig * 8, 256}, {Tbig, 1024}},
                                           make_small_in, small_label, rms_norm_run, tally);
+    if (want("ADD_RMS_NORM"))  // the residual stream: D = 1024
+        run_kernel_op<SmallIn, SmallCase>("ADD_RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig, 1024}}, make_small_in,
+                                          small_label, add_rms_norm_run, tally);
     if (want("ROPE"))  // rows = tokens, n = heads * 256
         run_kernel_op<SmallIn, SmallCase>("ROPE", {{1, 8 * 256}, {7, 2 * 256}, {Tbig, 8 * 256}}, make_small_in,
                                           small_label, rope_run, tally);
+    if (want("RMS_NORM_ROPE"))  // rows = tokens, n = heads * 256
+        run_kernel_op<SmallIn, SmallCase>("RMS_NORM_ROPE", {{1, 8 * 256}, {7, 2 * 256}, {Tbig, 8 * 256}},
+                                          make_small_in, small_label, rms_norm_rope_run, tally);
     if (want("SWIGLU"))
         run_kernel_op<SmallIn, SmallCase>("SWIGLU", {{1, 3584}, {7, 3584}, {Tbig, 3584}}, make_small_in, small_label,
                                           swiglu_run, tally);
     if (want("SIGMOID_GATE_MUL"))
         run_kernel_op<SmallIn, SmallCase>("SIGMOID_GATE_MUL", {{1, 2048}, {7, 2051}, {Tbig, 2048}}, make_small_in,
                                           small_label, gate_run, tally);
-    if (want("SPLIT_Q_GATE"))  // rows = tokens * heads, n = 2 * head_dim
-        run_kernel_op<SmallIn, SmallCase>("SPLIT_Q_GATE", {{8, 512}, {7, 160}, {Tbig * 8, 512}}, make_small_in,
-                                          small_label, split_q_gate_run, tally);
+    if (want("SIGMOID_GATE_MUL"))  // strided gate rows: rows = tokens * heads, n = head_dim
+        run_kernel_op<SmallIn, SmallCase>("SIGMOID_GATE_MUL", {{8, 256}, {7, 83}, {Tbig * 8, 256}}, make_small_in,
+                                          small_label, gate_strided_run, tally);
     if (want("ADD"))
         run_kernel_op<SmallIn, SmallCase>("ADD", {{1, 1024}, {7, 1027}, {Tbig, 1024}}, make_small_in, small_label,
                                           add_run, tally);

@@ -257,8 +257,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     float* b = g.take(B * H_v);                       // [B, H_v]
     float* y = g.take(B * vd);                        // [B, value_dim]
     float* qg = at.take(B * nh * 2 * hd);             // [B, n_head, 2, hd]
-    float* q = at.take(B * nh * hd);                  // [B, n_head, hd]
-    float* gate = at.take(B * nh * hd);               // [B, n_head, hd]
+    float* q = at.take(B * nh * hd);                  // [B, n_head, hd] normed, rotated
     float* att = at.take(B * nh * hd);                // [B, n_head, hd]
     float* kx = at.take(B * nkv * hd);                // [B, n_head_kv, hd] K before the cache
     float* vx = at.take(B * nkv * hd);                // [B, n_head_kv, hd] V before the cache
@@ -312,6 +311,12 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     auto add_residual = [&](const std::string& label, Rows r = Rows::All) {
         plan->add("add", label, [=](const StepContext& c) { cpu::add(x + row0(r, c) * D, o, n_rows(r, c) * D); });
     };
+    // The residual add and the norm that follows it, in one pass: x += o, h = rms_norm(x) w.
+    auto add_norm = [&](const float* w, const std::string& label, Rows r = Rows::All) {
+        plan->add("add_rms_norm", label, [=](const StepContext& c) {
+            cpu::add_rms_norm(x + row0(r, c) * D, o, w, h, n_rows(r, c), D, eps);
+        });
+    };
 
     plan->add("embed", "token_embd", [this, x, pos, D](const StepContext& c) {
         for (int t = 0; t < c.n; ++t) {
@@ -336,7 +341,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
         const std::string p = "blk." + std::to_string(l) + ".";
         const bool every_row = l + 1 < hp.n_layer || logits_mode == 2 || bucket == 1;  // decode: one row anyway
         const Rows out = every_row ? Rows::All : logits_mode == 1 ? Rows::Last : Rows::None;
-        norm(x, L.attn_norm, h, p + "attn_norm");
+        if (l == 0) norm(x, L.attn_norm, h, p + "attn_norm");  // later layers': fused into the residual add before
         if (hp.is_recurrent(l)) {
             // Gated DeltaNet: projections, the fused op (conv, norms, gates, delta rule, gated
             // RMSNorm; states updated in place), the output projection.
@@ -361,10 +366,9 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                 mm_multi({{&L.wk, kx}, {&L.wv, vx}}, h, p + "attn_k+attn_v");
                 if (out == Rows::Last) mm(L.wq, h, qg, p + "attn_q", Rows::Last, /*from_last=*/true);
             }
-            plan->add("rms_norm", p + "attn_k_norm", [=, &L](const StepContext& c) {
-                cpu::rms_norm(kx, L.k_norm, kx, int64_t(c.n) * nkv, hd, eps);
+            plan->add("rms_norm_rope", p + "attn_k_norm+rope_k", [=, &L](const StepContext& c) {
+                cpu::rms_norm_rope(*rope, kx, hd, L.k_norm, kx, nkv, hd, eps);
             });
-            plan->add("rope_partial", p + "rope_k", [=](const StepContext& c) { cpu::rope_partial(*rope, kx, nkv, hd); });
             plan->add("kv_store", p + "kv_store", [=](const StepContext& c) {
                 const KvCacheTypes& t = c.state->kv_types;
                 const size_t row0 = size_t(c.n_past) * size_t(kvw);
@@ -374,15 +378,10 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                 cpu::kv_store(vx, vc, t.v, int64_t(c.n) * kvw);
             });
             if (out == Rows::None) continue;
-            // The queries: all rows, or the last one alone (at position n_past + n - 1).
-            plan->add("split_q_gate", p + "attn_q", [=](const StepContext& c) {
-                cpu::split_q_gate(qg, n_rows(out, c) * nh, hd, q, gate);
-            });
-            plan->add("rms_norm", p + "attn_q_norm", [=, &L](const StepContext& c) {
-                cpu::rms_norm(q, L.q_norm, q, n_rows(out, c) * nh, hd, eps);
-            });
-            plan->add("rope_partial", p + "rope_q", [=](const StepContext& c) {
-                cpu::rope_partial(out == Rows::All ? *rope : *rope_last, q, nh, hd);
+            // The queries: all rows, or the last one alone (at position n_past + n - 1), read
+            // in place from the interleaved [query | gate] heads of the projection.
+            plan->add("rms_norm_rope", p + "attn_q_norm+rope_q", [=, &L](const StepContext& c) {
+                cpu::rms_norm_rope(out == Rows::All ? *rope : *rope_last, qg, 2 * hd, L.q_norm, q, nh, hd, eps);
             });
             const ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
             const bool one_query = bucket == 1 || out == Rows::Last;
@@ -395,19 +394,21 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                                          att, n_rows(out, c), c.n_past + row0(out, c));
                       });
             plan->add("sigmoid_gate_mul", p + "attn_gate", [=](const StepContext& c) {
-                cpu::sigmoid_gate_mul(att, gate, n_rows(out, c) * nh * hd);
+                cpu::sigmoid_gate_mul(att, qg + hd, n_rows(out, c) * nh, hd, 2 * hd);
             });
             mm(L.wo, att, o, p + "attn_output", out);
         }
-        add_residual(p + "residual", out);
         // SwiGLU MLP.
-        norm(x, L.post_attn_norm, h, p + "post_attention_norm", out);
+        add_norm(L.post_attn_norm, p + "residual+post_attention_norm", out);
         mm_multi({{&L.ffn_gate, ffg}, {&L.ffn_up, ffu}}, h, p + "ffn_gate+ffn_up", out);
         plan->add("swiglu", p + "ffn_act", [=](const StepContext& c) {
             cpu::swiglu(ffg, ffu, ffg, n_rows(out, c) * hp.n_ff);
         });
         mm(L.ffn_down, ffg, o, p + "ffn_down", out);
-        add_residual(p + "residual", out);
+        if (l + 1 < hp.n_layer)  // every row: only the last layer has fewer
+            add_norm(layers_[size_t(l) + 1].attn_norm, p + "residual+blk." + std::to_string(l + 1) + ".attn_norm");
+        else
+            add_residual(p + "residual", out);
     }
 
     // Final norm and LM head, for every token or only the last (or none for an inner piece).

@@ -1,7 +1,5 @@
 #include "kernels/cpu/gate.h"
 
-#include <algorithm>
-
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/cpu/vec_math_avx512.h"
@@ -41,14 +39,15 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t n, Isa isa) {
 
 void sigmoid_gate_mul(float* x, const float* g, int64_t n) { sigmoid_gate_mul(x, g, n, active_isa()); }
 
-void split_q_gate(const float* qg, int64_t rows, int hd, float* q, float* gate) {
-    for_chunks(rows, 2 * int64_t(hd), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) {
-            const float* src = qg + r * 2 * hd;
-            std::copy(src, src + hd, q + r * hd);
-            std::copy(src + hd, src + 2 * hd, gate + r * hd);
-        }
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, Isa isa) {
+    auto fn = isa >= Isa::Avx512 ? gate_avx512 : isa >= Isa::Avx2 ? gate_avx2 : gate_scalar;
+    for_chunks(rows, n, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) fn(x + r * n, g + r * g_stride, n);
     });
+}
+
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride) {
+    sigmoid_gate_mul(x, g, rows, n, g_stride, active_isa());
 }
 
 }  // namespace alloy::cpu

@@ -1,6 +1,5 @@
 // Output gate of the gated attention block on the CPU: x *= sigmoid(g), same contract as
-// ref::sigmoid_gate_mul (kernels/ref/gate.h); within 1e-6 relative of the reference. And the
-// split of the q projection into query and gate.
+// ref::sigmoid_gate_mul (kernels/ref/gate.h); within 1e-6 relative of the reference.
 #pragma once
 #include <cstdint>
 
@@ -13,8 +12,10 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t n);
 // Same on an explicit ISA path (tests).
 void sigmoid_gate_mul(float* x, const float* g, int64_t n, Isa isa);
 
-// qg [rows, 2 * hd] -> q [rows, hd], gate [rows, hd], as ref::split_q_gate (exact copies).
-// Large inputs run on the pool (a 512-token prefill piece copies 8 MiB).
-void split_q_gate(const float* qg, int64_t rows, int hd, float* q, float* gate);
+// Rows of n with the gate rows g_stride apart, as the ref overload: the model reads each
+// head's gate in place in the interleaved q/gate projection (g = qg + hd, g_stride = 2 hd)
+// instead of copying it out first.
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride);
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, Isa isa);
 
 }  // namespace alloy::cpu

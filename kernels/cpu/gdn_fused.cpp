@@ -274,21 +274,54 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     for (int s = 0; s <= n_seqs; ++s) offs[s] = seq_offsets[s] - base;
     const std::size_t t0 = (std::size_t)base;
 
-    // 1. conv + SiLU. Decode and verification (every sequence at most kDirectConvTokens long)
-    // read taps and state in their stored channel-major layout; longer inputs transpose them
-    // to [K, conv_dim] once per call so that a tap is a contiguous row like the inputs. Both
-    // paths do the same operations per value, so they give the same bits.
+    // 1. conv + SiLU, then (2.) the L2 norms of the q and k heads each item just convolved,
+    // while they are in L1 (a separate pass read and wrote the 8 MiB of q and k again at
+    // T = 512), and in the same pool region the gates. Channel blocks are whole heads in the
+    // q and k regions, so every head is normalized by the item that made it. Decode and
+    // verification (every sequence at most kDirectConvTokens long) read taps and state in
+    // their stored channel-major layout; longer inputs transpose them to [K, conv_dim] once
+    // per call so that a tap is a contiguous row like the inputs. Both paths do the same
+    // operations per value, so they give the same bits.
     float* u = gdn::workspace(gdn::Ws::ConvOut, (std::size_t)T * conv_dim);  // [T, conv_dim] = [Q | K | V]
-    const int n_cblocks = (conv_dim + kChanBlock - 1) / kChanBlock;
+    std::vector<int> cb;  // channel block bounds
+    {
+        const int head_block = std::max(1, kChanBlock / d_k) * d_k;
+        for (int c = 0; c < key_dim; c += head_block) cb.push_back(c);
+        for (int c = key_dim; c < 2 * key_dim; c += head_block) cb.push_back(c);
+        for (int c = 2 * key_dim; c < conv_dim; c += kChanBlock) cb.push_back(c);
+        cb.push_back(conv_dim);
+    }
+    const int n_cblocks = (int)cb.size() - 1;
+    const float q_scale = 1.0f / std::sqrt((float)d_k);
+    // L2 norm of the q and k heads in channels [c0, c1) of rows [t0r, t1r) of u.
+    auto norm_heads = [&](int t0r, int t1r, int c0, int c1) {
+        if (c0 >= 2 * key_dim) return;
+        const bool is_q = c0 < key_dim;
+        for (int t = t0r; t < t1r; ++t)
+            for (int c = c0; c < c1; c += d_k) l2norm(u + (std::size_t)t * conv_dim + c, d_k, p.eps, is_q ? q_scale : 1.0f);
+    };
+    std::vector<float> g((std::size_t)T * H_v), beta((std::size_t)T * H_v);  // [T, H_v] each
+    const int n_tblocks = (T + kTokBlock - 1) / kTokBlock;
+    auto gates = [&](int64_t blk) {
+        for (int t = (int)blk * kTokBlock; t < std::min(T, (int)(blk + 1) * kTokBlock); ++t)
+            for (int h = 0; h < H_v; ++h) {
+                const std::size_t th = (std::size_t)t * H_v + h, src = (t0 + t) * H_v + h;
+                beta[th] = ref::sigmoid(b[src]);
+                g[th] = w.ssm_a[h] * ref::softplus(a[src] + w.dt_bias[h]);
+            }
+    };
     int longest = 0;
     for (int s = 0; s < n_seqs; ++s) longest = std::max(longest, offs[s + 1] - offs[s]);
     if (avx512 && longest <= kDirectConvTokens && K >= 2 && K <= kDirectConvMaxK) {
-        parallel_for((int64_t)n_seqs * n_cblocks, [&](int64_t i, int) {
+        const int64_t n_conv = (int64_t)n_seqs * n_cblocks;
+        parallel_for(n_conv + n_tblocks, [&](int64_t i, int) {
+            if (i >= n_conv) return gates(i - n_conv);
             const int s = (int)(i / n_cblocks), n = offs[s + 1] - offs[s];
-            const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);
-            if (n > 0)
-                conv_direct(K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
-                            conv_state + (std::size_t)s * conv_dim * (K - 1), c0, c1, u + (std::size_t)offs[s] * conv_dim);
+            const int c0 = cb[i % n_cblocks], c1 = cb[i % n_cblocks + 1];
+            if (n == 0) return;
+            conv_direct(K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
+                        conv_state + (std::size_t)s * conv_dim * (K - 1), c0, c1, u + (std::size_t)offs[s] * conv_dim);
+            norm_heads(offs[s], offs[s + 1], c0, c1);
         });
     } else {
         std::vector<float> wT((std::size_t)K * conv_dim), prev((std::size_t)n_seqs * (K - 1) * conv_dim);
@@ -308,11 +341,14 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
         std::vector<ConvItem> conv_items;
         for (int s = 0; s < n_seqs; ++s)
             for (int t = 0; t < seqs[s].n; t += kTokBlock) conv_items.push_back({s, t, std::min(seqs[s].n, t + kTokBlock)});
-        parallel_for((int64_t)conv_items.size() * n_cblocks, [&](int64_t i, int) {
+        const int64_t n_conv = (int64_t)conv_items.size() * n_cblocks;
+        parallel_for(n_conv + n_tblocks, [&](int64_t i, int) {
+            if (i >= n_conv) return gates(i - n_conv);
             const ConvItem& it = conv_items[i / n_cblocks];
-            const int c0 = (int)(i % n_cblocks) * kChanBlock, c1 = std::min(conv_dim, c0 + kChanBlock);
+            const int c0 = cb[i % n_cblocks], c1 = cb[i % n_cblocks + 1];
             float* us = u + (std::size_t)offs[it.seq] * conv_dim;
             conv_rows(seqs[it.seq], conv_dim, K, wT.data(), it.t0, it.t1, c0, c1, us);
+            norm_heads(offs[it.seq] + it.t0, offs[it.seq] + it.t1, c0, c1);
         });
         // New conv state = the last K-1 inputs of concat(old state, x) (still partly the old
         // state when the sequence is shorter than K-1); empty sequences keep theirs.
@@ -325,25 +361,6 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
             }
         }
     }
-
-    // 2. norms and gates.
-    std::vector<float> g((std::size_t)T * H_v), beta((std::size_t)T * H_v);  // [T, H_v] each
-    const float q_scale = 1.0f / std::sqrt((float)d_k);
-    const int n_tblocks = (T + kTokBlock - 1) / kTokBlock;
-    parallel_for(n_tblocks, [&](int64_t blk, int) {
-        for (int t = (int)blk * kTokBlock; t < std::min(T, (int)(blk + 1) * kTokBlock); ++t) {
-            float* u_t = u + (std::size_t)t * conv_dim;
-            for (int kh = 0; kh < H_k; ++kh) {
-                l2norm(u_t + kh * d_k, d_k, p.eps, q_scale);
-                l2norm(u_t + key_dim + kh * d_k, d_k, p.eps, 1.0f);
-            }
-            for (int h = 0; h < H_v; ++h) {
-                const std::size_t th = (std::size_t)t * H_v + h, src = (t0 + t) * H_v + h;
-                beta[th] = ref::sigmoid(b[src]);
-                g[th] = w.ssm_a[h] * ref::softplus(a[src] + w.dt_bias[h]);
-            }
-        }
-    });
 
     // 3. the delta rule on views of u.
     float* o = gdn::workspace(gdn::Ws::DeltaOut, (std::size_t)T * value_dim);  // [T, H_v, d_v]

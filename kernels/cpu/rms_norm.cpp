@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "kernels/cpu/add.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/vec_math_avx512.h"
 
@@ -41,8 +42,10 @@ ALLOY_TARGET_AVX512 void row_avx512(const float* x, const float* w, float* y, in
 
 }  // namespace
 
+RmsNormRow rms_norm_row(Isa isa) { return isa >= Isa::Avx512 ? row_avx512 : row_scalar; }
+
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps, Isa isa) {
-    auto row = isa >= Isa::Avx512 ? row_avx512 : row_scalar;
+    const RmsNormRow row = rms_norm_row(isa);
     for_chunks(rows, n, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) row(x + r * n, w, out + r * n, n, eps);
     });
@@ -50,6 +53,20 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t 
 
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
     rms_norm(x, w, out, rows, n, eps, active_isa());
+}
+
+void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t rows, int64_t n, float eps, Isa isa) {
+    const RmsNormRow row = rms_norm_row(isa);
+    for_chunks(rows, 2 * n, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+            add(x + r * n, y + r * n, n, isa);  // one row: no pool region of its own
+            row(x + r * n, w, out + r * n, n, eps);
+        }
+    });
+}
+
+void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+    add_rms_norm(x, y, w, out, rows, n, eps, active_isa());
 }
 
 }  // namespace alloy::cpu

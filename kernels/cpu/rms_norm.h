@@ -14,4 +14,15 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t 
 // Same on an explicit ISA path (tests); Avx2 runs the portable path.
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps, Isa isa);
 
+// One row of rms_norm on a path, for ops that normalize rows inside their own loops
+// (rms_norm_rope): no pool check, no per-call dispatch.
+using RmsNormRow = void (*)(const float* x, const float* w, float* out, int64_t n, float eps);
+RmsNormRow rms_norm_row(Isa isa);
+
+// The residual add and the RMSNorm after it, as ref::add_rms_norm: x += y, then out =
+// rms_norm(x), row by row while the row is in L1 (one pass over the residual stream instead
+// of two). Same bits as cpu::add then cpu::rms_norm.
+void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t rows, int64_t n, float eps);
+void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t rows, int64_t n, float eps, Isa isa);
+
 }  // namespace alloy::cpu

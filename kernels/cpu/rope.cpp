@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/vec_math_avx512.h"
 
 namespace alloy::cpu {
@@ -74,6 +75,27 @@ void rope_partial(const RopeTable& tab, float* x, int n_heads, int head_dim, Isa
 
 void rope_partial(const RopeTable& tab, float* x, int n_heads, int head_dim) {
     rope_partial(tab, x, n_heads, head_dim, active_isa());
+}
+
+void rms_norm_rope(const RopeTable& tab, const float* x, int64_t x_head_stride, const float* w, float* out, int n_heads,
+                   int head_dim, float eps, Isa isa) {
+    assert(head_dim >= tab.n_rot);
+    const int half = tab.n_rot / 2;
+    auto token = isa >= Isa::Avx512 ? token_avx512 : token_scalar;
+    const RmsNormRow norm = rms_norm_row(isa);
+    const int64_t stride = int64_t(n_heads) * head_dim;
+    for_chunks(tab.T, 2 * stride, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) {
+            for (int h = 0; h < n_heads; ++h)
+                norm(x + (t * n_heads + h) * x_head_stride, w, out + t * stride + int64_t(h) * head_dim, head_dim, eps);
+            token(out + t * stride, tab.cos.data() + t * half, tab.sin.data() + t * half, n_heads, head_dim, half);
+        }
+    });
+}
+
+void rms_norm_rope(const RopeTable& tab, const float* x, int64_t x_head_stride, const float* w, float* out, int n_heads,
+                   int head_dim, float eps) {
+    rms_norm_rope(tab, x, x_head_stride, w, out, n_heads, head_dim, eps, active_isa());
 }
 
 void rope_partial(float* x, const int32_t* pos, int64_t T, int n_heads, int head_dim, int n_rot, float base) {

@@ -28,6 +28,15 @@ void rope_partial(const RopeTable& tab, float* x, int n_heads, int head_dim);
 // Same on an explicit ISA path (tests); Avx2 runs the portable path.
 void rope_partial(const RopeTable& tab, float* x, int n_heads, int head_dim, Isa isa);
 
+// The per-head RMSNorm of q or k, then the rotation, as ref::rms_norm_rope: head (t, h) of x
+// at x + (t * n_heads + h) * x_head_stride (2 * head_dim: the query half of the interleaved
+// q/gate projection, read in place; head_dim: k, in place), out [tab.T, n_heads, head_dim].
+// One pass per token with each head in L1; same bits as cpu::rms_norm then cpu::rope_partial.
+void rms_norm_rope(const RopeTable& tab, const float* x, int64_t x_head_stride, const float* w, float* out, int n_heads,
+                   int head_dim, float eps);
+void rms_norm_rope(const RopeTable& tab, const float* x, int64_t x_head_stride, const float* w, float* out, int n_heads,
+                   int head_dim, float eps, Isa isa);
+
 // Drop-in for ref::rope_partial: builds the table for this call only.
 void rope_partial(float* x, const int32_t* pos, int64_t T, int n_heads, int head_dim, int n_rot, float base);
 

@@ -8,8 +8,9 @@ namespace alloy::ref {
 // x: [n] gated in place; g: [n] gate logits.
 void sigmoid_gate_mul(float* x, const float* g, int64_t n);
 
-// The q projection of the gated attention block holds, per (token, head) row, the query and
-// then its gate: qg [rows, 2 * hd] -> q [rows, hd] and gate [rows, hd].
-void split_q_gate(const float* qg, int64_t rows, int hd, float* q, float* gate);
+// The same over rows of n with the gate rows g_stride apart: the q projection of the gated
+// attention block holds, per (token, head), the query and then its gate (g = qg + hd,
+// g_stride = 2 hd).
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride);
 
 }  // namespace alloy::ref

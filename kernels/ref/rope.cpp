@@ -1,6 +1,9 @@
 #include "kernels/ref/rope.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "kernels/ref/rms_norm.h"
 
 namespace alloy::ref {
 
@@ -21,6 +24,15 @@ void rope_partial(float* x, const int32_t* pos, int64_t T, int n_heads, int head
             }
         }
     }
+}
+
+void rms_norm_rope(const float* x, int64_t x_head_stride, const float* w, float* out, const int32_t* pos, int64_t T,
+                   int n_heads, int head_dim, int n_rot, float base, float eps) {
+    const int64_t rows = T * n_heads;
+    if (out != x)
+        for (int64_t r = 0; r < rows; ++r) std::copy(x + r * x_head_stride, x + r * x_head_stride + head_dim, out + r * head_dim);
+    rms_norm(out, w, out, rows, head_dim, eps);
+    rope_partial(out, pos, T, n_heads, head_dim, n_rot, base);
 }
 
 }  // namespace alloy::ref

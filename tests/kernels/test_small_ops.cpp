@@ -1,4 +1,5 @@
-// The small fused ops (rms_norm, rope_partial, swiglu, sigmoid_gate_mul, split_q_gate, add, kv_store): every ISA path
+// The small fused ops (rms_norm, add_rms_norm, rope_partial, rms_norm_rope, swiglu, sigmoid_gate_mul, add,
+// kv_store): every ISA path
 // this CPU has, called explicitly, against kernels/ref on random inputs with odd sizes
 // (vector tails) and sizes big enough for the thread pool. Outputs start NaN-poisoned where
 // the op does not work in place. Tolerances per element, stated per op.
@@ -134,20 +135,93 @@ TEST(SmallOps, SigmoidGateMul) {
     }
 }
 
-// Exact copies: odd head dims, one row, and enough rows to take the pool.
-TEST(SmallOps, SplitQGate) {
+// The gate rows read in place from [query | gate] pairs (g_stride = 2 n): odd head dims, one
+// row, and enough rows to take the pool.
+TEST(SmallOps, SigmoidGateMulStridedGate) {
     uint32_t seed = 350;
-    for (auto [rows, hd] : {std::pair<int64_t, int>{1, 256}, {7, 5}, {3, 64}, {512 * 8, 256}, {1001, 80}}) {
-        const auto qg = uniform(size_t(rows * 2 * hd), -4, 4, seed++);
-        std::vector<float> want_q(size_t(rows * hd)), want_g(want_q.size());
-        ref::split_q_gate(qg.data(), rows, hd, want_q.data(), want_g.data());
-        std::vector<float> q(want_q.size(), NAN), g(want_q.size(), NAN);
-        cpu::split_q_gate(qg.data(), rows, hd, q.data(), g.data());
-        const std::string what = "split_q_gate rows=" + std::to_string(rows) + " hd=" + std::to_string(hd);
-        EXPECT_EQ(q, want_q) << what;
-        EXPECT_EQ(g, want_g) << what;
-        EXPECT_EQ(want_q[size_t(hd) - 1], qg[size_t(hd) - 1]) << what;  // the reference itself: q first, then the gate
-        EXPECT_EQ(want_g[0], qg[size_t(hd)]) << what;
+    for (auto [rows, hd] : {std::pair<int64_t, int64_t>{1, 256}, {7, 5}, {3, 64}, {512 * 8, 256}, {1001, 83}}) {
+        const auto x = uniform(size_t(rows * hd), -4, 4, seed++);
+        const auto qg = uniform(size_t(rows * 2 * hd), -30, 30, seed++);
+        std::vector<float> want = x;
+        for (int64_t r = 0; r < rows; ++r)  // the flat reference, row by row on the gate halves
+            ref::sigmoid_gate_mul(want.data() + r * hd, qg.data() + r * 2 * hd + hd, hd);
+        std::vector<float> ref_strided = x;
+        ref::sigmoid_gate_mul(ref_strided.data(), qg.data() + hd, rows, hd, 2 * hd);
+        EXPECT_EQ(ref_strided, want);
+        for (Isa isa : test::isa_paths(/*has_avx2_code=*/true)) {
+            std::vector<float> got = x;
+            cpu::sigmoid_gate_mul(got.data(), qg.data() + hd, rows, hd, 2 * hd, isa);
+            expect_close(got, want, 1e-6, 0,
+                         std::string("strided gate ") + cpu::isa_name(isa) + " rows=" + std::to_string(rows) +
+                             " hd=" + std::to_string(hd));
+        }
+    }
+}
+
+// add_rms_norm: the same bits as cpu::add then cpu::rms_norm on each path, and the reference's
+// composition within rms_norm's tolerance.
+TEST(SmallOps, AddRmsNorm) {
+    uint32_t seed = 370;
+    for (auto [rows, n] : {std::pair<int64_t, int64_t>{1, 1024}, {7, 1000}, {3, 37}, {300, 1024}, {5, 15}}) {
+        const auto x = uniform(size_t(rows * n), -3, 3, seed++);
+        const auto y = uniform(size_t(rows * n), -3, 3, seed++);
+        const auto w = uniform(size_t(n), 0.5f, 1.5f, seed++);
+        std::vector<float> want_x = x, want(x.size(), NAN);
+        ref::add_rms_norm(want_x.data(), y.data(), w.data(), want.data(), rows, n, 1e-6f);
+        for (Isa isa : isas()) {
+            const std::string what =
+                std::string("add_rms_norm ") + cpu::isa_name(isa) + " rows=" + std::to_string(rows) + " n=" + std::to_string(n);
+            std::vector<float> gx = x, got(x.size(), NAN);
+            cpu::add_rms_norm(gx.data(), y.data(), w.data(), got.data(), rows, n, 1e-6f, isa);
+            std::vector<float> sx = x, sep(x.size(), NAN);
+            cpu::add(sx.data(), y.data(), rows * n, isa);
+            cpu::rms_norm(sx.data(), w.data(), sep.data(), rows, n, 1e-6f, isa);
+            EXPECT_EQ(gx, sx) << what;
+            EXPECT_EQ(got, sep) << what;
+            expect_close(gx, want_x, 0, 0, what + " x");
+            expect_close(got, want, 1e-6, 0, what);
+        }
+    }
+}
+
+// rms_norm_rope: the q path (heads read from [query | gate] pairs into a separate output) and
+// the k path (in place) give the same bits as cpu::rms_norm then cpu::rope_partial, and agree
+// with the reference's composition.
+TEST(SmallOps, RmsNormRope) {
+    struct C { int64_t T; int n_heads, head_dim, n_rot; };
+    uint32_t seed = 380;
+    for (const C c : {C{1, 8, 256, 64}, C{7, 2, 256, 64}, C{9, 5, 64, 64}, C{4, 3, 72, 40}, C{300, 16, 256, 64}}) {
+        std::mt19937 rng(seed++);
+        std::vector<int32_t> pos(size_t(c.T));
+        for (auto& p : pos) p = int32_t(rng() % 200000);
+        const int64_t rows = c.T * c.n_heads, hd = c.head_dim;
+        const auto qg = uniform(size_t(rows * 2 * hd), -3, 3, seed++);
+        const auto k = uniform(size_t(rows * hd), -3, 3, seed++);
+        const auto w = uniform(size_t(hd), 0.5f, 1.5f, seed++);
+        std::vector<float> want_q(size_t(rows * hd), NAN), want_k = k;
+        ref::rms_norm_rope(qg.data(), 2 * hd, w.data(), want_q.data(), pos.data(), c.T, c.n_heads, c.head_dim, c.n_rot,
+                           1e7f, 1e-6f);
+        ref::rms_norm_rope(want_k.data(), hd, w.data(), want_k.data(), pos.data(), c.T, c.n_heads, c.head_dim, c.n_rot,
+                           1e7f, 1e-6f);
+        const cpu::RopeTable tab = cpu::rope_table(pos.data(), c.T, c.n_rot, 1e7f);
+        for (Isa isa : isas()) {
+            const std::string what = std::string("rms_norm_rope ") + cpu::isa_name(isa) + " T=" + std::to_string(c.T) +
+                                     " heads=" + std::to_string(c.n_heads) + " hd=" + std::to_string(hd);
+            std::vector<float> q(size_t(rows * hd), NAN), kk = k;
+            cpu::rms_norm_rope(tab, qg.data(), 2 * hd, w.data(), q.data(), c.n_heads, c.head_dim, 1e-6f, isa);
+            cpu::rms_norm_rope(tab, kk.data(), hd, w.data(), kk.data(), c.n_heads, c.head_dim, 1e-6f, isa);
+            std::vector<float> sq(size_t(rows * hd)), sk = k;  // the unfused ops
+            for (int64_t r = 0; r < rows; ++r) std::copy(qg.begin() + 2 * r * hd, qg.begin() + (2 * r + 1) * hd, sq.begin() + r * hd);
+            cpu::rms_norm(sq.data(), w.data(), sq.data(), rows, hd, 1e-6f, isa);
+            cpu::rope_partial(tab, sq.data(), c.n_heads, c.head_dim, isa);
+            cpu::rms_norm(sk.data(), w.data(), sk.data(), rows, hd, 1e-6f, isa);
+            cpu::rope_partial(tab, sk.data(), c.n_heads, c.head_dim, isa);
+            EXPECT_EQ(q, sq) << what;
+            EXPECT_EQ(kk, sk) << what;
+            // normed values are O(1): 1e-6 relative and a small floor where the rotation cancels
+            expect_close(q, want_q, 2e-6, 1e-6, what + " q");
+            expect_close(kk, want_k, 2e-6, 1e-6, what + " k");
+        }
     }
 }
 

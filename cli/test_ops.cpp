@@ -651,32 +651,41 @@ std::vector<MatmulCase> matmul_cases(const Options& o) {
     return v;
 }
 
-void run_matmul_op(const Options& o, Tally& tally) {
+// MATMUL_SWIGLU (swiglu = true): cpu::matmul_swiglu with a second weight of the case's type as
+// `up`, against ref::matmul of both on the effective input and ref::swiglu.
+void run_matmul_op(const Options& o, Tally& tally, bool swiglu) {
+    const char* op = swiglu ? "MATMUL_SWIGLU" : "MATMUL";
     std::vector<cpu::Isa> isas;
     for (cpu::Isa i : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})
         if (i <= cpu::active_isa()) isas.push_back(i);
     cpu::MatmulScratch scratch;
     uint32_t seed = 2000;
     for (const MatmulCase& c : matmul_cases(o)) {
-        const MatmulIn in = make_matmul_in(c, seed++);
-        const WeightView W = in.view();
+        const MatmulIn in = make_matmul_in(c, seed++), up = make_matmul_in(c, seed + 7777);
+        const WeightView W = in.view(), U = up.view();
         std::vector<float> xe(in.x.size()), want(size_t(c.T * c.n_out));
         cpu::matmul_effective_input(c.type, in.x.data(), xe.data(), c.T, c.n_in);
         alloy::ref::matmul(W, xe.data(), want.data(), c.T);
+        if (swiglu) {
+            std::vector<float> want_up(want.size());
+            alloy::ref::matmul(U, xe.data(), want_up.data(), c.T);
+            alloy::ref::swiglu(want.data(), want_up.data(), want.data(), c.T * c.n_out);
+        }
         const Tensors ref{{"y", want}};
         const std::string label = std::string("type=") + type_traits(c.type).name + ",n_in=" + std::to_string(c.n_in) +
                                   ",n_out=" + std::to_string(c.n_out) + ",T=" + std::to_string(c.T);
         for (cpu::Isa isa : isas) {
-            std::vector<float> y(want.size(), NAN);
+            std::vector<float> y(want.size(), NAN), u(want.size(), NAN);
             const auto t0 = std::chrono::steady_clock::now();
-            cpu::matmul(W, in.x.data(), y.data(), c.T, isa, scratch);
+            if (swiglu) cpu::matmul_swiglu(W, U, in.x.data(), y.data(), u.data(), c.T, isa, scratch);
+            else cpu::matmul(W, in.x.data(), y.data(), c.T, isa, scratch);
             const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             std::string worst;
             const double nmse = max_nmse({{"y", std::move(y)}}, ref, worst);
             const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
             ++tally.run;
             tally.passed += ok ? 1 : 0;
-            std::printf("MATMUL(variant=cpu-%s:%s,%s): %s nmse=%.1e", cpu::isa_name(isa),
+            std::printf("%s(variant=cpu-%s:%s,%s): %s nmse=%.1e", op, cpu::isa_name(isa),
                         cpu::matmul_path(c.type, isa, c.n_in, c.T).c_str(), label.c_str(), ok ? "OK" : "FAIL", nmse);
             if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
             std::printf("  [%.2f ms]\n", ms);
@@ -689,6 +698,7 @@ void run_test_ops(const Options& o) {
     std::vector<std::string> ops{"GDN_DELTA", "GDN_FUSED"};
     ops.insert(ops.end(), kKernelOps.begin(), kKernelOps.end());
     ops.push_back("MATMUL");
+    ops.push_back("MATMUL_SWIGLU");
     bool known = o.op.empty();
     for (const auto& name : ops) known = known || name == o.op;
     std::string names;
@@ -714,7 +724,8 @@ void run_test_ops(const Options& o) {
                         [](const FusedIn& in) { return fused_run(in, alloy::ref::GdnMode::Serial, 1); },
                         fused_variants(), tally);
     run_kernel_ops(o, tally);
-    if (o.op.empty() || o.op == "MATMUL") run_matmul_op(o, tally);
+    if (o.op.empty() || o.op == "MATMUL") run_matmul_op(o, tally, false);
+    if (o.op.empty() || o.op == "MATMUL_SWIGLU") run_matmul_op(o, tally, true);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%d/%d passed (%.1f s)\n", tally.passed, tally.run, s);
     std::fflush(stdout);
@@ -728,7 +739,8 @@ void run_test_ops(const Options& o) {
 void add_test_ops_command(CLI::App& app) {
     auto opts = std::make_shared<Options>();
     auto* cmd = app.add_subcommand("test-ops", "check every op variant against its reference kernel");
-    cmd->add_option("-o,--op", opts->op, "run only this op (GDN_DELTA, GDN_FUSED, ATTENTION, KV_STORE, RMS_NORM, ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL)");
+    cmd->add_option("-o,--op", opts->op, "run only this op (GDN_DELTA, GDN_FUSED, ATTENTION, KV_STORE, RMS_NORM, ADD_RMS_NORM, ROPE, "
+                   "RMS_NORM_ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL, MATMUL_SWIGLU)");
     cmd->add_flag("--quick", opts->quick, "small grid (H_v=16, T<=65)");
     cmd->add_flag("--full", opts->full, "do not sample the T=4096 corner of the grid");
     cmd->callback([opts] { run_test_ops(*opts); });

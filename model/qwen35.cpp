@@ -14,7 +14,6 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
-#include "kernels/cpu/swiglu.h"
 #include "kernels/ref/activations.h"
 #include "kernels/ref/kv_store.h"
 #include "kernels/ref/rms_norm.h"
@@ -400,9 +399,9 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
         }
         // SwiGLU MLP.
         add_norm(L.post_attn_norm, p + "residual+post_attention_norm", out);
-        mm_multi({{&L.ffn_gate, ffg}, {&L.ffn_up, ffu}}, h, p + "ffn_gate+ffn_up", out);
-        plan->add("swiglu", p + "ffn_act", [=](const StepContext& c) {
-            cpu::swiglu(ffg, ffu, ffg, n_rows(out, c) * hp.n_ff);
+        // gate and up products and their SwiGLU in one step (the profile counts it as a matmul).
+        plan->add(matmul_kernel(L.ffn_gate), p + "ffn_gate+ffn_up+swiglu", [=, &L](const StepContext& c) {
+            cpu::matmul_swiglu(L.ffn_gate, L.ffn_up, h, ffg, ffu, n_rows(out, c));
         });
         mm(L.ffn_down, ffg, o, p + "ffn_down", out);
         if (l + 1 < hp.n_layer)  // every row: only the last layer has fewer

@@ -27,7 +27,10 @@ ALLOY_TARGET_AVX2 void gate_avx2(float* x, const float* g, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), avx2::sigmoid(_mm256_loadu_ps(g + i))));
-    gate_scalar(x + i, g + i, n - i);
+    if (i < n) {  // the tail through the same vector formula: an element's bits never depend on n
+        const __m256i m = avx2::tail_mask(n - i);
+        _mm256_maskstore_ps(x + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), avx2::sigmoid(_mm256_maskload_ps(g + i, m))));
+    }
 }
 
 }  // namespace

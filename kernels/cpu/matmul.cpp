@@ -22,6 +22,7 @@
 #include "format/quant.h"
 #include "kernels/cpu/matmul_act.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace alloy::cpu {
@@ -136,9 +137,9 @@ void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int6
                  int(std::min<int64_t>(mm::kRowDotTokens, t0 + tn - t)), y, ldy);
 }
 
-// GEMM over rows [r0, r0 + rc) and token groups [g0, g0 + nv) into tile [rc][ldt], then out to y.
-void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
-                int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out) {
+// GEMM over rows [r0, r0 + rc) and token groups [g0, g0 + nv) into tile [rc][ldt].
+void gemm_tile(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
+               int nv, float* tile, int ldt) {
     const mm::TileKernel& kt = p.tile;
     const int64_t K = W.n_in;
     for (int64_t k0 = 0; k0 < K; k0 += kt.kc) {
@@ -146,9 +147,20 @@ void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, i
         for (int64_t r = 0; r < rc; r += kt.rows)
             kt.fn(W, r0 + r, int(std::min<int64_t>(kt.rows, rc - r)), panel, g0, nv, k0, k1, tile + r * ldt, ldt);
     }
+}
+
+// Tile [rc][ldt] of rows [r0, r0 + rc) and token groups from g0 out to y (transposed).
+void store_tile(const Plan& p, const float* tile, int ldt, int64_t r0, int64_t rc, int64_t g0, int nv, int64_t T,
+                float* y, int64_t ldy, bool stream_out) {
     const int64_t t0 = g0 * mm::kGroup, tn = std::min<int64_t>(nv * mm::kGroup, T - t0);
     if (p.avx2_tiles) mm::store_transposed_avx2(tile, ldt, rc, tn, y + t0 * ldy + r0, ldy);
     else mm::store_transposed_avx512(tile, ldt, rc, tn, y + t0 * ldy + r0, ldy, stream_out);
+}
+
+void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
+                int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out) {
+    gemm_tile(p, W, panel, r0, rc, g0, nv, tile, ldt);
+    store_tile(p, tile, ldt, r0, rc, g0, nv, T, y, ldy, stream_out);
 }
 
 void convert_rows(const Plan& p, const WeightView& W, int64_t r0, int64_t rc, float* out) {
@@ -339,6 +351,44 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& s) {
     const MatmulOut out{&W, y};
     matmul_multi(&out, 1, x, T, isa, s);
+}
+
+void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, float* y, float* u, int64_t T, Isa isa,
+                   MatmulScratch& s) {
+    if (T <= 0) return;
+    check_shape(G);
+    check_shape(U);
+    const Plan p = make_plan(G.type, isa, G.n_in);
+    const int64_t N = G.n_out;
+    if (U.type != G.type || U.n_in != G.n_in || U.n_out != N || p.convert || p.convert_gemm || !use_gemm(p, T)) {
+        const MatmulOut outs[2] = {{&G, y}, {&U, u}};
+        matmul_multi(outs, 2, x, T, isa, s);
+        swiglu(y, u, y, T * N, std::min(isa, active_isa()));
+        return;
+    }
+    // Each item makes the gate and up tiles of its rows and tokens (as run_jobs does for each
+    // weight, token-tile-major), combines them in the tile and stores the result once.
+    const Prepared act = prepare(p, x, T, G.n_in, s);
+    const mm::TileKernel& kt = p.tile;
+    const int64_t G_tok = (T + mm::kGroup - 1) / mm::kGroup, chunk = kTileRowGroups * kt.rows;
+    const int64_t n_chunks = (N + chunk - 1) / chunk, n_tiles = (G_tok + kt.groups - 1) / kt.groups;
+    const int ldt = kt.groups * mm::kGroup;
+    parallel_for(n_tiles * n_chunks, [&](int64_t it, int thread) {
+        const int64_t g0 = (it / n_chunks) * kt.groups, r0 = (it % n_chunks) * chunk, rc = std::min(chunk, N - r0);
+        const int nv = int(std::min<int64_t>(kt.groups, G_tok - g0));
+        const int64_t tn = std::min<int64_t>(nv * mm::kGroup, T - g0 * mm::kGroup);
+        float* tg = reinterpret_cast<float*>(aligned(s.per_thread[size_t(thread)], size_t(2 * chunk * ldt) * 4));
+        float* tu = tg + chunk * ldt;
+        gemm_tile(p, G, act.panel, r0, rc, g0, nv, tg, ldt);
+        gemm_tile(p, U, act.panel, r0, rc, g0, nv, tu, ldt);
+        for (int64_t r = 0; r < rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, std::min(isa, active_isa()));
+        store_tile(p, tg, ldt, r0, rc, g0, nv, T, y, N, stream_output(T, N));
+    });
+}
+
+void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T) {
+    static thread_local MatmulScratch scratch;
+    matmul_swiglu(gate, up, x, y, u, T, active_isa(), scratch);
 }
 
 void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T) {

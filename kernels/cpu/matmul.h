@@ -63,6 +63,15 @@ struct MatmulOut {
 void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T);
 void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, MatmulScratch& scratch);
 
+// The first half of a SwiGLU MLP: y = silu(x gate^T) * (x up^T), [T, n_out], the same bits as
+// matmul_multi into y and u and then cpu::swiglu(y, u, y). On the GEMM path (T > 4, gate and
+// up of one type and shape) each work item combines its gate and up tiles before their one
+// store, so neither product is written out and read back; otherwise it is exactly that
+// sequence, with u ([T, n_out]) as the second output.
+void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T);
+void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T, Isa isa,
+                   MatmulScratch& scratch);
+
 // The activations as the kernels for weight type `wtype` consume them (Q8_0: quantized then
 // dequantized; BF16: rounded to bf16; other types: unchanged). x, out: [T, n_in].
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in);

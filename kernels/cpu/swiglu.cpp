@@ -32,7 +32,10 @@ ALLOY_TARGET_AVX2 void swiglu_avx2(const float* gate, const float* up, float* ou
     for (; i + 8 <= n; i += 8) {
         _mm256_storeu_ps(out + i, _mm256_mul_ps(avx2::silu(_mm256_loadu_ps(gate + i)), _mm256_loadu_ps(up + i)));
     }
-    swiglu_scalar(gate + i, up + i, out + i, n - i);
+    if (i < n) {  // the tail through the same vector formula: an element's bits never depend on n
+        const __m256i m = avx2::tail_mask(n - i);
+        _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(avx2::silu(_mm256_maskload_ps(gate + i, m)), _mm256_maskload_ps(up + i, m)));
+    }
 }
 
 }  // namespace

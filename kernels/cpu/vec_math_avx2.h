@@ -6,6 +6,8 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+
 #define ALLOY_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace alloy::cpu::avx2 {
@@ -56,5 +58,10 @@ ALLOY_TARGET_AVX2 inline __m256 sigmoid(__m256 x) {
 
 // SiLU(x) = x sigmoid(x).
 ALLOY_TARGET_AVX2 inline __m256 silu(__m256 x) { return _mm256_mul_ps(x, sigmoid(x)); }
+
+// Lanes [0, n) set (0 < n < 8), for _mm256_maskload_ps / _mm256_maskstore_ps of a tail.
+ALLOY_TARGET_AVX2 inline __m256i tail_mask(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 
 }  // namespace alloy::cpu::avx2

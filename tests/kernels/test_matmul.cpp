@@ -18,8 +18,10 @@
 #include "tests/kernels/isa_paths.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/matmul.h"
+#include "kernels/ref/swiglu.h"
 
 namespace alloy {
 namespace {
@@ -321,6 +323,58 @@ TEST(Matmul, MultiMatchesSeparateCallsBitForBit) {
             }
         }
     }
+}
+
+// matmul_swiglu: the same bits as matmul_multi into (y, u) then cpu::swiglu, on every path,
+// token count (decode GEMV, GEMM tiles, a partial last token tile) and row count (a partial
+// last row chunk); close to the reference composition (ref::matmul on the effective input,
+// ref::swiglu). A gate and up of different types take the unfused path.
+TEST(Matmul, SwigluMatchesSeparateProductsBitForBit) {
+    std::mt19937 rng(23);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    cpu::MatmulScratch scratch;
+    for (GgmlType type : {GgmlType::BF16, GgmlType::Q8_0, GgmlType::F32, GgmlType::F16, GgmlType::Q4_0}) {
+        for (int64_t n_out : {int64_t(37), int64_t(200)}) {
+            const int64_t n_in = type == GgmlType::F32 ? 70 : 96;
+            const std::vector<uint8_t> gb = random_weights(type, n_in, n_out, rng), ub = random_weights(type, n_in, n_out, rng);
+            const WeightView G{type, n_in, n_out, gb.data(), row_bytes(type, n_in)};
+            const WeightView U{type, n_in, n_out, ub.data(), row_bytes(type, n_in)};
+            for (int64_t T : {1, 4, 5, 70, 129}) {
+                std::vector<float> x(size_t(T * n_in)), xe(x.size());
+                for (auto& v : x) v = nd(rng);
+                cpu::matmul_effective_input(type, x.data(), xe.data(), T, n_in);
+                std::vector<float> rg(size_t(T * n_out)), ru(rg.size()), want(rg.size());
+                ref::matmul(G, xe.data(), rg.data(), T);
+                ref::matmul(U, xe.data(), ru.data(), T);
+                ref::swiglu(rg.data(), ru.data(), want.data(), T * n_out);
+                for (cpu::Isa isa : isas()) {
+                    const std::string what = std::string(type_traits(type).name) + " " + cpu::isa_name(isa) +
+                                             " n_out=" + std::to_string(n_out) + " T=" + std::to_string(T);
+                    std::vector<float> y(rg.size(), NAN), u(rg.size(), NAN), sy(rg.size(), NAN), su(rg.size(), NAN);
+                    cpu::matmul_swiglu(G, U, x.data(), y.data(), u.data(), T, isa, scratch);
+                    const cpu::MatmulOut outs[2] = {{&G, sy.data()}, {&U, su.data()}};
+                    cpu::matmul_multi(outs, 2, x.data(), T, isa, scratch);
+                    cpu::swiglu(sy.data(), su.data(), sy.data(), T * n_out, isa);
+                    EXPECT_EQ(0, std::memcmp(y.data(), sy.data(), y.size() * 4)) << what;
+                    EXPECT_LT(rel_err(y, want), 1e-4) << what;  // two 1e-5 products through silu
+                }
+            }
+        }
+    }
+    // Mixed types: the unfused path, still the same bits.
+    const int64_t n_in = 64, n_out = 50, T = 33;
+    const std::vector<uint8_t> gb = random_weights(GgmlType::BF16, n_in, n_out, rng);
+    const std::vector<uint8_t> ub = random_weights(GgmlType::Q8_0, n_in, n_out, rng);
+    const WeightView G{GgmlType::BF16, n_in, n_out, gb.data(), row_bytes(GgmlType::BF16, n_in)};
+    const WeightView U{GgmlType::Q8_0, n_in, n_out, ub.data(), row_bytes(GgmlType::Q8_0, n_in)};
+    std::vector<float> x(size_t(T * n_in));
+    for (auto& v : x) v = nd(rng);
+    std::vector<float> y(size_t(T * n_out)), u(y.size()), sy(y.size()), su(y.size());
+    cpu::matmul_swiglu(G, U, x.data(), y.data(), u.data(), T, cpu::active_isa(), scratch);
+    cpu::matmul(G, x.data(), sy.data(), T, cpu::active_isa(), scratch);
+    cpu::matmul(U, x.data(), su.data(), T, cpu::active_isa(), scratch);
+    cpu::swiglu(sy.data(), su.data(), sy.data(), T * n_out, cpu::active_isa());
+    EXPECT_EQ(0, std::memcmp(y.data(), sy.data(), y.size() * 4));
 }
 
 TEST(Matmul, RejectsRowsThatAreNotWholeBlocks) {

@@ -1,6 +1,7 @@
 #include "kernels/cpu/add.h"
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/cpu/vec_math_avx512.h"
 
 namespace alloy::cpu {
@@ -19,10 +20,16 @@ ALLOY_TARGET_AVX512 void add_avx512(float* x, const float* y, int64_t n) {
     }
 }
 
+ALLOY_TARGET_AVX2 void add_avx2(float* x, const float* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    add_scalar(x + i, y + i, n - i);
+}
+
 }  // namespace
 
 void add(float* x, const float* y, int64_t n, Isa isa) {
-    auto fn = isa >= Isa::Avx512 ? add_avx512 : add_scalar;
+    auto fn = isa >= Isa::Avx512 ? add_avx512 : isa >= Isa::Avx2 ? add_avx2 : add_scalar;
     for_chunks(n, 1, [&](int64_t b, int64_t e) { fn(x + b, y + b, e - b); });
 }
 

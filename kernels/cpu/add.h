@@ -8,7 +8,7 @@ namespace alloy::cpu {
 
 // x: [n] updated in place; y: [n]. Large n runs on the pool (bandwidth of both cores).
 void add(float* x, const float* y, int64_t n);
-// Same on an explicit ISA path (tests); Avx2 runs the portable path.
+// Same on an explicit ISA path (tests).
 void add(float* x, const float* y, int64_t n, Isa isa);
 
 }  // namespace alloy::cpu

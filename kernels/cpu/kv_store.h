@@ -12,7 +12,8 @@ namespace alloy::cpu {
 
 // dst[0..n) = src[0..n) as `type` (F32, F16 or BF16; throws otherwise). Large n runs on the pool.
 void kv_store(const float* src, void* dst, GgmlType type, int64_t n);
-// Same on an explicit ISA path (tests); Avx2 runs the portable path.
+// Same on an explicit ISA path (tests); on Avx2, f16 converts with F16C and bf16 runs the
+// portable path.
 void kv_store(const float* src, void* dst, GgmlType type, int64_t n, Isa isa);
 
 }  // namespace alloy::cpu

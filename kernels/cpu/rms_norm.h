@@ -11,7 +11,7 @@ namespace alloy::cpu {
 // x, out: [rows, n] (out may alias x); w: [n] (nullptr = no weight). Rows run on the pool
 // only when rows * n is large.
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps);
-// Same on an explicit ISA path (tests); Avx2 runs the portable path.
+// Same on an explicit ISA path (tests).
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps, Isa isa);
 
 // One row of rms_norm on a path, for ops that normalize rows inside their own loops

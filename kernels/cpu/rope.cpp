@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/cpu/vec_math_avx512.h"
 
 namespace alloy::cpu {
@@ -38,6 +39,30 @@ ALLOY_TARGET_AVX512 void token_avx512(float* x, const float* c, const float* s, 
     }
 }
 
+// AVX2: compiled without FMA, so the separate products cannot be contracted into one (the
+// reference's roundings, as the _round_ forms above); a tail of fewer than 8 pairs is scalar.
+__attribute__((target("avx2"))) void token_avx2(float* x, const float* c, const float* s, int n_heads, int head_dim,
+                                                int half) {
+    for (int h = 0; h < n_heads; ++h) {
+        float* xh = x + int64_t(h) * head_dim;
+        int i = 0;
+        for (; i + 8 <= half; i += 8) {
+            const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+            const __m256 a = _mm256_loadu_ps(xh + i), b = _mm256_loadu_ps(xh + half + i);
+            _mm256_storeu_ps(xh + i, _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(b, sv)));
+            _mm256_storeu_ps(xh + half + i, _mm256_add_ps(_mm256_mul_ps(a, sv), _mm256_mul_ps(b, cv)));
+        }
+        for (; i < half; ++i) {
+            const float a = xh[i], b = xh[i + half];
+            xh[i] = a * c[i] - b * s[i];
+            xh[i + half] = a * s[i] + b * c[i];
+        }
+    }
+}
+
+using TokenFn = void (*)(float*, const float*, const float*, int, int, int);
+TokenFn token_fn(Isa isa) { return isa >= Isa::Avx512 ? token_avx512 : isa >= Isa::Avx2 ? token_avx2 : token_scalar; }
+
 }  // namespace
 
 RopeTable rope_table(const int32_t* pos, int64_t T, int n_rot, float base) {
@@ -65,7 +90,7 @@ RopeTable rope_table(const int32_t* pos, int64_t T, int n_rot, float base) {
 void rope_partial(const RopeTable& tab, float* x, int n_heads, int head_dim, Isa isa) {
     assert(head_dim >= tab.n_rot);
     const int half = tab.n_rot / 2;
-    auto token = isa >= Isa::Avx512 ? token_avx512 : token_scalar;
+    const TokenFn token = token_fn(isa);
     const int64_t stride = int64_t(n_heads) * head_dim;
     for_chunks(tab.T, int64_t(n_heads) * tab.n_rot, [&](int64_t b, int64_t e) {
         for (int64_t t = b; t < e; ++t)
@@ -81,7 +106,7 @@ void rms_norm_rope(const RopeTable& tab, const float* x, int64_t x_head_stride, 
                    int head_dim, float eps, Isa isa) {
     assert(head_dim >= tab.n_rot);
     const int half = tab.n_rot / 2;
-    auto token = isa >= Isa::Avx512 ? token_avx512 : token_scalar;
+    const TokenFn token = token_fn(isa);
     const RmsNormRow norm = rms_norm_row(isa);
     const int64_t stride = int64_t(n_heads) * head_dim;
     for_chunks(tab.T, 2 * stride, [&](int64_t b, int64_t e) {

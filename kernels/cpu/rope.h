@@ -25,7 +25,7 @@ RopeTable rope_table(const int32_t* pos, int64_t T, int n_rot, float base);
 
 // x: [tab.T, n_heads, head_dim] rotated in place (head_dim >= tab.n_rot).
 void rope_partial(const RopeTable& tab, float* x, int n_heads, int head_dim);
-// Same on an explicit ISA path (tests); Avx2 runs the portable path.
+// Same on an explicit ISA path (tests).
 void rope_partial(const RopeTable& tab, float* x, int n_heads, int head_dim, Isa isa);
 
 // The per-head RMSNorm of q or k, then the rotation, as ref::rms_norm_rope: head (t, h) of x

@@ -31,7 +31,7 @@ namespace {
 
 using cpu::Isa;
 
-std::vector<Isa> isas() { return test::isa_paths(); }
+std::vector<Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 
 std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
     std::mt19937 rng(seed);

@@ -15,16 +15,20 @@ namespace {
 
 using nlohmann::json;
 
+json parse_json(std::string_view text, const std::string& name) {
+    try {
+        return json::parse(text);
+    } catch (const json::exception& e) {
+        throw Error(name + ": not valid JSON: " + e.what());
+    }
+}
+
 json read_json(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw Error(path + ": cannot open");
     std::stringstream ss;
     ss << in.rdbuf();
-    try {
-        return json::parse(ss.str());
-    } catch (const json::exception& e) {
-        throw Error(path + ": not valid JSON: " + e.what());
-    }
+    return parse_json(ss.str(), path);
 }
 
 // llama.cpp's converter also marks added tokens that merely look special (<|...|>) as
@@ -118,10 +122,9 @@ bool read_normalizer(const json& j, const std::string& path) {
     throw Error(path + ": normalizer '" + type + "' is not supported (only NFC)");
 }
 
-}  // namespace
-
-Tokenizer Tokenizer::from_hf_json(const std::string& path) {
-    const json j = read_json(path);
+// The vocabulary of a parsed tokenizer.json; `path` names it in errors; `config`, when not
+// empty, is a tokenizer_config.json to read too.
+Tokenizer from_json(const json& j, const std::string& path, const std::string& config) {
     try {
         if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
             throw Error(path + ": no 'model' object");
@@ -181,8 +184,7 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
         v.nfc = read_normalizer(j, path);
         v.pre = read_pre_tokenizer(j, path);
 
-        const auto cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
-        if (std::filesystem::exists(cfg)) read_config(cfg.string(), v);
+        if (!config.empty()) read_config(config, v);
         try {
             return Tokenizer(std::move(v));
         } catch (const Error& e) {
@@ -191,6 +193,17 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
     } catch (const json::exception& e) {
         throw Error(path + ": unexpected JSON structure: " + e.what());
     }
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_hf_json(const std::string& path) {
+    const auto cfg = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+    return from_json(read_json(path), path, std::filesystem::exists(cfg) ? cfg.string() : std::string());
+}
+
+Tokenizer Tokenizer::from_hf_json_text(std::string_view text, const std::string& name) {
+    return from_json(parse_json(text, name), name, std::string());
 }
 
 }  // namespace alloy

@@ -39,6 +39,9 @@ public:
     // Throws alloy::Error naming the file and key that was wrong.
     static Tokenizer from_gguf(const gguf::File& file);
     static Tokenizer from_hf_json(const std::string& path);
+    // The same from the text of a tokenizer.json in memory (no tokenizer_config.json); `name`
+    // names it in errors.
+    static Tokenizer from_hf_json_text(std::string_view text, const std::string& name);
     // A .gguf path loads the GGUF vocabulary, anything else is read as tokenizer.json.
     static Tokenizer from_path(const std::string& path);
 

@@ -201,5 +201,24 @@ TEST(HfJson, BadFilesNameTheFileAndField) {
     expect_error(write_file("novocab", no_vocab), "model.vocab");
 }
 
+// The in-memory entry point (the fuzz target's): the same vocabulary as the file, errors
+// named by the name given.
+TEST(HfJson, TextEntryPointMatchesTheFile) {
+    const std::string text = tiny_json(R"([["a", "b"], ["ab", "c"]])", "null", "");
+    const Tokenizer a = Tokenizer::from_hf_json(write_file("text", text));
+    const Tokenizer b = Tokenizer::from_hf_json_text(text, "mem/tokenizer.json");
+    EXPECT_EQ(a.vocab().tokens, b.vocab().tokens);
+    EXPECT_EQ(a.vocab().merges, b.vocab().merges);
+    EXPECT_EQ(a.encode("abcab <think>", true), b.encode("abcab <think>", true));
+    for (const std::string bad : {std::string("{\"model\": [1"), std::string("[]"), tiny_json("[17]", "null", "")}) {
+        try {
+            Tokenizer::from_hf_json_text(bad, "mem/tokenizer.json");
+            ADD_FAILURE() << "no error for " << bad.substr(0, 40);
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("mem/tokenizer.json"), std::string::npos) << e.what();
+        }
+    }
+}
+
 }  // namespace
 }  // namespace alloy

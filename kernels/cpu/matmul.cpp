@@ -386,19 +386,25 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     });
 }
 
-void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T) {
+// One scratch per calling thread for the convenience overloads (they never nest), so the
+// prepared-activation buffer (~1 MiB at 512 tokens) exists once per thread, not per entry point.
+namespace {
+MatmulScratch& thread_scratch() {
     static thread_local MatmulScratch scratch;
-    matmul_swiglu(gate, up, x, y, u, T, active_isa(), scratch);
+    return scratch;
+}
+}  // namespace
+
+void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T) {
+    matmul_swiglu(gate, up, x, y, u, T, active_isa(), thread_scratch());
 }
 
 void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T) {
-    static thread_local MatmulScratch scratch;
-    matmul_multi(outs, n, x, T, active_isa(), scratch);
+    matmul_multi(outs, n, x, T, active_isa(), thread_scratch());
 }
 
 void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
-    static thread_local MatmulScratch scratch;
-    matmul(W, x, y, T, active_isa(), scratch);
+    matmul(W, x, y, T, active_isa(), thread_scratch());
 }
 
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in) {

@@ -661,7 +661,8 @@ void run_matmul_op(const Options& o, Tally& tally, bool swiglu) {
     cpu::MatmulScratch scratch;
     uint32_t seed = 2000;
     for (const MatmulCase& c : matmul_cases(o)) {
-        const MatmulIn in = make_matmul_in(c, seed++), up = make_matmul_in(c, seed + 7777);
+        const MatmulIn in = make_matmul_in(c, seed++);
+        const MatmulIn up = swiglu ? make_matmul_in(c, seed + 7777) : MatmulIn{};  // MATMUL_SWIGLU only
         const WeightView W = in.view(), U = up.view();
         std::vector<float> xe(in.x.size()), want(size_t(c.T * c.n_out));
         cpu::matmul_effective_input(c.type, in.x.data(), xe.data(), c.T, c.n_in);

@@ -157,6 +157,18 @@ void store_tile(const Plan& p, const float* tile, int ldt, int64_t r0, int64_t r
     else mm::store_transposed_avx512(tile, ldt, rc, tn, y + t0 * ldy + r0, ldy, stream_out);
 }
 
+// GEMM work item `it` of a weight with n_out rows: token-tile-major (item = token tile *
+// n_chunks + row chunk), so both threads share one activation tile while each streams its own
+// weight rows.
+struct GemmItem {
+    int64_t g0, r0, rc;  // first token group, first row, rows
+    int nv;              // token groups
+};
+GemmItem gemm_item(const mm::TileKernel& kt, int64_t it, int64_t n_chunks, int64_t chunk, int64_t G, int64_t n_out) {
+    const int64_t g0 = (it / n_chunks) * kt.groups, r0 = (it % n_chunks) * chunk;
+    return {g0, r0, std::min(chunk, n_out - r0), int(std::min<int64_t>(kt.groups, G - g0))};
+}
+
 void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
                 int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out) {
     gemm_tile(p, W, panel, r0, rc, g0, nv, tile, ldt);
@@ -272,11 +284,9 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
         const WeightView& W = *jb.W;
         const int64_t N = W.n_out, it = item - jb.first;
         if (gemm) {
-            // Token-tile-major within a weight, so both threads share one activation tile.
-            const int64_t g0 = (it / jb.n_chunks) * kt.groups, r0 = (it % jb.n_chunks) * chunk;
+            const GemmItem gi = gemm_item(kt, it, jb.n_chunks, chunk, G, N);
             float* tile = reinterpret_cast<float*>(aligned(s.per_thread[size_t(thread)], size_t(chunk * ldt) * 4));
-            gemm_range(p, W, panel, r0, std::min(chunk, N - r0), g0, int(std::min<int64_t>(kt.groups, G - g0)), T,
-                       tile, ldt, jb.y, N, stream_output(T, N));
+            gemm_range(p, W, panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tile, ldt, jb.y, N, stream_output(T, N));
         } else if (gemv) {
             const int64_t r0 = jb.bounds[it], nr = jb.bounds[it + 1] - r0;
             for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
@@ -366,23 +376,23 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
         swiglu(y, u, y, T * N, std::min(isa, active_isa()));
         return;
     }
-    // Each item makes the gate and up tiles of its rows and tokens (as run_jobs does for each
-    // weight, token-tile-major), combines them in the tile and stores the result once.
+    // Each item makes the gate and up tiles of its rows and tokens (the items of run_jobs for
+    // one weight), combines them in the tile and stores the result once.
     const Prepared act = prepare(p, x, T, G.n_in, s);
     const mm::TileKernel& kt = p.tile;
     const int64_t G_tok = (T + mm::kGroup - 1) / mm::kGroup, chunk = kTileRowGroups * kt.rows;
     const int64_t n_chunks = (N + chunk - 1) / chunk, n_tiles = (G_tok + kt.groups - 1) / kt.groups;
     const int ldt = kt.groups * mm::kGroup;
+    const Isa swiglu_isa = std::min(isa, active_isa());
     parallel_for(n_tiles * n_chunks, [&](int64_t it, int thread) {
-        const int64_t g0 = (it / n_chunks) * kt.groups, r0 = (it % n_chunks) * chunk, rc = std::min(chunk, N - r0);
-        const int nv = int(std::min<int64_t>(kt.groups, G_tok - g0));
-        const int64_t tn = std::min<int64_t>(nv * mm::kGroup, T - g0 * mm::kGroup);
+        const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
+        const int64_t tn = std::min<int64_t>(gi.nv * mm::kGroup, T - gi.g0 * mm::kGroup);
         float* tg = reinterpret_cast<float*>(aligned(s.per_thread[size_t(thread)], size_t(2 * chunk * ldt) * 4));
         float* tu = tg + chunk * ldt;
-        gemm_tile(p, G, act.panel, r0, rc, g0, nv, tg, ldt);
-        gemm_tile(p, U, act.panel, r0, rc, g0, nv, tu, ldt);
-        for (int64_t r = 0; r < rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, std::min(isa, active_isa()));
-        store_tile(p, tg, ldt, r0, rc, g0, nv, T, y, N, stream_output(T, N));
+        gemm_tile(p, G, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, tg, ldt);
+        gemm_tile(p, U, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, tu, ldt);
+        for (int64_t r = 0; r < gi.rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, swiglu_isa);
+        store_tile(p, tg, ldt, gi.r0, gi.rc, gi.g0, gi.nv, T, y, N, stream_output(T, N));
     });
 }
 

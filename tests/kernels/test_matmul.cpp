@@ -16,6 +16,7 @@
 #include "alloy/error.h"
 #include "format/quant.h"
 #include "tests/kernels/isa_paths.h"
+#include "tests/kernels/random_weights.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/swiglu.h"
@@ -25,40 +26,6 @@
 
 namespace alloy {
 namespace {
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-        den += double(b[i]) * b[i];
-    }
-    return std::sqrt(num / den);
-}
-
-// Random weights of any type: quantized from N(0, 1) where we have a quantizer, else random
-// bytes with sane f16 scales (every bit pattern of the quants is a valid block).
-std::vector<uint8_t> random_weights(GgmlType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
-    const size_t rb = row_bytes(type, n_in);
-    std::vector<uint8_t> bytes(rb * size_t(n_out));
-    if (type == GgmlType::Q4_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K) {
-        for (auto& b : bytes) b = uint8_t(rng());
-        const size_t blk = type_traits(type).block_bytes;
-        for (size_t off = 0; off < bytes.size(); off += blk) {
-            const uint16_t d = fp32_to_fp16(0.01f * float(1 + rng() % 7));
-            if (type == GgmlType::Q6_K) std::memcpy(&bytes[off + blk - 2], &d, 2);
-            else std::memcpy(&bytes[off], &d, 2);
-            if (type == GgmlType::Q4_K) std::memcpy(&bytes[off + 2], &d, 2);
-        }
-    } else {
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        std::vector<float> w(static_cast<size_t>(n_in));
-        for (int64_t r = 0; r < n_out; ++r) {
-            for (auto& v : w) v = nd(rng);
-            quantize_row(type, w.data(), bytes.data() + size_t(r) * rb, n_in);
-        }
-    }
-    return bytes;
-}
 
 std::vector<cpu::Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 

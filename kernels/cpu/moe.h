@@ -1,0 +1,25 @@
+// Mixture-of-experts FFN of a Qwen3.5 MoE layer on the CPU, same contract as ref::moe_ffn
+// (kernels/ref/moe.h). The router product and routing run once for all T tokens; the
+// token-expert pairs are then sorted by expert so each chosen expert runs one gate/up/down
+// product over all its tokens (its weights read once per call, GEMM tiles when it has more
+// than 4 tokens); the shared expert runs over all T. Each token's output sums its experts in
+// rank order, then the gated shared expert.
+//
+// Numerics: every product is cpu::matmul's (kernels/cpu/matmul.h, per weight type). A call of
+// up to 4 tokens gives every expert at most 4 tokens, so row t has the bits of a 1-token call
+// on row t (speculative verification reproduces decode); longer calls may differ in the last
+// bits where the matmul's GEMM path does.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/ref/moe.h"
+
+namespace alloy::cpu {
+
+// x: [T, D]; y: [T, D] (must not alias x). Throws alloy::Error on inconsistent weights.
+void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T);
+// Same on an explicit ISA path (tests, comparisons).
+void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa isa);
+
+}  // namespace alloy::cpu

@@ -1,0 +1,211 @@
+// moe_ffn (kernels/cpu/moe.h): every ISA path this CPU has x expert weight types x odd shapes
+// (with and without the shared expert, separate and fused gate/up tensors) against
+// ref::moe_ffn on random inputs, plus the decode/verification contract (a call of up to 4
+// tokens gives each row the bits of a 1-token call) and the argument checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "alloy/error.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/ref/matmul.h"
+#include "kernels/ref/moe.h"
+#include "tests/kernels/isa_paths.h"
+#include "tests/kernels/random_weights.h"
+
+namespace alloy {
+namespace {
+
+using cpu::Isa;
+
+struct Shape {
+    int64_t D, I, Is;  // Is = 0: no shared expert
+    int E, k;
+    bool fused;        // gate and up in one ffn_gate_up_exps tensor
+};
+
+// The weights of one layer, owning their bytes.
+struct Layer {
+    std::vector<std::vector<uint8_t>> store;
+    ref::MoeWeights w;
+
+    WeightView make(GgmlType t, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+        store.push_back(random_weights(t, n_in, n_out, rng));
+        return WeightView{t, n_in, n_out, store.back().data(), row_bytes(t, n_in)};
+    }
+    Layer(const Shape& s, GgmlType expert_type, GgmlType router_type, uint32_t seed) {
+        store.reserve(16);
+        std::mt19937 rng(seed);
+        w.n_expert = s.E;
+        w.n_used = s.k;
+        w.router = make(router_type, s.D, s.E, rng);
+        if (s.fused) {
+            const WeightView gu = make(expert_type, s.D, 2 * s.I * s.E, rng);
+            w.gate = {gu, 2 * s.I, 0, s.I};
+            w.up = {gu, 2 * s.I, s.I, s.I};
+        } else {
+            w.gate = {make(expert_type, s.D, s.I * s.E, rng), s.I, 0, s.I};
+            w.up = {make(expert_type, s.D, s.I * s.E, rng), s.I, 0, s.I};
+        }
+        w.down = {make(expert_type, s.I, s.D * s.E, rng), s.D, 0, s.D};
+        if (s.Is > 0) {
+            w.shexp_gate = make(expert_type, s.D, s.Is, rng);
+            w.shexp_up = make(expert_type, s.D, s.Is, rng);
+            w.shexp_down = make(expert_type, s.Is, s.D, rng);
+            w.shexp_router = make(router_type, s.D, 1, rng);
+        }
+    }
+};
+
+// x [T, D] uniform in [-1, 1], each row redrawn until its k-th and (k+1)-th router logits are
+// at least `gap` apart: every path must pick the same experts, whatever its rounding.
+std::vector<float> routed_input(const ref::MoeWeights& w, int64_t T, float gap, uint32_t seed) {
+    const int64_t D = w.n_embd();
+    const int E = w.n_expert, k = w.n_used;
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(T * D)), l(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+        float* xt = x.data() + t * D;
+        for (int tries = 0;; ++tries) {
+            if (tries == 1000) throw Error("routed_input: no well-separated routing found");
+            for (int64_t d = 0; d < D; ++d) xt[d] = u(rng);
+            ref::matmul(w.router, xt, l.data(), 1);
+            std::sort(l.begin(), l.end(), std::greater<float>());
+            if (k == E || l[size_t(k - 1)] - l[size_t(k)] >= gap) break;
+        }
+    }
+    return x;
+}
+
+std::string name(const Shape& s, GgmlType t, Isa isa, int64_t T) {
+    return std::string(type_traits(t).name) + " " + cpu::isa_name(isa) + " D=" + std::to_string(s.D) +
+           " I=" + std::to_string(s.I) + " Is=" + std::to_string(s.Is) + " E=" + std::to_string(s.E) +
+           " k=" + std::to_string(s.k) + (s.fused ? " fused" : "") + " T=" + std::to_string(T);
+}
+
+// Relative L2 error against the reference on plain fp32 inputs: F32 weights only round the
+// sums; BF16 and Q8_0 round the activations of every product (kernels/cpu/matmul.h), three
+// products deep.
+double tolerance(GgmlType t) { return t == GgmlType::F32 ? 2e-5 : t == GgmlType::BF16 ? 1e-2 : 5e-2; }
+
+TEST(Moe, EveryIsaTypeAndShapeAgainstReference) {
+    const std::vector<Shape> odd = {{37, 23, 19, 5, 2, false}, {37, 23, 0, 5, 5, true}, {36, 22, 18, 6, 1, false}};
+    const std::vector<Shape> blocks = {{96, 64, 32, 7, 3, false}, {64, 32, 0, 4, 2, true}};
+    uint32_t seed = 1;
+    for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0}) {
+        std::vector<Shape> shapes = blocks;
+        if (t != GgmlType::Q8_0) shapes.insert(shapes.end(), odd.begin(), odd.end());  // Q8_0 rows are 32-blocks
+        for (const Shape& s : shapes) {
+            const Layer L(s, t, GgmlType::F32, seed++);
+            for (int64_t T : {1, 3, 5, 19, 70}) {
+                const auto x = routed_input(L.w, T, 0.05f, seed++);
+                std::vector<float> want(x.size());
+                ref::moe_ffn(L.w, x.data(), want.data(), T);
+                for (Isa isa : test::isa_paths(/*has_avx2_code=*/true)) {
+                    std::vector<float> got(x.size(), NAN);
+                    cpu::moe_ffn(L.w, x.data(), got.data(), T, isa);
+                    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << name(s, t, isa, T);
+                    EXPECT_LE(rel_err(got, want), tolerance(t)) << name(s, t, isa, T);
+                }
+            }
+        }
+    }
+}
+
+// A BF16 router (as a BF16 GGUF stores it) rounds its input to bf16 on the CPU paths: the
+// routing still agrees where the logits are apart by more than that rounding.
+TEST(Moe, Bf16RouterAgreesWithReference) {
+    const Shape s{64, 32, 16, 6, 2, false};
+    const Layer L(s, GgmlType::BF16, GgmlType::BF16, 77);
+    const int64_t T = 9;
+    const auto x = routed_input(L.w, T, 0.5f, 78);
+    std::vector<float> want(x.size()), got(x.size());
+    ref::moe_ffn(L.w, x.data(), want.data(), T);
+    for (Isa isa : test::isa_paths(true)) {
+        cpu::moe_ffn(L.w, x.data(), got.data(), T, isa);
+        EXPECT_LE(rel_err(got, want), tolerance(GgmlType::BF16)) << cpu::isa_name(isa);
+    }
+}
+
+// Speculative verification: a call of up to 4 tokens reproduces each token's 1-token call
+// bit for bit on every path and weight type.
+TEST(Moe, ShortCallsReproduceOneTokenCallsBitForBit) {
+    const Shape s{64, 32, 32, 6, 2, false};
+    uint32_t seed = 200;
+    for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0}) {
+        const Layer L(s, t, t, seed++);
+        for (int64_t T : {2, 3, 4}) {
+            std::mt19937 rng(seed++);
+            std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+            std::vector<float> x(size_t(T * s.D));
+            for (auto& v : x) v = u(rng);
+            for (Isa isa : test::isa_paths(true)) {
+                std::vector<float> all(x.size()), one(size_t(s.D));
+                cpu::moe_ffn(L.w, x.data(), all.data(), T, isa);
+                for (int64_t r = 0; r < T; ++r) {
+                    cpu::moe_ffn(L.w, x.data() + r * s.D, one.data(), 1, isa);
+                    EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * s.D, size_t(s.D) * 4))
+                        << name(s, t, isa, T) << " row " << r;
+                }
+            }
+        }
+    }
+}
+
+TEST(Moe, RoutingPicksTheLargestAndRenormalises) {
+    const float logits[2 * 4] = {0.0f, 2.0f, 1.0f, 2.0f, -1.0f, -1.0f, 3.0f, 0.5f};
+    int32_t ids[2 * 2];
+    float w[2 * 2];
+    ref::moe_route(logits, 2, 4, 2, ids, w);
+    EXPECT_EQ(ids[0], 1);  // a tie goes to the lower id first
+    EXPECT_EQ(ids[1], 3);
+    EXPECT_FLOAT_EQ(w[0], 0.5f);
+    EXPECT_FLOAT_EQ(w[1], 0.5f);
+    EXPECT_EQ(ids[2], 2);
+    EXPECT_EQ(ids[3], 3);
+    EXPECT_NEAR(w[2], 1.0f / (1.0f + std::exp(-2.5f)), 1e-6f);
+    EXPECT_NEAR(w[2] + w[3], 1.0f, 1e-6f);
+}
+
+TEST(Moe, RejectsInconsistentWeights) {
+    const Shape s{32, 32, 32, 4, 2, false};
+    std::vector<float> x(32), y(32);
+    auto expect_error = [&](const ref::MoeWeights& w, const std::string& what) {
+        try {
+            cpu::moe_ffn(w, x.data(), y.data(), 1);
+            ADD_FAILURE() << "no error for " << what;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("cpu::moe_ffn"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        }
+    };
+    {
+        Layer L(s, GgmlType::F32, GgmlType::F32, 5);
+        L.w.n_used = 5;
+        expect_error(L.w, "experts per token");
+    }
+    {
+        Layer L(s, GgmlType::F32, GgmlType::F32, 6);
+        L.w.down.all.n_out -= 1;  // one row short of the last expert
+        expect_error(L.w, "expert down tensor");
+    }
+    {
+        Layer L(s, GgmlType::F32, GgmlType::F32, 7);
+        L.w.n_expert = 5;
+        expect_error(L.w, "router");
+    }
+    {
+        Layer L(s, GgmlType::F32, GgmlType::F32, 8);
+        L.w.shexp_router.n_out = 2;
+        expect_error(L.w, "ffn_gate_inp_shexp");
+    }
+}
+
+}  // namespace
+}  // namespace alloy

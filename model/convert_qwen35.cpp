@@ -23,6 +23,10 @@ struct TextConfig {
     float eps = 1e-6f, rope_theta = 1e7f, partial_rotary = 0.25f;
     std::vector<int32_t> mrope_section{11, 11, 10, 0};
     bool tied = false;
+    // MoE (Qwen3_5Moe*: `num_experts` in the config): experts, experts per token, the widths of
+    // an expert and of the shared expert (0 when dense).
+    int n_expert = 0, n_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+    bool moe() const { return n_expert > 0; }
 };
 
 template <class T>
@@ -49,7 +53,17 @@ TextConfig read_config(const std::string& path) {
     TextConfig c;
     c.vocab = field<int>(tc, "vocab_size", path);
     c.D = field<int>(tc, "hidden_size", path);
-    c.n_ff = field<int>(tc, "intermediate_size", path);
+    c.n_expert = tc.value("num_experts", 0);
+    if (c.moe()) {
+        c.n_used = field<int>(tc, "num_experts_per_tok", path);
+        c.n_ff_exp = field<int>(tc, "moe_intermediate_size", path);
+        c.n_ff_shexp = tc.value("shared_expert_intermediate_size", 0);
+        if (c.n_used <= 0 || c.n_used > c.n_expert || c.n_ff_exp <= 0 || c.n_ff_shexp < 0)
+            throw Error(path + ": num_experts_per_tok / moe_intermediate_size / shared_expert_intermediate_size out of range");
+        c.n_ff = tc.value("intermediate_size", 0);  // unused by an all-MoE model
+    } else {
+        c.n_ff = field<int>(tc, "intermediate_size", path);
+    }
     c.n_layer = field<int>(tc, "num_hidden_layers", path);
     c.n_head = field<int>(tc, "num_attention_heads", path);
     c.n_head_kv = field<int>(tc, "num_key_value_heads", path);
@@ -156,8 +170,9 @@ std::string convert_hf_qwen35(const ConvertOptions& opt) {
     const int n_mtp = has_mtp ? std::max(1, c.n_mtp) : 0;
 
     gguf::Writer w;
-    const std::string A = "qwen35.";
-    w.set("general.architecture", gguf::Value::str("qwen35"));
+    const std::string arch = c.moe() ? "qwen35moe" : "qwen35";
+    const std::string A = arch + ".";
+    w.set("general.architecture", gguf::Value::str(arch));
     w.set("general.name", gguf::Value::str(fs::path(opt.hf_dir).filename().string()));
     uint32_t ftype = 0;  // llama_ftype of the dominant matrix type
     switch (opt.dtype) {
@@ -171,7 +186,14 @@ std::string convert_hf_qwen35(const ConvertOptions& opt) {
     w.set(A + "context_length", gguf::Value::u32(uint32_t(c.n_ctx)));
     w.set(A + "embedding_length", gguf::Value::u32(uint32_t(c.D)));
     w.set(A + "block_count", gguf::Value::u32(uint32_t(c.n_layer + n_mtp)));
-    w.set(A + "feed_forward_length", gguf::Value::u32(uint32_t(c.n_ff)));
+    if (c.n_ff > 0) w.set(A + "feed_forward_length", gguf::Value::u32(uint32_t(c.n_ff)));
+    if (c.moe()) {
+        w.set(A + "expert_count", gguf::Value::u32(uint32_t(c.n_expert)));
+        w.set(A + "expert_used_count", gguf::Value::u32(uint32_t(c.n_used)));
+        w.set(A + "expert_feed_forward_length", gguf::Value::u32(uint32_t(c.n_ff_exp)));
+        if (c.n_ff_shexp > 0)
+            w.set(A + "expert_shared_feed_forward_length", gguf::Value::u32(uint32_t(c.n_ff_shexp)));
+    }
     w.set(A + "attention.head_count", gguf::Value::u32(uint32_t(c.n_head)));
     w.set(A + "attention.head_count_kv", gguf::Value::u32(uint32_t(c.n_head_kv)));
     w.set(A + "attention.key_length", gguf::Value::u32(uint32_t(c.head_dim)));
@@ -246,9 +268,62 @@ std::string convert_hf_qwen35(const ConvertOptions& opt) {
         emit(need(hf + "self_attn.q_norm.weight"), gg + "attn_q_norm.weight", {c.head_dim}, false, plus_one);
         emit(need(hf + "self_attn.k_norm.weight"), gg + "attn_k_norm.weight", {c.head_dim}, false, plus_one);
     };
+    // The MoE block as llama.cpp's converter writes it: router and shared-expert gate kept in
+    // F32 (as it keeps ffn_gate_inp*), the experts stacked into 3D tensors ffn_gate_exps,
+    // ffn_up_exps (ggml ne {D, I, E}) and ffn_down_exps ({I, D, E}). Checkpoints hold the
+    // experts one tensor each (experts.<e>.gate_proj.weight ...: the published layout, and
+    // what transformers' save_pretrained writes) or fused (experts.gate_up_proj [E, 2I, D],
+    // experts.down_proj [E, D, I]: transformers' in-memory layout); both are read.
+    auto emit_moe = [&](const std::string& mlp, const std::string& gg) {
+        const int64_t E = c.n_expert, I = c.n_ff_exp, Is = c.n_ff_shexp;
+        emit(need(mlp + "gate.weight"), gg + "ffn_gate_inp.weight", {E, D}, false, nullptr);
+        auto check = [&](const SafetensorsDir::Tensor& t, std::vector<int64_t> shape) {
+            if (t.shape != shape)
+                throw Error(opt.hf_dir + ": tensor '" + t.name + "' does not have the shape num_experts / " +
+                            "moe_intermediate_size / hidden_size give it");
+        };
+        // rows [r0, r0 + n) of each expert's [rows_all, cols] matrix, experts stacked.
+        std::vector<float> stacked;
+        auto stack = [&](const std::string& which, int64_t rows, int64_t cols, int64_t r0, int64_t n) {
+            stacked.assign(size_t(E * n * cols), 0.0f);
+            const auto* fused = st->find(mlp + "experts." + which);
+            if (fused) {
+                check(*fused, {E, rows, cols});
+                const std::vector<float> all = SafetensorsDir::to_f32(*fused);
+                for (int64_t e = 0; e < E; ++e)
+                    std::copy(all.begin() + (e * rows + r0) * cols, all.begin() + (e * rows + r0 + n) * cols,
+                              stacked.begin() + e * n * cols);
+                return;
+            }
+            for (int64_t e = 0; e < E; ++e) {
+                const std::string name = which == "gate_up_proj" ? (r0 == 0 ? "gate_proj" : "up_proj") : which;
+                const auto& t = need(mlp + "experts." + std::to_string(e) + "." + name + ".weight");
+                check(t, {n, cols});
+                const std::vector<float> v = SafetensorsDir::to_f32(t);
+                std::copy(v.begin(), v.end(), stacked.begin() + e * n * cols);
+            }
+        };
+        auto write = [&](const std::string& name, int64_t n_in, int64_t rows) {
+            const GgmlType type = opt.dtype == GgmlType::Q8_0 && n_in % 32 ? GgmlType::F16 : opt.dtype;
+            w.add_tensor_f32(gg + name, type, {n_in, rows, E}, stacked.data());
+            ++n_tensors;
+        };
+        stack("gate_up_proj", 2 * I, D, 0, I);
+        write("ffn_gate_exps.weight", D, I);
+        stack("gate_up_proj", 2 * I, D, I, I);
+        write("ffn_up_exps.weight", D, I);
+        stack("down_proj", D, I, 0, D);
+        write("ffn_down_exps.weight", I, D);
+        if (Is == 0) return;
+        emit(need(mlp + "shared_expert.gate_proj.weight"), gg + "ffn_gate_shexp.weight", {Is, D}, true, nullptr);
+        emit(need(mlp + "shared_expert.up_proj.weight"), gg + "ffn_up_shexp.weight", {Is, D}, true, nullptr);
+        emit(need(mlp + "shared_expert.down_proj.weight"), gg + "ffn_down_shexp.weight", {D, Is}, true, nullptr);
+        emit(need(mlp + "shared_expert_gate.weight"), gg + "ffn_gate_inp_shexp.weight", {1, D}, false, nullptr);
+    };
     auto emit_common = [&](const std::string& hf, const std::string& gg) {
         emit(need(hf + "input_layernorm.weight"), gg + "attn_norm.weight", {D}, false, plus_one);
         emit(need(hf + "post_attention_layernorm.weight"), gg + "post_attention_norm.weight", {D}, false, plus_one);
+        if (c.moe()) return emit_moe(hf + "mlp.", gg);
         emit(need(hf + "mlp.gate_proj.weight"), gg + "ffn_gate.weight", {c.n_ff, D}, true, nullptr);
         emit(need(hf + "mlp.up_proj.weight"), gg + "ffn_up.weight", {c.n_ff, D}, true, nullptr);
         emit(need(hf + "mlp.down_proj.weight"), gg + "ffn_down.weight", {D, c.n_ff}, true, nullptr);
@@ -297,7 +372,7 @@ std::string convert_hf_qwen35(const ConvertOptions& opt) {
 
     // Anything under the text prefix that we did not map is a checkpoint we do not understand.
     static const std::regex known(
-        R"((embed_tokens|norm)\.weight|layers\.\d+\.(input_layernorm|post_attention_layernorm|mlp\.(gate|up|down)_proj|self_attn\.(q|k|v|o)_proj|self_attn\.(q|k)_norm|linear_attn\.(in_proj_(qkv|z|a|b)|conv1d|norm|out_proj))\.weight|layers\.\d+\.linear_attn\.(A_log|dt_bias))");
+        R"((embed_tokens|norm)\.weight|layers\.\d+\.(input_layernorm|post_attention_layernorm|mlp\.(gate|up|down)_proj|mlp\.(gate|shared_expert_gate)|mlp\.shared_expert\.(gate|up|down)_proj|self_attn\.(q|k|v|o)_proj|self_attn\.(q|k)_norm|linear_attn\.(in_proj_(qkv|z|a|b)|conv1d|norm|out_proj))\.weight|layers\.\d+\.linear_attn\.(A_log|dt_bias)|layers\.\d+\.mlp\.experts\.(gate_up_proj|down_proj)|layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight)");
     for (const auto* t : st->tensors())
         if (t->name.rfind(prefix, 0) == 0 && !std::regex_match(t->name.substr(prefix.size()), known))
             throw Error(opt.hf_dir + ": unexpected tensor '" + t->name + "' (not part of a Qwen3.5 text model)");

@@ -12,6 +12,7 @@
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/kv_store.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/ref/activations.h"
@@ -24,16 +25,27 @@ namespace alloy {
 // ---------------------------------------------------------------- hyperparameters
 Qwen35HParams Qwen35HParams::from_gguf(const gguf::File& f) {
     const std::string arch = f.get_string("general.architecture");
-    if (arch != "qwen35")
+    if (arch != "qwen35" && arch != "qwen35moe")
         throw Error(f.path() + ": general.architecture is '" + arch +
-                    "', expected 'qwen35' (dense Qwen3.5; MoE and others are not supported yet)");
-    auto key = [&](const char* k) { return "qwen35." + std::string(k); };
+                    "', expected 'qwen35' or 'qwen35moe' (Qwen3.5 / Qwen3.6 text models)");
+    auto key = [&](const char* k) { return arch + "." + std::string(k); };
     Qwen35HParams hp;
+    if (arch == "qwen35moe") {
+        hp.n_expert = int(f.get_u32(key("expert_count")));
+        hp.n_expert_used = int(f.get_u32(key("expert_used_count")));
+        hp.n_ff_exp = int(f.get_u32(key("expert_feed_forward_length")));
+        hp.n_ff_shexp = int(f.get_u32_or(key("expert_shared_feed_forward_length"), 0));
+        if (hp.n_expert <= 0 || hp.n_expert > 65536) throw Error(f.path() + ": " + key("expert_count") + " out of range");
+        if (hp.n_expert_used <= 0 || hp.n_expert_used > hp.n_expert)
+            throw Error(f.path() + ": " + key("expert_used_count") + " must be in [1, expert_count]");
+        if (hp.n_ff_exp <= 0 || hp.n_ff_exp > (1 << 20) || hp.n_ff_shexp < 0 || hp.n_ff_shexp > (1 << 20))
+            throw Error(f.path() + ": " + key("expert_feed_forward_length") + " / expert_shared_feed_forward_length out of range");
+    }
     hp.n_embd = int(f.get_u32(key("embedding_length")));
     const int blocks = int(f.get_u32(key("block_count")));
     hp.n_layer_mtp = int(f.get_u32_or(key("nextn_predict_layers"), 0));
     hp.n_layer = blocks - hp.n_layer_mtp;
-    hp.n_ff = int(f.get_u32(key("feed_forward_length")));
+    hp.n_ff = hp.moe() ? int(f.get_u32_or(key("feed_forward_length"), 0)) : int(f.get_u32(key("feed_forward_length")));
     hp.n_head = int(f.get_u32(key("attention.head_count")));
     hp.n_head_kv = int(f.get_u32(key("attention.head_count_kv")));
     hp.head_dim = int(f.get_u32_or(key("attention.key_length"), hp.n_head ? hp.n_embd / hp.n_head : 0));
@@ -50,7 +62,10 @@ Qwen35HParams Qwen35HParams::from_gguf(const gguf::File& f) {
     const int inner = int(f.get_u32(key("ssm.inner_size")));
     hp.ssm_d_v = hp.ssm_H_v ? inner / hp.ssm_H_v : 0;
 
-    auto bad = [&](const std::string& what) { throw Error(f.path() + ": " + what); };
+    auto bad = [&](std::string what) {
+        if (what.rfind("qwen35.", 0) == 0) what = arch + what.substr(6);  // name the file's own keys
+        throw Error(f.path() + ": " + what);
+    };
     if (hp.n_embd <= 0 || hp.n_embd > (1 << 20)) bad("qwen35.embedding_length out of range");
     if (hp.n_layer <= 0 || hp.n_layer > 4096 || hp.n_layer_mtp < 0)
         bad("qwen35.block_count / nextn_predict_layers out of range");
@@ -102,6 +117,25 @@ struct Binder {
     WeightView matrix(const std::string& name, int64_t n_in, int64_t n_out) const {
         const auto& t = get(name);
         expect(t, {n_in, n_out});
+        return view(t, n_in, n_out);
+    }
+
+    // All experts' matrices in one tensor of ne {n_in, rows, n_expert}: expert e's rows are
+    // [e * rows, (e + 1) * rows) of it.
+    ref::ExpertMatrix experts(const std::string& name, int64_t n_in, int64_t rows, int64_t n_expert) const {
+        const auto& t = get(name);
+        expect(t, {n_in, rows, n_expert});
+        return {view(t, n_in, rows * n_expert), rows, 0, rows};
+    }
+
+    // A [1, n_in] weight that GGUF may store as ne {n_in} (ffn_gate_inp_shexp).
+    WeightView row_vector(const std::string& name, int64_t n_in) const {
+        const auto& t = get(name);
+        expect(t, {n_in});
+        return view(t, n_in, 1);
+    }
+
+    WeightView view(const gguf::TensorInfo& t, int64_t n_in, int64_t n_out) const {
         WeightView w;
         w.type = t.type;
         w.n_in = n_in;
@@ -125,6 +159,34 @@ struct Binder {
         return owned.back().data();
     }
 };
+
+// The MoE block of layer prefix p: router, experts (separate ffn_gate_exps / ffn_up_exps, or
+// the fused ffn_gate_up_exps newer converters write), the shared expert and its gate.
+void bind_moe(const Binder& b, const gguf::File& f, const Qwen35HParams& hp, const std::string& p, ref::MoeWeights& m) {
+    const int64_t D = hp.n_embd, E = hp.n_expert, I = hp.n_ff_exp, Is = hp.n_ff_shexp;
+    m.n_expert = hp.n_expert;
+    m.n_used = hp.n_expert_used;
+    m.router = b.matrix(p + "ffn_gate_inp.weight", D, E);
+    if (f.find_tensor(p + "ffn_gate_up_exps.weight")) {
+        const ref::ExpertMatrix gu = b.experts(p + "ffn_gate_up_exps.weight", D, 2 * I, E);
+        m.gate = {gu.all, 2 * I, 0, I};
+        m.up = {gu.all, 2 * I, I, I};
+    } else {
+        m.gate = b.experts(p + "ffn_gate_exps.weight", D, I, E);
+        m.up = b.experts(p + "ffn_up_exps.weight", D, I, E);
+    }
+    m.down = b.experts(p + "ffn_down_exps.weight", I, D, E);
+    if (Is > 0 || f.find_tensor(p + "ffn_down_shexp.weight")) {
+        if (Is == 0)
+            throw Error(f.path() + ": tensor '" + p + "ffn_down_shexp.weight' present but " + hp.arch() +
+                        ".expert_shared_feed_forward_length is missing");
+        m.shexp_gate = b.matrix(p + "ffn_gate_shexp.weight", D, Is);
+        m.shexp_up = b.matrix(p + "ffn_up_shexp.weight", D, Is);
+        m.shexp_down = b.matrix(p + "ffn_down_shexp.weight", Is, D);
+        m.shexp_router = b.row_vector(p + "ffn_gate_inp_shexp.weight", D);
+    }
+    ref::check_moe_weights(m, (f.path() + ": " + p + "ffn (MoE)").c_str());
+}
 
 }  // namespace
 
@@ -156,9 +218,13 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
         const std::string p = "blk." + std::to_string(l) + ".";
         L.attn_norm = b.floats(p + "attn_norm.weight", {D});
         L.post_attn_norm = b.floats(p + "post_attention_norm.weight", {D});
-        L.ffn_gate = b.matrix(p + "ffn_gate.weight", D, hp.n_ff);
-        L.ffn_up = b.matrix(p + "ffn_up.weight", D, hp.n_ff);
-        L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_ff, D);
+        if (hp.moe()) {
+            bind_moe(b, f, hp, p, L.moe);
+        } else {
+            L.ffn_gate = b.matrix(p + "ffn_gate.weight", D, hp.n_ff);
+            L.ffn_up = b.matrix(p + "ffn_up.weight", D, hp.n_ff);
+            L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_ff, D);
+        }
         if (hp.is_recurrent(l)) {
             L.ssm_qkv = b.matrix(p + "attn_qkv.weight", D, conv_dim);
             L.ssm_gate = b.matrix(p + "attn_gate.weight", D, vd);
@@ -247,7 +313,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     };
     const int64_t gdn_set = B * (cd + 2 * vd + 2 * H_v);
     const int64_t attn_set = B * (int64_t(nh) * hd * 5 + int64_t(nkv) * hd * 2);
-    const int64_t mlp_set = B * 2 * hp.n_ff;
+    const int64_t mlp_set = B * 2 * hp.n_ff;  // 0 for MoE: moe_ffn keeps its own scratch
     float* shared = plan->buffer(size_t(std::max({gdn_set, attn_set, mlp_set})));
     Carve g{shared}, at{shared}, mlp{shared};
     float* qkv = g.take(B * cd);                      // [B, conv_dim]
@@ -397,13 +463,19 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             });
             mm(L.wo, att, o, p + "attn_output", out);
         }
-        // SwiGLU MLP.
+        // SwiGLU MLP, or the MoE block (one op: router, experts, shared expert).
         add_norm(L.post_attn_norm, p + "residual+post_attention_norm", out);
-        // gate and up products and their SwiGLU in one step (the profile counts it as a matmul).
-        plan->add(matmul_kernel(L.ffn_gate), p + "ffn_gate+ffn_up+swiglu", [=, &L](const StepContext& c) {
-            cpu::matmul_swiglu(L.ffn_gate, L.ffn_up, h, ffg, ffu, n_rows(out, c));
-        });
-        mm(L.ffn_down, ffg, o, p + "ffn_down", out);
+        if (hp.moe()) {
+            plan->add("moe_ffn", p + "ffn_moe", [=, &L](const StepContext& c) {
+                cpu::moe_ffn(L.moe, h, o, n_rows(out, c));
+            });
+        } else {
+            // gate and up products and their SwiGLU in one step (the profile counts it as a matmul).
+            plan->add(matmul_kernel(L.ffn_gate), p + "ffn_gate+ffn_up+swiglu", [=, &L](const StepContext& c) {
+                cpu::matmul_swiglu(L.ffn_gate, L.ffn_up, h, ffg, ffu, n_rows(out, c));
+            });
+            mm(L.ffn_down, ffg, o, p + "ffn_down", out);
+        }
         if (l + 1 < hp.n_layer)  // every row: only the last layer has fewer
             add_norm(layers_[size_t(l) + 1].attn_norm, p + "residual+blk." + std::to_string(l + 1) + ".attn_norm");
         else

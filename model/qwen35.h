@@ -1,4 +1,5 @@
-// Qwen3.5 dense text model (GGUF arch `qwen35`), written once as a list of ops.
+// Qwen3.5 text model, dense (GGUF arch `qwen35`) or MoE (`qwen35moe`: every FFN a routed
+// mixture of experts with a shared expert, the rest identical), written once as a list of ops.
 // Three parts, as llama.cpp's src/models/*.cpp: hyperparameters from metadata, weights bound
 // by name with their expected shapes, and the forward pass. Math: spec/MODEL.md.
 #pragma once
@@ -13,6 +14,7 @@
 #include "runtime/plan.h"
 #include "runtime/zero_pages.h"
 #include "kernels/ref/gdn.h"
+#include "kernels/ref/moe.h"
 #include "kernels/ref/weight.h"
 
 namespace alloy {
@@ -22,7 +24,10 @@ struct Qwen35HParams {
     int n_embd = 0;          // D
     int n_layer = 0;         // trunk layers (block_count minus MTP layers)
     int n_layer_mtp = 0;     // nextn_predict_layers (blocks kept in the file, never run here)
-    int n_ff = 0;            // dense FFN width
+    int n_ff = 0;            // dense FFN width (0 in an all-MoE model)
+    // MoE (arch `qwen35moe`): experts, experts per token, expert and shared-expert widths.
+    int n_expert = 0, n_expert_used = 0, n_ff_exp = 0, n_ff_shexp = 0;
+    bool moe() const { return n_expert > 0; }
     int n_head = 0, n_head_kv = 0, head_dim = 0;  // full attention
     int n_rot = 0;           // rotary dims per head (partial RoPE)
     float rope_base = 1e7f;
@@ -35,6 +40,7 @@ struct Qwen35HParams {
     int value_dim() const { return ssm_H_v * ssm_d_v; }
     bool is_recurrent(int l) const { return (l + 1) % full_attn_interval != 0; }
     static Qwen35HParams from_gguf(const gguf::File& f);  // throws naming the key
+    std::string arch() const { return moe() ? "qwen35moe" : "qwen35"; }
 };
 
 struct Qwen35Layer {
@@ -43,6 +49,7 @@ struct Qwen35Layer {
     const float* post_attn_norm = nullptr;  // [D]
     WeightView ffn_gate, ffn_up;            // [n_ff, D]
     WeightView ffn_down;                    // [D, n_ff]
+    ref::MoeWeights moe;                    // instead of the three above in a qwen35moe layer
     // Gated DeltaNet layer.
     WeightView ssm_qkv;                     // [conv_dim, D]   rows [Q | K | V]
     WeightView ssm_gate;                    // [value_dim, D]  z

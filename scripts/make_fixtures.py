@@ -3,7 +3,7 @@
 
 Runs on the device machine (transformers 5.17, torch 2.11), on its CPU in fp32 so the numbers do
 not depend on GPU kernels:
-    python3 scripts/make_fixtures.py OUT_DIR
+    python3 scripts/make_fixtures.py OUT_DIR [NAME ...]   (only the named fixtures)
 
 For each small random-init Qwen3.5 config below it writes OUT_DIR/<name>/:
     config.json, model.safetensors   the HF checkpoint (bf16 on disk; every weight is bf16-exact,
@@ -11,8 +11,9 @@ For each small random-init Qwen3.5 config below it writes OUT_DIR/<name>/:
     reference.json                   token sequences, greedy continuations, top-2 margins
     logits_<i>.f32                   fp32 logits [n_tokens, vocab], little-endian, of sequence i
 The configs cover: value heads = key heads (r=1), r=2 with untied embeddings, r=3 with 8 layers and
-an MTP block in the checkpoint (ignored by HF, kept by our converter), and the multimodal wrapper
-layout of the published checkpoints (Qwen3_5ForConditionalGeneration with a tiny vision tower).
+an MTP block in the checkpoint (ignored by HF, kept by our converter), the multimodal wrapper
+layout of the published checkpoints (Qwen3_5ForConditionalGeneration with a tiny vision tower),
+and the MoE model (Qwen3_5MoeForCausalLM: 6 experts, 2 per token, a shared expert).
 """
 import json
 import os
@@ -50,6 +51,10 @@ FIXTURES = {
         num_hidden_layers=8, hidden_size=96, intermediate_size=160, linear_num_value_heads=6,
         linear_key_head_dim=64, linear_value_head_dim=64)),
     "vlm_r2": dict(kind="vlm", text=text_config(linear_num_value_heads=4)),
+    # Qwen3.5 MoE (qwen35moe): routed experts + gated shared expert in every layer, untied.
+    "moe_r2": dict(kind="moe", text=text_config(
+        linear_num_value_heads=4, tie_word_embeddings=False, num_experts=6, num_experts_per_tok=2,
+        moe_intermediate_size=48, shared_expert_intermediate_size=40)),
 }
 
 SEQ_LENS = [37, 80]     # 80 crosses HF's 64-token GDN chunk
@@ -66,12 +71,20 @@ def bf16_exact_(model, gen):
                     p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
                 else:
                     p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+            if name.endswith("mlp.gate.weight"):
+                # Router logits spread well apart (HF initialises the router to zeros: all ties),
+                # so fp32 rounding differences between engines never flip a top-k choice.
+                p.copy_(torch.randn(p.shape, generator=gen))
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
 
 
 def build(spec, seed):
     torch.manual_seed(seed)
-    if spec["kind"] == "causal":
+    if spec["kind"] == "moe":
+        cfg = transformers.Qwen3_5MoeTextConfig(**spec["text"])
+        cfg.architectures = ["Qwen3_5MoeForCausalLM"]
+        model = transformers.Qwen3_5MoeForCausalLM(cfg)
+    elif spec["kind"] == "causal":
         cfg = transformers.Qwen3_5TextConfig(**spec["text"])
         cfg.architectures = ["Qwen3_5ForCausalLM"]
         model = transformers.Qwen3_5ForCausalLM(cfg)
@@ -115,9 +128,12 @@ def add_fake_mtp(state, text_cfg, gen):
 
 def main():
     out_root = sys.argv[1]
+    only = set(sys.argv[2:])  # optional fixture names: regenerate just those
     print("torch", torch.__version__, "transformers", transformers.__version__, flush=True)
     rng = np.random.default_rng(1234)
     for idx, (name, spec) in enumerate(FIXTURES.items()):
+        if only and name not in only:
+            continue
         out = os.path.join(out_root, name)
         os.makedirs(out, exist_ok=True)
         cfg, model = build(spec, seed=100 + idx)

@@ -200,7 +200,7 @@ TEST_P(HfFixture, F16AndBf16Files) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Qwen35, HfFixture,
-                         ::testing::Values("r1_tied", "r2_untied", "r3_deep_mtp", "vlm_r2"));
+                         ::testing::Values("r1_tied", "r2_untied", "r3_deep_mtp", "vlm_r2", "moe_r2"));
 
 
 // A prompt longer than the largest plan runs as consecutive pieces; the result must be the

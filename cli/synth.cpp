@@ -10,7 +10,7 @@ void add_synth_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("synth", "write a synthetic (random-weight) Qwen3.5 GGUF");
     static SynthOptions opt;
     static std::string dtype = "q8_0";
-    cmd->add_option("--preset", opt.preset, "tiny | 0.8b | 2b | 4b | 9b | 27b")->capture_default_str();
+    cmd->add_option("--preset", opt.preset, "tiny | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b")->capture_default_str();
     cmd->add_option("--dtype", dtype, "matrix type: f32 | f16 | bf16 | q8_0")->capture_default_str();
     cmd->add_option("--tokenizer", opt.tokenizer_json, "HF tokenizer.json to embed (default: the bundled Qwen3 one)");
     cmd->add_option("--seed", opt.seed, "random seed")->capture_default_str();

@@ -1,7 +1,9 @@
 #include "model/synth.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -15,6 +17,7 @@ namespace {
 struct Preset {
     int D, n_layer, n_ff, n_head, n_head_kv, head_dim, H_k, H_v, d, n_vocab;  // n_vocab 0: from tokenizer
     bool tied;
+    int n_expert = 0, n_used = 0, n_ff_exp = 0, n_ff_shexp = 0;  // MoE (qwen35moe) when n_expert > 0
 };
 
 // Shapes from spec/MODEL.md section 9.
@@ -26,6 +29,9 @@ const std::map<std::string, Preset>& presets() {
         {"4b", {2560, 32, 9216, 16, 4, 256, 16, 32, 128, 248320, true}},
         {"9b", {4096, 32, 12288, 16, 4, 256, 16, 32, 128, 248320, false}},
         {"27b", {5120, 64, 17408, 24, 4, 256, 16, 48, 128, 248320, false}},
+        // MoE: every FFN 256 routed experts (8 per token, width 512) and a shared one.
+        {"35b-a3b", {2048, 40, 0, 16, 2, 256, 16, 32, 128, 248320, false, 256, 8, 512, 512}},
+        {"moe-tiny", {256, 4, 0, 4, 2, 64, 2, 4, 64, 0, false, 8, 2, 128, 128}},
     };
     return p;
 }
@@ -55,7 +61,7 @@ struct Rng {
 std::string synth_qwen35(const SynthOptions& opt) {
     auto it = presets().find(opt.preset);
     if (it == presets().end())
-        throw Error("synth: unknown --preset '" + opt.preset + "' (tiny, 0.8b, 2b, 4b, 9b, 27b)");
+        throw Error("synth: unknown --preset '" + opt.preset + "' (tiny, 0.8b, 2b, 4b, 9b, 27b, moe-tiny, 35b-a3b)");
     if (opt.n_layer < 0 || opt.n_layer > 1024)
         throw Error("synth: --layers " + std::to_string(opt.n_layer) + " is outside [1, 1024]");
     Preset P = it->second;
@@ -73,16 +79,24 @@ std::string synth_qwen35(const SynthOptions& opt) {
     }
 
     gguf::Writer w;
-    const std::string A = "qwen35.";
+    const bool moe = P.n_expert > 0;
+    const std::string arch = moe ? "qwen35moe" : "qwen35", A = arch + ".";
     const int vd = P.H_v * P.d, conv_dim = 2 * P.H_k * P.d + vd, K = 4;
-    w.set("general.architecture", gguf::Value::str("qwen35"));
+    w.set("general.architecture", gguf::Value::str(arch));
     w.set("general.name", gguf::Value::str("alloy-synth-" + opt.preset));
     w.set("general.file_type", gguf::Value::u32(opt.dtype == GgmlType::Q8_0 ? 7 : opt.dtype == GgmlType::BF16 ? 32
                                                 : opt.dtype == GgmlType::F16 ? 1 : 0));
     w.set(A + "context_length", gguf::Value::u32(262144));
     w.set(A + "embedding_length", gguf::Value::u32(uint32_t(P.D)));
     w.set(A + "block_count", gguf::Value::u32(uint32_t(P.n_layer)));
-    w.set(A + "feed_forward_length", gguf::Value::u32(uint32_t(P.n_ff)));
+    if (moe) {
+        w.set(A + "expert_count", gguf::Value::u32(uint32_t(P.n_expert)));
+        w.set(A + "expert_used_count", gguf::Value::u32(uint32_t(P.n_used)));
+        w.set(A + "expert_feed_forward_length", gguf::Value::u32(uint32_t(P.n_ff_exp)));
+        w.set(A + "expert_shared_feed_forward_length", gguf::Value::u32(uint32_t(P.n_ff_shexp)));
+    } else {
+        w.set(A + "feed_forward_length", gguf::Value::u32(uint32_t(P.n_ff)));
+    }
     w.set(A + "attention.head_count", gguf::Value::u32(uint32_t(P.n_head)));
     w.set(A + "attention.head_count_kv", gguf::Value::u32(uint32_t(P.n_head_kv)));
     w.set(A + "attention.key_length", gguf::Value::u32(uint32_t(P.head_dim)));
@@ -101,10 +115,15 @@ std::string synth_qwen35(const SynthOptions& opt) {
 
     Rng rng{opt.seed};
     std::vector<float> buf;
-    auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out) {
-        buf.resize(size_t(n_in * n_out));
+    // A matrix, or with n_expert > 0 one per expert stacked (ne {n_in, n_out, n_expert}).
+    auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out, int64_t n_expert = 0,
+                      std::optional<GgmlType> type = std::nullopt) {
+        const int64_t n = std::max<int64_t>(1, n_expert);
+        buf.resize(size_t(n_in * n_out * n));
         rng.normals(buf, 0.0f, 0.02f);
-        w.add_tensor_f32(name, opt.dtype, {n_in, n_out}, buf.data());
+        std::vector<int64_t> ne{n_in, n_out};
+        if (n_expert) ne.push_back(n_expert);
+        w.add_tensor_f32(name, type.value_or(opt.dtype), ne, buf.data());
     };
     auto vec = [&](const std::string& name, std::vector<int64_t> ne, auto gen) {
         int64_t n = 1;
@@ -126,9 +145,20 @@ std::string synth_qwen35(const SynthOptions& opt) {
         const std::string p = "blk." + std::to_string(l) + ".";
         norm(p + "attn_norm.weight", P.D);
         norm(p + "post_attention_norm.weight", P.D);
-        matrix(p + "ffn_gate.weight", P.D, P.n_ff);
-        matrix(p + "ffn_up.weight", P.D, P.n_ff);
-        matrix(p + "ffn_down.weight", P.n_ff, P.D);
+        if (moe) {  // router and shared-expert gate in F32, as llama.cpp's converter keeps them
+            matrix(p + "ffn_gate_inp.weight", P.D, P.n_expert, 0, GgmlType::F32);
+            matrix(p + "ffn_gate_exps.weight", P.D, P.n_ff_exp, P.n_expert);
+            matrix(p + "ffn_up_exps.weight", P.D, P.n_ff_exp, P.n_expert);
+            matrix(p + "ffn_down_exps.weight", P.n_ff_exp, P.D, P.n_expert);
+            matrix(p + "ffn_gate_inp_shexp.weight", P.D, 1, 0, GgmlType::F32);
+            matrix(p + "ffn_gate_shexp.weight", P.D, P.n_ff_shexp);
+            matrix(p + "ffn_up_shexp.weight", P.D, P.n_ff_shexp);
+            matrix(p + "ffn_down_shexp.weight", P.n_ff_shexp, P.D);
+        } else {
+            matrix(p + "ffn_gate.weight", P.D, P.n_ff);
+            matrix(p + "ffn_up.weight", P.D, P.n_ff);
+            matrix(p + "ffn_down.weight", P.n_ff, P.D);
+        }
         if ((l + 1) % 4 == 0) {
             matrix(p + "attn_q.weight", P.D, 2 * P.n_head * P.head_dim);
             matrix(p + "attn_k.weight", P.D, P.n_head_kv * P.head_dim);

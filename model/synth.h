@@ -11,7 +11,7 @@
 namespace alloy {
 
 struct SynthOptions {
-    std::string preset = "tiny";      // tiny | 0.8b | 2b | 4b | 9b | 27b
+    std::string preset = "tiny";      // tiny | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b
     GgmlType dtype = GgmlType::Q8_0;  // matrices; 1-D tensors, norms and conv taps stay F32
     std::string tokenizer_json;       // vocabulary to embed (HF tokenizer.json)
     std::string out_path;

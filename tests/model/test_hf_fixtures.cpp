@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "alloy/error.h"
+#include "format/gguf.h"
 #include "model/convert_qwen35.h"
 #include "model/qwen35.h"
 #include "model/synth.h"
@@ -396,6 +398,59 @@ TEST(SequenceStateMemory, RejectsOtherCacheTypes) {
     const Qwen35Model& m = *fixture("r2_untied").model;
     EXPECT_THROW(m.new_state(16, {GgmlType::Q8_0, GgmlType::F16}), Error);
     EXPECT_THROW(m.new_state(16, {GgmlType::F16, GgmlType::Q4_0}), Error);
+}
+
+}  // namespace
+}  // namespace alloy
+
+namespace alloy {
+namespace {
+
+// A broken qwen35moe file is refused with the key or tensor named: the converted moe_r2
+// fixture rewritten with one edit each.
+TEST(MoeFile, InconsistentFilesAreRefusedByName) {
+    const fs::path dir = fs::temp_directory_path() / ("alloy_moe_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    ConvertOptions opt;
+    opt.hf_dir = kFixtures + "moe_r2";
+    opt.out_path = (dir / "moe.gguf").string();
+    convert_hf_qwen35(opt);
+    auto rewrite = [&](const std::function<void(gguf::Writer&, std::vector<gguf::TensorInfo>&)>& edit) {
+        auto f = gguf::File::open(opt.out_path);
+        gguf::Writer w;
+        for (const auto& [k, v] : f->metadata()) w.set(k, v);
+        std::vector<gguf::TensorInfo> tensors = f->tensors();
+        edit(w, tensors);
+        for (const auto& t : tensors) w.add_tensor(t.name, t.type, t.ne, std::vector<uint8_t>(t.data, t.data + t.nbytes));
+        const std::string out = (dir / "edited.gguf").string();
+        w.write(out);
+        return out;
+    };
+    auto expect_error = [](const std::string& path, const std::string& needle) {
+        try {
+            Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path)));
+            ADD_FAILURE() << "loaded a file that should fail with '" << needle << "'";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+    };
+    auto model = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(opt.out_path)));
+    EXPECT_EQ(model->hparams().arch(), "qwen35moe");
+    EXPECT_EQ(model->hparams().n_expert, 6);
+    EXPECT_EQ(model->hparams().n_expert_used, 2);
+    expect_error(rewrite([](gguf::Writer& w, auto&) { w.set("qwen35moe.expert_used_count", gguf::Value::u32(7)); }),
+                 "qwen35moe.expert_used_count");
+    expect_error(rewrite([](gguf::Writer& w, auto&) { w.set("qwen35moe.expert_feed_forward_length", gguf::Value::u32(40)); }),
+                 "blk.0.ffn_gate_exps.weight");
+    expect_error(rewrite([](gguf::Writer&, std::vector<gguf::TensorInfo>& t) {
+                     std::erase_if(t, [](const auto& x) { return x.name == "blk.2.ffn_down_exps.weight"; });
+                 }),
+                 "blk.2.ffn_down_exps.weight");
+    expect_error(rewrite([](gguf::Writer&, std::vector<gguf::TensorInfo>& t) {
+                     std::erase_if(t, [](const auto& x) { return x.name == "blk.1.ffn_gate_inp_shexp.weight"; });
+                 }),
+                 "blk.1.ffn_gate_inp_shexp.weight");
+    fs::remove_all(dir);
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // (kernels/ref/moe.h). The router product and routing run once for all T tokens; the
 // token-expert pairs are then sorted by expert so each chosen expert runs one gate/up/down
 // product over all its tokens (its weights read once per call, GEMM tiles when it has more
-// than 4 tokens); the shared expert runs over all T. Each token's output sums its experts in
-// rank order, then the gated shared expert.
+// than 4 tokens) and adds its weighted output into their rows; the shared expert runs over
+// all T. Each token sums its experts in increasing expert id (as transformers does), then the
+// gated shared expert. Scratch is O(T (D + I)), not O(T k (D + I)).
 //
 // Numerics: every product is cpu::matmul's (kernels/cpu/matmul.h, per weight type). A call of
 // up to 4 tokens gives every expert at most 4 tokens, so row t has the bits of a 1-token call

@@ -103,11 +103,12 @@ void moe_ffn(const MoeWeights& w, const float* x, float* y, int64_t T) {
         const float* xt = x + t * D;
         float* yt = y + t * D;
         std::fill(yt, yt + D, 0.0f);
-        for (int i = 0; i < k; ++i) {  // in rank order
-            const int e = ids[size_t(t * k + i)];
-            swiglu_mlp(w.gate.at(e), w.up.at(e), w.down.at(e), xt, e_out.data(), 1);
-            for (int64_t d = 0; d < D; ++d) yt[d] += wt[size_t(t * k + i)] * e_out[size_t(d)];
-        }
+        for (int e = 0; e < E; ++e)  // in increasing expert id, as transformers sums them
+            for (int i = 0; i < k; ++i) {
+                if (ids[size_t(t * k + i)] != e) continue;
+                swiglu_mlp(w.gate.at(e), w.up.at(e), w.down.at(e), xt, e_out.data(), 1);
+                for (int64_t d = 0; d < D; ++d) yt[d] += wt[size_t(t * k + i)] * e_out[size_t(d)];
+            }
         if (w.has_shared()) {
             float g = 0.0f;
             matmul(w.shexp_router, xt, &g, 1);

@@ -27,6 +27,7 @@
 #include "kernels/cpu/gdn.h"
 #include "kernels/cpu/kv_store.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
@@ -35,6 +36,7 @@
 #include "kernels/ref/gate.h"
 #include "kernels/ref/kv_store.h"
 #include "kernels/ref/matmul.h"
+#include "kernels/ref/moe.h"
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
 #include "kernels/ref/swiglu.h"
@@ -695,11 +697,81 @@ void run_matmul_op(const Options& o, Tally& tally, bool swiglu) {
     }
 }
 
+// MOE_FFN: cpu::moe_ffn against ref::moe_ffn with F32 weights (router, experts, shared
+// expert: N(0, 1)), so the fp32 NMSE bound applies; the quantized-activation paths of its
+// products are MATMUL's cases, and tests/kernels/test_moe.cpp runs the BF16/Q8_0 experts.
+// Router logits of N(0, 1) weights and inputs are ~sqrt(D) apart, far beyond any fp32
+// rounding, so both sides pick the same experts.
+void run_moe_op(const Options& o, Tally& tally) {
+    struct MoeCase { int64_t D, I, Is; int E, k; };
+    const std::vector<MoeCase> cases = {{256, 128, 128, 8, 2}, {1024, 96, 0, 16, 4}, {200, 72, 40, 5, 5}};
+    const std::vector<int64_t> Ts = o.quick ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{1, 3, 5, 70};
+    std::vector<cpu::Isa> isas;
+    for (cpu::Isa i : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})
+        if (i <= cpu::active_isa()) isas.push_back(i);
+    uint32_t seed = 3000;
+    for (const MoeCase& c : cases) {
+        std::vector<MatmulIn> w;  // router, gate, up, down, shexp gate, up, down, gate
+        auto add = [&](int64_t n_in, int64_t n_out) {
+            w.push_back(make_matmul_in({GgmlType::F32, n_in, n_out, 0}, seed++));
+        };
+        add(c.D, c.E);
+        add(c.D, c.I * c.E);
+        add(c.D, c.I * c.E);
+        add(c.I, c.D * c.E);
+        if (c.Is) {
+            add(c.D, c.Is);
+            add(c.D, c.Is);
+            add(c.Is, c.D);
+            add(c.D, 1);
+        }
+        alloy::ref::MoeWeights m;
+        m.n_expert = c.E;
+        m.n_used = c.k;
+        m.router = w[0].view();
+        m.gate = {w[1].view(), c.I, 0, c.I};
+        m.up = {w[2].view(), c.I, 0, c.I};
+        m.down = {w[3].view(), c.D, 0, c.D};
+        if (c.Is) {
+            m.shexp_gate = w[4].view();
+            m.shexp_up = w[5].view();
+            m.shexp_down = w[6].view();
+            m.shexp_router = w[7].view();
+        }
+        for (int64_t T : Ts) {
+            const std::vector<float> x = make_matmul_in({GgmlType::F32, c.D, 1, T}, seed++).x;
+            std::vector<float> want(x.size());
+            alloy::ref::moe_ffn(m, x.data(), want.data(), T);
+            const Tensors ref{{"y", want}};
+            const std::string label = "D=" + std::to_string(c.D) + ",I=" + std::to_string(c.I) + ",I_shared=" +
+                                      std::to_string(c.Is) + ",E=" + std::to_string(c.E) + ",k=" + std::to_string(c.k) +
+                                      ",T=" + std::to_string(T);
+            for (cpu::Isa isa : isas) {
+                std::vector<float> y(want.size(), NAN);
+                const auto t0 = std::chrono::steady_clock::now();
+                cpu::moe_ffn(m, x.data(), y.data(), T, isa);
+                const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+                std::string worst;
+                const double nmse = max_nmse({{"y", std::move(y)}}, ref, worst);
+                const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
+                ++tally.run;
+                tally.passed += ok ? 1 : 0;
+                std::printf("MOE_FFN(variant=cpu-%s,type=f32,%s): %s nmse=%.1e", cpu::isa_name(isa), label.c_str(),
+                            ok ? "OK" : "FAIL", nmse);
+                if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
+                std::printf("  [%.2f ms]\n", ms);
+                std::fflush(stdout);
+            }
+        }
+    }
+}
+
 void run_test_ops(const Options& o) {
     std::vector<std::string> ops{"GDN_DELTA", "GDN_FUSED"};
     ops.insert(ops.end(), kKernelOps.begin(), kKernelOps.end());
     ops.push_back("MATMUL");
     ops.push_back("MATMUL_SWIGLU");
+    ops.push_back("MOE_FFN");
     bool known = o.op.empty();
     for (const auto& name : ops) known = known || name == o.op;
     std::string names;
@@ -727,6 +799,7 @@ void run_test_ops(const Options& o) {
     run_kernel_ops(o, tally);
     if (o.op.empty() || o.op == "MATMUL") run_matmul_op(o, tally, false);
     if (o.op.empty() || o.op == "MATMUL_SWIGLU") run_matmul_op(o, tally, true);
+    if (o.op.empty() || o.op == "MOE_FFN") run_moe_op(o, tally);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%d/%d passed (%.1f s)\n", tally.passed, tally.run, s);
     std::fflush(stdout);
@@ -741,7 +814,7 @@ void add_test_ops_command(CLI::App& app) {
     auto opts = std::make_shared<Options>();
     auto* cmd = app.add_subcommand("test-ops", "check every op variant against its reference kernel");
     cmd->add_option("-o,--op", opts->op, "run only this op (GDN_DELTA, GDN_FUSED, ATTENTION, KV_STORE, RMS_NORM, ADD_RMS_NORM, ROPE, "
-                   "RMS_NORM_ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL, MATMUL_SWIGLU)");
+                   "RMS_NORM_ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL, MATMUL_SWIGLU, MOE_FFN)");
     cmd->add_flag("--quick", opts->quick, "small grid (H_v=16, T<=65)");
     cmd->add_flag("--full", opts->full, "do not sample the T=4096 corner of the grid");
     cmd->callback([opts] { run_test_ops(*opts); });

@@ -275,6 +275,21 @@ struct Tally {
     int run = 0, passed = 0;
 };
 
+// Scores one variant (NaN or an NMSE above `limit` fails), tallies it and prints
+// "<name>: OK|FAIL nmse=... [ms]".
+void report_case(const std::string& name, const Tensors& got, const Tensors& want, double limit, double ms,
+                 Tally& tally) {
+    std::string worst;
+    const double nmse = max_nmse(got, want, worst);
+    const bool ok = std::isfinite(nmse) && nmse <= limit;
+    ++tally.run;
+    tally.passed += ok ? 1 : 0;
+    std::printf("%s: %s nmse=%.1e", name.c_str(), ok ? "OK" : "FAIL", nmse);
+    if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), limit);
+    std::printf("  [%.2f ms]\n", ms);
+    std::fflush(stdout);
+}
+
 // Runs the reference once per case and every variant against it.
 template <class In>
 void run_op(const char* op, const std::vector<GdnCase>& cases, In (*make)(const GdnCase&, uint32_t),
@@ -290,16 +305,8 @@ void run_op(const char* op, const std::vector<GdnCase>& cases, In (*make)(const 
             const Tensors got = var.run(in);
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            std::string worst;
-            const double nmse = max_nmse(got, want, worst);
-            const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
-            ++tally.run;
-            tally.passed += ok ? 1 : 0;
-            std::printf("%s(variant=%s,%s): %s nmse=%.1e", op, var.name, gdn_label(c).c_str(),
-                        ok ? "OK" : "FAIL", nmse);
-            if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
-            std::printf("  [%.0f ms]\n", ms);
-            std::fflush(stdout);
+            report_case(std::string(op) + "(variant=" + var.name + "," + gdn_label(c) + ")", got, want, kMaxNmseF32,
+                        ms, tally);
         }
     }
 }
@@ -544,16 +551,8 @@ void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(co
             const Tensors got = run(in, isa, /*reference=*/false);
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            std::string worst;
-            const double nmse = max_nmse(got, want, worst);
-            const double limit = threshold ? threshold(c, isa) : kMaxNmseF32;
-            const bool ok = std::isfinite(nmse) && nmse <= limit;
-            ++tally.run;
-            tally.passed += ok ? 1 : 0;
-            std::printf("%s(variant=%s,%s): %s nmse=%.1e", op, name, label(c).c_str(), ok ? "OK" : "FAIL", nmse);
-            if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), limit);
-            std::printf("  [%.2f ms]\n", ms);
-            std::fflush(stdout);
+            report_case(std::string(op) + "(variant=" + name + "," + label(c) + ")", got, want,
+                        threshold ? threshold(c, isa) : kMaxNmseF32, ms, tally);
         }
     }
 }
@@ -657,9 +656,6 @@ std::vector<MatmulCase> matmul_cases(const Options& o) {
 // `up`, against ref::matmul of both on the effective input and ref::swiglu.
 void run_matmul_op(const Options& o, Tally& tally, bool swiglu) {
     const char* op = swiglu ? "MATMUL_SWIGLU" : "MATMUL";
-    std::vector<cpu::Isa> isas;
-    for (cpu::Isa i : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})
-        if (i <= cpu::active_isa()) isas.push_back(i);
     cpu::MatmulScratch scratch;
     uint32_t seed = 2000;
     for (const MatmulCase& c : matmul_cases(o)) {
@@ -677,22 +673,15 @@ void run_matmul_op(const Options& o, Tally& tally, bool swiglu) {
         const Tensors ref{{"y", want}};
         const std::string label = std::string("type=") + type_traits(c.type).name + ",n_in=" + std::to_string(c.n_in) +
                                   ",n_out=" + std::to_string(c.n_out) + ",T=" + std::to_string(c.T);
-        for (cpu::Isa isa : isas) {
+        for (auto [name, isa] : cpu_isas()) {
             std::vector<float> y(want.size(), NAN), u(want.size(), NAN);
             const auto t0 = std::chrono::steady_clock::now();
             if (swiglu) cpu::matmul_swiglu(W, U, in.x.data(), y.data(), u.data(), c.T, isa, scratch);
             else cpu::matmul(W, in.x.data(), y.data(), c.T, isa, scratch);
             const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            std::string worst;
-            const double nmse = max_nmse({{"y", std::move(y)}}, ref, worst);
-            const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
-            ++tally.run;
-            tally.passed += ok ? 1 : 0;
-            std::printf("%s(variant=cpu-%s:%s,%s): %s nmse=%.1e", op, cpu::isa_name(isa),
-                        cpu::matmul_path(c.type, isa, c.n_in, c.T).c_str(), label.c_str(), ok ? "OK" : "FAIL", nmse);
-            if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
-            std::printf("  [%.2f ms]\n", ms);
-            std::fflush(stdout);
+            report_case(std::string(op) + "(variant=" + name + ":" + cpu::matmul_path(c.type, isa, c.n_in, c.T) + "," +
+                            label + ")",
+                        {{"y", std::move(y)}}, ref, kMaxNmseF32, ms, tally);
         }
     }
 }
@@ -706,9 +695,6 @@ void run_moe_op(const Options& o, Tally& tally) {
     struct MoeCase { int64_t D, I, Is; int E, k; };
     const std::vector<MoeCase> cases = {{256, 128, 128, 8, 2}, {1024, 96, 0, 16, 4}, {200, 72, 40, 5, 5}};
     const std::vector<int64_t> Ts = o.quick ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{1, 3, 5, 70};
-    std::vector<cpu::Isa> isas;
-    for (cpu::Isa i : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})
-        if (i <= cpu::active_isa()) isas.push_back(i);
     uint32_t seed = 3000;
     for (const MoeCase& c : cases) {
         std::vector<MatmulIn> w;  // router, gate, up, down, shexp gate, up, down, gate
@@ -746,21 +732,13 @@ void run_moe_op(const Options& o, Tally& tally) {
             const std::string label = "D=" + std::to_string(c.D) + ",I=" + std::to_string(c.I) + ",I_shared=" +
                                       std::to_string(c.Is) + ",E=" + std::to_string(c.E) + ",k=" + std::to_string(c.k) +
                                       ",T=" + std::to_string(T);
-            for (cpu::Isa isa : isas) {
+            for (auto [name, isa] : cpu_isas()) {
                 std::vector<float> y(want.size(), NAN);
                 const auto t0 = std::chrono::steady_clock::now();
                 cpu::moe_ffn(m, x.data(), y.data(), T, isa);
                 const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-                std::string worst;
-                const double nmse = max_nmse({{"y", std::move(y)}}, ref, worst);
-                const bool ok = std::isfinite(nmse) && nmse <= kMaxNmseF32;
-                ++tally.run;
-                tally.passed += ok ? 1 : 0;
-                std::printf("MOE_FFN(variant=cpu-%s,type=f32,%s): %s nmse=%.1e", cpu::isa_name(isa), label.c_str(),
-                            ok ? "OK" : "FAIL", nmse);
-                if (!ok) std::printf(" (%s, max %.0e)", worst.c_str(), kMaxNmseF32);
-                std::printf("  [%.2f ms]\n", ms);
-                std::fflush(stdout);
+                report_case(std::string("MOE_FFN(variant=") + name + ",type=f32," + label + ")", {{"y", std::move(y)}},
+                            ref, kMaxNmseF32, ms, tally);
             }
         }
     }

@@ -1,11 +1,10 @@
 // alloy run: generate text from a prompt, streaming it to stdout; tokens/s on stderr.
-#include <chrono>
 #include <cstdio>
 
 #include "alloy/error.h"
 #include "cli/common.h"
+#include "runtime/generate.h"
 #include "runtime/loaded_model.h"
-#include "runtime/sampler.h"
 
 namespace alloy::cli {
 
@@ -33,7 +32,6 @@ void add_run_command(CLI::App& app) {
         const ForwardOptions fo = eo.forward_options();
         if (n_predict < 0) throw Error("-n must be >= 0");
         if (prompt.empty() == ids_text.empty()) throw Error("give exactly one of -p/--prompt and --ids");
-        Sampler sampler(sp);
         LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
         std::vector<int32_t> ids;
         if (!ids_text.empty()) {
@@ -43,41 +41,26 @@ void add_run_command(CLI::App& app) {
             const std::string text = chat ? apply_chat_template({{"user", prompt, ""}}, true, !no_think) : prompt;
             ids = tok.encode(text, /*parse_special=*/chat);
         }
-        if (ids.empty()) throw Error("the prompt is empty after tokenization");
-        if (int64_t(ids.size()) + n_predict > eo.ctx)
-            throw Error("prompt (" + std::to_string(ids.size()) + " tokens) + -n " + std::to_string(n_predict) +
-                        " exceeds the context size of " + std::to_string(eo.ctx) + " (raise --ctx)");
-        const Qwen35Model& model = *lm.model;
-        const int V = model.hparams().n_vocab;
-        SequenceState st = model.new_state(eo.ctx, eo.kv_types());
-        std::vector<float> logits(static_cast<size_t>(V));
-
-        using clock = std::chrono::steady_clock;
-        const auto t0 = clock::now();
-        model.forward(st, ids.data(), int(ids.size()), fo, logits.data());
-        const auto t1 = clock::now();
-        std::optional<StreamDecoder> dec;
-        if (!print_ids) dec.emplace(lm.require_tokenizer());
-        ForwardOptions step = fo;
-        step.gdn_mode = ref::GdnMode::Serial;  // decode runs the serial kernel
-        int generated = 0;
-        for (int i = 0; i < n_predict; ++i) {
-            const int32_t next = sampler.sample(logits.data(), V);
-            ++generated;
-            if (print_ids) std::printf(i ? " %d" : "%d", next);
-            else std::fputs(dec->push(next).c_str(), stdout);
-            std::fflush(stdout);
-            if (!ignore_eos && lm.tokenizer && lm.tokenizer->is_end_of_generation(next)) break;
-            if (i + 1 < n_predict) model.forward(st, &next, 1, step, logits.data());
-        }
-        if (dec) std::fputs(dec->flush().c_str(), stdout);
+        GenerateParams gp;
+        gp.max_tokens = n_predict;
+        gp.sampler = sp;
+        gp.ignore_eos = ignore_eos;
+        gp.text = !print_ids;
+        int shown = 0;
+        const GenerateResult r = generate(
+            lm, ids, gp, eo.ctx, eo.kv_types(), fo,
+            [&](const std::string& text) {
+                if (!print_ids) std::fputs(text.c_str(), stdout), std::fflush(stdout);
+                return true;
+            },
+            [&](int32_t id) {
+                if (print_ids) std::printf(shown++ ? " %d" : "%d", id), std::fflush(stdout);
+            });
         std::printf("\n");
-        const auto t2 = clock::now();
-        const double pp_s = std::chrono::duration<double>(t1 - t0).count();
-        const double tg_s = std::chrono::duration<double>(t2 - t1).count();
+        const int generated = int(r.ids.size());
         std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s (%.1f tok/s)\n",
-                     ids.size(), pp_s, double(ids.size()) / pp_s, generated, tg_s,
-                     generated > 1 ? double(generated - 1) / tg_s : 0.0);
+                     ids.size(), r.prompt_seconds, double(ids.size()) / r.prompt_seconds, generated, r.generate_seconds,
+                     generated > 1 ? double(generated - 1) / r.generate_seconds : 0.0);
     });
 }
 

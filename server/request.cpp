@@ -1,0 +1,141 @@
+#include "server/request.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace alloy::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kMaxStop = 16;            // llama.cpp's server takes any number; OpenAI 4
+constexpr int kMaxTokensLimit = 1 << 24;
+
+// The text of a message's `content`: a string, or OpenAI's array of parts of which only
+// {"type": "text", "text": ...} are supported here (no images).
+std::string content_text(const json& c, const std::string& param) {
+    if (c.is_string()) return c.get<std::string>();
+    if (c.is_null()) return "";
+    if (!c.is_array()) throw RequestError(param, param + " must be a string or an array of text parts");
+    std::string text;
+    for (size_t i = 0; i < c.size(); ++i) {
+        const json& part = c[i];
+        const std::string p = param + "[" + std::to_string(i) + "]";
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text")
+            throw RequestError(p, p + " must be an object with \"type\": \"text\" (other content is not supported)");
+        if (!part.contains("text") || !part["text"].is_string()) throw RequestError(p + ".text", p + ".text must be a string");
+        text += part["text"].get<std::string>();
+    }
+    return text;
+}
+
+double number(const json& j, const char* name, double lo, double hi) {
+    const json& v = j[name];
+    if (!v.is_number()) throw RequestError(name, std::string(name) + " must be a number");
+    const double x = v.get<double>();
+    if (!(x >= lo && x <= hi))
+        throw RequestError(name, std::string(name) + " must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " +
+                                     v.dump());
+    return x;
+}
+
+int64_t integer(const json& j, const char* name, int64_t lo, int64_t hi) {
+    const json& v = j[name];
+    if (!v.is_number_integer()) throw RequestError(name, std::string(name) + " must be an integer");
+    // Unsigned values beyond int64 read as negative through get<int64_t>: check the sign first.
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+        throw RequestError(name, std::string(name) + " is too large");
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi)
+        throw RequestError(name, std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                     "], got " + std::to_string(x));
+    return x;
+}
+
+}  // namespace
+
+CompletionRequest parse_completion_request(const std::string& body, bool chat) {
+    json j;
+    try {
+        j = json::parse(body);
+    } catch (const json::exception& e) {
+        throw RequestError("", std::string("the request body is not valid JSON: ") + e.what());
+    }
+    if (!j.is_object()) throw RequestError("", "the request body must be a JSON object");
+    CompletionRequest r;
+    r.chat = chat;
+    auto has = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
+
+    if (has("model")) {
+        if (!j["model"].is_string()) throw RequestError("model", "model must be a string");
+        r.model = j["model"].get<std::string>();
+    }
+    if (chat) {
+        if (!has("messages")) throw RequestError("messages", "messages is required");
+        const json& m = j["messages"];
+        if (!m.is_array() || m.empty()) throw RequestError("messages", "messages must be a non-empty array");
+        for (size_t i = 0; i < m.size(); ++i) {
+            const std::string p = "messages[" + std::to_string(i) + "]";
+            if (!m[i].is_object()) throw RequestError(p, p + " must be an object");
+            if (!m[i].contains("role") || !m[i]["role"].is_string())
+                throw RequestError(p + ".role", p + ".role must be a string");
+            ChatMessage msg;
+            msg.role = m[i]["role"].get<std::string>();
+            if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+                throw RequestError(p + ".role", p + ".role must be system, user, assistant or tool, got '" + msg.role + "'");
+            msg.content = content_text(m[i].contains("content") ? m[i]["content"] : json(), p + ".content");
+            if (m[i].contains("reasoning_content") && m[i]["reasoning_content"].is_string())
+                msg.reasoning_content = m[i]["reasoning_content"].get<std::string>();
+            r.messages.push_back(std::move(msg));
+        }
+        if (has("chat_template_kwargs")) {
+            const json& k = j["chat_template_kwargs"];
+            if (!k.is_object()) throw RequestError("chat_template_kwargs", "chat_template_kwargs must be an object");
+            if (k.contains("enable_thinking")) {
+                if (!k["enable_thinking"].is_boolean())
+                    throw RequestError("chat_template_kwargs.enable_thinking", "chat_template_kwargs.enable_thinking must be a boolean");
+                r.enable_thinking = k["enable_thinking"].get<bool>();
+            }
+        }
+    } else {
+        if (!has("prompt")) throw RequestError("prompt", "prompt is required");
+        const json& p = j["prompt"];
+        if (p.is_string()) r.prompt = p.get<std::string>();
+        else if (p.is_array() && p.size() == 1 && p[0].is_string()) r.prompt = p[0].get<std::string>();
+        else throw RequestError("prompt", "prompt must be a string (or an array of one string)");
+    }
+
+    // Sampling and limits. chat also accepts max_completion_tokens (the newer OpenAI name).
+    const char* max_key = chat && has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (has(max_key)) r.max_tokens = int(integer(j, max_key, 1, kMaxTokensLimit));
+    if (has("temperature")) r.sampler.temp = float(number(j, "temperature", 0.0, 100.0));
+    if (has("top_p")) r.sampler.top_p = float(number(j, "top_p", 0.0, 1.0));
+    if (has("min_p")) r.sampler.min_p = float(number(j, "min_p", 0.0, 1.0));
+    if (has("top_k")) r.sampler.top_k = int(integer(j, "top_k", 0, 1 << 30));
+    if (has("seed")) r.sampler.seed = uint64_t(integer(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+    if (has("n") && integer(j, "n", 1, 1) != 1) throw RequestError("n", "n must be 1");
+    if (has("stream")) {
+        if (!j["stream"].is_boolean()) throw RequestError("stream", "stream must be a boolean");
+        r.stream = j["stream"].get<bool>();
+    }
+    if (has("stop")) {
+        const json& s = j["stop"];
+        if (s.is_string()) {
+            r.stop.push_back(s.get<std::string>());
+        } else if (s.is_array() && int(s.size()) <= kMaxStop) {
+            for (size_t i = 0; i < s.size(); ++i) {
+                if (!s[i].is_string()) throw RequestError("stop", "stop[" + std::to_string(i) + "] must be a string");
+                r.stop.push_back(s[i].get<std::string>());
+            }
+        } else {
+            throw RequestError("stop", "stop must be a string or an array of at most " + std::to_string(kMaxStop) + " strings");
+        }
+        for (const auto& s : r.stop)
+            if (s.empty()) throw RequestError("stop", "stop strings must not be empty");
+    }
+    return r;
+}
+
+}  // namespace alloy::server

@@ -1,0 +1,39 @@
+// Request bodies of `alloy serve`'s OpenAI-compatible endpoints (/v1/completions,
+// /v1/chat/completions), parsed and validated in one place. Fields follow the OpenAI API
+// (max_tokens, temperature, top_p, stop, stream, seed) plus the extensions llama.cpp's server
+// and vLLM accept (top_k, min_p, chat_template_kwargs.enable_thinking); unknown fields are
+// ignored, as those servers do. Every error names the field.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "alloy/error.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace alloy::server {
+
+// A request that cannot be served as sent: HTTP 400, OpenAI's invalid_request_error with
+// `param` set to the offending field ("" for the body itself).
+struct RequestError : Error {
+    std::string param;
+    RequestError(std::string param_, const std::string& message) : Error(message), param(std::move(param_)) {}
+};
+
+struct CompletionRequest {
+    bool chat = false;
+    std::string model;                  // echoed back (the server runs its one model whatever it says)
+    std::string prompt;                 // /v1/completions
+    std::vector<ChatMessage> messages;  // /v1/chat/completions
+    bool enable_thinking = true;        // chat_template_kwargs.enable_thinking
+    std::optional<int> max_tokens;      // absent: up to the end of the context
+    SamplerParams sampler;              // llama.cpp server defaults unless given
+    std::vector<std::string> stop;
+    bool stream = false;
+};
+
+// body: the raw request body; chat: which endpoint. Throws RequestError.
+CompletionRequest parse_completion_request(const std::string& body, bool chat);
+
+}  // namespace alloy::server

@@ -1,0 +1,195 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "alloy/error.h"
+#include "runtime/generate.h"
+#include "server/request.h"
+
+namespace alloy::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+json error_body(const std::string& message, const std::string& type, const std::string& param) {
+    return {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", nullptr}}}};
+}
+
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
+                const std::string& param = "") {
+    res.status = status;
+    res.set_content(error_body(message, type, param).dump(), "application/json");
+}
+
+int64_t unix_time() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+struct Server::Impl {
+    const LoadedModel& lm;
+    ServerOptions opt;
+    httplib::Server http;
+    std::mutex engine;  // one request at a time: one model, one sequence state
+    std::atomic<uint64_t> next_id{1};
+
+    Impl(const LoadedModel& m, ServerOptions o) : lm(m), opt(std::move(o)) {}
+
+    // The prompt's token ids; RequestError when it cannot be run.
+    std::vector<int32_t> tokenize(const CompletionRequest& r) const {
+        const Tokenizer& tok = lm.require_tokenizer();
+        std::string text;
+        try {
+            text = r.chat ? apply_chat_template(r.messages, /*add_generation_prompt=*/true, r.enable_thinking) : r.prompt;
+        } catch (const Error& e) {
+            throw RequestError("messages", e.what());
+        }
+        std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/true);
+        const char* what = r.chat ? "messages" : "prompt";
+        if (ids.empty()) throw RequestError(what, std::string(what) + " is empty after tokenization");
+        if (int64_t(ids.size()) >= opt.n_ctx)
+            throw RequestError(what, std::string(what) + " is " + std::to_string(ids.size()) +
+                                         " tokens, the context holds " + std::to_string(opt.n_ctx));
+        if (r.max_tokens && int64_t(ids.size()) + *r.max_tokens > opt.n_ctx)
+            throw RequestError(r.chat ? "max_completion_tokens" : "max_tokens",
+                               std::to_string(ids.size()) + " prompt tokens + " + std::to_string(*r.max_tokens) +
+                                   " tokens to generate exceed the context of " + std::to_string(opt.n_ctx));
+        return ids;
+    }
+
+    GenerateParams params(const CompletionRequest& r, size_t n_prompt) const {
+        GenerateParams gp;
+        gp.max_tokens = r.max_tokens ? *r.max_tokens : int(opt.n_ctx - int64_t(n_prompt));
+        gp.sampler = r.sampler;
+        gp.stop = r.stop;
+        return gp;
+    }
+
+    json usage(const GenerateResult& g) const {
+        const int n = int(g.ids.size());
+        return {{"prompt_tokens", g.n_prompt}, {"completion_tokens", n}, {"total_tokens", g.n_prompt + n}};
+    }
+
+    // The response object (or, with `delta`, one stream chunk) of either endpoint.
+    json choice_object(const CompletionRequest& r, const std::string& id, const std::string& text,
+                       const json& finish_reason, bool chunk) const {
+        json choice = {{"index", 0}, {"finish_reason", finish_reason}};
+        if (!r.chat) {
+            choice["text"] = text;
+            choice["logprobs"] = nullptr;
+        } else if (chunk) {
+            choice["delta"] = finish_reason.is_null() ? json{{"role", "assistant"}, {"content", text}} : json::object();
+        } else {
+            choice["message"] = {{"role", "assistant"}, {"content", text}};
+        }
+        return {{"id", id},
+                {"object", r.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+                {"created", unix_time()},
+                {"model", opt.model_name},
+                {"choices", json::array({choice})}};
+    }
+
+    void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+        CompletionRequest r;
+        std::vector<int32_t> ids;
+        try {
+            r = parse_completion_request(req.body, chat);
+            ids = tokenize(r);
+        } catch (const RequestError& e) {
+            return send_error(res, 400, e.what(), "invalid_request_error", e.param);
+        } catch (const Error& e) {
+            return send_error(res, 500, e.what(), "server_error");
+        }
+        const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+        const GenerateParams gp = params(r, ids.size());
+        if (!r.stream) {
+            try {
+                std::lock_guard<std::mutex> lock(engine);
+                const GenerateResult g = generate(lm, ids, gp, opt.n_ctx, opt.kv, opt.forward);
+                json body = choice_object(r, id, g.text, g.finish_reason, false);
+                body["usage"] = usage(g);
+                res.set_content(body.dump(), "application/json");
+            } catch (const std::exception& e) {
+                send_error(res, 500, e.what(), "server_error");
+            }
+            return;
+        }
+        // Server-sent events: one chunk per piece of text as it becomes final, then the
+        // finish_reason chunk (with usage, as OpenAI's stream_options.include_usage gives it)
+        // and [DONE]. A client that goes away stops the generation.
+        res.set_chunked_content_provider("text/event-stream", [this, r, ids, gp, id](size_t, httplib::DataSink& sink) {
+            auto send = [&](const json& j) {
+                const std::string line = "data: " + j.dump() + "\n\n";
+                return sink.write(line.data(), line.size());
+            };
+            try {
+                std::lock_guard<std::mutex> lock(engine);
+                const GenerateResult g = generate(lm, ids, gp, opt.n_ctx, opt.kv, opt.forward,
+                                                  [&](const std::string& text) { return send(choice_object(r, id, text, nullptr, true)); });
+                json last = choice_object(r, id, "", g.finish_reason, true);
+                last["usage"] = usage(g);
+                if (send(last)) {
+                    const std::string done = "data: [DONE]\n\n";
+                    sink.write(done.data(), done.size());
+                }
+            } catch (const std::exception& e) {
+                send(error_body(e.what(), "server_error", ""));
+            }
+            sink.done();
+            return true;
+        });
+    }
+
+    void routes() {
+        http.set_payload_max_length(opt.max_body_bytes);
+        http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+            res.set_content(R"({"status":"ok"})", "application/json");
+        });
+        http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+            const json body = {{"object", "list"},
+                               {"data", json::array({{{"id", opt.model_name}, {"object", "model"}, {"created", unix_time()},
+                                                      {"owned_by", "alloy"}, {"max_model_len", opt.n_ctx}}})}};
+            res.set_content(body.dump(), "application/json");
+        });
+        http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) { complete(q, s, false); });
+        http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& s) { complete(q, s, true); });
+        // Unknown paths and oversized bodies get a JSON error too (handlers that set a body keep it).
+        http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+            if (!res.body.empty()) return;
+            if (res.status == 404)
+                send_error(res, 404, "no endpoint " + req.method + " " + req.path, "not_found_error");
+            else if (res.status == 413)
+                send_error(res, 413, "the request body is larger than the server accepts", "invalid_request_error");
+            else
+                send_error(res, res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error");
+        });
+    }
+};
+
+Server::Server(const LoadedModel& model, ServerOptions opt) : impl_(std::make_unique<Impl>(model, std::move(opt))) {
+    if (impl_->opt.n_ctx < 2) throw Error("serve: --ctx must be at least 2, got " + std::to_string(impl_->opt.n_ctx));
+    if (impl_->opt.model_name.empty()) impl_->opt.model_name = "alloy";
+    impl_->routes();
+}
+
+Server::~Server() = default;
+
+int Server::bind() {
+    const ServerOptions& o = impl_->opt;
+    const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
+    if (port < 0) throw Error("serve: cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
+    return port;
+}
+
+void Server::listen() { impl_->http.listen_after_bind(); }
+
+void Server::stop() { impl_->http.stop(); }
+
+}  // namespace alloy::server

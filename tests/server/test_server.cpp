@@ -1,0 +1,190 @@
+// `alloy serve` end to end: the server on a free port in this process, a synthetic tiny model
+// with the real Qwen3 vocabulary, requests through cpp-httplib's client. Greedy completions
+// must equal the generation loop's own output (runtime/generate.h), a stream must add up to the
+// same text, stop strings must cut it, and every bad request must get a JSON error naming
+// what was wrong.
+#include <gtest/gtest.h>
+
+#include <httplib.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <unistd.h>
+
+#include "model/synth.h"
+#include "runtime/generate.h"
+#include "runtime/loaded_model.h"
+#include "server/server.h"
+
+namespace alloy::server {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+class Serve : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir = fs::temp_directory_path() / ("alloy_serve_" + std::to_string(::getpid()));
+        fs::create_directories(dir);
+        SynthOptions so;
+        so.preset = "tiny";
+        so.n_layer = 4;
+        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
+        so.out_path = (dir / "tiny.gguf").string();
+        synth_qwen35(so);
+        lm = std::make_unique<LoadedModel>(load_model(so.out_path));
+        ServerOptions o;
+        o.port = 0;
+        o.n_ctx = 256;
+        o.model_name = "tiny";
+        o.max_body_bytes = 1 << 16;
+        server = std::make_unique<Server>(*lm, o);
+        port = server->bind();
+        thread = std::thread([] { server->listen(); });
+    }
+    static void TearDownTestSuite() {
+        server->stop();
+        thread.join();
+        server.reset();
+        lm.reset();
+        fs::remove_all(dir);
+    }
+    static httplib::Result post(const std::string& path, const std::string& body) {
+        httplib::Client c("127.0.0.1", port);
+        c.set_read_timeout(120);
+        return c.Post(path, body, "application/json");
+    }
+    // The greedy text the generation loop gives for `prompt` directly.
+    static std::string direct(const std::string& prompt, int n) {
+        GenerateParams gp;
+        gp.max_tokens = n;
+        gp.sampler.temp = 0;
+        ForwardOptions fo;
+        return generate(*lm, lm->tokenizer->encode(prompt, true), gp, 256, {}, fo).text;
+    }
+    static void expect_error(const httplib::Result& r, int status, const std::string& param, const std::string& needle) {
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, status) << r->body;
+        const json j = json::parse(r->body);
+        ASSERT_TRUE(j.contains("error")) << r->body;
+        if (!param.empty()) {
+            EXPECT_EQ(j["error"]["param"], param) << r->body;
+        }
+        EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos) << r->body;
+    }
+
+    static inline fs::path dir;
+    static inline std::unique_ptr<LoadedModel> lm;
+    static inline std::unique_ptr<Server> server;
+    static inline std::thread thread;
+    static inline int port = 0;
+};
+
+TEST_F(Serve, HealthAndModels) {
+    httplib::Client c("127.0.0.1", port);
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+    EXPECT_EQ(json::parse(h->body)["status"], "ok");
+    auto m = c.Get("/v1/models");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "tiny");
+}
+
+TEST_F(Serve, GreedyCompletionEqualsTheGenerationLoop) {
+    const std::string prompt = "The capital of France is";
+    auto r = post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}}.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_EQ(j["choices"][0]["text"], direct(prompt, 12));
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+    EXPECT_EQ(j["usage"]["prompt_tokens"], int(lm->tokenizer->encode(prompt, true).size()));
+}
+
+// The SSE chunks of a stream, in order: their text pieces and the last chunk's finish_reason.
+std::pair<std::string, std::string> read_stream(const std::string& body, bool chat) {
+    std::string text, finish;
+    size_t pos = 0;
+    bool done = false;
+    while ((pos = body.find("data: ", pos)) != std::string::npos) {
+        const size_t end = body.find("\n\n", pos);
+        const std::string payload = body.substr(pos + 6, end - pos - 6);
+        pos = end;
+        if (payload == "[DONE]") {
+            done = true;
+            break;
+        }
+        const json c = json::parse(payload);
+        const json& ch = c["choices"][0];
+        if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+        else text += chat ? ch["delta"]["content"].get<std::string>() : ch["text"].get<std::string>();
+    }
+    EXPECT_TRUE(done) << body;
+    return {text, finish};
+}
+
+TEST_F(Serve, StreamAddsUpToTheSameText) {
+    for (bool chat : {false, true}) {
+        json req = {{"max_tokens", 10}, {"temperature", 0}};
+        if (chat) req["messages"] = json::array({{{"role", "user"}, {"content", "Hello there"}}});
+        else req["prompt"] = "Once upon a time";
+        const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+        auto whole = post(path, req.dump());
+        req["stream"] = true;
+        auto streamed = post(path, req.dump());
+        ASSERT_TRUE(whole && streamed);
+        ASSERT_EQ(streamed->status, 200) << streamed->body;
+        const json w = json::parse(whole->body);
+        const std::string want = chat ? w["choices"][0]["message"]["content"] : w["choices"][0]["text"];
+        const auto [text, finish] = read_stream(streamed->body, chat);
+        EXPECT_EQ(text, want) << (chat ? "chat" : "completion");
+        EXPECT_EQ(finish, w["choices"][0]["finish_reason"]);
+    }
+}
+
+TEST_F(Serve, StopStringsCutTheTextEvenAcrossTokens) {
+    const std::string prompt = "The capital of France is";
+    const std::string full = direct(prompt, 16);
+    ASSERT_GT(full.size(), 12u);
+    const std::string stop = full.substr(5, 6);  // most likely spans a token boundary
+    const std::string want = full.substr(0, full.find(stop));
+    for (bool stream : {false, true}) {
+        auto r = post("/v1/completions",
+                      json{{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"stop", stop}, {"stream", stream}}.dump());
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        if (stream) {
+            const auto [text, finish] = read_stream(r->body, false);
+            EXPECT_EQ(text, want);
+            EXPECT_EQ(finish, "stop");
+        } else {
+            const json j = json::parse(r->body);
+            EXPECT_EQ(j["choices"][0]["text"], want);
+            EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+        }
+    }
+}
+
+TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {
+    expect_error(post("/v1/completions", "{not json"), 400, "", "not valid JSON");
+    expect_error(post("/v1/completions", R"({"max_tokens": 5})"), 400, "prompt", "required");
+    expect_error(post("/v1/completions", R"({"prompt": "x", "temperature": "warm"})"), 400, "temperature", "number");
+    expect_error(post("/v1/completions", R"({"prompt": "x", "max_tokens": 1000})"), 400, "max_tokens", "context of 256");
+    expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "assistant", "content": "x"}]})"), 400,
+                 "messages", "user");
+    std::string long_prompt;
+    for (int i = 0; i < 300; ++i) long_prompt += " word";
+    expect_error(post("/v1/completions", json{{"prompt", long_prompt}}.dump()), 400, "prompt", "context holds 256");
+    expect_error(post("/v1/completions", json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "", "larger");
+    httplib::Client c("127.0.0.1", port);
+    expect_error(c.Get("/v2/nothing"), 404, "", "/v2/nothing");
+}
+
+}  // namespace
+}  // namespace alloy::server

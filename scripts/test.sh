@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs=$(nproc)
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DALLOY_FUZZ=ON >/dev/null
-cmake --build build-fuzz -j"$jobs" --target fuzz_gguf fuzz_safetensors fuzz_tokenizer
+cmake --build build-fuzz -j"$jobs" --target fuzz_gguf fuzz_safetensors fuzz_tokenizer fuzz_request
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DALLOY_FUZZ_BIN_DIR="$PWD/build-fuzz" >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure

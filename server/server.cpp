@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "alloy/error.h"
@@ -78,14 +79,16 @@ struct Server::Impl {
     }
 
     // The response object (or, with `delta`, one stream chunk) of either endpoint.
+    // A chat stream names the role in its first chunk only, as OpenAI's does (first_chunk).
     json choice_object(const CompletionRequest& r, const std::string& id, const std::string& text,
-                       const json& finish_reason, bool chunk) const {
+                       const json& finish_reason, bool chunk, bool first_chunk = false) const {
         json choice = {{"index", 0}, {"finish_reason", finish_reason}};
         if (!r.chat) {
             choice["text"] = text;
             choice["logprobs"] = nullptr;
         } else if (chunk) {
-            choice["delta"] = finish_reason.is_null() ? json{{"role", "assistant"}, {"content", text}} : json::object();
+            choice["delta"] = finish_reason.is_null() ? json{{"content", text}} : json::object();
+            if (first_chunk) choice["delta"]["role"] = "assistant";
         } else {
             choice["message"] = {{"role", "assistant"}, {"content", text}};
         }
@@ -131,8 +134,10 @@ struct Server::Impl {
             };
             try {
                 std::lock_guard<std::mutex> lock(engine);
-                const GenerateResult g = generate(lm, ids, gp, opt.n_ctx, opt.kv, opt.forward,
-                                                  [&](const std::string& text) { return send(choice_object(r, id, text, nullptr, true)); });
+                bool first = true;
+                const GenerateResult g = generate(lm, ids, gp, opt.n_ctx, opt.kv, opt.forward, [&](const std::string& text) {
+                    return send(choice_object(r, id, text, nullptr, true, std::exchange(first, false)));
+                });
                 json last = choice_object(r, id, "", g.finish_reason, true);
                 last["usage"] = usage(g);
                 if (send(last)) {

@@ -82,10 +82,14 @@ def main():
 
     # Decode: both engines stream the same bytes per token (alloy's count); stated against the
     # read bandwidth alloy probed between its repetitions (the bandwidth floor of this run;
-    # over rounds, the median of the rounds' probes).
+    # over rounds, the median of the rounds' probes). The host's memory bandwidth moves
+    # between rounds, so with several rounds each round's alloy figure is also stated against
+    # that round's own probe (the last column): the pooled percentage can mix phases.
     ratio_col = " per-round ratio |" if a.rounds > 1 else ""
-    print(f"| test | llama.cpp t/s | alloy t/s | alloy/llama.cpp |{ratio_col} alloy cold t/s | floor (probe) | llama.cpp % of floor | alloy % of floor |")
-    print("| --- | ---: | ---: | ---: |" + (" ---: |" if a.rounds > 1 else "") + " ---: | ---: | ---: | ---: |")
+    round_col = " alloy % of each round's probe |" if a.rounds > 1 else ""
+    print(f"| test | llama.cpp t/s | alloy t/s | alloy/llama.cpp |{ratio_col} alloy cold t/s | floor (probe) | llama.cpp % of floor | alloy % of floor |{round_col}")
+    print("| --- | ---: | ---: | ---: |" + (" ---: |" if a.rounds > 1 else "") + " ---: | ---: | ---: | ---: |" +
+          (" ---: |" if a.rounds > 1 else ""))
     for t in rounds[0][1]:
         k = key(t)
         per_round = []  # (llama.cpp test, alloy test) of each round
@@ -109,7 +113,12 @@ def main():
         if a.rounds > 1:
             rr = " " + " ".join(f"{statistics.median(warm(o)) / statistics.median(warm(p)):.2f}" for p, o in per_round) + " |"
         cold = statistics.median([o["cold_ts"] for _, o in per_round])
-        print(f"| {name(k)} | {pm:.2f} | {om:.2f} | {om / pm:.2f}x |{rr} {cold:.2f} | {floor} |")
+        own = ""
+        if a.rounds > 1:
+            own = " " + " ".join(
+                f"{100 * statistics.median(warm(o)) * o['decode_bytes_per_token'] / (o['read_bw_probe_gbs'] * 1e9):.0f}"
+                if o.get("read_bw_probe_gbs") else "-" for _, o in per_round) + " |"
+        print(f"| {name(k)} | {pm:.2f} | {om:.2f} | {om / pm:.2f}x |{rr} {cold:.2f} | {floor} |{own}")
     print(f"\npeak RSS of the whole run: llama.cpp {peer_rss / 2**30:.2f} GiB, alloy {ours_rss / 2**30:.2f} GiB")
 
 

@@ -1,0 +1,99 @@
+// GPU time of cuda::gdn_delta_serial at decode (T = 1 per sequence) on the shapes of
+// shared/anchors/gpu-h200.md: H_k = 16, H_v in {16, 32, 48}, d = 128, B in {1, 32}. Each
+// figure is the mean over 200 launches replayed from one CUDA graph (as the anchor timed fla
+// and ggml), with the floor = the fp32 state read and written once at the device's
+// theoretical memory bandwidth (as the anchor states it: 4.2 TB/s unless --bw is given).
+//   gdn_cuda_bench [--bw TB/s]
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/gdn.h"
+
+#define CHECK(x)                                                                              \
+    do {                                                                                      \
+        cudaError_t e_ = (x);                                                                 \
+        if (e_ != cudaSuccess) {                                                              \
+            std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                     \
+            std::exit(1);                                                                     \
+        }                                                                                     \
+    } while (0)
+
+int main(int argc, char** argv) {
+    double tbs = 4.2;
+    for (int i = 1; i + 1 < argc; ++i)
+        if (!std::strcmp(argv[i], "--bw")) tbs = std::atof(argv[i + 1]);
+    if (!alloy::cuda::device_available()) {
+        std::fprintf(stderr, "no CUDA device\n");
+        return 1;
+    }
+    cudaDeviceProp prop{};
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
+    std::printf("| H_v | B | floor us | alloy us | %% of floor |\n| ---: | ---: | ---: | ---: | ---: |\n");
+    const int d = 128, H_k = 16, reps = 200;
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    for (int H_v : {16, 32, 48})
+        for (int B : {1, 32}) {
+            const alloy::ref::GdnShape sh{H_k, H_v, d, d, true};
+            std::vector<float> q(size_t(B) * H_k * d), k(q.size()), v(size_t(B) * H_v * d), g(size_t(B) * H_v, -0.05f),
+                beta(g.size(), 0.5f), state(size_t(B) * H_v * d * d);
+            for (auto* x : {&q, &k, &v, &state})
+                for (auto& e : *x) e = u(rng);
+            std::vector<int32_t> offs(size_t(B) + 1);
+            for (int s = 0; s <= B; ++s) offs[size_t(s)] = s;
+            float *dq, *dk, *dv, *dg, *db, *ds, *dout;
+            int32_t* doffs;
+            CHECK(cudaMalloc(&dq, q.size() * 4));
+            CHECK(cudaMalloc(&dk, k.size() * 4));
+            CHECK(cudaMalloc(&dv, v.size() * 4));
+            CHECK(cudaMalloc(&dg, g.size() * 4));
+            CHECK(cudaMalloc(&db, beta.size() * 4));
+            CHECK(cudaMalloc(&ds, state.size() * 4));
+            CHECK(cudaMalloc(&dout, v.size() * 4));
+            CHECK(cudaMalloc(&doffs, offs.size() * 4));
+            CHECK(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(dk, k.data(), k.size() * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(dv, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(dg, g.data(), g.size() * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(db, beta.data(), beta.size() * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(ds, state.data(), state.size() * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(doffs, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
+            cudaStream_t st;
+            CHECK(cudaStreamCreate(&st));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            for (int r = 0; r < reps; ++r) alloy::cuda::gdn_delta_serial(sh, B, doffs, dq, dk, dv, dg, db, ds, dout, st);
+            CHECK(cudaStreamEndCapture(st, &graph));
+            CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            CHECK(cudaGraphLaunch(exec, st));  // warm
+            CHECK(cudaStreamSynchronize(st));
+            cudaEvent_t e0, e1;
+            CHECK(cudaEventCreate(&e0));
+            CHECK(cudaEventCreate(&e1));
+            float best = 1e30f;
+            for (int trial = 0; trial < 5; ++trial) {
+                CHECK(cudaEventRecord(e0, st));
+                CHECK(cudaGraphLaunch(exec, st));
+                CHECK(cudaEventRecord(e1, st));
+                CHECK(cudaEventSynchronize(e1));
+                float ms = 0;
+                CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                best = std::min(best, ms);
+            }
+            const double us = best * 1e3 / reps;
+            const double floor_us = 2.0 * double(state.size()) * 4 / (tbs * 1e12) * 1e6;
+            std::printf("| %d | %d | %.2f | %.2f | %.0f%% |\n", H_v, B, floor_us, us, 100 * floor_us / us);
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+            for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dg, (void*)db, (void*)ds, (void*)dout, (void*)doffs}) cudaFree(p);
+            cudaStreamDestroy(st);
+        }
+    return 0;
+}

@@ -1,0 +1,176 @@
+// cuda::gdn_delta_serial against ref::gdn_delta_serial on random inputs (odd head counts and
+// dims, ragged and empty sequences), and the decode/verification contract (a call of T tokens
+// gives the bits of T one-token calls). Skips when no CUDA device is present (CI).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "alloy/error.h"
+#include "kernels/cuda/gdn.h"
+#include "kernels/ref/gdn.h"
+
+namespace alloy {
+namespace {
+
+// A device copy of a host vector, freed on scope exit.
+template <class T>
+struct DeviceArray {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit DeviceArray(const std::vector<T>& h) : n(h.size()) {
+        EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+        if (n) {
+            EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+        }
+    }
+    ~DeviceArray() { cudaFree(p); }
+    std::vector<T> host() const {
+        std::vector<T> h(n);
+        if (n) {
+            EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+        }
+        return h;
+    }
+};
+
+struct Inputs {
+    ref::GdnShape sh;
+    std::vector<int32_t> offs;
+    std::vector<float> q, k, v, g, beta, state;
+};
+
+Inputs make_inputs(const ref::GdnShape& sh, std::vector<int32_t> offs, uint32_t seed) {
+    Inputs in{sh, std::move(offs), {}, {}, {}, {}, {}, {}};
+    const int T = in.offs.back(), n_seqs = int(in.offs.size()) - 1;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    auto normed = [&](std::vector<float>& x, int rows, int d, float scale) {
+        x.resize(size_t(rows) * d);
+        for (int r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int i = 0; i < d; ++i) ss += double(x[size_t(r) * d + i] = nd(rng)) * x[size_t(r) * d + i];
+            for (int i = 0; i < d; ++i) x[size_t(r) * d + i] *= float(scale / std::sqrt(ss));
+        }
+    };
+    normed(in.q, T * sh.H_k, sh.d_k, 1.0f / std::sqrt(float(sh.d_k)));
+    normed(in.k, T * sh.H_k, sh.d_k, 1.0f);
+    in.v.resize(size_t(T) * sh.H_v * sh.d_v);
+    for (auto& x : in.v) x = nd(rng);
+    in.g.resize(size_t(T) * sh.H_v);
+    in.beta.resize(in.g.size());
+    for (size_t i = 0; i < in.g.size(); ++i) {
+        in.g[i] = -(0.01f + u(rng));
+        in.beta[i] = u(rng);
+    }
+    in.state.resize(size_t(n_seqs) * sh.H_v * sh.d_v * sh.d_k);
+    for (auto& x : in.state) x = 0.3f * nd(rng);
+    return in;
+}
+
+// Runs the CUDA kernel over tokens [0, T) of every sequence in calls of `width` tokens per
+// sequence (0: the whole sequence in one call); returns (out, state).
+std::pair<std::vector<float>, std::vector<float>> run_cuda(const Inputs& in, int width) {
+    const int n_seqs = int(in.offs.size()) - 1, T = in.offs.back();
+    DeviceArray<float> q(in.q), k(in.k), v(in.v), g(in.g), beta(in.beta), state(in.state),
+        out(std::vector<float>(size_t(T) * in.sh.H_v * in.sh.d_v, NAN));
+    if (width == 0) {
+        DeviceArray<int32_t> offs(in.offs);
+        cuda::gdn_delta_serial(in.sh, n_seqs, offs.p, q.p, k.p, v.p, g.p, beta.p, state.p, out.p);
+    } else {
+        // Call c covers tokens [c*width, (c+1)*width) of each sequence, as offsets into the
+        // concatenated arrays: sequences stay separate calls' ranges of the same buffers.
+        for (int s = 0; s < n_seqs; ++s)
+            for (int t = in.offs[s]; t < in.offs[s + 1]; t += width) {
+                const int n = std::min(width, in.offs[s + 1] - t);
+                DeviceArray<int32_t> offs(std::vector<int32_t>{t, t + n});
+                // One sequence per call: its state is the s-th block.
+                float* st = state.p + size_t(s) * in.sh.H_v * in.sh.d_v * in.sh.d_k;
+                cuda::gdn_delta_serial(in.sh, 1, offs.p, q.p, k.p, v.p, g.p, beta.p, st, out.p);
+            }
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return {out.host(), state.host()};
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+    double worst = 0, scale = 0;
+    for (float x : b) scale = std::max(scale, double(std::fabs(x)));
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+    }
+    return worst / scale;
+}
+
+TEST(CudaGdn, SerialMatchesReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    struct Case { ref::GdnShape sh; std::vector<int32_t> offs; };
+    const std::vector<Case> cases = {
+        {{16, 16, 128, 128, true}, {0, 1}},            // Qwen3.5-0.8B decode
+        {{16, 32, 128, 128, true}, {0, 1, 2, 3, 4}},   // 4 sequences of one token
+        {{16, 48, 128, 128, true}, {0, 37}},           // a 37-token prompt, 27B head counts
+        {{2, 6, 64, 48, false}, {0, 5, 5, 12}},        // grouped heads, odd d_v, an empty sequence
+        {{1, 1, 32, 33, true}, {0, 3}},                // d_v past a block of 8 columns
+        {{3, 3, 100, 20, true}, {0, 9, 10}},           // d_k not a multiple of 32 (float4 path)
+        {{2, 2, 30, 17, true}, {0, 4}},                // d_k not a multiple of 4 (strided path)
+        {{4, 8, 256, 64, true}, {0, 6}},               // the largest d_k
+    };
+    uint32_t seed = 1;
+    for (const Case& c : cases) {
+        const Inputs in = make_inputs(c.sh, c.offs, seed++);
+        std::vector<float> want_out(size_t(in.offs.back()) * c.sh.H_v * c.sh.d_v), want_state = in.state;
+        ref::gdn_delta_serial(c.sh, int(c.offs.size()) - 1, in.offs.data(), in.q.data(), in.k.data(), in.v.data(),
+                              in.g.data(), in.beta.data(), want_state.data(), want_out.data());
+        const auto [out, state] = run_cuda(in, 0);
+        const std::string what = "H_k " + std::to_string(c.sh.H_k) + " H_v " + std::to_string(c.sh.H_v) + " d_k " +
+                                 std::to_string(c.sh.d_k) + " d_v " + std::to_string(c.sh.d_v) + " T " +
+                                 std::to_string(c.offs.back());
+        EXPECT_LE(max_rel(out, want_out), 1e-5) << what << " (out)";
+        EXPECT_LE(max_rel(state, want_state), 1e-5) << what << " (state)";
+    }
+}
+
+TEST(CudaGdn, VerificationReproducesDecodeBitForBit) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const Inputs in = make_inputs({16, 32, 128, 128, true}, {0, 8, 12}, 99);
+    const auto one = run_cuda(in, 1);
+    for (int width : {2, 3, 4, 0}) {
+        const auto many = run_cuda(in, width);
+        EXPECT_EQ(0, std::memcmp(one.first.data(), many.first.data(), one.first.size() * 4)) << "width " << width;
+        EXPECT_EQ(0, std::memcmp(one.second.data(), many.second.data(), one.second.size() * 4)) << "width " << width;
+    }
+}
+
+// A batch of many sequences gives each token the bits of its sequence run alone.
+TEST(CudaGdn, BatchGivesTheOneSequenceBits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    std::vector<int32_t> offs(41);
+    for (int s = 0; s <= 40; ++s) offs[size_t(s)] = 2 * s;  // 40 sequences of 2 tokens
+    const Inputs in = make_inputs({16, 32, 128, 128, true}, offs, 7);
+    const auto batch = run_cuda(in, 0);
+    const auto alone = run_cuda(in, 2);  // each sequence in its own call
+    EXPECT_EQ(0, std::memcmp(batch.first.data(), alone.first.data(), batch.first.size() * 4));
+    EXPECT_EQ(0, std::memcmp(batch.second.data(), alone.second.data(), batch.second.size() * 4));
+}
+
+TEST(CudaGdn, RejectsShapesItCannotRun) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const int32_t* none = nullptr;
+    EXPECT_THROW(cuda::gdn_delta_serial({16, 16, 512, 128, true}, 1, none, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        nullptr, nullptr),
+                 Error);
+    EXPECT_THROW(cuda::gdn_delta_serial({3, 16, 128, 128, true}, 1, none, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        nullptr, nullptr),
+                 Error);
+}
+
+}  // namespace
+}  // namespace alloy

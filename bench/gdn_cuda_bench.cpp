@@ -1,4 +1,5 @@
-// GPU time of cuda::gdn_delta_serial at decode (T = 1 per sequence) on the shapes of
+// GPU time of cuda::gdn_delta_serial and of the fused op cuda::gdn_fused at decode (T = 1 per
+// sequence) on the shapes of
 // shared/anchors/gpu-h200.md: H_k = 16, H_v in {16, 32, 48}, d = 128, B in {1, 32}. Each
 // figure is the mean over 200 launches replayed from one CUDA graph (as the anchor timed fla
 // and ggml), with the floor = the fp32 state read and written once at the device's
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
-    std::printf("| H_v | B | floor us | alloy us | %% of floor |\n| ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| H_v | B | floor us | delta rule us | %% of floor | fused op us (conv + norms + gates + delta + gated norm) |\n"
+                "| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16, reps = 200;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-0.1f, 0.1f);
@@ -66,32 +68,69 @@ int main(int argc, char** argv) {
             CHECK(cudaMemcpy(doffs, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
             cudaStream_t st;
             CHECK(cudaStreamCreate(&st));
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int r = 0; r < reps; ++r) alloy::cuda::gdn_delta_serial(sh, B, doffs, dq, dk, dv, dg, db, ds, dout, st);
-            CHECK(cudaStreamEndCapture(st, &graph));
-            CHECK(cudaGraphInstantiate(&exec, graph, 0));
-            CHECK(cudaGraphLaunch(exec, st));  // warm
-            CHECK(cudaStreamSynchronize(st));
-            cudaEvent_t e0, e1;
-            CHECK(cudaEventCreate(&e0));
-            CHECK(cudaEventCreate(&e1));
-            float best = 1e30f;
-            for (int trial = 0; trial < 5; ++trial) {
-                CHECK(cudaEventRecord(e0, st));
-                CHECK(cudaGraphLaunch(exec, st));
-                CHECK(cudaEventRecord(e1, st));
-                CHECK(cudaEventSynchronize(e1));
-                float ms = 0;
-                CHECK(cudaEventElapsedTime(&ms, e0, e1));
-                best = std::min(best, ms);
-            }
-            const double us = best * 1e3 / reps;
+            // us per launch: the best of 5 replays of a graph of `reps` launches.
+            auto time_us = [&](auto launch) {
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                for (int r = 0; r < reps; ++r) launch();
+                CHECK(cudaStreamEndCapture(st, &graph));
+                CHECK(cudaGraphInstantiate(&exec, graph, 0));
+                CHECK(cudaGraphLaunch(exec, st));  // warm
+                CHECK(cudaStreamSynchronize(st));
+                cudaEvent_t e0, e1;
+                CHECK(cudaEventCreate(&e0));
+                CHECK(cudaEventCreate(&e1));
+                float best = 1e30f;
+                for (int trial = 0; trial < 5; ++trial) {
+                    CHECK(cudaEventRecord(e0, st));
+                    CHECK(cudaGraphLaunch(exec, st));
+                    CHECK(cudaEventRecord(e1, st));
+                    CHECK(cudaEventSynchronize(e1));
+                    float ms = 0;
+                    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                    best = std::min(best, ms);
+                }
+                cudaGraphExecDestroy(exec);
+                cudaGraphDestroy(graph);
+                cudaEventDestroy(e0);
+                cudaEventDestroy(e1);
+                return double(best) * 1e3 / reps;
+            };
+            const double us = time_us([&] { alloy::cuda::gdn_delta_serial(sh, B, doffs, dq, dk, dv, dg, db, ds, dout, st); });
+            // The fused op on the same state: qkv, z, a, b of B tokens, K = 4 conv.
+            alloy::ref::GdnParams gp;
+            gp.shape = sh;
+            gp.mode = alloy::ref::GdnMode::Serial;
+            const int conv_dim = 2 * H_k * d + H_v * d;
+            std::vector<float> h_qkv(size_t(B) * conv_dim), h_cw(size_t(conv_dim) * 4), h_cs(size_t(B) * conv_dim * 3),
+                h_sa(size_t(H_v), -2.0f), h_dt(size_t(H_v), -1.0f), h_norm(size_t(d), 1.0f);
+            for (auto* x : {&h_qkv, &h_cw, &h_cs})
+                for (auto& e : *x) e = u(rng);
+            float *fq, *fz, *fa, *fb, *fcw, *fcs, *fsa, *fdt, *fn, *fy;
+            void* ws;
+            auto up = [&](float** p, const std::vector<float>& h) {
+                CHECK(cudaMalloc(p, h.size() * 4));
+                CHECK(cudaMemcpy(*p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            };
+            up(&fq, h_qkv);
+            up(&fz, v);
+            up(&fa, g);
+            up(&fb, beta);
+            up(&fcw, h_cw);
+            up(&fcs, h_cs);
+            up(&fsa, h_sa);
+            up(&fdt, h_dt);
+            up(&fn, h_norm);
+            CHECK(cudaMalloc(&fy, v.size() * 4));
+            CHECK(cudaMalloc(&ws, alloy::cuda::gdn_fused_workspace_bytes(gp, B)));
+            const alloy::ref::GdnWeights w{fcw, fsa, fdt, fn};
+            const double fused_us = time_us([&] { alloy::cuda::gdn_fused(gp, w, B, doffs, B, fq, fz, fa, fb, fcs, ds, fy, ws, st); });
             const double floor_us = 2.0 * double(state.size()) * 4 / (tbs * 1e12) * 1e6;
-            std::printf("| %d | %d | %.2f | %.2f | %.0f%% |\n", H_v, B, floor_us, us, 100 * floor_us / us);
-            cudaGraphExecDestroy(exec);
-            cudaGraphDestroy(graph);
+            std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f |\n", H_v, B, floor_us, us, 100 * floor_us / us, fused_us);
+            for (void* p : {(void*)fq, (void*)fz, (void*)fa, (void*)fb, (void*)fcw, (void*)fcs, (void*)fsa, (void*)fdt,
+                            (void*)fn, (void*)fy, ws})
+                cudaFree(p);
             for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dg, (void*)db, (void*)ds, (void*)dout, (void*)doffs}) cudaFree(p);
             cudaStreamDestroy(st);
         }

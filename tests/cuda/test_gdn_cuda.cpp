@@ -100,14 +100,16 @@ std::pair<std::vector<float>, std::vector<float>> run_cuda(const Inputs& in, int
     return {out.host(), state.host()};
 }
 
+// max |a - b| / max |b| (0 for empty arrays; the absolute difference when b is all zeros).
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return INFINITY;
     double worst = 0, scale = 0;
     for (float x : b) scale = std::max(scale, double(std::fabs(x)));
     for (size_t i = 0; i < a.size(); ++i) {
         if (!std::isfinite(a[i])) return INFINITY;
         worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
     }
-    return worst / scale;
+    return scale > 0 ? worst / scale : worst;
 }
 
 TEST(CudaGdn, SerialMatchesReference) {
@@ -159,6 +161,114 @@ TEST(CudaGdn, BatchGivesTheOneSequenceBits) {
     const auto alone = run_cuda(in, 2);  // each sequence in its own call
     EXPECT_EQ(0, std::memcmp(batch.first.data(), alone.first.data(), batch.first.size() * 4));
     EXPECT_EQ(0, std::memcmp(batch.second.data(), alone.second.data(), batch.second.size() * 4));
+}
+
+// ---- the fused layer op (serial) against ref::gdn_fused ----
+
+struct FusedInputs {
+    ref::GdnParams p;
+    std::vector<int32_t> offs;
+    int n_tokens = 0;
+    std::vector<float> qkv, z, a, b, conv_w, ssm_a, dt_bias, norm, conv_state, state;
+};
+
+FusedInputs make_fused(const ref::GdnShape& sh, int K, std::vector<int32_t> offs, int n_tokens, uint32_t seed) {
+    FusedInputs in;
+    in.p.shape = sh;
+    in.p.conv_kernel = K;
+    in.p.mode = ref::GdnMode::Serial;
+    in.offs = std::move(offs);
+    in.n_tokens = n_tokens;
+    const int n_seqs = int(in.offs.size()) - 1, conv_dim = 2 * sh.H_k * sh.d_k + sh.H_v * sh.d_v;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    auto fill = [&](std::vector<float>& x, size_t n, float mean, float sd) {
+        x.resize(n);
+        for (auto& e : x) e = mean + sd * nd(rng);
+    };
+    fill(in.qkv, size_t(n_tokens) * conv_dim, 0, 1);
+    fill(in.z, size_t(n_tokens) * sh.H_v * sh.d_v, 0, 1);
+    fill(in.a, size_t(n_tokens) * sh.H_v, 0, 1);
+    fill(in.b, size_t(n_tokens) * sh.H_v, 0, 1);
+    fill(in.conv_w, size_t(conv_dim) * K, 0, 0.5f);
+    in.ssm_a.resize(size_t(sh.H_v));
+    for (auto& e : in.ssm_a) e = -(1.0f + 15.0f * u(rng));
+    fill(in.dt_bias, size_t(sh.H_v), -2.0f, 1.0f);
+    fill(in.norm, size_t(sh.d_v), 1.0f, 0.1f);
+    fill(in.conv_state, size_t(n_seqs) * conv_dim * (K - 1), 0, 1);
+    fill(in.state, size_t(n_seqs) * sh.H_v * sh.d_v * sh.d_k, 0, 0.3f);
+    return in;
+}
+
+// (y, conv_state, state) of cuda::gdn_fused over the whole call, or of the sequences' tokens
+// in calls of `width` tokens (one sequence per call).
+std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width) {
+    const ref::GdnShape& sh = in.p.shape;
+    const int n_seqs = int(in.offs.size()) - 1, conv_dim = 2 * sh.H_k * sh.d_k + sh.H_v * sh.d_v, K = in.p.conv_kernel;
+    DeviceArray<float> qkv(in.qkv), z(in.z), a(in.a), b(in.b), cw(in.conv_w), sa(in.ssm_a), dt(in.dt_bias),
+        norm(in.norm), cs(in.conv_state), st(in.state), y(std::vector<float>(in.z.size(), NAN));
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_fused_workspace_bytes(in.p, in.n_tokens)));
+    const ref::GdnWeights w{cw.p, sa.p, dt.p, norm.p};
+    if (width == 0) {
+        DeviceArray<int32_t> offs(in.offs);
+        cuda::gdn_fused(in.p, w, n_seqs, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p, cs.p, st.p, y.p, ws.p);
+    } else {
+        for (int s = 0; s < n_seqs; ++s)
+            for (int t = in.offs[s]; t < in.offs[s + 1]; t += width) {
+                const int n = std::min(width, in.offs[s + 1] - t);
+                DeviceArray<int32_t> offs(std::vector<int32_t>{t, t + n});
+                cuda::gdn_fused(in.p, w, 1, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p,
+                                cs.p + size_t(s) * conv_dim * (K - 1), st.p + size_t(s) * sh.H_v * sh.d_v * sh.d_k, y.p,
+                                ws.p);
+            }
+    }
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return {y.host(), cs.host(), st.host()};
+}
+
+TEST(CudaGdn, FusedSerialMatchesReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    struct Case { ref::GdnShape sh; int K; std::vector<int32_t> offs; int n_tokens; };
+    const std::vector<Case> cases = {
+        {{16, 16, 128, 128, true}, 4, {0, 1}, 1},             // Qwen3.5-0.8B decode
+        {{16, 32, 128, 128, true}, 4, {0, 1, 2, 3}, 3},       // 3 sequences of one token (9B heads)
+        {{2, 6, 64, 48, false}, 4, {2, 7, 7, 13}, 15},        // grouped heads, empty sequence, rows outside the call
+        {{2, 2, 30, 17, true}, 3, {0, 5}, 5},                 // strided rows, K = 3
+        {{1, 1, 32, 32, true}, 1, {0, 2}, 2},                 // K = 1: no conv state
+    };
+    uint32_t seed = 50;
+    for (const Case& c : cases) {
+        const FusedInputs in = make_fused(c.sh, c.K, c.offs, c.n_tokens, seed++);
+        std::vector<float> y_ref(in.z.size(), NAN), cs_ref = in.conv_state, st_ref = in.state;
+        const ref::GdnWeights w{in.conv_w.data(), in.ssm_a.data(), in.dt_bias.data(), in.norm.data()};
+        ref::gdn_fused(in.p, w, int(c.offs.size()) - 1, in.offs.data(), in.qkv.data(), in.z.data(), in.a.data(),
+                       in.b.data(), cs_ref.data(), st_ref.data(), y_ref.data());
+        const auto got = run_fused_cuda(in, 0);
+        const std::string what = "H_k " + std::to_string(c.sh.H_k) + " H_v " + std::to_string(c.sh.H_v) + " d_k " +
+                                 std::to_string(c.sh.d_k) + " d_v " + std::to_string(c.sh.d_v) + " K " + std::to_string(c.K);
+        // Rows outside the call stay untouched (NaN in both).
+        for (size_t i = 0; i < y_ref.size(); ++i)
+            ASSERT_EQ(std::isnan(y_ref[i]), std::isnan(got[0][i])) << what << " y[" << i << "]";
+        std::vector<float> yr, yg;
+        for (size_t i = 0; i < y_ref.size(); ++i)
+            if (!std::isnan(y_ref[i])) yr.push_back(y_ref[i]), yg.push_back(got[0][i]);
+        EXPECT_LE(max_rel(yg, yr), 1e-4) << what << " (y)";
+        EXPECT_LE(max_rel(got[1], cs_ref), 0.0) << what << " (conv state: copies of inputs)";
+        EXPECT_LE(max_rel(got[2], st_ref), 1e-4) << what << " (state)";
+    }
+}
+
+TEST(CudaGdn, FusedVerificationReproducesDecodeBitForBit) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const FusedInputs in = make_fused({16, 32, 128, 128, true}, 4, {0, 8, 12}, 12, 123);
+    const auto one = run_fused_cuda(in, 1);
+    for (int width : {2, 3, 4, 0}) {
+        const auto many = run_fused_cuda(in, width);
+        for (int i = 0; i < 3; ++i)
+            EXPECT_EQ(0, std::memcmp(one[size_t(i)].data(), many[size_t(i)].data(), one[size_t(i)].size() * 4))
+                << "width " << width << " output " << i;
+    }
 }
 
 TEST(CudaGdn, RejectsShapesItCannotRun) {

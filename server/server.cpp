@@ -18,6 +18,10 @@ using json = nlohmann::json;
 
 namespace {
 
+// JSON text of a response; bytes that are not UTF-8 (a parse error message can quote the
+// request's own bytes) become U+FFFD instead of making dump() throw.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 json error_body(const std::string& message, const std::string& type, const std::string& param) {
     return {{"error", {{"message", message}, {"type", type}, {"param", param.empty() ? json() : json(param)}, {"code", nullptr}}}};
 }
@@ -25,7 +29,7 @@ json error_body(const std::string& message, const std::string& type, const std::
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& type,
                 const std::string& param = "") {
     res.status = status;
-    res.set_content(error_body(message, type, param).dump(), "application/json");
+    res.set_content(dump(error_body(message, type, param)), "application/json");
 }
 
 int64_t unix_time() {
@@ -118,7 +122,7 @@ struct Server::Impl {
                 const GenerateResult g = generate(lm, ids, gp, opt.n_ctx, opt.kv, opt.forward);
                 json body = choice_object(r, id, g.text, g.finish_reason, false);
                 body["usage"] = usage(g);
-                res.set_content(body.dump(), "application/json");
+                res.set_content(dump(body), "application/json");
             } catch (const std::exception& e) {
                 send_error(res, 500, e.what(), "server_error");
             }
@@ -129,7 +133,7 @@ struct Server::Impl {
         // and [DONE]. A client that goes away stops the generation.
         res.set_chunked_content_provider("text/event-stream", [this, r, ids, gp, id](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
-                const std::string line = "data: " + j.dump() + "\n\n";
+                const std::string line = "data: " + dump(j) + "\n\n";
                 return sink.write(line.data(), line.size());
             };
             try {
@@ -161,7 +165,7 @@ struct Server::Impl {
             const json body = {{"object", "list"},
                                {"data", json::array({{{"id", opt.model_name}, {"object", "model"}, {"created", unix_time()},
                                                       {"owned_by", "alloy"}, {"max_model_len", opt.n_ctx}}})}};
-            res.set_content(body.dump(), "application/json");
+            res.set_content(dump(body), "application/json");
         });
         http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) { complete(q, s, false); });
         http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& s) { complete(q, s, true); });

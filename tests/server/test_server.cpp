@@ -182,6 +182,8 @@ TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {
     for (int i = 0; i < 300; ++i) long_prompt += " word";
     expect_error(post("/v1/completions", json{{"prompt", long_prompt}}.dump()), 400, "prompt", "context holds 256");
     expect_error(post("/v1/completions", json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "", "larger");
+    // Bytes that are not UTF-8 in a malformed body: the error still comes back as JSON.
+    expect_error(post("/v1/completions", std::string("{\"prompt\": \"\xff\xfe") + "\"}"), 400, "", "not valid JSON");
     httplib::Client c("127.0.0.1", port);
     expect_error(c.Get("/v2/nothing"), 404, "", "/v2/nothing");
 }

@@ -5,11 +5,19 @@
 // and ggml), with the floor = the fp32 state read and written once at the device's
 // theoretical memory bandwidth (as the anchor states it: 4.2 TB/s unless --bw is given).
 //   gdn_cuda_bench [--bw TB/s]
+//   gdn_cuda_bench --check DIR   (outputs of transformers' recurrent rule written by
+//                                 scripts/gdn_gpu_peer.py: run the kernel on the same inputs
+//                                 and compare; exits 1 above 1e-4)
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -24,7 +32,78 @@
         }                                                                                     \
     } while (0)
 
+namespace {
+
+std::vector<float> read_f32(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary | std::ios::ate);
+    if (!in) {
+        std::fprintf(stderr, "cannot read %s\n", p.c_str());
+        std::exit(1);
+    }
+    std::vector<float> v(size_t(in.tellg()) / 4);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
+    return v;
+}
+
+float* upload(const std::vector<float>& h) {
+    float* d = nullptr;
+    CHECK(cudaMalloc(&d, std::max<size_t>(1, h.size()) * 4));
+    CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    return d;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+    double worst = 0, scale = 0;
+    for (float x : b) scale = std::max(scale, double(std::fabs(x)));
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+    return a.size() == b.size() && scale > 0 ? worst / scale : INFINITY;
+}
+
+// Every case directory of `dir`: the kernel on transformers' inputs against its outputs.
+int check(const std::filesystem::path& dir) {
+    std::vector<std::filesystem::path> cases;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (std::filesystem::exists(e.path() / "meta.txt")) cases.push_back(e.path());
+    std::sort(cases.begin(), cases.end());
+    if (cases.empty()) {
+        std::fprintf(stderr, "no cases (meta.txt) under %s\n", dir.c_str());
+        return 1;
+    }
+    std::printf("| case (B, T, H, d) | out max rel | state max rel |\n| --- | ---: | ---: |\n");
+    bool ok = true;
+    for (const auto& c : cases) {
+        int B = 0, T = 0, H = 0, d = 0;
+        std::ifstream(c / "meta.txt") >> B >> T >> H >> d;
+        const alloy::ref::GdnShape sh{H, H, d, d, true};
+        std::vector<int32_t> offs(size_t(B) + 1);
+        for (int s = 0; s <= B; ++s) offs[size_t(s)] = s * T;
+        int32_t* doffs = nullptr;
+        CHECK(cudaMalloc(&doffs, offs.size() * 4));
+        CHECK(cudaMemcpy(doffs, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
+        const std::vector<float> want_out = read_f32(c / "out.bin"), want_state = read_f32(c / "state1.bin");
+        float *q = upload(read_f32(c / "q.bin")), *k = upload(read_f32(c / "k.bin")), *v = upload(read_f32(c / "v.bin")),
+              *g = upload(read_f32(c / "g.bin")), *beta = upload(read_f32(c / "beta.bin")),
+              *st = upload(read_f32(c / "state0.bin")), *out = upload(std::vector<float>(want_out.size(), NAN));
+        alloy::cuda::gdn_delta_serial(sh, B, doffs, q, k, v, g, beta, st, out);
+        CHECK(cudaDeviceSynchronize());
+        std::vector<float> got_out(want_out.size()), got_state(want_state.size());
+        CHECK(cudaMemcpy(got_out.data(), out, got_out.size() * 4, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(got_state.data(), st, got_state.size() * 4, cudaMemcpyDeviceToHost));
+        const double eo = max_rel(got_out, want_out), es = max_rel(got_state, want_state);
+        ok = ok && eo <= 1e-4 && es <= 1e-4;
+        std::printf("| %d, %d, %d, %d | %.1e | %.1e |\n", B, T, H, d, eo, es);
+        for (void* p : {(void*)q, (void*)k, (void*)v, (void*)g, (void*)beta, (void*)st, (void*)out, (void*)doffs}) cudaFree(p);
+    }
+    std::printf("%s\n", ok ? "all within 1e-4 of transformers" : "FAILED: above 1e-4");
+    return ok ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+    for (int i = 1; i + 1 < argc; ++i)
+        if (!std::strcmp(argv[i], "--check")) return check(argv[i + 1]);
     double tbs = 4.2;
     for (int i = 1; i + 1 < argc; ++i)
         if (!std::strcmp(argv[i], "--bw")) tbs = std::atof(argv[i + 1]);

@@ -15,8 +15,7 @@ namespace {
 // never taken back.
 class StopFilter {
 public:
-    explicit StopFilter(const std::vector<std::string>& stop) : stop_(stop) {
-    }
+    explicit StopFilter(const std::vector<std::string>& stop) : stop_(stop) {}
     // Appends `piece`; returns the text that became final. Sets `hit` when a stop string appeared
     // (everything from it on is dropped).
     std::string push(const std::string& piece, bool& hit) {

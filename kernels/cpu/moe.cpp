@@ -15,7 +15,7 @@ namespace {
 struct MoeScratch {
     MatmulScratch mm;
     std::vector<float> logits, wt, xe, h, u, ye, shared_g, shared_h, shared_u, shared_y;
-    std::vector<int32_t> ids, count, tok, slot;
+    std::vector<int32_t> ids, count, next, tok, slot;
 };
 
 // fn(r) for rows [0, n) of `width` floats each: on the pool when there is enough of it, else
@@ -58,13 +58,11 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     for (int e = 0; e < E; ++e) s.count[size_t(e) + 1] += s.count[size_t(e)];
     s.tok.resize(size_t(n_pairs));
     s.slot.resize(size_t(n_pairs));
-    {
-        std::vector<int32_t> next(s.count.begin(), s.count.end() - 1);
-        for (int64_t p = 0; p < n_pairs; ++p) {
-            const int32_t at = next[size_t(s.ids[size_t(p)])]++;
-            s.tok[size_t(at)] = int32_t(p / k);
-            s.slot[size_t(at)] = int32_t(p);
-        }
+    s.next.assign(s.count.begin(), s.count.end() - 1);  // next free entry of each expert
+    for (int64_t p = 0; p < n_pairs; ++p) {
+        const int32_t at = s.next[size_t(s.ids[size_t(p)])]++;
+        s.tok[size_t(at)] = int32_t(p / k);
+        s.slot[size_t(at)] = int32_t(p);
     }
 
     // The shared expert and its gate over all tokens first; y starts as zero.

@@ -21,6 +21,7 @@
 
 #include "alloy/error.h"
 #include "kernels/cuda/gdn.h"
+#include "kernels/ref/gdn_common.h"
 
 namespace alloy::cuda {
 
@@ -253,11 +254,9 @@ void launch_delta(const DeltaArgs& A, bool prep, int n_seqs, void* stream, const
     check_launch(op);
 }
 
+// The reference's shape checks (same messages), then what this backend adds.
 void check_shape(const ref::GdnShape& shape, int n_seqs, const char* op) {
-    if (shape.H_k <= 0 || shape.H_v <= 0 || shape.H_v % shape.H_k || shape.d_k <= 0 || shape.d_v <= 0)
-        throw Error(std::string(op) + ": invalid head shape (H_k " + std::to_string(shape.H_k) + ", H_v " +
-                    std::to_string(shape.H_v) + ", d_k " + std::to_string(shape.d_k) + ", d_v " +
-                    std::to_string(shape.d_v) + ")");
+    ref::detail::check_shape(shape, op);
     if (shape.d_k > kMaxDk) throw Error(std::string(op) + ": d_k " + std::to_string(shape.d_k) + " > " + std::to_string(kMaxDk));
     if (n_seqs > 65535) throw Error(std::string(op) + ": more than 65535 sequences in one call");
 }

@@ -14,8 +14,10 @@ namespace alloy::ref {
 
 namespace {
 
-void require(bool ok, const char* op, const std::string& what) {
-    if (!ok) throw Error(std::string(op) + ": " + what);
+// The message is built only on failure: cpu::moe_ffn checks its weights on every call.
+template <class Msg>
+void require(bool ok, const char* op, const Msg& what) {
+    if (!ok) throw Error(std::string(op) + ": " + what());
 }
 
 std::string dims(const WeightView& w) {
@@ -40,32 +42,35 @@ void swiglu_mlp(const WeightView& gate, const WeightView& up, const WeightView& 
 }  // namespace
 
 void check_moe_weights(const MoeWeights& w, const char* op) {
-    const int64_t D = w.router.n_in;
-    require(w.n_expert > 0 && w.router.n_out == w.n_expert, op,
-            "router (ffn_gate_inp) has " + std::to_string(w.router.n_out) + " rows for " +
-                std::to_string(w.n_expert) + " experts");
-    require(w.n_used > 0 && w.n_used <= w.n_expert, op,
-            "experts per token " + std::to_string(w.n_used) + " not in [1, " + std::to_string(w.n_expert) + "]");
-    const int64_t I = w.gate.rows;
-    require(I > 0 && w.up.rows == I && w.down.all.n_in == I, op,
-            "expert widths differ: gate " + std::to_string(I) + ", up " + std::to_string(w.up.rows) + ", down input " +
-                std::to_string(w.down.all.n_in));
+    const int64_t D = w.router.n_in, E = w.n_expert, I = w.gate.rows;
+    auto n = [](int64_t v) { return std::to_string(v); };
+    require(E > 0 && w.router.n_out == E, op,
+            [&] { return "router (ffn_gate_inp) has " + n(w.router.n_out) + " rows for " + n(E) + " experts"; });
+    require(w.n_used > 0 && w.n_used <= E, op,
+            [&] { return "experts per token " + n(w.n_used) + " not in [1, " + n(E) + "]"; });
+    require(I > 0 && w.up.rows == I && w.down.all.n_in == I, op, [&] {
+        return "expert widths differ: gate " + n(I) + ", up " + n(w.up.rows) + ", down input " + n(w.down.all.n_in);
+    });
     for (const ExpertMatrix* m : {&w.gate, &w.up})
-        require(m->all.n_in == D && m->all.n_out >= (w.n_expert - 1) * m->stride + m->offset + m->rows, op,
-                "expert gate/up tensor " + dims(m->all) + " does not hold " + std::to_string(w.n_expert) +
-                    " experts of [" + std::to_string(I) + ", " + std::to_string(D) + "]");
-    require(w.down.rows == D && w.down.all.n_out >= (w.n_expert - 1) * w.down.stride + w.down.offset + D, op,
-            "expert down tensor " + dims(w.down.all) + " does not hold " + std::to_string(w.n_expert) + " experts of [" +
-                std::to_string(D) + ", " + std::to_string(I) + "]");
+        require(m->all.n_in == D && m->all.n_out >= (E - 1) * m->stride + m->offset + m->rows, op, [&] {
+            return "expert gate/up tensor " + dims(m->all) + " does not hold " + n(E) + " experts of [" + n(I) + ", " +
+                   n(D) + "]";
+        });
+    require(w.down.rows == D && w.down.all.n_out >= (E - 1) * w.down.stride + w.down.offset + D, op, [&] {
+        return "expert down tensor " + dims(w.down.all) + " does not hold " + n(E) + " experts of [" + n(D) + ", " +
+               n(I) + "]";
+    });
     if (w.has_shared()) {
         const int64_t Is = w.shexp_gate.n_out;
         require(w.shexp_gate.n_in == D && w.shexp_up.n_in == D && w.shexp_up.n_out == Is && w.shexp_down.n_in == Is &&
                     w.shexp_down.n_out == D,
-                op, "shared expert shapes gate " + dims(w.shexp_gate) + ", up " + dims(w.shexp_up) + ", down " +
-                        dims(w.shexp_down) + " do not fit D = " + std::to_string(D));
-        require(w.shexp_router.n_in == D && w.shexp_router.n_out == 1, op,
-                "shared expert gate (ffn_gate_inp_shexp) is " + dims(w.shexp_router) + ", expected [1, " +
-                    std::to_string(D) + "]");
+                op, [&] {
+                    return "shared expert shapes gate " + dims(w.shexp_gate) + ", up " + dims(w.shexp_up) + ", down " +
+                           dims(w.shexp_down) + " do not fit D = " + n(D);
+                });
+        require(w.shexp_router.n_in == D && w.shexp_router.n_out == 1, op, [&] {
+            return "shared expert gate (ffn_gate_inp_shexp) is " + dims(w.shexp_router) + ", expected [1, " + n(D) + "]";
+        });
     }
 }
 

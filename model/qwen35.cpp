@@ -62,25 +62,22 @@ Qwen35HParams Qwen35HParams::from_gguf(const gguf::File& f) {
     const int inner = int(f.get_u32(key("ssm.inner_size")));
     hp.ssm_d_v = hp.ssm_H_v ? inner / hp.ssm_H_v : 0;
 
-    auto bad = [&](std::string what) {
-        if (what.rfind("qwen35.", 0) == 0) what = arch + what.substr(6);  // name the file's own keys
-        throw Error(f.path() + ": " + what);
-    };
-    if (hp.n_embd <= 0 || hp.n_embd > (1 << 20)) bad("qwen35.embedding_length out of range");
+    auto bad = [&](const std::string& what) { throw Error(f.path() + ": " + what); };
+    if (hp.n_embd <= 0 || hp.n_embd > (1 << 20)) bad(key("embedding_length") + " out of range");
     if (hp.n_layer <= 0 || hp.n_layer > 4096 || hp.n_layer_mtp < 0)
-        bad("qwen35.block_count / nextn_predict_layers out of range");
+        bad(key("block_count") + " / nextn_predict_layers out of range");
     if (hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.n_head % hp.n_head_kv)
-        bad("qwen35.attention.head_count must be a positive multiple of head_count_kv");
-    if (hp.head_dim <= 0 || v_len != hp.head_dim) bad("qwen35.attention.key_length/value_length invalid");
+        bad(key("attention.head_count") + " must be a positive multiple of head_count_kv");
+    if (hp.head_dim <= 0 || v_len != hp.head_dim) bad(key("attention.key_length/value_length") + " invalid");
     if (hp.n_rot <= 0 || hp.n_rot > hp.head_dim || hp.n_rot % 2)
-        bad("qwen35.rope.dimension_count must be even and <= key_length");
-    if (hp.full_attn_interval <= 0) bad("qwen35.full_attention_interval must be positive");
-    if (hp.conv_kernel < 1 || hp.conv_kernel > 64) bad("qwen35.ssm.conv_kernel out of range");
+        bad(key("rope.dimension_count") + " must be even and <= key_length");
+    if (hp.full_attn_interval <= 0) bad(key("full_attention_interval") + " must be positive");
+    if (hp.conv_kernel < 1 || hp.conv_kernel > 64) bad(key("ssm.conv_kernel") + " out of range");
     if (hp.ssm_H_k <= 0 || hp.ssm_H_v <= 0 || hp.ssm_H_v % hp.ssm_H_k)
-        bad("qwen35.ssm.time_step_rank must be a positive multiple of ssm.group_count");
+        bad(key("ssm.time_step_rank") + " must be a positive multiple of ssm.group_count");
     if (hp.ssm_d_k <= 0 || inner != hp.ssm_H_v * hp.ssm_d_k)
-        bad("qwen35.ssm.inner_size must equal time_step_rank * state_size (d_k == d_v)");
-    if (!(hp.eps > 0 && hp.eps < 1)) bad("qwen35.attention.layer_norm_rms_epsilon out of range");
+        bad(key("ssm.inner_size") + " must equal time_step_rank * state_size (d_k == d_v)");
+    if (!(hp.eps > 0 && hp.eps < 1)) bad(key("attention.layer_norm_rms_epsilon") + " out of range");
     // Vocabulary size is the embedding's row count (checked when binding).
     return hp;
 }
@@ -313,7 +310,7 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     };
     const int64_t gdn_set = B * (cd + 2 * vd + 2 * H_v);
     const int64_t attn_set = B * (int64_t(nh) * hd * 5 + int64_t(nkv) * hd * 2);
-    const int64_t mlp_set = B * 2 * hp.n_ff;  // 0 for MoE: moe_ffn keeps its own scratch
+    const int64_t mlp_set = hp.moe() ? 0 : B * 2 * hp.n_ff;  // moe_ffn keeps its own scratch
     float* shared = plan->buffer(size_t(std::max({gdn_set, attn_set, mlp_set})));
     Carve g{shared}, at{shared}, mlp{shared};
     float* qkv = g.take(B * cd);                      // [B, conv_dim]

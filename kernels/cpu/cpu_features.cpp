@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_features.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #if defined(__x86_64__)
@@ -29,6 +30,7 @@ static Isa detect() {
         if (!std::strcmp(want, "scalar")) asked = Isa::Scalar;
         else if (!std::strcmp(want, "avx2")) asked = Isa::Avx2;
         else if (!std::strcmp(want, "avx512")) asked = Isa::Avx512;
+        else std::fprintf(stderr, "alloy: ALLOY_ISA=%s is not scalar, avx2 or avx512; ignored\n", want);
         if (asked < best) best = asked;  // can only lower, never claim what the CPU lacks
     }
     return best;

@@ -17,8 +17,10 @@
 // 4 tokens has the same bits as a 1-token call on row t (speculative verification reproduces
 // decode exactly). Long calls (T > 4, GEMM tiles) give the same bits too, except Q8_0 and
 // BF16 on AVX-512, whose decode kernels are streaming GEMVs (matmul_q8_gemv_avx512.cpp,
-// matmul_bf16_gemv_avx512.cpp) that sum in their own order for bandwidth, and every type on
-// AVX2 (its row-dot sums 8 lanes, its GEMM tile each output in k or block order).
+// matmul_bf16_gemv_avx512.cpp) that sum in their own order for bandwidth, and Q8_0 and BF16
+// on AVX2 (their row-dot sums 8 lanes over k, their GEMM tile each output in k or block
+// order). F32, F16 and the dequantized types give every T the same bits on every path (the
+// AVX2 F32/F16 row-dot puts 8 rows in the lanes and sums in the AVX2 tile's order).
 // Different ISA paths differ in the last bits.
 //
 // Paths (Isa is clamped to what this CPU and ALLOY_ISA allow):
@@ -29,7 +31,8 @@
 //   the arithmetic per output is the GEMM tile's, in its order.
 //   Without VNNI / AVX512-BF16 those types fall to AVX2. AVX2+FMA: T > 4 runs GEMM tiles on
 //   the same panels (Q8_0: vpmaddubsw, 3 rows x 16 tokens; BF16, F32, F16 and the dequantized
-//   types: fp32 FMA, 3 rows x 32 tokens), T <= 4 the row-dot kernels. Scalar: row-dot kernels.
+//   types: fp32 FMA, 3 rows x 32 tokens), T <= 4 streaming GEMVs (Q8_0, BF16) or the row-dot
+//   (F32/F16: 8 rows in the lanes, as AVX-512's 16). Scalar: row-dot kernels.
 //   Q4_0, Q4_K, Q6_K: rows dequantized to fp32 per chunk, then the F32 kernels.
 #pragma once
 #include <cstdint>

@@ -4,9 +4,11 @@
 //  - Q8_0: one block per ymm. vpmaddubsw needs an unsigned operand, so the sign of each weight
 //    byte moves onto the activation (|w| x sign(w)*x, ggml's trick; no int16 overflow since
 //    2 * 128 * 127 < 32768), then vpmaddwd with ones gives 8 exact int32 partial sums.
-//  - BF16 / F16 / F32: weights widened to fp32, FMA with fp32 (bf16-rounded for BF16) x.
+//  - BF16: weights widened to fp32, FMA with bf16-rounded fp32 x, 8 lanes over k.
+//  - F16 / F32: rows in lanes (float_cols), summed in the GEMM tile's order.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/matmul_gemv_rows.h"
@@ -164,6 +166,77 @@ void with_tokens(int nt, F&& f) {
     }
 }
 
+// F32 and F16 row-dot: 8 adjacent rows per call, one row per ymm lane, as the AVX-512 row-dot
+// does with 16. Each step widens 8 elements of each of the 8 rows, transposes them (col[j] =
+// element kb + j of the 8 rows) and meets a broadcast activation element. Per output this is
+// exactly the AVX2 F32 tile's arithmetic (matmul_float_avx2.cpp) with rows and tokens
+// swapped: acc = fma(w, x, acc) sequentially over k inside chunks of kF32KcAvx2, chunk sums
+// added in order from zero. So decode, verification and prefill (the tile, T > 4; F16 runs it
+// on an exact fp32 copy) give every token's row the same bits, which the last-layer row
+// pruning and the model's verification tests need. (float_rows' horizontal sums do not.)
+constexpr int kColRows = 8;
+
+template <Kind kind>
+ALLOY_TARGET_AVX2 inline __m256 widen_n(const uint8_t* w, int64_t k, int64_t n) {
+    if (n == 8) return widen8<kind>(w, k);
+    alignas(32) float tmp[8] = {};
+    for (int64_t j = 0; j < n; ++j) tmp[j] = widen1<kind>(w, k + j);
+    return _mm256_load_ps(tmp);
+}
+
+template <Kind kind, int NT>
+ALLOY_TARGET_AVX2 void float_cols(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, float* y,
+                                  int64_t ldy) {
+    constexpr int kPrefetchBytes = 1024;
+    const int64_t K = W.n_in;
+    const uint8_t* rows[kColRows];
+    for (int r = 0; r < kColRows; ++r) rows[r] = W.row(r0 + std::min(r, nr - 1));  // extra lanes: never stored
+    __m256 total[NT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) total[t] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += kF32KcAvx2) {
+        const int64_t k1 = std::min<int64_t>(K, k0 + kF32KcAvx2);
+        __m256 acc[NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t kb = k0; kb < k1; kb += 8) {
+            const int64_t n = std::min<int64_t>(8, k1 - kb);
+            __m256 w[kColRows], col[kColRows];
+#pragma GCC unroll 8
+            for (int r = 0; r < kColRows; ++r) {
+                _mm_prefetch(reinterpret_cast<const char*>(rows[r]) + (kind == Kind::F16 ? 2 : 4) * kb + kPrefetchBytes,
+                             _MM_HINT_T0);
+                w[r] = widen_n<kind>(rows[r], kb, n);
+            }
+            avx2::transpose8(w, col);
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) {
+                const float* x = a.f + (t0 + t) * K + kb;
+                if (n == 8) {
+#pragma GCC unroll 8
+                    for (int j = 0; j < 8; ++j) acc[t] = _mm256_fmadd_ps(col[j], _mm256_broadcast_ss(x + j), acc[t]);
+                } else {
+                    for (int j = 0; j < n; ++j) acc[t] = _mm256_fmadd_ps(col[j], _mm256_broadcast_ss(x + j), acc[t]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) total[t] = _mm256_add_ps(total[t], acc[t]);
+    }
+    for (int t = 0; t < NT; ++t) {
+        alignas(32) float out[8];
+        _mm256_store_ps(out, total[t]);
+        for (int r = 0; r < nr; ++r) y[(t0 + t) * ldy + r0 + r] = out[r];
+    }
+}
+
+// Row-dot contract (matmul_kernels.h) for F32/F16: nr <= kColRows neighbouring rows at once.
+template <Kind kind>
+void colrowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
+    with_tokens(nt, [&]<int NT>() { float_cols<kind, NT>(W, r0, nr, a, t0, y, ldy); });
+}
+
+
 // Row-dot contract (matmul_kernels.h): nr <= 4 neighbouring rows, one at a time.
 template <Kind kind>
 void rowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
@@ -191,8 +264,8 @@ RowKernel rowdot_avx2(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0: return {rowdot<Kind::Q8>, 4};
         case GgmlType::BF16: return {rowdot<Kind::Bf16>, 4};
-        case GgmlType::F16: return {rowdot<Kind::F16>, 4};
-        case GgmlType::F32: return {rowdot<Kind::F32>, 4};
+        case GgmlType::F16: return {colrowdot<Kind::F16>, kColRows};
+        case GgmlType::F32: return {colrowdot<Kind::F32>, kColRows};
         default: return {};
     }
 }
@@ -201,9 +274,8 @@ GemvFn gemv_avx2(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0: return gemv<Kind::Q8>;
         case GgmlType::BF16: return gemv<Kind::Bf16>;
-        case GgmlType::F16: return gemv<Kind::F16>;
-        case GgmlType::F32: return gemv<Kind::F32>;
-        default: return nullptr;
+        default: return nullptr;  // F32/F16 decode runs the row-dot (float_cols): the tile's order
+
     }
 }
 

@@ -19,7 +19,7 @@ namespace alloy::cpu::mm {
 namespace {
 
 constexpr int kRows = 3, kGroups = 2;
-constexpr int kKc = 256;  // panel slice 2 groups x 16 tokens x 256 x 4 B = 32 KiB (L1)
+constexpr int kKc = kF32KcAvx2;
 
 // Adds the accumulators ([R][2 NV], flat) to the tile (the first k-chunk adds to zero, not to
 // the tile, which may be uninitialised).
@@ -115,25 +115,6 @@ void f32_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, in
     kF32Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
 }
 
-// 8 x 8 transpose of r[0..8) (rows) into c[0..8) (columns).
-ALLOY_TARGET_AVX2 inline void transpose8(const __m256 (&r)[8], __m256 (&c)[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; ++i) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; ++i) {
-        u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-    }
-    for (int i = 0; i < 4; ++i) {
-        c[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
-        c[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
-    }
-}
-
 }  // namespace
 
 TileKernel tile_avx2_q8();  // matmul_q8_avx2.cpp
@@ -156,7 +137,7 @@ ALLOY_TARGET_AVX2 void store_transposed_avx2(const float* tile, int ldt, int64_t
         for (int64_t t0 = 0; t0 < tokens8; t0 += 8) {
             __m256 r[8], c[8];
             for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tile + (i0 + i) * ldt + t0);
-            transpose8(r, c);
+            avx2::transpose8(r, c);
             for (int t = 0; t < 8; ++t) _mm256_storeu_ps(y + (t0 + t) * ldy + i0, c[t]);
         }
     for (int64_t i = 0; i < rows; ++i)

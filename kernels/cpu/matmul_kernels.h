@@ -72,6 +72,10 @@ struct RowKernel {
 constexpr int kQ8Kc = 1024;   // 32 blocks: the Q8 panel slice is 48 tokens x 1 KiB
 constexpr int kBf16Kc = 1024; // 64 tokens x 1024 x 2 B = 128 KiB
 constexpr int kF32Kc = 128;   // 64 tokens x 128 x 4 B
+// The AVX2 F32 tile's chunk (panel slice 2 groups x 16 tokens x 256 x 4 B = 32 KiB, L1); the
+// AVX2 F32/F16 row-dot sums in the same chunks, so those types give every T the same bits
+// there too.
+constexpr int kF32KcAvx2 = 256;
 
 // GEMM tile kernel: rows [r0, r0 + nr) (nr <= rows), token groups [g0, g0 + nv)
 // (nv <= groups), inner range [k0, k1) (k0 a multiple of kc, k1 = min(k0 + kc, K));
@@ -135,7 +139,7 @@ void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& 
 void bf16_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                       int64_t ldy);
 
-// AVX2 decode GEMVs (Q8_0, BF16, F16, F32; activations as for rowdot_avx2), nullptr otherwise.
+// AVX2 decode GEMVs (Q8_0, BF16; activations as for rowdot_avx2), nullptr otherwise.
 GemvFn gemv_avx2(GgmlType type);
 
 bool cpu_has_avx512_vnni();

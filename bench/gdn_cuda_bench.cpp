@@ -4,10 +4,19 @@
 // figure is the mean over 200 launches replayed from one CUDA graph (as the anchor timed fla
 // and ggml), with the floor = the fp32 state read and written once at the device's
 // theoretical memory bandwidth (as the anchor states it: 4.2 TB/s unless --bw is given).
-//   gdn_cuda_bench [--bw TB/s]
+// Prefill (--prefill, or both tables with no mode flag): cuda::gdn_delta_chunked, bf16 q/k/v/out,
+// B = 1, H_k = 16, d = 128, H_v in {16, 32, 48}, T in {512, 4096, 16384, 65536}, median over
+// replays of a CUDA graph of several launches rotating over input sets (as many as fit in
+// ~256 MB, up to 8, so that L2 does not serve the repeats), for the launch gate's choice and
+// for each value split; floor = max(181,589 FLOP per token and head / 679 TFLOP/s, minimal
+// bf16 bytes / 4234 GB/s) as shared/anchors/gpu-h200.md derives it.
+//   gdn_cuda_bench [--bw TB/s] [--decode | --prefill] [--tmax T]
 //   gdn_cuda_bench --check DIR   (outputs of transformers' recurrent rule written by
 //                                 scripts/gdn_gpu_peer.py: run the kernel on the same inputs
 //                                 and compare; exits 1 above 1e-4)
+//   gdn_cuda_bench --check-chunked DIR (fla's and transformers' chunked outputs written by
+//                                 scripts/gdn_fla_peer.py: run cuda::gdn_delta_chunked on the
+//                                 same bf16 inputs; errors against both; exits 1 above 1e-2)
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -99,11 +108,212 @@ int check(const std::filesystem::path& dir) {
     return ok ? 0 : 1;
 }
 
+
+// ---- prefill: cuda::gdn_delta_chunked ----
+
+uint16_t bf16_bits(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+}
+float bf16_float(uint16_t b) {
+    const uint32_t u = uint32_t(b) << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+
+template <class T>
+T* to_device(const std::vector<T>& h) {
+    T* d = nullptr;
+    CHECK(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
+    CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// Median us per launch of `launch(i)` (i = launch index in the graph): a graph of `reps`
+// launches, one warm replay, then 7 timed replays.
+template <class F>
+double graph_median_us(cudaStream_t st, int reps, F launch) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    for (int i = 0; i < reps; ++i) launch(i);  // warm, outside the graph (cudaFuncSetAttribute etc.)
+    CHECK(cudaStreamSynchronize(st));
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < reps; ++i) launch(i);
+    CHECK(cudaStreamEndCapture(st, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, st));
+    CHECK(cudaStreamSynchronize(st));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms(7);
+    for (auto& m : ms) {
+        CHECK(cudaEventRecord(e0, st));
+        CHECK(cudaGraphLaunch(exec, st));
+        CHECK(cudaEventRecord(e1, st));
+        CHECK(cudaEventSynchronize(e1));
+        CHECK(cudaEventElapsedTime(&m, e0, e1));
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return double(ms[3]) * 1e3 / reps;
+}
+
+void prefill_table(int sms, int tmax) {
+    std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
+                "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | %% of floor | "
+                "Mtok/s | input sets |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    const int d = 128, H_k = 16;
+    // A pool of random values, copied at varying offsets into the inputs (generating 10^9
+    // normals on the host would take longer than the whole benchmark).
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> pool(size_t(1) << 22);
+    for (auto& x : pool) x = bf16_bits(nd(rng));
+    std::vector<uint16_t> pool_qk(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) pool_qk[i] = bf16_bits(bf16_float(pool[i]) / std::sqrt(float(d)));
+    auto fill = [&](std::vector<uint16_t>& x, const std::vector<uint16_t>& src, size_t seed) {
+        for (size_t i = 0; i < x.size();) {
+            const size_t off = (seed * 7919 + i * 31) % (src.size() / 2), n = std::min(x.size() - i, src.size() / 2);
+            std::memcpy(x.data() + i, src.data() + off, n * 2);
+            i += n;
+        }
+    };
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st));
+    for (int H_v : {16, 32, 48})
+        for (int T : {512, 4096, 16384, 65536}) {
+            if (T > tmax) continue;
+            const alloy::ref::GdnShape sh{H_k, H_v, d, d, false};
+            const size_t nqk = size_t(T) * H_k * d, nv = size_t(T) * H_v * d, ng = size_t(T) * H_v;
+            const size_t set_bytes = (2 * nqk + nv) * 2 + ng * 8;
+            const int sets = int(std::clamp<size_t>((size_t(256) << 20) / set_bytes, 1, 8));
+            struct Set { uint16_t *q, *k, *v; float *g, *beta; };
+            std::vector<Set> in(sets);
+            for (int s = 0; s < sets; ++s) {
+                std::vector<uint16_t> q(nqk), k(nqk), v(nv);
+                fill(q, pool_qk, 3 * s + 1);
+                fill(k, pool_qk, 3 * s + 2);
+                fill(v, pool, 3 * s + 3);
+                std::vector<float> g(ng), beta(ng);
+                std::uniform_real_distribution<float> u(0.0f, 1.0f);
+                for (size_t i = 0; i < ng; ++i) {
+                    const float x = u(rng);
+                    g[i] = -std::log1p(std::exp(-x));  // logsigmoid(U(0, 1)), as the anchor's inputs
+                    beta[i] = bf16_float(bf16_bits(1.0f / (1.0f + std::exp(-u(rng)))));
+                }
+                in[size_t(s)] = {to_device(q), to_device(k), to_device(v), to_device(g), to_device(beta)};
+            }
+            std::vector<float> h_state(size_t(H_v) * d * d);
+            for (auto& x : h_state) x = 0.1f * nd(rng);
+            float* state = to_device(h_state);
+            uint16_t* out = nullptr;
+            CHECK(cudaMalloc(&out, nv * 2));
+            const std::vector<int32_t> h_offs = {0, T};
+            int32_t* offs = to_device(h_offs);
+            void* ws = nullptr;
+            CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T)));
+            const int reps = std::max(sets, T <= 4096 ? 16 : 4);
+            auto time_bv = [&](int bv) {
+                return graph_median_us(st, reps, [&](int i) {
+                    const Set& s = in[size_t(i % sets)];
+                    alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, s.q, s.k, s.v, s.g, s.beta, state, out, ws, st, bv);
+                });
+            };
+            const double us_auto = time_bv(0), us16 = time_bv(16), us32 = time_bv(32);
+            const int gate = H_v * 4 >= sms ? 32 : 16;
+            const double flop = 181589.0 * T * H_v;
+            const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
+            const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
+            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n", H_v, T, floor_us, gate,
+                        us_auto, us16, us32, 100.0 * floor_us / us_auto, T / us_auto, sets);
+            std::fflush(stdout);
+            for (const Set& s : in)
+                for (void* p : {(void*)s.q, (void*)s.k, (void*)s.v, (void*)s.g, (void*)s.beta}) cudaFree(p);
+            for (void* p : {(void*)state, (void*)out, (void*)offs, ws}) cudaFree(p);
+        }
+    cudaStreamDestroy(st);
+}
+
+// scripts/gdn_fla_peer.py's cases: meta.txt "T H_k H_v d" (grouped heads, fla's layout),
+// q.bin (L2-normed, * d^-1/2, bf16 values) and k.bin [T, H_k, d], v.bin [T, H_v, d], g.bin and
+// beta.bin [T, H_v], state0.bin [H_v, d_v, d_k] (alloy's layout), ref_out.bin / ref_state.bin
+// (an fp64 recurrence on the same values), fla_out.bin / fla_state.bin (fla, bf16).
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+        den += double(b[i]) * b[i];
+    }
+    return a.size() == b.size() && den > 0 ? std::sqrt(num / den) : INFINITY;
+}
+
+int check_chunked(const std::filesystem::path& dir) {
+    std::vector<std::filesystem::path> cases;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (std::filesystem::exists(e.path() / "meta.txt")) cases.push_back(e.path());
+    std::sort(cases.begin(), cases.end());
+    if (cases.empty()) {
+        std::fprintf(stderr, "no cases (meta.txt) under %s\n", dir.c_str());
+        return 1;
+    }
+    std::printf("| case (T, H_k, H_v, d) | alloy out vs fp64 | alloy state vs fp64 | fla out vs fp64 | fla state vs fp64 "
+                "| alloy out vs fla |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    bool ok = true;
+    for (const auto& c : cases) {
+        int T = 0, H_k = 0, H_v = 0, d = 0;
+        std::ifstream(c / "meta.txt") >> T >> H_k >> H_v >> d;
+        const alloy::ref::GdnShape sh{H_k, H_v, d, d, false};
+        auto bf = [](const std::vector<float>& x) {
+            std::vector<uint16_t> y(x.size());
+            for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_bits(x[i]);
+            return y;
+        };
+        uint16_t *q = to_device(bf(read_f32(c / "q.bin"))), *k = to_device(bf(read_f32(c / "k.bin"))),
+                 *v = to_device(bf(read_f32(c / "v.bin")));
+        float *g = to_device(read_f32(c / "g.bin")), *beta = to_device(read_f32(c / "beta.bin")),
+              *st = to_device(read_f32(c / "state0.bin"));
+        const std::vector<float> ref_out = read_f32(c / "ref_out.bin"), ref_state = read_f32(c / "ref_state.bin"),
+                                 fla_out = read_f32(c / "fla_out.bin"), fla_state = read_f32(c / "fla_state.bin");
+        uint16_t* out = to_device(std::vector<uint16_t>(ref_out.size(), 0x7fc0));
+        int32_t* offs = to_device(std::vector<int32_t>{0, T});
+        void* ws = nullptr;
+        CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T)));
+        alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, q, k, v, g, beta, st, out, ws);
+        CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> ob(ref_out.size());
+        std::vector<float> got_out(ob.size()), got_state(ref_state.size());
+        CHECK(cudaMemcpy(ob.data(), out, ob.size() * 2, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(got_state.data(), st, got_state.size() * 4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < ob.size(); ++i) got_out[i] = bf16_float(ob[i]);
+        const double eo = rel_l2(got_out, ref_out), es = rel_l2(got_state, ref_state);
+        ok = ok && eo <= 1e-2 && es <= 1e-2;
+        std::printf("| %d, %d, %d, %d | %.1e | %.1e | %.1e | %.1e | %.1e |\n", T, H_k, H_v, d, eo, es,
+                    rel_l2(fla_out, ref_out), rel_l2(fla_state, ref_state), rel_l2(got_out, fla_out));
+        for (void* p : {(void*)q, (void*)k, (void*)v, (void*)g, (void*)beta, (void*)st, (void*)out, (void*)offs, ws})
+            cudaFree(p);
+    }
+    std::printf("%s\n", ok ? "alloy within 1e-2 of the fp64 recurrence" : "FAILED: above 1e-2");
+    return ok ? 0 : 1;
+}
+
+void decode_table(double tbs);
+void prefill_table(int sms, int tmax);
+
 }  // namespace
 
 int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; ++i)
         if (!std::strcmp(argv[i], "--check")) return check(argv[i + 1]);
+    for (int i = 1; i + 1 < argc; ++i)
+        if (!std::strcmp(argv[i], "--check-chunked")) return check_chunked(argv[i + 1]);
     double tbs = 4.2;
     for (int i = 1; i + 1 < argc; ++i)
         if (!std::strcmp(argv[i], "--bw")) tbs = std::atof(argv[i + 1]);
@@ -114,6 +324,21 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
+    bool decode = true, prefill = true;
+    int tmax = 65536;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--decode")) prefill = false;
+        if (!std::strcmp(argv[i], "--prefill")) decode = false;
+        if (!std::strcmp(argv[i], "--tmax") && i + 1 < argc) tmax = std::atoi(argv[i + 1]);
+    }
+    if (decode) decode_table(tbs);
+    if (prefill) prefill_table(prop.multiProcessorCount, tmax);
+    return 0;
+}
+
+namespace {
+
+void decode_table(double tbs) {
     std::printf("| H_v | B | floor us | delta rule us | %% of floor | fused op us (conv + norms + gates + delta + gated norm) |\n"
                 "| ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16, reps = 200;
@@ -213,5 +438,6 @@ int main(int argc, char** argv) {
             for (void* p : {(void*)dq, (void*)dk, (void*)dv, (void*)dg, (void*)db, (void*)ds, (void*)dout, (void*)doffs}) cudaFree(p);
             cudaStreamDestroy(st);
         }
-    return 0;
 }
+
+}  // namespace

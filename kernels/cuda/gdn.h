@@ -22,8 +22,8 @@ void gdn_delta_serial(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
                       const float* k, const float* v, const float* g, const float* beta, float* state, float* out,
                       void* stream = nullptr);
 
-// ref::gdn_fused in the serial mode (decode, verification; the chunked prefill kernel is not
-// built yet) on device arrays: qkv [n_tokens, conv_dim], z [n_tokens, H_v d_v], a, b
+// ref::gdn_fused in the serial mode (decode, verification; the fused op's chunked mode is not
+// wired to gdn_delta_chunked yet) on device arrays: qkv [n_tokens, conv_dim], z [n_tokens, H_v d_v], a, b
 // [n_tokens, H_v], conv_state, state and y as in ref::gdn_fused, seq_offsets [n_seqs + 1]
 // (device) with seq_offsets[n_seqs] <= n_tokens; weights (GdnWeights) on the device too.
 // workspace: gdn_fused_workspace_bytes(p, n_tokens) bytes of device memory, 16-byte aligned
@@ -32,5 +32,29 @@ size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_tokens);
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
                float* y, void* workspace, void* stream = nullptr);
+
+// ref::gdn_delta_chunked on device arrays (chunk size 64, d_k = d_v = 128 only; other dims and
+// chunk sizes throw alloy::Error naming the field). Two stages with bf16 tensor-core products,
+// fp32 accumulation and an fp32 state (kernels/cuda/gdn_chunked.cu); expect ~4e-3 relative
+// error against an fp32 recurrence, as for fla's bf16 kernels.
+//
+// The engine's entry: q, k [n_tokens, H_k, 128] and v [n_tokens, H_v, 128] in bf16 (raw bit
+// patterns, 16-byte aligned), g, beta [n_tokens, H_v] and state [n_seqs, H_v, 128, 128] in
+// fp32, out [n_tokens, H_v, 128] in bf16; seq_offsets [n_seqs + 1] on the device with
+// seq_offsets[n_seqs] <= n_tokens (rows outside the sequences are neither read as data nor
+// written). workspace: gdn_delta_chunked_workspace_bytes(shape, n_seqs, n_tokens) bytes of
+// device memory, 16-byte aligned, owned by the caller. Asynchronous on `stream` (a
+// cudaStream_t), graph-capturable. block_v: value columns per scan block (16 or 32; 0 picks
+// by the launch gate: 32 unless H_v n_seqs 4 blocks would leave SMs idle).
+size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens);
+void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
+                       const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
+                       float* state, uint16_t* out, void* workspace, void* stream = nullptr, int block_v = 0);
+// ref's signature on device arrays, all fp32: q, k, v are rounded to bf16 on the device (into a
+// workspace this call allocates), out is fp32. It reads seq_offsets[0] and [n_seqs] back, so it
+// synchronizes `stream`: for tests and one-off calls, not for graphs.
+void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,
+                       const float* k, const float* v, const float* g, const float* beta, float* state, float* out,
+                       int chunk_size, void* stream = nullptr);
 
 }  // namespace alloy::cuda

@@ -22,6 +22,7 @@
 #include "format/quant.h"
 #include "kernels/cpu/matmul_act.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/matmul_kquant.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -53,10 +54,14 @@ struct Plan {
     // the row-dot kernel over short row items.
     mm::GemvFn gemv = nullptr;
     bool avx2_tiles = false;   // the GEMM tiles are the AVX2 ones (their transposed store too)
+    // K-quant prefill (converted weights): the activations are first rounded through Q8_K, as
+    // the decode GEMVs and llama.cpp (vec_dot_type Q8_K) see them, so a prompt's rows and its
+    // decode steps compute the same function and perplexity tracks llama.cpp's.
+    bool q8k_input = false;
     std::string name;
 };
 
-Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
+Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
     isa = std::min(isa, active_isa());
     const bool avx512 = isa == Isa::Avx512, avx2 = isa >= Isa::Avx2;
     const auto rowdot_for = [&](GgmlType t) {
@@ -106,6 +111,16 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in) {
             p.convert_gemm = type == GgmlType::F16 && avx2;
             p.name = isa_label;
             return p;
+        case GgmlType::Q4_K:
+        case GgmlType::Q6_K:
+            if (T <= mm::kRowDotTokens) {  // decode / verification: packed blocks x Q8_K (matmul_kquant.cpp)
+                p.act = ActKind::Q8K;
+                p.gemv = mm::kquant_gemv(type, isa);
+                p.name = std::string(isa_label) + " q8k";
+                return p;
+            }
+            p.q8k_input = true;
+            [[fallthrough]];
         default:
             p.rowdot = rowdot_for(GgmlType::F32);
             if (avx2) p.tile = avx512 ? mm::tile_avx512(GgmlType::F32) : mm::tile_avx2(GgmlType::F32);
@@ -304,6 +319,11 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
 // Converted weights (dequantized per item to fp32, then the F32 kernels over all tokens).
 void run_converted(const Plan& p, const WeightView& W, const float* x, float* y, int64_t T, MatmulScratch& s) {
     const int64_t K = W.n_in, N = W.n_out;
+    if (p.q8k_input) {
+        s.act_q8k.resize(size_t(T * K));
+        parallel_for(T, [&](int64_t t, int) { mm::q8k_round_row(x + t * K, K, s.act_q8k.data() + t * K); });
+        x = s.act_q8k.data();
+    }
     const Prepared act = prepare(p, x, T, K, s);
     const bool gemm = act.gemm;
     const mm::ActRows& rows_act = act.rows;
@@ -338,10 +358,10 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
         check_shape(*outs[j].W);
         shared = shared && outs[j].W->type == outs[0].W->type && outs[j].W->n_in == outs[0].W->n_in;
     }
-    const Plan p = make_plan(outs[0].W->type, isa, outs[0].W->n_in);
+    const Plan p = make_plan(outs[0].W->type, isa, outs[0].W->n_in, T);
     if (!shared || p.convert || (p.convert_gemm && use_gemm(p, T))) {
         for (int j = 0; j < n; ++j) {
-            const Plan pj = make_plan(outs[j].W->type, isa, outs[j].W->n_in);
+            const Plan pj = make_plan(outs[j].W->type, isa, outs[j].W->n_in, T);
             if (pj.convert || (pj.convert_gemm && use_gemm(pj, T))) {
                 if (outs[j].W->n_out > 0) run_converted(pj, *outs[j].W, x, outs[j].y, T, s);
             } else {
@@ -368,7 +388,7 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     if (T <= 0) return;
     check_shape(G);
     check_shape(U);
-    const Plan p = make_plan(G.type, isa, G.n_in);
+    const Plan p = make_plan(G.type, isa, G.n_in, T);
     const int64_t N = G.n_out;
     if (U.type != G.type || U.n_in != G.n_in || U.n_out != N || p.convert || p.convert_gemm || !use_gemm(p, T)) {
         const MatmulOut outs[2] = {{&G, y}, {&U, u}};
@@ -428,6 +448,8 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
             mm::quantize_q8_scalar(x + t * n_in, n_in, q.data(), d.data(), corr.data());
             for (int64_t i = 0; i < n_in; ++i) out[t * n_in + i] = float(q[size_t(i)]) * d[size_t(i / mm::kQ8)];
         }
+    } else if (wtype == GgmlType::Q4_K || wtype == GgmlType::Q6_K) {
+        for (int64_t t = 0; t < T; ++t) mm::q8k_round_row(x + t * n_in, n_in, out + t * n_in);
     } else if (wtype == GgmlType::BF16) {
         for (size_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
     } else {
@@ -436,7 +458,7 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 }
 
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T) {
-    const Plan p = make_plan(wtype, isa, n_in);
+    const Plan p = make_plan(wtype, isa, n_in, T);
     return p.name + (use_gemm(p, T) ? " gemm" : p.gemv ? " gemv" : " rowdot");
 }
 

@@ -48,6 +48,7 @@ namespace alloy::cpu {
 // They only grow. One per calling thread; the convenience overload uses a thread_local one.
 struct MatmulScratch {
     std::vector<uint8_t> act;
+    std::vector<float> act_q8k;  // K-quant prefill: the activations rounded through Q8_K
     std::vector<std::vector<uint8_t>> per_thread;
 };
 

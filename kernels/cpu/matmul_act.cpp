@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "format/quant.h"
+#include "kernels/cpu/matmul_kquant.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace alloy::cpu::mm {
@@ -84,6 +85,7 @@ size_t act_rows_bytes(ActKind kind, int64_t T, int64_t K) {
     const size_t n = size_t(T * K);
     switch (kind) {
         case ActKind::Q8: return up64(n) + 2 * up64(size_t(T * (K / kQ8)) * 4);
+        case ActKind::Q8K: return up64(n) + up64(size_t(T * (K / kQK)) * 4) + up64(size_t(T * (K / 16)) * 2);
         case ActKind::Bf16Bits: return up64(n * 2);
         case ActKind::Bf16F32: return up64(n * 4);
         case ActKind::F32: return 0;
@@ -103,6 +105,14 @@ void prep_rows(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uint
             int32_t* corr = c.take<int32_t>(size_t(T * nb));
             for (int64_t t = 0; t < T; ++t) quantize_q8(isa, x + t * K, K, q + t * K, d + t * nb, corr + t * nb);
             out.q = q, out.d = d, out.corr = corr;
+            return;
+        }
+        case ActKind::Q8K: {
+            int8_t* q = c.take<int8_t>(size_t(T * K));
+            float* d = c.take<float>(size_t(T * (K / kQK)));
+            int16_t* bs = c.take<int16_t>(size_t(T * (K / 16)));
+            for (int64_t t = 0; t < T; ++t) quantize_q8k(x + t * K, K, q + t * K, d + t * (K / kQK), bs + t * (K / 16));
+            out.q = q, out.d = d, out.bsums = bs;
             return;
         }
         case ActKind::Bf16Bits: {
@@ -125,6 +135,7 @@ size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K) {
     const size_t G = size_t((T + kGroup - 1) / kGroup), n = G * kGroup * size_t(K);
     switch (kind) {
         case ActKind::Q8: return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4);
+        case ActKind::Q8K: return 0;  // rows only (decode)
         case ActKind::Bf16Bits: return up64(n * 2);
         case ActKind::Bf16F32:
         case ActKind::F32: return up64(n * 4);

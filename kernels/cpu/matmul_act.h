@@ -12,6 +12,7 @@ namespace alloy::cpu::mm {
 
 enum class ActKind {
     Q8,        // Q8_0 blocks (q, d, corr)
+    Q8K,       // Q8_K blocks (q, d, bsums), for the K-quant decode GEMVs (rows only)
     Bf16Bits,  // bf16 bits, for vdpbf16ps
     Bf16F32,   // fp32 rounded to bf16, for the BF16 paths without AVX512-BF16
     F32,       // fp32 unchanged

@@ -34,11 +34,12 @@ constexpr int kQ8 = 32;      // Q8_0 block size
 constexpr int kRowDotTokens = 4;  // tokens per row-dot kernel call
 
 // Token-major activations. Which members are set depends on the path:
-//   Q8_0: q, d, corr;  BF16 on AVX-512: bf;  everything else: f.
+//   Q8_0: q, d, corr;  Q8_K (K-quant decode): q, d, bsums;  BF16 on AVX-512: bf;  else: f.
 struct ActRows {
     int64_t K = 0;                  // n_in
     const int8_t* q = nullptr;      // [T, K] Q8_0 values
-    const float* d = nullptr;       // [T, K/32] Q8_0 block scales, already rounded to fp16
+    const float* d = nullptr;       // [T, K/32] Q8_0 block scales, already rounded to fp16 (Q8_K: [T, K/256])
+    const int16_t* bsums = nullptr; // [T, K/16] Q8_K sums of 16 consecutive q
     const int32_t* corr = nullptr;  // [T, K/32] -128 * sum(q) per block (see the q8 kernels)
     const uint16_t* bf = nullptr;   // [T, K] bf16 bits
     const float* f = nullptr;       // [T, K] fp32 (bf16-rounded for BF16 weights)

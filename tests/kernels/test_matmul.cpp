@@ -19,6 +19,7 @@
 #include "tests/kernels/random_weights.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/matmul_kquant.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/matmul.h"
@@ -33,6 +34,8 @@ std::vector<cpu::Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 double plain_tolerance(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0: return 2e-2;  // int8 activations: ~0.5% rms
+        case GgmlType::Q4_K:
+        case GgmlType::Q6_K: return 2e-2;  // Q8_K (int8) activations
         case GgmlType::BF16: return 5e-3;  // 8 significant bits: ~0.1% rms
         default: return 1e-5;
     }
@@ -83,6 +86,43 @@ TEST(Matmul, EveryTypeIsaShapeAndTokenCount) {
             }
         }
     }
+}
+
+// Q8_K as ggml's quantize_row_q8_K_ref: the first value of largest magnitude maps to -127
+// (iscale = -127 / max, so its sign flips), d = 1 / iscale, ties round to even, bsums are the
+// sums of 16 consecutive q, an all-zero block gives d = 0.
+TEST(Matmul, Q8KActivationQuantizerMatchesGgml) {
+    std::vector<float> x(512);
+    std::mt19937 rng(4);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : x) v = nd(rng);
+    x[3] = 6.35f, x[9] = -6.35f;  // equal magnitudes: the first one sets the sign
+    for (int i = 256; i < 512; ++i) x[size_t(i)] = 0.0f;
+    std::vector<int8_t> q(512);
+    float d[2];
+    int16_t bs[32];
+    cpu::mm::quantize_q8k(x.data(), 512, q.data(), d, bs);
+    const float iscale = -127.f / 6.35f;
+    EXPECT_EQ(q[3], -127);
+    EXPECT_EQ(q[9], 127);
+    EXPECT_EQ(d[0], 1 / iscale);
+    for (int j = 0; j < 256; ++j) EXPECT_EQ(int(q[size_t(j)]), int(std::nearbyint(iscale * x[size_t(j)]))) << j;
+    for (int s16 = 0; s16 < 16; ++s16) {
+        int sum = 0;
+        for (int i = 0; i < 16; ++i) sum += q[size_t(s16 * 16 + i)];
+        EXPECT_EQ(bs[s16], sum);
+    }
+    EXPECT_EQ(d[1], 0.0f);
+    for (int j = 256; j < 512; ++j) EXPECT_EQ(q[size_t(j)], 0);
+    // A tie: with max 127 the scale is -1, so 2.5 -> -2 and -3.5 -> 4 (nearest even).
+    std::vector<float> t(256, 0.0f);
+    t[0] = 127.0f, t[1] = 2.5f, t[2] = -3.5f, t[3] = 0.5f;
+    cpu::mm::quantize_q8k(t.data(), 256, q.data(), d, bs);
+    EXPECT_EQ(q[0], -127);
+    EXPECT_EQ(q[1], -2);
+    EXPECT_EQ(q[2], 4);
+    EXPECT_EQ(q[3], 0);
+    EXPECT_EQ(d[0], -1.0f);
 }
 
 // The vectorised quantizer equals the scalar one bit for bit, and both round halves to even
@@ -205,12 +245,14 @@ TEST(Matmul, StreamedLargeOutputsMatchPlainStoresBitForBit) {
 // verification widths) on every ISA path, and by long prefill calls (T > 4) where the GEMM
 // sums as decode does: the scalar path, and F32, F16 and Q4_0 on AVX-512 and AVX2. Q8_0 and
 // BF16 decode with streaming GEMVs (AVX-512) or 8-lane row-dots (AVX2) that sum in their own
-// order (matmul.h).
+// order, and Q4_K / Q6_K decode with integer super-block sums while their prefill runs the
+// dequantized fp32 weights (matmul.h).
 TEST(Matmul, EveryTokenCountGivesTheSameBits) {
     std::mt19937 rng(5);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     cpu::MatmulScratch scratch;
-    for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::F16, GgmlType::Q4_0}) {
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::F16, GgmlType::Q4_0,
+                          GgmlType::Q4_K, GgmlType::Q6_K}) {
         for (const Shape& sh : shapes_for(type)) {
             const std::vector<uint8_t> bytes = random_weights(type, sh.n_in, sh.n_out, rng);
             const WeightView W{type, sh.n_in, sh.n_out, bytes.data(), row_bytes(type, sh.n_in)};
@@ -221,7 +263,9 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                 std::vector<float> all(size_t(T * sh.n_out), NAN), one(size_t(sh.n_out)), three(size_t(3 * sh.n_out));
                 const cpu::Isa eff = std::min(isa, cpu::active_isa());
                 const bool gemm_matches_decode =
-                    eff == cpu::Isa::Scalar || (type != GgmlType::Q8_0 && type != GgmlType::BF16);
+                    (eff == cpu::Isa::Scalar && type != GgmlType::Q4_K && type != GgmlType::Q6_K) ||
+                    (type != GgmlType::Q8_0 && type != GgmlType::BF16 && type != GgmlType::Q4_K &&
+                     type != GgmlType::Q6_K);
                 if (gemm_matches_decode) {
                     cpu::matmul(W, x.data(), all.data(), T, isa, scratch);
                 } else {

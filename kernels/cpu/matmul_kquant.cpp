@@ -1,0 +1,165 @@
+// K-quant weights (Q4_K, Q6_K) against Q8_K activations: the decode path (T <= 4) of the
+// format most published GGUF files use (Q4_K_M = Q4_K with Q6_K for some tensors).
+//
+// Why Q8_K activations: it is ggml's vec_dot_type for every K-quant, so the products are the
+// ones llama.cpp computes (same rounding of the activations, exact integer sums per
+// super-block); and the weights stay packed, so a decode step reads 4.5 / 6.6 bits per weight
+// instead of the fp32 rows the dequantizing path wrote and re-read.
+//
+// Q8_K (ggml's block_q8_K): per 256 values, float d, int8 q[256], int16 bsums[16] (sums of
+// 16 consecutive q). quantize_q8k is ggml's quantize_row_q8_K_ref bit for bit (the x86 build
+// calls the reference too): max = the first value of largest magnitude, iscale = -127 / max,
+// q = min(127, nearest-even(iscale x)), d = 1 / iscale.
+//
+// Per (row, token, super-block) the dot is an exact integer sum, then
+//   Q4_K: acc += (d_x d) sumi - (d_x dmin) summ,  sumi = sum_j sc_j (q4 . q8)_j,
+//         summ = sum_j m_j (bsums[2j] + bsums[2j+1])   (8 sub-blocks of 32, 6-bit sc/m)
+//   Q6_K: acc += (d_x d) (sum_s sc_s (q6 . q8)_s - 32 sum_s sc_s bsums_s)   (16 of 16)
+// The scalar kernels below sum super-blocks in order; the AVX2 ones keep 8 fp32 lanes
+// (matmul_kquant_avx2.cpp). Each kernel's arithmetic per output does not depend on how many
+// rows or tokens share the call, so verification reproduces decode bit for bit.
+#include "kernels/cpu/matmul_kquant.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "format/quant.h"
+#include "kernels/cpu/matmul_gemv_rows.h"
+
+namespace alloy::cpu::mm {
+
+void quantize_q8k(const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums) {
+    for (int64_t b = 0; b < K / kQK; ++b) {
+        const float* xb = x + b * kQK;
+        int8_t* qb = q + b * kQK;
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < kQK; ++j) {
+            const float ax = std::fabs(xb[j]);
+            if (ax > amax) amax = ax, max = xb[j];
+        }
+        if (amax == 0.0f) {
+            d[b] = 0.0f;
+            std::memset(qb, 0, kQK);
+            std::memset(bsums + b * 16, 0, 16 * sizeof(int16_t));
+            continue;
+        }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < kQK; ++j) {
+            // ggml's nearest_int: the 1.5 * 2^23 trick, i.e. round to nearest even.
+            float v = iscale * xb[j] + 12582912.f;
+            int32_t i;
+            std::memcpy(&i, &v, 4);
+            const int r = (i & 0x007fffff) - 0x00400000;
+            qb[j] = int8_t(r < 127 ? r : 127);
+        }
+        for (int s = 0; s < 16; ++s) {
+            int sum = 0;
+            for (int i = 0; i < 16; ++i) sum += qb[s * 16 + i];
+            bsums[b * 16 + s] = int16_t(sum);
+        }
+        d[b] = 1 / iscale;
+    }
+}
+
+void q8k_round_row(const float* x, int64_t K, float* out) {
+    int8_t q[kQK];
+    float d;
+    int16_t bs[16];
+    for (int64_t b = 0; b < K / kQK; ++b) {
+        quantize_q8k(x + b * kQK, kQK, q, &d, bs);
+        for (int j = 0; j < kQK; ++j) out[b * kQK + j] = float(q[j]) * d;
+    }
+}
+
+void q4k_unpack_scales(const uint8_t* s12, uint8_t* sc, uint8_t* m) {
+    for (int j = 0; j < 8; ++j) {
+        if (j < 4) {
+            sc[j] = s12[j] & 63;
+            m[j] = s12[j + 4] & 63;
+        } else {
+            sc[j] = uint8_t((s12[j + 4] & 0xF) | ((s12[j - 4] >> 6) << 4));
+            m[j] = uint8_t((s12[j + 4] >> 4) | ((s12[j] >> 6) << 4));
+        }
+    }
+}
+
+namespace {
+
+// Row w (Q4_K) . token (Q8_K q, d, bsums), K / 256 super-blocks.
+float q4k_dot(const uint8_t* w, const int8_t* q8, const float* dx, const int16_t* bs, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b, w += kQ4KBytes, q8 += kQK, bs += 16) {
+        const float d = fp16_to_fp32(load_u16(w)), dmin = fp16_to_fp32(load_u16(w + 2));
+        uint8_t sc[8], m[8];
+        q4k_unpack_scales(w + 4, sc, m);
+        const uint8_t* qs = w + 16;
+        int32_t sumi = 0, summ = 0;
+        for (int g = 0; g < 4; ++g) {
+            int32_t lo = 0, hi = 0;
+            for (int l = 0; l < 32; ++l) {
+                lo += (qs[g * 32 + l] & 0xF) * q8[g * 64 + l];
+                hi += (qs[g * 32 + l] >> 4) * q8[g * 64 + 32 + l];
+            }
+            sumi += sc[2 * g] * lo + sc[2 * g + 1] * hi;
+        }
+        for (int j = 0; j < 8; ++j) summ += m[j] * (bs[2 * j] + bs[2 * j + 1]);
+        acc += (dx[b] * d) * float(sumi) - (dx[b] * dmin) * float(summ);
+    }
+    return acc;
+}
+
+// Row w (Q6_K) . token.
+float q6k_dot(const uint8_t* w, const int8_t* q8, const float* dx, const int16_t* bs, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b, w += kQ6KBytes, q8 += kQK, bs += 16) {
+        const uint8_t* ql = w;
+        const uint8_t* qh = w + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+        const float d = fp16_to_fp32(load_u16(w + 208));
+        int32_t sumi = 0;
+        for (int h = 0; h < 2; ++h) {
+            int32_t part[8] = {};  // 4 groups of 32 x 2 scales of 16
+            for (int l = 0; l < 32; ++l) {
+                const uint8_t a = ql[h * 64 + l], c = ql[h * 64 + 32 + l], e = qh[h * 32 + l];
+                const int q0 = (a & 0xF) | ((e & 3) << 4), q1 = (c & 0xF) | (((e >> 2) & 3) << 4);
+                const int q2 = (a >> 4) | (((e >> 4) & 3) << 4), q3 = (c >> 4) | (((e >> 6) & 3) << 4);
+                const int8_t* x = q8 + h * 128 + l;
+                part[0 + l / 16] += q0 * x[0];
+                part[2 + l / 16] += q1 * x[32];
+                part[4 + l / 16] += q2 * x[64];
+                part[6 + l / 16] += q3 * x[96];
+            }
+            for (int s = 0; s < 8; ++s) sumi += sc[h * 8 + s] * part[s];
+        }
+        int32_t corr = 0;
+        for (int s = 0; s < 16; ++s) corr += sc[s] * bs[s];
+        acc += (dx[b] * d) * float(sumi - 32 * corr);
+    }
+    return acc;
+}
+
+template <float (*Dot)(const uint8_t*, const int8_t*, const float*, const int16_t*, int64_t)>
+void gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                 int64_t ldy) {
+    const int64_t nb = a.K / kQK;
+    for (int64_t r = r0; r < r0 + nr; ++r)
+        for (int t = 0; t < nt; ++t) {
+            const int64_t tt = t0 + t;
+            y[tt * ldy + r] = Dot(W.row(r), a.q + tt * a.K, a.d + tt * nb, a.bsums + tt * (a.K / 16), nb);
+        }
+}
+
+}  // namespace
+
+GemvFn kquant_gemv(GgmlType type, Isa isa) {
+    if (isa >= Isa::Avx2) {
+        if (GemvFn f = kquant_gemv_avx2(type)) return f;
+    }
+    switch (type) {
+        case GgmlType::Q4_K: return gemv_scalar<q4k_dot>;
+        case GgmlType::Q6_K: return gemv_scalar<q6k_dot>;
+        default: return nullptr;
+    }
+}
+
+}  // namespace alloy::cpu::mm

@@ -1,0 +1,30 @@
+// K-quant weights x Q8_K activations (matmul_kquant.cpp): the quantizer and the decode GEMVs.
+// Internal to kernels/cpu.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul_kernels.h"
+
+namespace alloy::cpu::mm {
+
+constexpr int kQK = 256;         // values per K-quant super-block (and per Q8_K block)
+constexpr int kQ4KBytes = 144;   // f16 d, f16 dmin, 12 scale/min bytes, 128 nibble bytes
+constexpr int kQ6KBytes = 210;   // 128 ql, 64 qh, 16 int8 scales, f16 d
+
+// One token row of K values (K % 256 == 0) as Q8_K: q [K], d [K/256], bsums [K/16].
+// ggml's quantize_row_q8_K_ref bit for bit.
+void quantize_q8k(const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums);
+
+// x [K] -> its Q8_K values as fp32 (q * d): the activations the K-quant kernels see.
+void q8k_round_row(const float* x, int64_t K, float* out);
+
+// Q4_K's 12 packed bytes -> 8 sub-block scales and 8 mins (6 bits each).
+void q4k_unpack_scales(const uint8_t* s12, uint8_t* sc, uint8_t* m);
+
+// Decode GEMV (contract of GemvFn, activations in a.q / a.d / a.bsums as Q8_K) for a K-quant
+// weight type on the best path up to `isa`; nullptr for types without one.
+GemvFn kquant_gemv(GgmlType type, Isa isa);
+GemvFn kquant_gemv_avx2(GgmlType type);  // matmul_kquant_avx2.cpp; nullptr if none
+
+}  // namespace alloy::cpu::mm

@@ -15,9 +15,10 @@
 //   Q4_K: acc += (d_x d) sumi - (d_x dmin) summ,  sumi = sum_j sc_j (q4 . q8)_j,
 //         summ = sum_j m_j (bsums[2j] + bsums[2j+1])   (8 sub-blocks of 32, 6-bit sc/m)
 //   Q6_K: acc += (d_x d) (sum_s sc_s (q6 . q8)_s - 32 sum_s sc_s bsums_s)   (16 of 16)
-// The scalar kernels below sum super-blocks in order; the AVX2 ones keep 8 fp32 lanes
-// (matmul_kquant_avx2.cpp). Each kernel's arithmetic per output does not depend on how many
-// rows or tokens share the call, so verification reproduces decode bit for bit.
+// The scalar kernels below sum super-blocks in order; the AVX2 and AVX512-VNNI ones keep 8
+// fp32 lanes (matmul_kquant_rows.inc; those two give the same bits). Each kernel's arithmetic
+// per output does not depend on how many rows or tokens share the call, so verification
+// reproduces decode bit for bit.
 #include "kernels/cpu/matmul_kquant.h"
 
 #include <cmath>
@@ -152,6 +153,9 @@ void gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, 
 }  // namespace
 
 GemvFn kquant_gemv(GgmlType type, Isa isa) {
+    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni()) {
+        if (GemvFn f = kquant_gemv_vnni(type)) return f;
+    }
     if (isa >= Isa::Avx2) {
         if (GemvFn f = kquant_gemv_avx2(type)) return f;
     }

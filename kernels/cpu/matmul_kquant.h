@@ -26,5 +26,6 @@ void q4k_unpack_scales(const uint8_t* s12, uint8_t* sc, uint8_t* m);
 // weight type on the best path up to `isa`; nullptr for types without one.
 GemvFn kquant_gemv(GgmlType type, Isa isa);
 GemvFn kquant_gemv_avx2(GgmlType type);  // matmul_kquant_avx2.cpp; nullptr if none
+GemvFn kquant_gemv_vnni(GgmlType type);  // matmul_kquant_vnni.cpp (AVX512-VNNI, VL)
 
 }  // namespace alloy::cpu::mm

@@ -10,7 +10,7 @@
 // ~256 MB, up to 8, so that L2 does not serve the repeats), for the launch gate's choice and
 // for each value split; floor = max(181,589 FLOP per token and head / 679 TFLOP/s, minimal
 // bf16 bytes / 4234 GB/s) as shared/anchors/gpu-h200.md derives it.
-//   gdn_cuda_bench [--bw TB/s] [--decode | --prefill] [--tmax T]
+//   gdn_cuda_bench [--bw TB/s] [--decode | --prefill] [--tmax T] [--hv H_v] [--t T]
 //   gdn_cuda_bench --check DIR   (outputs of transformers' recurrent rule written by
 //                                 scripts/gdn_gpu_peer.py: run the kernel on the same inputs
 //                                 and compare; exits 1 above 1e-4)
@@ -165,7 +165,7 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
     return double(ms[3]) * 1e3 / reps;
 }
 
-void prefill_table(int sms, int tmax) {
+void prefill_table(int sms, int tmax, int only_hv, int only_t) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
                 "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | %% of floor | "
                 "Mtok/s | input sets |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -189,7 +189,7 @@ void prefill_table(int sms, int tmax) {
     CHECK(cudaStreamCreate(&st));
     for (int H_v : {16, 32, 48})
         for (int T : {512, 4096, 16384, 65536}) {
-            if (T > tmax) continue;
+            if (T > tmax || (only_hv && H_v != only_hv) || (only_t && T != only_t)) continue;
             const alloy::ref::GdnShape sh{H_k, H_v, d, d, false};
             const size_t nqk = size_t(T) * H_k * d, nv = size_t(T) * H_v * d, ng = size_t(T) * H_v;
             const size_t set_bytes = (2 * nqk + nv) * 2 + ng * 8;
@@ -227,7 +227,7 @@ void prefill_table(int sms, int tmax) {
                 });
             };
             const double us_auto = time_bv(0), us16 = time_bv(16), us32 = time_bv(32);
-            const int gate = H_v * 4 >= sms ? 32 : 16;
+            const int gate = 4 * H_v * 4 >= 3 * sms ? 32 : 16;  // the op's launch gate
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
@@ -305,7 +305,7 @@ int check_chunked(const std::filesystem::path& dir) {
 }
 
 void decode_table(double tbs);
-void prefill_table(int sms, int tmax);
+void prefill_table(int sms, int tmax, int only_hv, int only_t);
 
 }  // namespace
 
@@ -325,14 +325,16 @@ int main(int argc, char** argv) {
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
     bool decode = true, prefill = true;
-    int tmax = 65536;
+    int tmax = 65536, only_hv = 0, only_t = 0;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--decode")) prefill = false;
         if (!std::strcmp(argv[i], "--prefill")) decode = false;
         if (!std::strcmp(argv[i], "--tmax") && i + 1 < argc) tmax = std::atoi(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--hv") && i + 1 < argc) only_hv = std::atoi(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--t") && i + 1 < argc) only_t = std::atoi(argv[i + 1]);
     }
     if (decode) decode_table(tbs);
-    if (prefill) prefill_table(prop.multiProcessorCount, tmax);
+    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t);
     return 0;
 }
 

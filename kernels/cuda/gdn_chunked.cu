@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -54,8 +55,9 @@ constexpr int kPC = kC + 8;
 
 // Stage 1's output per (chunk, value head), read by stage 2 with 16-byte copies.
 struct alignas(16) ChunkRecord {
-    float G[kC];          // cumulative log decay in the chunk (padded rows: G[n-1])
+    float eG[kC];         // e^{G_r}, G = cumulative log decay in the chunk (padded rows: G[n-1])
     float beta[kC];       // padded rows: 0
+    float eGC[kC];        // e^{G_C - G_r}, C = the chunk's last row (exponentials here, not per scan block)
     bf16 T[kC * kC];      // (I + A)^-1, [r][s], unit lower triangular
     bf16 QKM[kC * kC];    // (Q K^T) .* M, [r][s], zero above the diagonal
 };
@@ -73,6 +75,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -107,6 +111,44 @@ __device__ __forceinline__ const bf16* b_addr(const bf16* t, int P, int n0, int 
 // The same from a [k][n] tile, with ldmatrix.trans.
 __device__ __forceinline__ const bf16* bt_addr(const bf16* t, int P, int k0, int n0, int lane) {
     return t + (k0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + n0 + ((lane >> 4) << 3);
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+// c += a b, m16n8k8, tf32 operands, fp32 accumulators.
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// C (16 x 16, as two n8 accumulator tiles) += A B for fp32 16 x 16 blocks in shared memory,
+// A [m][k] and B [k][n] row-major with pitches lda, ldb.
+__device__ __forceinline__ void mma16_tf32(float (&c)[2][4], const float* A, int lda, const float* B, int ldb,
+                                           int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < 16; kk += 8) {
+        const uint32_t a[4] = {to_tf32(A[g * lda + kk + t]), to_tf32(A[(g + 8) * lda + kk + t]),
+                               to_tf32(A[g * lda + kk + t + 4]), to_tf32(A[(g + 8) * lda + kk + t + 4])};
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+            mma_tf32(c[nn], a, to_tf32(B[(kk + t) * ldb + 8 * nn + g]), to_tf32(B[(kk + t + 4) * ldb + 8 * nn + g]));
+    }
+}
+__device__ __forceinline__ void store16(const float (&c)[2][4], float* D, int ld, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nn = 0; nn < 2; ++nn) {
+        D[g * ld + 8 * nn + 2 * t] = c[nn][0];
+        D[g * ld + 8 * nn + 2 * t + 1] = c[nn][1];
+        D[(g + 8) * ld + 8 * nn + 2 * t] = c[nn][2];
+        D[(g + 8) * ld + 8 * nn + 2 * t + 1] = c[nn][3];
+    }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -178,11 +220,17 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
     ChunkRecord* R = rec + (size_t)c * H_v + h;
 
     // Q and K rows of the chunk (zeros past n).
-    for (int idx = tid; idx < kC * 16; idx += kThreads) {
-        const int r = idx >> 4, cc = (idx & 15) * 8;
-        const size_t row = ((size_t)(t0 + min(r, n - 1)) * H_k + kh) * kD + cc;
-        cp_async16(sm.u.in.K + r * kPD + cc, k + row, r < n);
-        cp_async16(sm.u.in.Q + r * kPD + cc, q + row, r < n);
+    {
+        const int cc = (tid & 15) * 8;
+        const bf16* kc = k + (size_t)kh * kD + cc;
+        const bf16* qc = q + (size_t)kh * kD + cc;
+#pragma unroll
+        for (int it = 0; it < kC * 16 / kThreads; ++it) {
+            const int r = (tid >> 4) + it * (kThreads / 16);
+            const size_t off = (size_t)(t0 + (r < n ? r : 0)) * H_k * kD;
+            cp_async16(sm.u.in.K + r * kPD + cc, kc + off, r < n);
+            cp_async16(sm.u.in.Q + r * kPD + cc, qc + off, r < n);
+        }
     }
     cp_async_commit();
     // G = inclusive cumsum of g in the chunk (warp 0, two values per lane), beta.
@@ -265,21 +313,25 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
     }
     __syncthreads();
     // Off-diagonal blocks, by distance d from the diagonal: T_ij = -T_ii sum_{j<=m<i} A_im T_mj.
+    // Off-diagonal blocks, by distance d from the diagonal, one warp per block (i, j = i - d):
+    // X = sum_{j<=m<i} A_im T_mj, then T_ij = -T_ii X, on tf32 tensor cores (10-bit mantissas,
+    // finer than the bf16 T is stored in). Scalar fp32 loops here kept the L1 88% busy (ncu).
     for (int d = 1; d < 4; ++d) {
-        const int nb = 4 - d;
-        for (int idx = tid; idx < nb * 256; idx += kThreads) {
-            const int b = idx >> 8, a = (idx >> 4) & 15, bb = idx & 15, j = b, i = b + d;
-            float x = 0.0f;
-            for (int m = 16 * j; m < 16 * i; ++m)
-                x += sm.u.tri.A[(16 * i + a) * (kC + 1) + m] * sm.u.tri.T[m * (kC + 1) + 16 * j + bb];
-            sm.X[b][a][bb] = x;
-        }
-        __syncthreads();
-        for (int idx = tid; idx < nb * 256; idx += kThreads) {
-            const int b = idx >> 8, a = (idx >> 4) & 15, bb = idx & 15, j = b, i = b + d;
-            float t = 0.0f;
-            for (int m = 0; m <= a; ++m) t += sm.u.tri.T[(16 * i + a) * (kC + 1) + 16 * i + m] * sm.X[b][m][bb];
-            sm.u.tri.T[(16 * i + a) * (kC + 1) + 16 * j + bb] = -t;
+        if (w < 4 - d) {
+            const int j = w, i = w + d;
+            float acc[2][4] = {};
+            for (int m = j; m < i; ++m)
+                mma16_tf32(acc, sm.u.tri.A + 16 * i * (kC + 1) + 16 * m, kC + 1,
+                           sm.u.tri.T + 16 * m * (kC + 1) + 16 * j, kC + 1, lane);
+            store16(acc, &sm.X[w][0][0], 17, lane);
+            __syncwarp();
+            float t[2][4] = {};
+            mma16_tf32(t, sm.u.tri.T + 16 * i * (kC + 1) + 16 * i, kC + 1, &sm.X[w][0][0], 17, lane);
+#pragma unroll
+            for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) t[nn][e] = -t[nn][e];
+            store16(t, sm.u.tri.T + 16 * i * (kC + 1) + 16 * j, kC + 1, lane);
         }
         __syncthreads();
     }
@@ -291,12 +343,27 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         *reinterpret_cast<uint32_t*>(R->T + r * kC + s) = pack_bf16(t0v, t1v);
     }
     if (tid < kC) {
-        R->G[tid] = sm.G[tid];
+        R->eG[tid] = expf(sm.G[tid]);
         R->beta[tid] = sm.beta[tid];
+        R->eGC[tid] = expf(sm.G[kC - 1] - sm.G[tid]);
     }
 }
 
 // ---- stage 2 ----
+
+// 8 warps: warp w owns rows r in [8 w, 8 w + 8) of the chunk for Y, X, Delta and O, and state
+// columns i in [16 w, 16 w + 16) for the update. (4 warps, one per scheduler, left each
+// chunk step latency-bound: 3.7k cycles per step at BV = 16, H_v = 16, ncu.)
+constexpr int kW2 = 8, kT2 = 32 * kW2;
+// Chunk tiles in flight: chunk c + kNBuf - 1 is requested while chunk c computes.
+#ifndef ALLOY_GDN_NBUF
+#define ALLOY_GDN_NBUF 3
+#endif
+constexpr int kNBuf = ALLOY_GDN_NBUF;
+constexpr int kRW = kC / kW2, kNR = kRW / 8;   // chunk rows per warp, their n8 tiles
+constexpr int kIW = kD / kW2, kNI = kIW / 8;   // state columns per warp, their n8 tiles
+static_assert(kNR == 1 || kNR == 2, "row tiles per warp");
+static_assert(kNI % 2 == 0, "state tiles per warp come in pairs");
 
 template <int BV>
 struct alignas(16) Stage2Buf {
@@ -305,11 +372,11 @@ struct alignas(16) Stage2Buf {
     bf16 T[kC * kPC];
     bf16 M[kC * kPC];
     bf16 V[kC * (BV + 8)];
-    float G[kC], beta[kC];
+    float eG[kC], beta[kC], eGC[kC];
 };
 template <int BV>
 struct alignas(16) Stage2Smem {
-    Stage2Buf<BV> buf[2];
+    Stage2Buf<BV> buf[kNBuf];
     bf16 Sb[BV * kPD];   // S^T in bf16, [j][i]
     bf16 Dp[BV * kPC];   // Delta'^T, [j][s]
     bf16 Dm[BV * kPC];   // Delta^T
@@ -317,13 +384,29 @@ struct alignas(16) Stage2Smem {
     float O[kC * (BV + 4)];  // O of the previous chunk, [r][j], for coalesced stores
 };
 
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const bf16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+// B fragments of this warp's kNR n-tiles (rows n0.. of an [n][k] tile) for one k16 step.
+template <int N>
+__device__ __forceinline__ void load_b_rows(uint32_t (&r)[N], const bf16* t, int P, int n0, int k0, int lane) {
+    if constexpr (N == 4) {
+        ldsm_x4(r, b_addr(t, P, n0, k0, lane));
+    } else {
+        ldsm_x2(r, t + (n0 + (lane & 7)) * P + k0 + (((lane >> 3) & 1) << 3));
+    }
+}
+
 template <int BV, typename OutT>
-__global__ void __launch_bounds__(kThreads, 1) stage2_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
-                                                             const int32_t* __restrict__ cstart,
-                                                             const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                             const bf16* __restrict__ v,
-                                                             const ChunkRecord* __restrict__ rec,
-                                                             float* __restrict__ state, OutT* __restrict__ out) {
+__global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                        const int32_t* __restrict__ cstart,
+                                                        const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                        const bf16* __restrict__ v,
+                                                        const ChunkRecord* __restrict__ rec,
+                                                        float* __restrict__ state, OutT* __restrict__ out) {
     constexpr int MT = BV / 16;  // m-tiles of value columns
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Stage2Smem<BV>& sm = *reinterpret_cast<Stage2Smem<BV>*>(smem_raw);
@@ -333,154 +416,207 @@ __global__ void __launch_bounds__(kThreads, 1) stage2_kernel(ref::GdnShape sh, c
     const int c_first = cstart[seq], c_last = cstart[seq + 1];
     const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int r_w = kRW * w, i_w = kIW * w;  // this warp's first chunk row and state column
     float* Sg = state + ((size_t)seq * H_v + h) * kD * kD;  // [d_v][d_k]: row j = S^T[j]
 
-    // S^T[j][i], j = 16 mt + gq (+8), i = 32 w + 8 nt + 2 tq (+1): the accumulator layout.
-    float S[MT][4][4];
+    // S^T[j][i], j = 16 mt + gq (+8), i = i_w + 8 nt + 2 tq (+1): the accumulator layout.
+    float S[MT][kNI][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kNI; ++nt)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const float2 x = *reinterpret_cast<const float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD +
-                                                                  32 * w + 8 * nt + 2 * tq);
+                                                                  i_w + 8 * nt + 2 * tq);
                 S[mt][nt][2 * hh] = x.x;
                 S[mt][nt][2 * hh + 1] = x.y;
             }
 
+    // Per-thread pieces of the chunk copies, fixed for the whole scan (the copies are issued by
+    // every warp every step: generic strided loops with 64-bit index math were ~half of the
+    // loop's instructions, SASS).
+    const int qk_cc = (tid & 15) * 8, qk_r0 = tid >> 4;                 // K, Q: 16 x 16 B per row
+    constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;          // V: BV / 8 x 16 B per row
+    const int v_r = tid / kVPerRow, v_cc = (tid % kVPerRow) * 8;
+    const int rec_cc = (tid & 7) * 8, rec_r0 = tid >> 3;               // T, QKM: 8 x 16 B per row
+    const size_t qk_stride = (size_t)H_k * kD, v_stride = (size_t)H_v * kD;
+    const bf16* k_col = k + (size_t)kh * kD + qk_cc;
+    const bf16* q_col = q + (size_t)kh * kD + qk_cc;
+    const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
     auto load_chunk = [&](int c, int b) {
         Stage2Buf<BV>& B = sm.buf[b];
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
-        for (int idx = tid; idx < kC * 16; idx += kThreads) {
-            const int r = idx >> 4, cc = (idx & 15) * 8;
-            const size_t row = ((size_t)(t0 + min(r, n - 1)) * H_k + kh) * kD + cc;
-            cp_async16(B.K + r * kPD + cc, k + row, r < n);
-            cp_async16(B.Q + r * kPD + cc, q + row, r < n);
+#pragma unroll
+        for (int it = 0; it < kC * 16 / kT2; ++it) {
+            const int r = qk_r0 + it * (kT2 / 16);
+            const size_t off = (size_t)(t0 + (r < n ? r : 0)) * qk_stride;
+            cp_async16(B.K + r * kPD + qk_cc, k_col + off, r < n);
+            cp_async16(B.Q + r * kPD + qk_cc, q_col + off, r < n);
         }
-        for (int idx = tid; idx < kC * (BV / 8); idx += kThreads) {
-            const int r = idx / (BV / 8), cc = (idx % (BV / 8)) * 8;
-            cp_async16(B.V + r * (BV + 8) + cc, v + ((size_t)(t0 + min(r, n - 1)) * H_v + h) * kD + v0 + cc, r < n);
-        }
+        if (kVItems >= kT2 || tid < kVItems)
+            cp_async16(B.V + v_r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (v_r < n ? v_r : 0)) * v_stride, v_r < n);
+        static_assert(kVItems <= kT2, "one V copy per thread");
         const ChunkRecord* R = rec + (size_t)c * H_v + h;
-        for (int idx = tid; idx < kC * 8; idx += kThreads) {
-            const int r = idx >> 3, cc = (idx & 7) * 8;
-            cp_async16(B.T + r * kPC + cc, R->T + r * kC + cc, true);
-            cp_async16(B.M + r * kPC + cc, R->QKM + r * kC + cc, true);
+#pragma unroll
+        for (int it = 0; it < kC * 8 / kT2; ++it) {
+            const int r = rec_r0 + it * (kT2 / 8);
+            cp_async16(B.T + r * kPC + rec_cc, R->T + r * kC + rec_cc, true);
+            cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
         }
-        if (tid < 16) cp_async16(B.G + 4 * tid, R->G + 4 * tid, true);
-        else if (tid < 32) cp_async16(B.beta + 4 * (tid - 16), R->beta + 4 * (tid - 16), true);
-        cp_async_commit();
+        static_assert(sizeof(B.eG) * 3 == 48 * 16 && offsetof(ChunkRecord, eGC) == 2 * sizeof(B.eG), "record head");
+        if (tid < 48) cp_async16(B.eG + 4 * tid, R->eG + 4 * tid, true);  // eG, beta, eGC: contiguous in both
     };
     // O of the chunk before, from shared memory to `out` (rows < n, 16-byte stores).
     auto flush_out = [&](int t0, int n) {
-        constexpr int kVec = 16 / sizeof(OutT), kPerRow = BV / kVec;
-        for (int idx = tid; idx < n * kPerRow; idx += kThreads) {
-            const int r = idx / kPerRow, cc = (idx % kPerRow) * kVec;
-            OutT* dst = out + ((size_t)(t0 + r) * H_v + h) * kD + v0 + cc;
-            const float* src = sm.O + r * (BV + 4) + cc;
+        constexpr int kVec = 16 / sizeof(OutT), kPerRow = BV / kVec, kItems = kC * kPerRow;
+#pragma unroll
+        for (int it = 0; it < (kItems + kT2 - 1) / kT2; ++it) {
+            const int idx = tid + it * kT2, r = idx / kPerRow, cc = (idx % kPerRow) * kVec;
+            if (idx >= kItems || r >= n) break;
+            OutT* dst = out + (size_t)(t0 + r) * v_stride + (size_t)h * kD + v0 + cc;
+            const float4 lo = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc);
             if constexpr (sizeof(OutT) == 4) {
-                *reinterpret_cast<float4*>(dst) = make_float4(src[0], src[1], src[2], src[3]);
+                *reinterpret_cast<float4*>(dst) = lo;
             } else {
-                uint4 p;
-                p.x = pack_bf16(src[0], src[1]);
-                p.y = pack_bf16(src[2], src[3]);
-                p.z = pack_bf16(src[4], src[5]);
-                p.w = pack_bf16(src[6], src[7]);
-                *reinterpret_cast<uint4*>(dst) = p;
+                const float4 hi = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc + 4);
+                *reinterpret_cast<uint4*>(dst) =
+                    make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
             }
         }
     };
 
-    load_chunk(c_first, 0);
+    // Every step commits one group (empty past the end), so "all but the newest kNBuf - 2"
+    // is always chunk c's.
+    for (int p = 0; p < kNBuf - 1; ++p) {
+        if (c_first + p < c_last) load_chunk(c_first + p, p);
+        cp_async_commit();
+    }
     int prev_t0 = 0, prev_n = 0;
+    // k16 steps of the causal products for this warp's rows: s <= r < r_w + kRW.
+    const int k_causal = (r_w + kRW - 1) / 16 + 1;
     for (int c = c_first; c < c_last; ++c) {
-        const int b = (c - c_first) & 1;
+#ifdef ALLOY_GDN_EXP_NOLOAD
+        const int b = 0;  // timing experiment only: every step computes on the first chunk's tiles
+#else
+        const int b = (c - c_first) % kNBuf;
+#endif
         const Stage2Buf<BV>& B = sm.buf[b];
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
         // (1) this warp's columns of S^T to shared memory in bf16 (the A operand of Y and X).
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < kNI; ++nt)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh)
-                    *reinterpret_cast<uint32_t*>(sm.Sb + (16 * mt + gq + 8 * hh) * kPD + 32 * w + 8 * nt + 2 * tq) =
+                    *reinterpret_cast<uint32_t*>(sm.Sb + (16 * mt + gq + 8 * hh) * kPD + i_w + 8 * nt + 2 * tq) =
                         pack_bf16(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
-        cp_async_wait_all();
+        cp_async_wait<kNBuf - 2>();
         __syncthreads();  // #1: chunk c's tiles and Sb visible; everyone is done with chunk c - 1
-        if (c + 1 < c_last) load_chunk(c + 1, b ^ 1);
-        if (prev_n > 0) flush_out(prev_t0, prev_n);
+        // This warp's rows' scalars, read now so that their latency hides under the products.
+        float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
+#pragma unroll
+        for (int nt = 0; nt < kNR; ++nt) {
+            const int r = r_w + 8 * nt + 2 * tq;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                re[nt][e] = B.eG[r + e];
+                rb[nt][e] = B.beta[r + e];
+                rf[nt][e] = B.eGC[r + e];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        rv[nt][mt][hh][e] = __bfloat162float(B.V[(r + e) * (BV + 8) + 16 * mt + gq + 8 * hh]);
+            }
+        }
+        const float eGC = B.eG[kC - 1];
 
-        // (2) Y^T, X^T for this warp's rows r in [16 w, 16 w + 16).
-        float y[MT][2][4], x[MT][2][4];
+        // (2) Y^T, X^T for this warp's rows. Fragments two k-steps ahead of the products (the
+        // asm statements keep program order, so ldmatrix latency hides under earlier mma).
+        // Even and odd k-steps accumulate apart (two dependent mma chains of 4, not one of 8).
+        float y[MT][kNR][4], x[MT][kNR][4], y2[MT][kNR][4], x2[MT][kNR][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) y[mt][nt][e] = x[mt][nt][e] = 0.0f;
+                for (int e = 0; e < 4; ++e) y[mt][nt][e] = x[mt][nt][e] = y2[mt][nt][e] = x2[mt][nt][e] = 0.0f;
+        {
+            uint32_t a[kD / 16][MT][4], bk[kD / 16][2 * kNR], bq[kD / 16][2 * kNR];
+            auto load = [&](int ks) {
 #pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {
-            uint32_t a[MT][4], bk[4], bq[4];
+                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(sm.Sb, kPD, 16 * mt, 16 * ks, lane));
+                load_b_rows(bk[ks], B.K, kPD, r_w, 16 * ks, lane);
+                load_b_rows(bq[ks], B.Q, kPD, r_w, 16 * ks, lane);
+            };
+            load(0);
+            load(1);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Sb, kPD, 16 * mt, 16 * ks, lane));
-            ldsm_x4(bk, b_addr(B.K, kPD, 16 * w, 16 * ks, lane));
-            ldsm_x4(bq, b_addr(B.Q, kPD, 16 * w, 16 * ks, lane));
+            for (int ks = 0; ks < kD / 16; ++ks) {
+                if (ks + 2 < kD / 16) load(ks + 2);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma(y[mt][0], a[mt], bk[0], bk[1]);
-                mma(y[mt][1], a[mt], bk[2], bk[3]);
-                mma(x[mt][0], a[mt], bq[0], bq[1]);
-                mma(x[mt][1], a[mt], bq[2], bq[3]);
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kNR; ++nt) {
+                        mma(ks & 1 ? y2[mt][nt] : y[mt][nt], a[ks][mt], bk[ks][2 * nt], bk[ks][2 * nt + 1]);
+                        mma(ks & 1 ? x2[mt][nt] : x[mt][nt], a[ks][mt], bq[ks][2 * nt], bq[ks][2 * nt + 1]);
+                    }
             }
         }
+        // The next chunk's copies and the last chunk's output, issued while the products run.
+#ifndef ALLOY_GDN_EXP_NOLOAD
+        if (c + kNBuf - 1 < c_last) load_chunk(c + kNBuf - 1, (b + kNBuf - 1) % kNBuf);
+#endif
+        cp_async_commit();
+#ifndef ALLOY_GDN_EXP_NOOUT
+        if (prev_n > 0) flush_out(prev_t0, prev_n);
+#endif
         // (3) Delta'^T = (V^T - Y^T e^G) beta to shared; X^T e^G stays as the start of O^T.
-        const float GC = B.G[kC - 1];
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            const int r = 16 * w + 8 * nt + 2 * tq;
-            const float e0 = __expf(B.G[r]), e1 = __expf(B.G[r + 1]);
-            const float b0 = B.beta[r], b1 = B.beta[r + 1];
+        for (int nt = 0; nt < kNR; ++nt) {
+            const int r = r_w + 8 * nt + 2 * tq;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     const int j = 16 * mt + gq + 8 * hh;
-                    const float v0f = __bfloat162float(B.V[r * (BV + 8) + j]);
-                    const float v1f = __bfloat162float(B.V[(r + 1) * (BV + 8) + j]);
-                    *reinterpret_cast<uint32_t*>(sm.Dp + j * kPC + r) =
-                        pack_bf16(b0 * (v0f - e0 * y[mt][nt][2 * hh]), b1 * (v1f - e1 * y[mt][nt][2 * hh + 1]));
-                    x[mt][nt][2 * hh] *= e0;
-                    x[mt][nt][2 * hh + 1] *= e1;
+                    float dp[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float yy = y[mt][nt][2 * hh + e] + y2[mt][nt][2 * hh + e];
+                        dp[e] = rb[nt][e] * (rv[nt][mt][hh][e] - re[nt][e] * yy);
+                        x[mt][nt][2 * hh + e] = (x[mt][nt][2 * hh + e] + x2[mt][nt][2 * hh + e]) * re[nt][e];
+                    }
+                    *reinterpret_cast<uint32_t*>(sm.Dp + j * kPC + r) = pack_bf16(dp[0], dp[1]);
                 }
         }
         __syncthreads();  // #2
-        // (4) Delta^T = Delta'^T T^T (s <= r: k-steps up to this warp's rows).
-        float dl[MT][2][4];
+        // (4) Delta^T = Delta'^T T^T (s <= r).
+        float dl[MT][kNR][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dl[mt][nt][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-            if (ks > w) break;
-            uint32_t a[MT][4], bt[4];
+            if (ks >= k_causal) break;
+            uint32_t a[MT][4], bt[2 * kNR];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Dp, kPC, 16 * mt, 16 * ks, lane));
-            ldsm_x4(bt, b_addr(B.T, kPC, 16 * w, 16 * ks, lane));
+            load_b_rows(bt, B.T, kPC, r_w, 16 * ks, lane);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma(dl[mt][0], a[mt], bt[0], bt[1]);
-                mma(dl[mt][1], a[mt], bt[2], bt[3]);
-            }
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt) mma(dl[mt][nt], a[mt], bt[2 * nt], bt[2 * nt + 1]);
         }
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            const int r = 16 * w + 8 * nt + 2 * tq;
-            const float f0 = __expf(GC - B.G[r]), f1 = __expf(GC - B.G[r + 1]);
+        for (int nt = 0; nt < kNR; ++nt) {
+            const int r = r_w + 8 * nt + 2 * tq;
+            const float f0 = rf[nt][0], f1 = rf[nt][1];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -492,53 +628,71 @@ __global__ void __launch_bounds__(kThreads, 1) stage2_kernel(ref::GdnShape sh, c
                 }
         }
         __syncthreads();  // #3
+        // (6, issued first: the next chunk waits on it, not on O) S^T = e^{G_C} S^T + Dt K for this warp's state columns.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGC;
+        {
+            // Odd k-steps into a second accumulator: two dependent chains of 2, not one of 4.
+            float S2[MT][kNI][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S2[mt][nt][e] = 0.0f;
+            uint32_t a[4][MT][4], bk[4][kNI / 2][4];
+            auto load = [&](int ks) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(sm.Dt, kPC, 16 * mt, 16 * ks, lane));
+#pragma unroll
+                for (int p = 0; p < kNI / 2; ++p) ldsm_x4_t(bk[ks][p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
+            };
+            load(0);
+            load(1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (ks + 2 < 4) load(ks + 2);
+#pragma unroll
+                for (int p = 0; p < kNI / 2; ++p)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma(ks & 1 ? S2[mt][2 * p] : S[mt][2 * p], a[ks][mt], bk[ks][p][0], bk[ks][p][1]);
+                        mma(ks & 1 ? S2[mt][2 * p + 1] : S[mt][2 * p + 1], a[ks][mt], bk[ks][p][2], bk[ks][p][3]);
+                    }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
+        }
         // (5) O^T += Delta^T QKM^T, then into the shared O tile (written out after the next #1).
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-            if (ks > w) break;
-            uint32_t a[MT][4], bm[4];
+            if (ks >= k_causal) break;
+            uint32_t a[MT][4], bm[2 * kNR];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Dm, kPC, 16 * mt, 16 * ks, lane));
-            ldsm_x4(bm, b_addr(B.M, kPC, 16 * w, 16 * ks, lane));
+            load_b_rows(bm, B.M, kPC, r_w, 16 * ks, lane);
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma(x[mt][0], a[mt], bm[0], bm[1]);
-                mma(x[mt][1], a[mt], bm[2], bm[3]);
-            }
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt) mma(x[mt][nt], a[mt], bm[2 * nt], bm[2 * nt + 1]);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const int j = 16 * mt + gq + 8 * (e >> 1), r = 16 * w + 8 * nt + 2 * tq + (e & 1);
+                    const int j = 16 * mt + gq + 8 * (e >> 1), r = r_w + 8 * nt + 2 * tq + (e & 1);
                     sm.O[r * (BV + 4) + j] = x[mt][nt][e];
                 }
-        // (6) S^T = e^{G_C} S^T + Dt K for this warp's columns i in [32 w, 32 w + 32).
-        const float eGC = __expf(GC);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGC;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Dt, kPC, 16 * mt, 16 * ks, lane));
-#pragma unroll
-            for (int p = 0; p < 2; ++p) {
-                uint32_t bk[4];
-                ldsm_x4_t(bk, bt_addr(B.K, kPD, 16 * ks, 32 * w + 16 * p, lane));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma(S[mt][2 * p], a[mt], bk[0], bk[1]);
-                    mma(S[mt][2 * p + 1], a[mt], bk[2], bk[3]);
-                }
-            }
-        }
         prev_t0 = t0;
         prev_n = n;
     }
@@ -547,10 +701,10 @@ __global__ void __launch_bounds__(kThreads, 1) stage2_kernel(ref::GdnShape sh, c
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kNI; ++nt)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh)
-                *reinterpret_cast<float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD + 32 * w + 8 * nt + 2 * tq) =
+                *reinterpret_cast<float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD + i_w + 8 * nt + 2 * tq) =
                     make_float2(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
 }
 
@@ -596,7 +750,7 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
         cudaFuncSetAttribute(stage2_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         configured = true;
     }
-    stage2_kernel<BV, OutT><<<dim3(kD / BV, sh.H_v, n_seqs), kThreads, smem, st>>>(sh, offs, cstart, q, k, v, rec,
+    stage2_kernel<BV, OutT><<<dim3(kD / BV, sh.H_v, n_seqs), kT2, smem, st>>>(sh, offs, cstart, q, k, v, rec,
                                                                                     state, out);
 }
 
@@ -623,9 +777,11 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     if (slots > 0x7fffffff) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " too large");
     stage1_kernel<<<dim3(unsigned(slots), sh.H_v), kThreads, 0, st>>>(sh, offs, cstart, n_seqs, q, k, g, beta, rec);
     check_launch(op);
-    // Launch gate: 32-column slices unless they leave SMs idle (H_v n_seqs 4 blocks < SMs),
-    // then 16-column slices (twice the blocks, each chunk step half the products).
-    if (block_v == 0) block_v = sh.H_v * n_seqs * (kD / 32) >= num_sms() ? 32 : 16;
+    // Launch gate: 32-column slices unless they would leave a quarter of the SMs idle
+    // (H_v n_seqs 4 blocks < 3/4 SMs), then 16-column slices (twice the blocks, each chunk step
+    // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
+    // of 32) and 48 prefer 32.
+    if (block_v == 0) block_v = 4 * sh.H_v * n_seqs * 4 >= 3 * num_sms() ? 32 : 16;
     if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
     else if (block_v == 16) launch_stage2<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
     else throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32}");

@@ -119,6 +119,12 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 p.name = std::string(isa_label) + " q8k";
                 return p;
             }
+            if (avx512 && (p.tile = mm::kquant_tile_avx512(type)).fn) {  // prefill: VNNI tiles on the Q8_K panel
+                p.act = ActKind::Q8K;
+                p.vector = true;
+                p.name = "avx512-vnni q8k";
+                return p;
+            }
             p.q8k_input = true;
             [[fallthrough]];
         default:

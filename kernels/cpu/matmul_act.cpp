@@ -35,6 +35,46 @@ void to_bf16(Isa isa, const float* x, int64_t n, uint16_t* out) {
     else to_bf16_scalar(x, n, out);
 }
 
+// The Q8_K panel (K-quant GEMM tiles): each token row quantized (quantize_q8k), its k-quads
+// interleaved as the Q8_0 panel's, its scales and 16-value block sums (as int32) spread to
+// lane l of [G, K/256, 16] and [G, K/16, 16]. Padding tokens are zero (d = 0).
+void prep_panel_q8k(Isa isa, const float* x, int64_t T, int64_t K, Carver& c, ActPanel& out) {
+    const int64_t G = (T + kGroup - 1) / kGroup, nd = K / kQK, ns = K / 16, units = K / 4;
+    int8_t* q = c.take<int8_t>(size_t(G * kGroup * K));
+    float* d = c.take<float>(size_t(G * kGroup * nd));
+    int32_t* bs = c.take<int32_t>(size_t(G * kGroup * ns));
+    out.q = q, out.d = d, out.bsums = bs;
+    parallel_for(G, [&](int64_t g, int) {
+        thread_local std::vector<uint8_t> rb;
+        rb.resize(size_t(kGroup * K) + size_t(kGroup * nd) * 4 + size_t(kGroup * ns) * 2 + 64);
+        uint32_t* rows = reinterpret_cast<uint32_t*>(rb.data());
+        float* rd = reinterpret_cast<float*>(rb.data() + kGroup * K);
+        int16_t* rs = reinterpret_cast<int16_t*>(rd + kGroup * nd);
+        for (int l = 0; l < kGroup; ++l) {
+            const int64_t t = g * kGroup + l;
+            int8_t* row = reinterpret_cast<int8_t*>(rows + l * units);
+            if (t < T) {
+                quantize_q8k(x + t * K, K, row, rd + l * nd, rs + l * ns);
+            } else {
+                std::memset(row, 0, size_t(K));
+                std::fill(rd + l * nd, rd + (l + 1) * nd, 0.0f);
+                std::fill(rs + l * ns, rs + (l + 1) * ns, int16_t(0));
+            }
+        }
+        uint32_t* dst = reinterpret_cast<uint32_t*>(q + g * kGroup * K);
+        if (isa == Isa::Avx512) {
+            interleave16_avx512(rows, units, dst);
+        } else {
+            for (int64_t u = 0; u < units; ++u)
+                for (int l = 0; l < kGroup; ++l) dst[u * kGroup + l] = rows[l * units + u];
+        }
+        for (int l = 0; l < kGroup; ++l) {
+            for (int64_t b = 0; b < nd; ++b) d[(g * nd + b) * kGroup + l] = rd[l * nd + b];
+            for (int64_t s = 0; s < ns; ++s) bs[(g * ns + s) * kGroup + l] = rs[l * ns + s];
+        }
+    });
+}
+
 }  // namespace
 
 // ggml's x86 quantize_row_q8_0: amax over the block, d = amax / 127 stored as fp16,
@@ -135,7 +175,8 @@ size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K) {
     const size_t G = size_t((T + kGroup - 1) / kGroup), n = G * kGroup * size_t(K);
     switch (kind) {
         case ActKind::Q8: return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4);
-        case ActKind::Q8K: return 0;  // rows only (decode)
+        case ActKind::Q8K:
+            return up64(n) + up64(G * kGroup * size_t(K / kQK) * 4) + up64(G * kGroup * size_t(K / 16) * 4);
         case ActKind::Bf16Bits: return up64(n * 2);
         case ActKind::Bf16F32:
         case ActKind::F32: return up64(n * 4);
@@ -150,6 +191,10 @@ void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uin
     out.K = K;
     const int64_t G = (T + kGroup - 1) / kGroup, nb = K / kQ8;
     Carver c{buf};
+    if (kind == ActKind::Q8K) {
+        prep_panel_q8k(isa, x, T, K, c, out);
+        return;
+    }
     int8_t* q = nullptr;
     float *d = nullptr, *f = nullptr;
     int32_t* corr = nullptr;

@@ -50,7 +50,8 @@ struct ActPanel {
     int64_t K = 0;                  // n_in (even for bf, a multiple of 32 for q)
     const int8_t* q = nullptr;      // [G, K/4, 16, 4]: k-quad s of token l at (s * 16 + l) * 4
     const float* d = nullptr;       // [G, K/32, 16]
-    const int32_t* corr = nullptr;  // [G, K/32, 16]
+    const int32_t* corr = nullptr;  // [G, K/32, 16]   (Q8_K: d is [G, K/256, 16])
+    const int32_t* bsums = nullptr; // [G, K/16, 16]   Q8_K sums of 16 consecutive q
     const uint16_t* bf = nullptr;   // [G, K/2, 16, 2]: k-pair s of token l at (s * 16 + l) * 2
     const float* f = nullptr;       // [G, K, 16]
 };

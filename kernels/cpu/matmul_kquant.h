@@ -28,4 +28,8 @@ GemvFn kquant_gemv(GgmlType type, Isa isa);
 GemvFn kquant_gemv_avx2(GgmlType type);  // matmul_kquant_avx2.cpp; nullptr if none
 GemvFn kquant_gemv_vnni(GgmlType type);  // matmul_kquant_vnni.cpp (AVX512-VNNI, VL)
 
+// Prefill GEMM tiles (matmul_kquant_avx512.cpp) on the Q8K activation panel; fn == nullptr
+// without AVX512-VNNI or for other types.
+TileKernel kquant_tile_avx512(GgmlType type);
+
 }  // namespace alloy::cpu::mm

@@ -1,0 +1,179 @@
+// K-quant prefill (GEMM) tiles on AVX-512 VNNI: Q4_K / Q6_K weights x Q8_K activations in the
+// 16-token panel layout (matmul_kernels.h: q [G, K/4, 16, 4], d [G, K/256, 16], bsums
+// [G, K/16, 16] as int32). Same arithmetic as the decode kernels per super-block (exact
+// integer sums, then fp32), in another order of the fp32 steps.
+//
+// vpdpbusd wants its first operand unsigned: here that is the weights, whose codes are
+// unsigned (Q4_K 0..15, Q6_K 0..63), so the signed int8 activations go in as they are and no
+// correction is needed for the codes themselves. Per row and k-quad the 4 code bytes are
+// extracted in general registers and broadcast once, meeting NV activation vectors.
+//   Q4_K: per sub-block j of 32 (8 quads): s_j = sum q4 x (16 token lanes, int32);
+//         tot += s_j * sc_j; the mins: mm = sum_j m_j (bsums[2j] + bsums[2j+1]);
+//         f += d_x (d tot - dmin mm).
+//   Q6_K: per sub-block s of 16 (4 quads): tot += (sum q6 x) * sc_s, then
+//         tot -= 32 sum_s sc_s bsums_s (the codes' +32 offset); f += d_x d tot.
+// GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* internally and trip this warning.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/matmul_kquant.h"
+
+#define ALLOY_KQ512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+
+namespace alloy::cpu::mm {
+namespace {
+
+// The 4 codes of quad `qd` (elements 4 qd .. 4 qd + 3 of a 256-element super-block), as bytes.
+inline uint32_t q4k_quad(const uint8_t* blk, int qd) {
+    const int e = 4 * qd, g = e / 64, l = e % 64;  // group of 64: low nibbles l < 32, high nibbles l >= 32
+    const uint32_t bytes = load_as<uint32_t>(blk + 16 + 32 * g + (l & 31));
+    return (l < 32 ? bytes : bytes >> 4) & 0x0F0F0F0Fu;
+}
+inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
+    const int e = 4 * qd, h = e / 128, k = (e % 128) / 32, l = e % 32;
+    const uint32_t lo = load_as<uint32_t>(blk + 64 * h + 32 * (k & 1) + l);
+    const uint32_t hi = load_as<uint32_t>(blk + 128 + 32 * h + l);
+    return (((k < 2 ? lo : lo >> 4) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4));
+}
+
+template <bool kQ6, int R, int NV>
+ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
+                                int64_t k1, float* tile, int ldt) {
+    constexpr int kBytes = kQ6 ? kQ6KBytes : kQ4KBytes;
+    constexpr int kSub = kQ6 ? 16 : 32;  // elements per scale
+    constexpr int kSubs = kQK / kSub;
+    const int64_t K = p.K, nb = K / kQK;
+    const size_t rb = W.row_bytes;
+    const uint8_t* w = W.row(r0);
+    const int64_t gq = K * kGroup;              // bytes per group of q
+    const int64_t gd = nb * kGroup;             // floats per group of d
+    const int64_t gs = (K / 16) * kGroup;       // int32 per group of bsums
+    const int8_t* xq = p.q + g0 * gq;
+    const float* xd = p.d + g0 * gd;
+    const int32_t* xs = p.bsums + g0 * gs;
+    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));
+
+    __m512 f[R * NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < R * NV; ++i) f[i] = _mm512_setzero_ps();
+    for (int64_t b = k0 / kQK; b < k1 / kQK; ++b) {
+        for (int r = 0; r < next_rows; ++r)
+            for (int c = 0; c < kBytes; c += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + b * kBytes + c), _MM_HINT_T0);
+        uint8_t sc[R][16], mn[R][8];
+        int8_t sc6[R][16];
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = w + r * rb + b * kBytes;
+            if constexpr (kQ6) {
+                for (int s = 0; s < 16; ++s) sc6[r][s] = int8_t(blk[192 + s]);
+            } else {
+                q4k_unpack_scales(blk + 4, sc[r], mn[r]);
+            }
+        }
+        __m512i tot[R * NV];
+#pragma GCC unroll 16
+        for (int i = 0; i < R * NV; ++i) tot[i] = _mm512_setzero_si512();
+        const int8_t* xb = xq + b * (kQK / 4) * 64;
+        for (int s = 0; s < kSubs; ++s) {
+            __m512i acc[R * NV];
+#pragma GCC unroll 16
+            for (int i = 0; i < R * NV; ++i) acc[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int j = 0; j < kSub / 4; ++j) {
+                const int qd = s * (kSub / 4) + j;
+                __m512i xv[NV];
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_si512(xb + v * gq + qd * 64);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; ++r) {
+                    const uint8_t* blk = w + r * rb + b * kBytes;
+                    const __m512i wv = _mm512_set1_epi32(int(kQ6 ? q6k_quad(blk, qd) : q4k_quad(blk, qd)));
+#pragma GCC unroll 4
+                    for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_dpbusd_epi32(acc[r * NV + v], wv, xv[v]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const __m512i scale = _mm512_set1_epi32(kQ6 ? int(sc6[r][s]) : int(sc[r][s]));
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; ++v)
+                    tot[r * NV + v] = _mm512_add_epi32(tot[r * NV + v], _mm512_mullo_epi32(acc[r * NV + v], scale));
+            }
+        }
+        // The block-sum terms: Q6_K's -32 sum sc_s bsums_s, Q4_K's mins (kept apart for dmin).
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = w + r * rb + b * kBytes;
+            const float d = _cvtsh_ss(load_u16(blk + (kQ6 ? 208 : 0)));
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+                const int32_t* bs = xs + v * gs + b * 16 * kGroup;
+                __m512i corr = _mm512_setzero_si512();
+                if constexpr (kQ6) {
+                    for (int s = 0; s < 16; ++s)
+                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(_mm512_load_si512(bs + s * kGroup),
+                                                                         _mm512_set1_epi32(sc6[r][s])));
+                } else {
+                    for (int j = 0; j < 8; ++j) {
+                        const __m512i pair = _mm512_add_epi32(_mm512_load_si512(bs + 2 * j * kGroup),
+                                                              _mm512_load_si512(bs + (2 * j + 1) * kGroup));
+                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(pair, _mm512_set1_epi32(mn[r][j])));
+                    }
+                }
+                const __m512 dx = _mm512_load_ps(xd + v * gd + b * kGroup);
+                __m512 blockf;
+                if constexpr (kQ6) {
+                    blockf = _mm512_mul_ps(_mm512_set1_ps(d),
+                                           _mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r * NV + v], _mm512_slli_epi32(corr, 5))));
+                } else {
+                    const float dmin = _cvtsh_ss(load_u16(blk + 2));
+                    blockf = _mm512_fmsub_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(tot[r * NV + v]),
+                                             _mm512_mul_ps(_mm512_set1_ps(dmin), _mm512_cvtepi32_ps(corr)));
+                }
+                f[r * NV + v] = _mm512_fmadd_ps(dx, blockf, f[r * NV + v]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) {
+            float* o = tile + r * ldt + v * kGroup;
+            const __m512 prev = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o);
+            _mm512_storeu_ps(o, _mm512_add_ps(prev, f[r * NV + v]));
+        }
+}
+
+constexpr int kRows = 4, kGroups = 2;
+
+using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
+#define ALLOY_KQ_ROW(Q6, R) {&kq_tile<Q6, R, 1>, &kq_tile<Q6, R, 2>}
+const TileImpl kQ4Table[kRows][kGroups] = {ALLOY_KQ_ROW(false, 1), ALLOY_KQ_ROW(false, 2), ALLOY_KQ_ROW(false, 3),
+                                           ALLOY_KQ_ROW(false, 4)};
+const TileImpl kQ6Table[kRows][kGroups] = {ALLOY_KQ_ROW(true, 1), ALLOY_KQ_ROW(true, 2), ALLOY_KQ_ROW(true, 3),
+                                           ALLOY_KQ_ROW(true, 4)};
+#undef ALLOY_KQ_ROW
+
+void q4k_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
+                  int64_t k1, float* tile, int ldt) {
+    kQ4Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
+}
+void q6k_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
+                  int64_t k1, float* tile, int ldt) {
+    kQ6Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
+}
+
+}  // namespace
+
+TileKernel kquant_tile_avx512(GgmlType type) {
+    if (!cpu_has_avx512_vnni()) return {};
+    switch (type) {
+        case GgmlType::Q4_K: return {q4k_tile_any, kRows, kGroups, kQ8Kc};
+        case GgmlType::Q6_K: return {q6k_tile_any, kRows, kGroups, kQ8Kc};
+        default: return {};
+    }
+}
+
+}  // namespace alloy::cpu::mm

@@ -41,6 +41,10 @@
         }                                                                                     \
     } while (0)
 
+#ifdef ALLOY_GDN_EXP_CLOCK
+namespace alloy::cuda { void gdn_chunked_debug_clocks(unsigned long long* out); }
+#endif
+
 namespace {
 
 std::vector<float> read_f32(const std::filesystem::path& p) {
@@ -167,8 +171,8 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
 
 void prefill_table(int sms, int tmax, int only_hv, int only_t) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
-                "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | %% of floor | "
-                "Mtok/s | input sets |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | us block_v 64 | "
+                "%% of floor | Mtok/s | input sets |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16;
     // A pool of random values, copied at varying offsets into the inputs (generating 10^9
     // normals on the host would take longer than the whole benchmark).
@@ -226,13 +230,28 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                     alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, s.q, s.k, s.v, s.g, s.beta, state, out, ws, st, bv);
                 });
             };
-            const double us_auto = time_bv(0), us16 = time_bv(16), us32 = time_bv(32);
-            const int gate = 4 * H_v * 4 >= 3 * sms ? 32 : 16;  // the op's launch gate
+#ifdef ALLOY_GDN_EXP_CLOCK
+            for (int bv : {16, 32, 64}) {  // one plain call per split: cycles per step and phase
+                unsigned long long clk[16];
+                alloy::cuda::gdn_chunked_debug_clocks(clk);
+                alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, in[0].q, in[0].k, in[0].v, in[0].g, in[0].beta, state, out, ws, st, bv);
+                CHECK(cudaStreamSynchronize(st));
+                alloy::cuda::gdn_chunked_debug_clocks(clk);
+                std::printf("clk H_v %d T %d bv %d, cycles/step by phase (warp 0 | warp 7):", H_v, T, bv);
+                for (int wv = 0; wv < 2; ++wv) {
+                    for (int i = 1; i < 8; ++i) std::printf(" %.0f", double(clk[8 * wv + i]) / (T / 64));
+                    std::printf(" |");
+                }
+                std::printf("\n");
+            }
+#endif
+            const double us_auto = time_bv(0), us16 = time_bv(16), us32 = time_bv(32), us64 = time_bv(64);
+            const int gate = alloy::cuda::gdn_delta_chunked_block_v(H_v, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
-            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n", H_v, T, floor_us, gate,
-                        us_auto, us16, us32, 100.0 * floor_us / us_auto, T / us_auto, sets);
+            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n", H_v, T, floor_us, gate,
+                        us_auto, us16, us32, us64, 100.0 * floor_us / us_auto, T / us_auto, sets);
             std::fflush(stdout);
             for (const Set& s : in)
                 for (void* p : {(void*)s.q, (void*)s.k, (void*)s.v, (void*)s.g, (void*)s.beta}) cudaFree(p);

@@ -44,9 +44,12 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // seq_offsets[n_seqs] <= n_tokens (rows outside the sequences are neither read as data nor
 // written). workspace: gdn_delta_chunked_workspace_bytes(shape, n_seqs, n_tokens) bytes of
 // device memory, 16-byte aligned, owned by the caller. Asynchronous on `stream` (a
-// cudaStream_t), graph-capturable. block_v: value columns per scan block (16 or 32; 0 picks
-// by the launch gate: 32 unless H_v n_seqs 4 blocks would leave SMs idle).
+// cudaStream_t), graph-capturable. block_v: value columns per scan block (16, 32 or 64; 0 picks
+// by the launch gate, gdn_delta_chunked_block_v).
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens);
+// The launch gate's value split (16, 32 or 64 columns per scan block) for H_v n_seqs heads on
+// `sms` multiprocessors: the fewest waves of blocks, weighted by the cost of a chunk step.
+int gdn_delta_chunked_block_v(int heads, int sms);
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
                        float* state, uint16_t* out, void* workspace, void* stream = nullptr, int block_v = 0);

@@ -351,15 +351,35 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
 
 // ---- stage 2 ----
 
+#ifdef ALLOY_GDN_EXP_CLOCK
+// Timing experiment only: cycles per phase of the scan, summed over the steps of block (0, 0, 0),
+// for warps 0 and 7 (lane 0).
+__device__ unsigned long long g_clk[2][8];
+#define CLK(i)                                                                                     \
+    do {                                                                                           \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == 7)) { \
+            const long long now = clock64();                                                       \
+            if (i > 0) g_clk[w == 7][i] += now - clk_last;                                         \
+            clk_last = now;                                                                        \
+        }                                                                                          \
+    } while (0)
+#else
+#define CLK(i) \
+    do {       \
+    } while (0)
+#endif
+
 // 8 warps: warp w owns rows r in [8 w, 8 w + 8) of the chunk for Y, X, Delta and O, and state
 // columns i in [16 w, 16 w + 16) for the update. (4 warps, one per scheduler, left each
 // chunk step latency-bound: 3.7k cycles per step at BV = 16, H_v = 16, ncu.)
-constexpr int kW2 = 8, kT2 = 32 * kW2;
-// Chunk tiles in flight: chunk c + kNBuf - 1 is requested while chunk c computes.
-#ifndef ALLOY_GDN_NBUF
-#define ALLOY_GDN_NBUF 3
+#ifndef ALLOY_GDN_WARPS
+#define ALLOY_GDN_WARPS 8  // 4 builds too (an A/B variant)
 #endif
-constexpr int kNBuf = ALLOY_GDN_NBUF;
+constexpr int kW2 = ALLOY_GDN_WARPS, kT2 = 32 * kW2;
+// Chunk tiles in flight: chunk c + kNBuf - 1 is requested while chunk c computes.
+// Three buffers while they fit (BV <= 32: 208 KB of shared memory at most), else two.
+template <int BV>
+__host__ __device__ constexpr int nbuf() { return BV <= 32 ? 3 : 2; }
 constexpr int kRW = kC / kW2, kNR = kRW / 8;   // chunk rows per warp, their n8 tiles
 constexpr int kIW = kD / kW2, kNI = kIW / 8;   // state columns per warp, their n8 tiles
 static_assert(kNR == 1 || kNR == 2, "row tiles per warp");
@@ -376,7 +396,7 @@ struct alignas(16) Stage2Buf {
 };
 template <int BV>
 struct alignas(16) Stage2Smem {
-    Stage2Buf<BV> buf[kNBuf];
+    Stage2Buf<BV> buf[nbuf<BV>()];
     bf16 Sb[BV * kPD];   // S^T in bf16, [j][i]
     bf16 Dp[BV * kPC];   // Delta'^T, [j][s]
     bf16 Dm[BV * kPC];   // Delta^T
@@ -408,6 +428,7 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
                                                         const ChunkRecord* __restrict__ rec,
                                                         float* __restrict__ state, OutT* __restrict__ out) {
     constexpr int MT = BV / 16;  // m-tiles of value columns
+    constexpr int kNBuf = nbuf<BV>();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Stage2Smem<BV>& sm = *reinterpret_cast<Stage2Smem<BV>*>(smem_raw);
     const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
@@ -454,9 +475,12 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
             cp_async16(B.K + r * kPD + qk_cc, k_col + off, r < n);
             cp_async16(B.Q + r * kPD + qk_cc, q_col + off, r < n);
         }
-        if (kVItems >= kT2 || tid < kVItems)
-            cp_async16(B.V + v_r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (v_r < n ? v_r : 0)) * v_stride, v_r < n);
-        static_assert(kVItems <= kT2, "one V copy per thread");
+#pragma unroll
+        for (int it = 0; it < (kVItems + kT2 - 1) / kT2; ++it) {
+            const int r = v_r + it * (kT2 / kVPerRow);
+            if (kVItems >= kT2 || tid < kVItems)
+                cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+        }
         const ChunkRecord* R = rec + (size_t)c * H_v + h;
 #pragma unroll
         for (int it = 0; it < kC * 8 / kT2; ++it) {
@@ -493,6 +517,9 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
         cp_async_commit();
     }
     int prev_t0 = 0, prev_n = 0;
+#ifdef ALLOY_GDN_EXP_CLOCK
+    long long clk_last = 0;
+#endif
     // k16 steps of the causal products for this warp's rows: s <= r < r_w + kRW.
     const int k_causal = (r_w + kRW - 1) / 16 + 1;
     for (int c = c_first; c < c_last; ++c) {
@@ -503,6 +530,7 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
 #endif
         const Stage2Buf<BV>& B = sm.buf[b];
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
+        CLK(0);
         // (1) this warp's columns of S^T to shared memory in bf16 (the A operand of Y and X).
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -514,6 +542,7 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
                         pack_bf16(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
         cp_async_wait<kNBuf - 2>();
         __syncthreads();  // #1: chunk c's tiles and Sb visible; everyone is done with chunk c - 1
+        CLK(1);
         // This warp's rows' scalars, read now so that their latency hides under the products.
         float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
 #pragma unroll
@@ -565,6 +594,7 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
                     }
             }
         }
+        CLK(2);
         // The next chunk's copies and the last chunk's output, issued while the products run.
 #ifndef ALLOY_GDN_EXP_NOLOAD
         if (c + kNBuf - 1 < c_last) load_chunk(c + kNBuf - 1, (b + kNBuf - 1) % kNBuf);
@@ -592,7 +622,9 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
                     *reinterpret_cast<uint32_t*>(sm.Dp + j * kPC + r) = pack_bf16(dp[0], dp[1]);
                 }
         }
+        CLK(3);
         __syncthreads();  // #2
+        CLK(4);
         // (4) Delta^T = Delta'^T T^T (s <= r).
         float dl[MT][kNR][4];
 #pragma unroll
@@ -627,7 +659,9 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
                     *reinterpret_cast<uint32_t*>(sm.Dt + j * kPC + r) = pack_bf16(d0 * f0, d1 * f1);
                 }
         }
+        CLK(5);
         __syncthreads();  // #3
+        CLK(6);
         // (6, issued first: the next chunk waits on it, not on O) S^T = e^{G_C} S^T + Dt K for this warp's state columns.
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -693,6 +727,7 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
                     const int j = 16 * mt + gq + 8 * (e >> 1), r = r_w + 8 * nt + 2 * tq + (e & 1);
                     sm.O[r * (BV + 4) + j] = x[mt][nt][e];
                 }
+        CLK(7);
         prev_t0 = t0;
         prev_n = n;
     }
@@ -764,6 +799,26 @@ int num_sms() {
     return n;
 }
 
+}  // namespace
+
+// The launch gate: the value split with the least (waves of blocks over the SMs) x (cycles of
+// one chunk step at that split, relative; clock64 on the H200: 16 -> 1, 32 -> 1.25; 64 -> 2 is
+// a guess until measured).
+int gdn_delta_chunked_block_v(int heads, int sms) {
+    const int bvs[3] = {16, 32, 64};
+    const double cost[3] = {1.0, 1.25, 2.0};
+    int best = 16;
+    double best_t = 1e30;
+    for (int i = 0; i < 3; ++i) {
+        const int blocks = heads * (kD / bvs[i]);
+        const double t = double((blocks + sms - 1) / sms) * cost[i];
+        if (t < best_t - 1e-9) best_t = t, best = bvs[i];
+    }
+    return best;
+}
+
+namespace {
+
 template <typename OutT>
 void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n_tokens, const bf16* q, const bf16* k,
                  const bf16* v, const float* g, const float* beta, float* state, OutT* out, void* workspace,
@@ -781,14 +836,23 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // (H_v n_seqs 4 blocks < 3/4 SMs), then 16-column slices (twice the blocks, each chunk step
     // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
     // of 32) and 48 prefer 32.
-    if (block_v == 0) block_v = 4 * sh.H_v * n_seqs * 4 >= 3 * num_sms() ? 32 : 16;
-    if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
+    if (block_v == 0) block_v = gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms());
+    if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
+    else if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
     else if (block_v == 16) launch_stage2<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
-    else throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32}");
+    else throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32, 64}");
     check_launch(op);
 }
 
 }  // namespace
+
+#ifdef ALLOY_GDN_EXP_CLOCK
+void gdn_chunked_debug_clocks(unsigned long long* out) {
+    cudaMemcpyFromSymbol(out, g_clk, sizeof(g_clk));
+    static const unsigned long long zero[16] = {};
+    cudaMemcpyToSymbol(g_clk, zero, sizeof(zero));
+}
+#endif
 
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens) {
     return table_bytes(std::max(n_seqs, 0)) + chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) *

@@ -353,13 +353,13 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
 
 #ifdef ALLOY_GDN_EXP_CLOCK
 // Timing experiment only: cycles per phase of the scan, summed over the steps of block (0, 0, 0),
-// for warps 0 and 7 (lane 0).
+// for the first and the last warp (lane 0).
 __device__ unsigned long long g_clk[2][8];
 #define CLK(i)                                                                                     \
     do {                                                                                           \
-        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == 7)) { \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == scan_warps<BV>() - 1)) { \
             const long long now = clock64();                                                       \
-            if (i > 0) g_clk[w == 7][i] += now - clk_last;                                         \
+            if (i > 0) g_clk[w != 0][i] += now - clk_last;                                         \
             clk_last = now;                                                                        \
         }                                                                                          \
     } while (0)
@@ -372,18 +372,16 @@ __device__ unsigned long long g_clk[2][8];
 // 8 warps: warp w owns rows r in [8 w, 8 w + 8) of the chunk for Y, X, Delta and O, and state
 // columns i in [16 w, 16 w + 16) for the update. (4 warps, one per scheduler, left each
 // chunk step latency-bound: 3.7k cycles per step at BV = 16, H_v = 16, ncu.)
-#ifndef ALLOY_GDN_WARPS
-#define ALLOY_GDN_WARPS 8  // 4 builds too (an A/B variant)
-#endif
-constexpr int kW2 = ALLOY_GDN_WARPS, kT2 = 32 * kW2;
-// Chunk tiles in flight: chunk c + kNBuf - 1 is requested while chunk c computes.
-// Three buffers while they fit (BV <= 32: 208 KB of shared memory at most), else two.
+// Warps per scan block: 4 for BV <= 32, 8 for BV = 64 (H200, same build: 4 warps ran the
+// 16- and 32-column steps 5-6% faster than 8, and the 64-column one 15% slower). Warp w owns
+// chunk rows [kC / NW w, kC / NW (w + 1)) for Y, X, Delta and O, and state columns
+// [kD / NW w, kD / NW (w + 1)) for the update.
+template <int BV>
+__host__ __device__ constexpr int scan_warps() { return BV <= 32 ? 4 : 8; }
+// Chunk tiles in flight: chunk c + nbuf - 1 is requested while chunk c computes. Three buffers
+// while they fit (BV <= 32: 208 KB of shared memory at most), else two.
 template <int BV>
 __host__ __device__ constexpr int nbuf() { return BV <= 32 ? 3 : 2; }
-constexpr int kRW = kC / kW2, kNR = kRW / 8;   // chunk rows per warp, their n8 tiles
-constexpr int kIW = kD / kW2, kNI = kIW / 8;   // state columns per warp, their n8 tiles
-static_assert(kNR == 1 || kNR == 2, "row tiles per warp");
-static_assert(kNI % 2 == 0, "state tiles per warp come in pairs");
 
 template <int BV>
 struct alignas(16) Stage2Buf {
@@ -421,7 +419,7 @@ __device__ __forceinline__ void load_b_rows(uint32_t (&r)[N], const bf16* t, int
 }
 
 template <int BV, typename OutT>
-__global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+__global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                         const int32_t* __restrict__ cstart,
                                                         const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                         const bf16* __restrict__ v,
@@ -429,6 +427,11 @@ __global__ void __launch_bounds__(kT2, 1) stage2_kernel(ref::GdnShape sh, const 
                                                         float* __restrict__ state, OutT* __restrict__ out) {
     constexpr int MT = BV / 16;  // m-tiles of value columns
     constexpr int kNBuf = nbuf<BV>();
+    constexpr int kW2 = scan_warps<BV>(), kT2 = 32 * kW2;
+    constexpr int kRW = kC / kW2, kNR = kRW / 8;  // chunk rows per warp, their n8 tiles
+    constexpr int kIW = kD / kW2, kNI = kIW / 8;  // state columns per warp, their n8 tiles
+    static_assert(kNR == 1 || kNR == 2, "row tiles per warp");
+    static_assert(kNI % 2 == 0, "state tiles per warp come in pairs");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Stage2Smem<BV>& sm = *reinterpret_cast<Stage2Smem<BV>*>(smem_raw);
     const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
@@ -785,7 +788,7 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
         cudaFuncSetAttribute(stage2_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         configured = true;
     }
-    stage2_kernel<BV, OutT><<<dim3(kD / BV, sh.H_v, n_seqs), kT2, smem, st>>>(sh, offs, cstart, q, k, v, rec,
+    stage2_kernel<BV, OutT><<<dim3(kD / BV, sh.H_v, n_seqs), 32 * scan_warps<BV>(), smem, st>>>(sh, offs, cstart, q, k, v, rec,
                                                                                     state, out);
 }
 
@@ -802,11 +805,13 @@ int num_sms() {
 }  // namespace
 
 // The launch gate: the value split with the least (waves of blocks over the SMs) x (cycles of
-// one chunk step at that split, relative; clock64 on the H200: 16 -> 1, 32 -> 1.25; 64 -> 2 is
-// a guess until measured).
+// one chunk step at that split, relative, from the H200's timings: 16 -> 1, 32 -> 1.25 (4 warps),
+// 64 -> 1.8 (8 warps). Stage 1 stays one block per (chunk, value head): sharing K K^T and Q K^T
+// among the value heads of a key head (one block per key head, 168 registers, 3 blocks per SM)
+// measured 2-3% slower at H_v 32 and 48.
 int gdn_delta_chunked_block_v(int heads, int sms) {
     const int bvs[3] = {16, 32, 64};
-    const double cost[3] = {1.0, 1.25, 2.0};
+    const double cost[3] = {1.0, 1.25, 1.8};
     int best = 16;
     double best_t = 1e30;
     for (int i = 0; i < 3; ++i) {

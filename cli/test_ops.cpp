@@ -601,7 +601,7 @@ void run_kernel_ops(const Options& o, Tally& tally) {
 // tile, shows in the variant name) against ref::matmul fed the effective input, i.e. the
 // activations as the kernel consumes them (Q8_0-quantized or bf16-rounded, see
 // kernels/cpu/matmul.h); what remains is the kernel's fp32 summation. Weights N(0, 1)
-// quantized to the type, or random quant bytes with sane scales for Q4_0/Q4_K/Q6_K.
+// quantized to the type, or random quant bytes with sane scales for the types we only read.
 
 struct MatmulCase { GgmlType type; int64_t n_in, n_out, T; };
 
@@ -616,13 +616,13 @@ MatmulIn make_matmul_in(const MatmulCase& c, uint32_t seed) {
     std::mt19937 gen(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     MatmulIn in{c, std::vector<uint8_t>(row_bytes(c.type, c.n_in) * size_t(c.n_out)), {}};
-    if (c.type == GgmlType::Q4_0 || c.type == GgmlType::Q4_K || c.type == GgmlType::Q6_K) {
+    if (c.type != GgmlType::F32 && c.type != GgmlType::F16 && c.type != GgmlType::BF16 && c.type != GgmlType::Q8_0) {
         for (auto& b : in.w) b = uint8_t(gen());
         const size_t blk = type_traits(c.type).block_bytes;
         for (size_t off = 0; off < in.w.size(); off += blk) {
             const uint16_t d = fp32_to_fp16(0.01f * float(1 + gen() % 7));
             std::memcpy(&in.w[c.type == GgmlType::Q6_K ? off + blk - 2 : off], &d, 2);
-            if (c.type == GgmlType::Q4_K) std::memcpy(&in.w[off + 2], &d, 2);
+            if (c.type == GgmlType::Q4_K || c.type == GgmlType::Q5_K) std::memcpy(&in.w[off + 2], &d, 2);  // dmin
         }
     } else {
         std::vector<float> row(static_cast<size_t>(c.n_in));
@@ -640,7 +640,8 @@ MatmulIn make_matmul_in(const MatmulCase& c, uint32_t seed) {
 std::vector<MatmulCase> matmul_cases(const Options& o) {
     std::vector<MatmulCase> v;
     const GgmlType types[] = {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32,  GgmlType::F16,
-                              GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K};
+                              GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                              GgmlType::IQ4_NL, GgmlType::IQ4_XS};
     const std::vector<int64_t> Ts = o.quick ? std::vector<int64_t>{1, 5, 64} : std::vector<int64_t>{1, 3, 17, 129};
     for (GgmlType t : types) {
         const bool k_quant = type_traits(t).block_elems == 256;

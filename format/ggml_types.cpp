@@ -14,7 +14,10 @@ const TypeTraits kBF16{"bf16", 1, 2};
 const TypeTraits kQ4_0{"q4_0", 32, 18};   // f16 d + 16 bytes of nibbles
 const TypeTraits kQ8_0{"q8_0", 32, 34};   // f16 d + 32 int8
 const TypeTraits kQ4_K{"q4_K", 256, 144}; // f16 d, f16 dmin, 12 scale bytes, 128 nibble bytes
+const TypeTraits kQ5_K{"q5_K", 256, 176}; // f16 d, f16 dmin, 12 scale bytes, 32 high-bit bytes, 128 nibble bytes
 const TypeTraits kQ6_K{"q6_K", 256, 210}; // 128 ql + 64 qh + 16 int8 scales + f16 d
+const TypeTraits kIQ4_NL{"iq4_nl", 32, 18}; // f16 d + 16 bytes of codebook indices (kIq4nlValues)
+const TypeTraits kIQ4_XS{"iq4_xs", 256, 136}; // f16 d, u16 scales_h, 4 scales_l bytes, 128 index bytes
 
 const TypeTraits* lookup(uint32_t id) {
     switch (static_cast<GgmlType>(id)) {
@@ -23,7 +26,10 @@ const TypeTraits* lookup(uint32_t id) {
         case GgmlType::Q4_0: return &kQ4_0;
         case GgmlType::Q8_0: return &kQ8_0;
         case GgmlType::Q4_K: return &kQ4_K;
+        case GgmlType::Q5_K: return &kQ5_K;
         case GgmlType::Q6_K: return &kQ6_K;
+        case GgmlType::IQ4_NL: return &kIQ4_NL;
+        case GgmlType::IQ4_XS: return &kIQ4_XS;
         case GgmlType::BF16: return &kBF16;
     }
     return nullptr;
@@ -38,16 +44,13 @@ const char* known_unsupported_name(uint32_t id) {
         case 9: return "q8_1";
         case 10: return "q2_K";
         case 11: return "q3_K";
-        case 13: return "q5_K";
         case 15: return "q8_K";
         case 16: return "iq2_xxs";
         case 17: return "iq2_xs";
         case 18: return "iq3_xxs";
         case 19: return "iq1_s";
-        case 20: return "iq4_nl";
         case 21: return "iq3_s";
         case 22: return "iq2_s";
-        case 23: return "iq4_xs";
         case 24: return "i8";
         case 25: return "i16";
         case 26: return "i32";

@@ -89,6 +89,58 @@ void dequant_q4_k(const uint8_t* src, float* dst, int64_t nb) {
     }
 }
 
+void dequant_q5_k(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 176) {
+        const float d = fp16_to_fp32(load_u16(src));
+        const float dmin = fp16_to_fp32(load_u16(src + 2));
+        const uint8_t* scales = src + 4;
+        const uint8_t* qh = src + 16;
+        const uint8_t* qs = src + 48;
+        // As Q4_K, with a fifth bit per value: bit 2g of qh[l] for the low nibbles of group g,
+        // bit 2g + 1 for its high nibbles.
+        for (int g = 0; g < 4; ++g, qs += 32) {
+            int sc, m;
+            q4k_scale_min(scales, 2 * g, sc, m);
+            const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+            q4k_scale_min(scales, 2 * g + 1, sc, m);
+            const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+            for (int l = 0; l < 32; ++l)
+                *dst++ = d1 * static_cast<float>((qs[l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4)) - m1;
+            for (int l = 0; l < 32; ++l)
+                *dst++ = d2 * static_cast<float>((qs[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4)) - m2;
+        }
+    }
+}
+
+void dequant_iq4_nl(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 18, dst += 32) {
+        const float d = fp16_to_fp32(load_u16(src));
+        for (int j = 0; j < 16; ++j) {
+            dst[j] = d * static_cast<float>(kIq4nlValues[src[2 + j] & 0xF]);
+            dst[j + 16] = d * static_cast<float>(kIq4nlValues[src[2 + j] >> 4]);
+        }
+    }
+}
+
+void dequant_iq4_xs(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 136) {
+        const float d = fp16_to_fp32(load_u16(src));
+        const unsigned scales_h = load_u16(src + 2);
+        const uint8_t* scales_l = src + 4;
+        const uint8_t* qs = src + 8;
+        // 8 sub-blocks of 32, each with a 6-bit scale (4 low bits in scales_l, 2 in scales_h)
+        // offset by 32, over the same 16-entry codebook as IQ4_NL.
+        for (int ib = 0; ib < 8; ++ib, qs += 16, dst += 32) {
+            const int ls = ((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4);
+            const float dl = d * static_cast<float>(ls - 32);
+            for (int j = 0; j < 16; ++j) {
+                dst[j] = dl * static_cast<float>(kIq4nlValues[qs[j] & 0xF]);
+                dst[j + 16] = dl * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
+            }
+        }
+    }
+}
+
 void dequant_q6_k(const uint8_t* src, float* dst, int64_t nb) {
     for (int64_t b = 0; b < nb; ++b, src += 210) {
         const uint8_t* ql = src;
@@ -212,7 +264,10 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
         case GgmlType::Q8_0: dequant_q8_0(s, dst, n / 32); return;
         case GgmlType::Q4_0: dequant_q4_0(s, dst, n / 32); return;
         case GgmlType::Q4_K: dequant_q4_k(s, dst, n / 256); return;
+        case GgmlType::Q5_K: dequant_q5_k(s, dst, n / 256); return;
         case GgmlType::Q6_K: dequant_q6_k(s, dst, n / 256); return;
+        case GgmlType::IQ4_NL: dequant_iq4_nl(s, dst, n / 32); return;
+        case GgmlType::IQ4_XS: dequant_iq4_xs(s, dst, n / 256); return;
     }
 }
 
@@ -231,7 +286,10 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
         case GgmlType::Q8_0: quant_q8_0(src, d, n / 32); return;
         case GgmlType::Q4_0: quant_q4_0(src, d, n / 32); return;
         case GgmlType::Q4_K:
-        case GgmlType::Q6_K: break;
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
+        case GgmlType::IQ4_NL:
+        case GgmlType::IQ4_XS: break;
     }
     throw Error(std::string("quantize_row: writing ") + type_traits(t).name + " is not supported");
 }

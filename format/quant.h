@@ -23,6 +23,10 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34);
 
+// The 16 values of the IQ4_NL / IQ4_XS codebook (ggml's kvalues_iq4nl).
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // dst[0..n) = dequantized src row of type t; n a multiple of the type's block size.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 // dst = quantized row of type t (F32, F16, BF16, Q8_0 supported for writing).

@@ -1,4 +1,4 @@
-// K-quant weights (Q4_K, Q6_K) against Q8_K activations: the decode path (T <= 4) of the
+// K-quant weights (Q4_K, Q5_K, Q6_K) against Q8_K activations: the decode path (T <= 4) of the
 // format most published GGUF files use (Q4_K_M = Q4_K with Q6_K for some tensors).
 //
 // Why Q8_K activations: it is ggml's vec_dot_type for every K-quant, so the products are the
@@ -12,7 +12,7 @@
 // q = min(127, nearest-even(iscale x)), d = 1 / iscale.
 //
 // Per (row, token, super-block) the dot is an exact integer sum, then
-//   Q4_K: acc += (d_x d) sumi - (d_x dmin) summ,  sumi = sum_j sc_j (q4 . q8)_j,
+//   Q4_K, Q5_K: acc += (d_x d) sumi - (d_x dmin) summ,  sumi = sum_j sc_j (q . q8)_j,
 //         summ = sum_j m_j (bsums[2j] + bsums[2j+1])   (8 sub-blocks of 32, 6-bit sc/m)
 //   Q6_K: acc += (d_x d) (sum_s sc_s (q6 . q8)_s - 32 sum_s sc_s bsums_s)   (16 of 16)
 // The scalar kernels below sum super-blocks in order; the AVX2 and AVX512-VNNI ones keep 8
@@ -86,20 +86,23 @@ void q4k_unpack_scales(const uint8_t* s12, uint8_t* sc, uint8_t* m) {
 
 namespace {
 
-// Row w (Q4_K) . token (Q8_K q, d, bsums), K / 256 super-blocks.
+// Row w (Q4_K, or Q5_K with its fifth bits) . token (Q8_K q, d, bsums), K / 256 super-blocks.
+template <bool kQ5>
 float q4k_dot(const uint8_t* w, const int8_t* q8, const float* dx, const int16_t* bs, int64_t nb) {
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; ++b, w += kQ4KBytes, q8 += kQK, bs += 16) {
+    for (int64_t b = 0; b < nb; ++b, w += kQ5 ? kQ5KBytes : kQ4KBytes, q8 += kQK, bs += 16) {
         const float d = fp16_to_fp32(load_u16(w)), dmin = fp16_to_fp32(load_u16(w + 2));
         uint8_t sc[8], m[8];
         q4k_unpack_scales(w + 4, sc, m);
-        const uint8_t* qs = w + 16;
+        const uint8_t* qh = w + 16;
+        const uint8_t* qs = w + (kQ5 ? 48 : 16);
         int32_t sumi = 0, summ = 0;
         for (int g = 0; g < 4; ++g) {
             int32_t lo = 0, hi = 0;
             for (int l = 0; l < 32; ++l) {
-                lo += (qs[g * 32 + l] & 0xF) * q8[g * 64 + l];
-                hi += (qs[g * 32 + l] >> 4) * q8[g * 64 + 32 + l];
+                const int h0 = kQ5 ? ((qh[l] >> (2 * g)) & 1) << 4 : 0, h1 = kQ5 ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0;
+                lo += ((qs[g * 32 + l] & 0xF) | h0) * q8[g * 64 + l];
+                hi += ((qs[g * 32 + l] >> 4) | h1) * q8[g * 64 + 32 + l];
             }
             sumi += sc[2 * g] * lo + sc[2 * g + 1] * hi;
         }
@@ -160,7 +163,8 @@ GemvFn kquant_gemv(GgmlType type, Isa isa) {
         if (GemvFn f = kquant_gemv_avx2(type)) return f;
     }
     switch (type) {
-        case GgmlType::Q4_K: return gemv_scalar<q4k_dot>;
+        case GgmlType::Q4_K: return gemv_scalar<q4k_dot<false>>;
+        case GgmlType::Q5_K: return gemv_scalar<q4k_dot<true>>;
         case GgmlType::Q6_K: return gemv_scalar<q6k_dot>;
         default: return nullptr;
     }

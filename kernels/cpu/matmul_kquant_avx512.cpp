@@ -1,13 +1,13 @@
-// K-quant prefill (GEMM) tiles on AVX-512 VNNI: Q4_K / Q6_K weights x Q8_K activations in the
+// K-quant prefill (GEMM) tiles on AVX-512 VNNI: Q4_K / Q5_K / Q6_K weights x Q8_K activations in the
 // 16-token panel layout (matmul_kernels.h: q [G, K/4, 16, 4], d [G, K/256, 16], bsums
 // [G, K/16, 16] as int32). Same arithmetic as the decode kernels per super-block (exact
 // integer sums, then fp32), in another order of the fp32 steps.
 //
 // vpdpbusd wants its first operand unsigned: here that is the weights, whose codes are
-// unsigned (Q4_K 0..15, Q6_K 0..63), so the signed int8 activations go in as they are and no
+// unsigned (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), so the signed int8 activations go in as they are and no
 // correction is needed for the codes themselves. Per row and k-quad the 4 code bytes are
 // extracted in general registers and broadcast once, meeting NV activation vectors.
-//   Q4_K: per sub-block j of 32 (8 quads): s_j = sum q4 x (16 token lanes, int32);
+//   Q4_K, Q5_K: per sub-block j of 32 (8 quads): s_j = sum q4 x (16 token lanes, int32);
 //         tot += s_j * sc_j; the mins: mm = sum_j m_j (bsums[2j] + bsums[2j+1]);
 //         f += d_x (d tot - dmin mm).
 //   Q6_K: per sub-block s of 16 (4 quads): tot += (sum q6 x) * sc_s, then
@@ -31,6 +31,12 @@ inline uint32_t q4k_quad(const uint8_t* blk, int qd) {
     const uint32_t bytes = load_as<uint32_t>(blk + 16 + 32 * g + (l & 31));
     return (l < 32 ? bytes : bytes >> 4) & 0x0F0F0F0Fu;
 }
+inline uint32_t q5k_quad(const uint8_t* blk, int qd) {
+    const int e = 4 * qd, g = e / 64, l = e % 64, hi = l >= 32;
+    const uint32_t bytes = load_as<uint32_t>(blk + 48 + 32 * g + (l & 31));
+    const uint32_t high = load_as<uint32_t>(blk + 16 + (l & 31));
+    return ((hi ? bytes >> 4 : bytes) & 0x0F0F0F0Fu) | (((high >> (2 * g + hi)) & 0x01010101u) << 4);
+}
 inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
     const int e = 4 * qd, h = e / 128, k = (e % 128) / 32, l = e % 32;
     const uint32_t lo = load_as<uint32_t>(blk + 64 * h + 32 * (k & 1) + l);
@@ -38,10 +44,13 @@ inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
     return (((k < 2 ? lo : lo >> 4) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4));
 }
 
-template <bool kQ6, int R, int NV>
+enum class KqKind { Q4, Q5, Q6 };
+
+template <KqKind kKind, int R, int NV>
 ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                                 int64_t k1, float* tile, int ldt) {
-    constexpr int kBytes = kQ6 ? kQ6KBytes : kQ4KBytes;
+    constexpr bool kQ6 = kKind == KqKind::Q6;
+    constexpr int kBytes = kQ6 ? kQ6KBytes : kKind == KqKind::Q5 ? kQ5KBytes : kQ4KBytes;
     constexpr int kSub = kQ6 ? 16 : 32;  // elements per scale
     constexpr int kSubs = kQK / kSub;
     const int64_t K = p.K, nb = K / kQK;
@@ -89,7 +98,8 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
 #pragma GCC unroll 4
                 for (int r = 0; r < R; ++r) {
                     const uint8_t* blk = w + r * rb + b * kBytes;
-                    const __m512i wv = _mm512_set1_epi32(int(kQ6 ? q6k_quad(blk, qd) : q4k_quad(blk, qd)));
+                    const __m512i wv = _mm512_set1_epi32(
+                        int(kQ6 ? q6k_quad(blk, qd) : kKind == KqKind::Q5 ? q5k_quad(blk, qd) : q4k_quad(blk, qd)));
 #pragma GCC unroll 4
                     for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_dpbusd_epi32(acc[r * NV + v], wv, xv[v]);
                 }
@@ -149,20 +159,17 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
 constexpr int kRows = 4, kGroups = 2;
 
 using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
-#define ALLOY_KQ_ROW(Q6, R) {&kq_tile<Q6, R, 1>, &kq_tile<Q6, R, 2>}
-const TileImpl kQ4Table[kRows][kGroups] = {ALLOY_KQ_ROW(false, 1), ALLOY_KQ_ROW(false, 2), ALLOY_KQ_ROW(false, 3),
-                                           ALLOY_KQ_ROW(false, 4)};
-const TileImpl kQ6Table[kRows][kGroups] = {ALLOY_KQ_ROW(true, 1), ALLOY_KQ_ROW(true, 2), ALLOY_KQ_ROW(true, 3),
-                                           ALLOY_KQ_ROW(true, 4)};
+#define ALLOY_KQ_ROW(K, R) {&kq_tile<K, R, 1>, &kq_tile<K, R, 2>}
+#define ALLOY_KQ_TABLE(K) {ALLOY_KQ_ROW(K, 1), ALLOY_KQ_ROW(K, 2), ALLOY_KQ_ROW(K, 3), ALLOY_KQ_ROW(K, 4)}
+const TileImpl kTables[3][kRows][kGroups] = {ALLOY_KQ_TABLE(KqKind::Q4), ALLOY_KQ_TABLE(KqKind::Q5),
+                                             ALLOY_KQ_TABLE(KqKind::Q6)};
+#undef ALLOY_KQ_TABLE
 #undef ALLOY_KQ_ROW
 
-void q4k_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
-                  int64_t k1, float* tile, int ldt) {
-    kQ4Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
-}
-void q6k_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
-                  int64_t k1, float* tile, int ldt) {
-    kQ6Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
+template <KqKind kKind>
+void tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0, int64_t k1,
+              float* tile, int ldt) {
+    kTables[int(kKind)][nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
 }
 
 }  // namespace
@@ -170,8 +177,9 @@ void q6k_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, in
 TileKernel kquant_tile_avx512(GgmlType type) {
     if (!cpu_has_avx512_vnni()) return {};
     switch (type) {
-        case GgmlType::Q4_K: return {q4k_tile_any, kRows, kGroups, kQ8Kc};
-        case GgmlType::Q6_K: return {q6k_tile_any, kRows, kGroups, kQ8Kc};
+        case GgmlType::Q4_K: return {tile_any<KqKind::Q4>, kRows, kGroups, kQ8Kc};
+        case GgmlType::Q5_K: return {tile_any<KqKind::Q5>, kRows, kGroups, kQ8Kc};
+        case GgmlType::Q6_K: return {tile_any<KqKind::Q6>, kRows, kGroups, kQ8Kc};
         default: return {};
     }
 }

@@ -19,8 +19,9 @@ namespace {
 
 GemvFn kquant_gemv_vnni(GgmlType type) {
     switch (type) {
-        case GgmlType::Q4_K: return gemv<false>;
-        case GgmlType::Q6_K: return gemv<true>;
+        case GgmlType::Q4_K: return gemv<KqKind::Q4>;
+        case GgmlType::Q5_K: return gemv<KqKind::Q5>;
+        case GgmlType::Q6_K: return gemv<KqKind::Q6>;
         default: return nullptr;
     }
 }

@@ -288,7 +288,7 @@ TEST(GgufWriter, SetReplacesAndChecksSizes) {
     expect_error([&] { w.add_tensor("t", GgmlType::Q8_0, {40}, std::vector<uint8_t>(34)); }, {"'t'", "block size"});
     expect_error([&] { w.add_tensor("t", GgmlType::F32, {}, {}); }, {"'t'", "dims"});
     expect_error([&] { w.add_tensor("t", GgmlType::F32, {1, 1, 1, 1, 1}, std::vector<uint8_t>(4)); }, {"'t'"});
-    expect_error([&] { w.add_tensor("t", static_cast<GgmlType>(13), {256}, std::vector<uint8_t>(176)); }, {"q5_K"});
+    expect_error([&] { w.add_tensor("t", static_cast<GgmlType>(10), {256}, std::vector<uint8_t>(84)); }, {"q2_K"});
     w.add_tensor("t", GgmlType::F16, {3}, std::vector<uint8_t>{1, 2, 3, 4, 5, 6});
     expect_error([&] { w.add_tensor("t", GgmlType::F16, {3}, std::vector<uint8_t>(6)); }, {"duplicate", "'t'"});
     const std::vector<float> v = random_floats(256, 11);

@@ -245,6 +245,88 @@ TEST(Dequant, Q4_KHandBuilt) {
     expect_close(got, want, "q4_K");
 }
 
+// Q5_K: Q4_K's layout with 32 high-bit bytes (offset 16) before the nibbles (offset 48):
+// element 64g + l (l < 32) takes bit 2g of qh[l], element 64g + 32 + l bit 2g + 1.
+TEST(Dequant, Q5_KHandBuilt) {
+    Rng r(13);
+    const int nb = 2;
+    std::vector<uint8_t> b(nb * 176);
+    std::vector<float> want(nb * 256);
+    for (int k = 0; k < nb; ++k) {
+        uint8_t* blk = b.data() + k * 176;
+        float d, dmin;
+        put16(b, k * 176, r.scale(0.0005f, 0.05f, d));
+        put16(b, k * 176 + 2, r.scale(0.0005f, 0.05f, dmin));
+        int sc[8], m[8];
+        for (int j = 0; j < 8; ++j) sc[j] = r.uniform_int(0, 63), m[j] = r.uniform_int(0, 63);
+        uint8_t* s = blk + 4;
+        for (int j = 0; j < 4; ++j) {
+            s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+            s[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+            s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+        }
+        int q[256];
+        for (int i = 0; i < 256; ++i) q[i] = r.uniform_int(0, 31);
+        for (int g = 0; g < 4; ++g)
+            for (int l = 0; l < 32; ++l) {
+                const int lo = q[64 * g + l], hi = q[64 * g + 32 + l];
+                blk[48 + 32 * g + l] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+                blk[16 + l] = static_cast<uint8_t>(blk[16 + l] | ((lo >> 4) << (2 * g)) | ((hi >> 4) << (2 * g + 1)));
+            }
+        for (int i = 0; i < 256; ++i)
+            want[k * 256 + i] = d * static_cast<float>(sc[i / 32]) * static_cast<float>(q[i]) - dmin * static_cast<float>(m[i / 32]);
+    }
+    std::vector<float> got(want.size());
+    dequantize_row(GgmlType::Q5_K, b.data(), got.data(), static_cast<int64_t>(got.size()));
+    expect_close(got, want, "q5_K");
+}
+
+// IQ4_NL (blocks of 32) and IQ4_XS (256, 6-bit sub-block scales offset by 32: low 4 bits in
+// scales_l[ib / 2] nibble ib % 2, top 2 in bits 2ib of scales_h) over ggml's 16-value codebook.
+TEST(Dequant, Iq4HandBuilt) {
+    static const int kCodebook[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    Rng r(14);
+    {
+        std::vector<uint8_t> b(18 * 2);
+        std::vector<float> want(64);
+        for (int k = 0; k < 2; ++k) {
+            float d;
+            put16(b, k * 18, r.scale(0.0005f, 0.05f, d));
+            for (int j = 0; j < 16; ++j) {
+                const int lo = r.uniform_int(0, 15), hi = r.uniform_int(0, 15);
+                b[size_t(k * 18 + 2 + j)] = static_cast<uint8_t>(lo | (hi << 4));
+                want[size_t(k * 32 + j)] = d * static_cast<float>(kCodebook[lo]);
+                want[size_t(k * 32 + 16 + j)] = d * static_cast<float>(kCodebook[hi]);
+            }
+        }
+        std::vector<float> got(want.size());
+        dequantize_row(GgmlType::IQ4_NL, b.data(), got.data(), 64);
+        expect_close(got, want, "iq4_nl");
+    }
+    std::vector<uint8_t> b(136);
+    std::vector<float> want(256);
+    float d;
+    put16(b, 0, r.scale(0.0005f, 0.05f, d));
+    unsigned scales_h = 0;
+    int ls[8];
+    for (int ib = 0; ib < 8; ++ib) {
+        ls[ib] = r.uniform_int(0, 63);
+        b[size_t(4 + ib / 2)] = static_cast<uint8_t>(b[size_t(4 + ib / 2)] | ((ls[ib] & 0xF) << (4 * (ib % 2))));
+        scales_h |= unsigned(ls[ib] >> 4) << (2 * ib);
+    }
+    put16(b, 2, static_cast<uint16_t>(scales_h));
+    for (int ib = 0; ib < 8; ++ib)
+        for (int j = 0; j < 16; ++j) {
+            const int lo = r.uniform_int(0, 15), hi = r.uniform_int(0, 15);
+            b[size_t(8 + 16 * ib + j)] = static_cast<uint8_t>(lo | (hi << 4));
+            want[size_t(32 * ib + j)] = d * static_cast<float>(ls[ib] - 32) * static_cast<float>(kCodebook[lo]);
+            want[size_t(32 * ib + 16 + j)] = d * static_cast<float>(ls[ib] - 32) * static_cast<float>(kCodebook[hi]);
+        }
+    std::vector<float> got(256);
+    dequantize_row(GgmlType::IQ4_XS, b.data(), got.data(), 256);
+    expect_close(got, want, "iq4_xs");
+}
+
 TEST(Dequant, Q6_KHandBuilt) {
     Rng r(4);
     const int nb = 3;

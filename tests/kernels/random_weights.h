@@ -26,14 +26,14 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
 inline std::vector<uint8_t> random_weights(GgmlType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
     const size_t rb = row_bytes(type, n_in);
     std::vector<uint8_t> bytes(rb * size_t(n_out));
-    if (type == GgmlType::Q4_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K) {
+    if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 && type != GgmlType::Q8_0) {
         for (auto& b : bytes) b = uint8_t(rng());
         const size_t blk = type_traits(type).block_bytes;
         for (size_t off = 0; off < bytes.size(); off += blk) {
             const uint16_t d = fp32_to_fp16(0.01f * float(1 + rng() % 7));
             if (type == GgmlType::Q6_K) std::memcpy(&bytes[off + blk - 2], &d, 2);
             else std::memcpy(&bytes[off], &d, 2);
-            if (type == GgmlType::Q4_K) std::memcpy(&bytes[off + 2], &d, 2);
+            if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) std::memcpy(&bytes[off + 2], &d, 2);  // dmin
         }
     } else {
         std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -35,6 +35,7 @@ double plain_tolerance(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0: return 2e-2;  // int8 activations: ~0.5% rms
         case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
         case GgmlType::Q6_K: return 2e-2;  // Q8_K (int8) activations
         case GgmlType::BF16: return 5e-3;  // 8 significant bits: ~0.1% rms
         default: return 1e-5;
@@ -57,8 +58,8 @@ TEST(Matmul, EveryTypeIsaShapeAndTokenCount) {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     cpu::MatmulScratch scratch;
-    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
-                              GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K};
+    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,  GgmlType::Q8_0,   GgmlType::Q4_0,
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
     const int64_t Ts[] = {1, 2, 3, 5, 17, 64, 129};
     for (GgmlType type : types) {
         for (const Shape& sh : shapes_for(type)) {
@@ -252,7 +253,7 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     cpu::MatmulScratch scratch;
     for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::F16, GgmlType::Q4_0,
-                          GgmlType::Q4_K, GgmlType::Q6_K}) {
+                          GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
         for (const Shape& sh : shapes_for(type)) {
             const std::vector<uint8_t> bytes = random_weights(type, sh.n_in, sh.n_out, rng);
             const WeightView W{type, sh.n_in, sh.n_out, bytes.data(), row_bytes(type, sh.n_in)};
@@ -262,10 +263,10 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
             for (cpu::Isa isa : isas()) {
                 std::vector<float> all(size_t(T * sh.n_out), NAN), one(size_t(sh.n_out)), three(size_t(3 * sh.n_out));
                 const cpu::Isa eff = std::min(isa, cpu::active_isa());
+                const bool k_quant_native =
+                    type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K;
                 const bool gemm_matches_decode =
-                    (eff == cpu::Isa::Scalar && type != GgmlType::Q4_K && type != GgmlType::Q6_K) ||
-                    (type != GgmlType::Q8_0 && type != GgmlType::BF16 && type != GgmlType::Q4_K &&
-                     type != GgmlType::Q6_K);
+                    !k_quant_native && ((eff == cpu::Isa::Scalar) || (type != GgmlType::Q8_0 && type != GgmlType::BF16));
                 if (gemm_matches_decode) {
                     cpu::matmul(W, x.data(), all.data(), T, isa, scratch);
                 } else {

@@ -8,8 +8,8 @@
 //   S_C   = e^{G_C} S0 + (K .* e^{G_C - G})^T Delta
 // Stage 1 (one block per (chunk, value head), all in parallel): G = cumsum g, K K^T and Q K^T
 // (tensor cores), A = beta K K^T .* decay, T = (I + A)^-1 in fp32 (16 x 16 diagonal blocks by
-// substitution, merged blockwise), written as a 16.5 KB record per (chunk, head): G, beta, T and
-// QKM = Q K^T .* M in bf16. That record is the only intermediate that goes through HBM (fla
+// substitution, merged blockwise on tf32 tensor cores), written as a 17 KB record per (chunk,
+// head): e^G, beta, e^{G_C - G} in fp32, T and QKM = Q K^T .* M in bf16. That record is the only intermediate that goes through HBM (fla
 // writes A, w, u, v_new and a state per chunk, ~7x the minimal bytes).
 // Stage 2 (one block per (sequence, value head, slice of BV value columns)): the scan over the
 // sequence's chunks with the fp32 state slice S^T [BV, 128] in registers (mma accumulators);
@@ -20,9 +20,12 @@
 //   Delta^T  = Delta'^T T^T                [BV, 64], K = 64 (causal half)
 //   O^T      = X^T e^G + Delta^T QKM^T     [BV, 64], K = 64 (causal half)
 //   S^T      = e^{G_C} S^T + (Delta^T e^{G_C - G}) K    [BV, 128], K = 64
-// The next chunk's tiles stream in with cp.async while the current one computes. Splitting the
-// value columns (BV = 32 or 16) gives H_v x 128 / BV blocks, so 16 heads of one sequence still
-// spread over the H200's 132 SMs (the launch gate below picks BV).
+// The next chunks' tiles stream in with cp.async (2-3 buffers) while the current one computes.
+// Splitting the value columns (BV = 16, 32 or 64) gives H_v x 128 / BV blocks, so 16 heads of
+// one sequence still spread over the H200's 132 SMs; the launch gate picks the split with the
+// fewest waves (gdn_delta_chunked_block_v). Each chunk step is latency-bound (~4k cycles for
+// ~1.2k of mma and shared-memory work, clock64; bench/RESULTS.md): wgmma and clusters sharing a
+// head's tiles across its v-slices are the next steps.
 //
 // Never exponentiates a positive number: exp(G_r - G_s) only for s <= r, e^{G_r}, e^{G_C - G_r}.
 // Tail chunks are padded in shared memory with zero q, k, v and beta = 0, g = 0 (neither the
@@ -526,11 +529,7 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
     // k16 steps of the causal products for this warp's rows: s <= r < r_w + kRW.
     const int k_causal = (r_w + kRW - 1) / 16 + 1;
     for (int c = c_first; c < c_last; ++c) {
-#ifdef ALLOY_GDN_EXP_NOLOAD
-        const int b = 0;  // timing experiment only: every step computes on the first chunk's tiles
-#else
         const int b = (c - c_first) % kNBuf;
-#endif
         const Stage2Buf<BV>& B = sm.buf[b];
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
         CLK(0);
@@ -599,13 +598,9 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
         }
         CLK(2);
         // The next chunk's copies and the last chunk's output, issued while the products run.
-#ifndef ALLOY_GDN_EXP_NOLOAD
         if (c + kNBuf - 1 < c_last) load_chunk(c + kNBuf - 1, (b + kNBuf - 1) % kNBuf);
-#endif
         cp_async_commit();
-#ifndef ALLOY_GDN_EXP_NOOUT
         if (prev_n > 0) flush_out(prev_t0, prev_n);
-#endif
         // (3) Delta'^T = (V^T - Y^T e^G) beta to shared; X^T e^G stays as the start of O^T.
 #pragma unroll
         for (int nt = 0; nt < kNR; ++nt) {

@@ -114,6 +114,7 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
+        case GgmlType::IQ4_XS:
             if (T <= mm::kRowDotTokens) {  // decode / verification: packed blocks x Q8_K (matmul_kquant.cpp)
                 p.act = ActKind::Q8K;
                 p.gemv = mm::kquant_gemv(type, isa);
@@ -455,7 +456,8 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
             mm::quantize_q8_scalar(x + t * n_in, n_in, q.data(), d.data(), corr.data());
             for (int64_t i = 0; i < n_in; ++i) out[t * n_in + i] = float(q[size_t(i)]) * d[size_t(i / mm::kQ8)];
         }
-    } else if (wtype == GgmlType::Q4_K || wtype == GgmlType::Q5_K || wtype == GgmlType::Q6_K) {
+    } else if (wtype == GgmlType::Q4_K || wtype == GgmlType::Q5_K || wtype == GgmlType::Q6_K ||
+               wtype == GgmlType::IQ4_XS) {
         for (int64_t t = 0; t < T; ++t) mm::q8k_round_row(x + t * n_in, n_in, out + t * n_in);
     } else if (wtype == GgmlType::BF16) {
         for (size_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));

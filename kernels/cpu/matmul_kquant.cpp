@@ -1,4 +1,4 @@
-// K-quant weights (Q4_K, Q5_K, Q6_K) against Q8_K activations: the decode path (T <= 4) of the
+// K-quant weights (Q4_K, Q5_K, Q6_K, and IQ4_XS on the same super-blocks) against Q8_K activations: the decode path (T <= 4) of the
 // format most published GGUF files use (Q4_K_M = Q4_K with Q6_K for some tensors).
 //
 // Why Q8_K activations: it is ggml's vec_dot_type for every K-quant, so the products are the
@@ -142,6 +142,27 @@ float q6k_dot(const uint8_t* w, const int8_t* q8, const float* dx, const int16_t
     return acc;
 }
 
+// Row w (IQ4_XS) . token: 8 sub-blocks of 32 codebook values, scale ls - 32 each.
+float iq4xs_dot(const uint8_t* w, const int8_t* q8, const float* dx, const int16_t*, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b, w += kIq4XsBytes, q8 += kQK) {
+        const float d = fp16_to_fp32(load_u16(w));
+        const unsigned sh = load_u16(w + 2);
+        int32_t sumi = 0;
+        for (int ib = 0; ib < 8; ++ib) {
+            const int ls = ((w[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+            int32_t dot = 0;
+            for (int j = 0; j < 16; ++j) {
+                const uint8_t c = w[8 + 16 * ib + j];
+                dot += kIq4nlValues[c & 0xF] * q8[32 * ib + j] + kIq4nlValues[c >> 4] * q8[32 * ib + 16 + j];
+            }
+            sumi += (ls - 32) * dot;
+        }
+        acc += (dx[b] * d) * float(sumi);
+    }
+    return acc;
+}
+
 template <float (*Dot)(const uint8_t*, const int8_t*, const float*, const int16_t*, int64_t)>
 void gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                  int64_t ldy) {
@@ -166,6 +187,7 @@ GemvFn kquant_gemv(GgmlType type, Isa isa) {
         case GgmlType::Q4_K: return gemv_scalar<q4k_dot<false>>;
         case GgmlType::Q5_K: return gemv_scalar<q4k_dot<true>>;
         case GgmlType::Q6_K: return gemv_scalar<q6k_dot>;
+        case GgmlType::IQ4_XS: return gemv_scalar<iq4xs_dot>;
         default: return nullptr;
     }
 }

@@ -12,6 +12,7 @@ constexpr int kQK = 256;         // values per K-quant super-block (and per Q8_K
 constexpr int kQ4KBytes = 144;   // f16 d, f16 dmin, 12 scale/min bytes, 128 nibble bytes
 constexpr int kQ5KBytes = 176;   // as Q4_K, with 32 high-bit bytes before the nibbles
 constexpr int kQ6KBytes = 210;   // 128 ql, 64 qh, 16 int8 scales, f16 d
+constexpr int kIq4XsBytes = 136; // f16 d, u16 scales_h, 4 scales_l bytes, 128 index bytes
 
 // One token row of K values (K % 256 == 0) as Q8_K: q [K], d [K/256], bsums [K/16].
 // ggml's quantize_row_q8_K_ref bit for bit.

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "format/quant.h"
 #include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_kquant.h"
 
@@ -22,6 +23,7 @@ GemvFn kquant_gemv_vnni(GgmlType type) {
         case GgmlType::Q4_K: return gemv<KqKind::Q4>;
         case GgmlType::Q5_K: return gemv<KqKind::Q5>;
         case GgmlType::Q6_K: return gemv<KqKind::Q6>;
+        case GgmlType::IQ4_XS: return gemv<KqKind::Iq4Xs>;
         default: return nullptr;
     }
 }

@@ -36,7 +36,8 @@ double plain_tolerance(GgmlType type) {
         case GgmlType::Q8_0: return 2e-2;  // int8 activations: ~0.5% rms
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
-        case GgmlType::Q6_K: return 2e-2;  // Q8_K (int8) activations
+        case GgmlType::Q6_K:
+        case GgmlType::IQ4_XS: return 2e-2;  // Q8_K (int8) activations
         case GgmlType::BF16: return 5e-3;  // 8 significant bits: ~0.1% rms
         default: return 1e-5;
     }
@@ -264,7 +265,7 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                 std::vector<float> all(size_t(T * sh.n_out), NAN), one(size_t(sh.n_out)), three(size_t(3 * sh.n_out));
                 const cpu::Isa eff = std::min(isa, cpu::active_isa());
                 const bool k_quant_native =
-                    type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K;
+                    type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K || type == GgmlType::IQ4_XS;
                 const bool gemm_matches_decode =
                     !k_quant_native && ((eff == cpu::Isa::Scalar) || (type != GgmlType::Q8_0 && type != GgmlType::BF16));
                 if (gemm_matches_decode) {

@@ -70,12 +70,17 @@ void dequant_q4_0(const uint8_t* src, float* dst, int64_t nb) {
     }
 }
 
-void dequant_q4_k(const uint8_t* src, float* dst, int64_t nb) {
-    for (int64_t b = 0; b < nb; ++b, src += 144) {
+// Q4_K, and Q5_K (kQ5): the same super-block with 32 high-bit bytes before the nibbles, bit 2g
+// of qh[l] the fifth bit of group g's low nibbles and bit 2g + 1 of its high ones.
+template <bool kQ5>
+void dequant_q4_k_or_q5_k(const uint8_t* src, float* dst, int64_t nb) {
+    constexpr int kBytes = kQ5 ? 176 : 144;
+    for (int64_t b = 0; b < nb; ++b, src += kBytes) {
         const float d = fp16_to_fp32(load_u16(src));
         const float dmin = fp16_to_fp32(load_u16(src + 2));
         const uint8_t* scales = src + 4;
-        const uint8_t* qs = src + 16;
+        const uint8_t* qh = src + 16;
+        const uint8_t* qs = src + (kQ5 ? 48 : 16);
         // 4 groups of 64 outputs; low nibbles use sub-block 2g, high nibbles 2g+1.
         for (int g = 0; g < 4; ++g, qs += 32) {
             int sc, m;
@@ -83,31 +88,10 @@ void dequant_q4_k(const uint8_t* src, float* dst, int64_t nb) {
             const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
             q4k_scale_min(scales, 2 * g + 1, sc, m);
             const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-            for (int l = 0; l < 32; ++l) *dst++ = d1 * static_cast<float>(qs[l] & 0xF) - m1;
-            for (int l = 0; l < 32; ++l) *dst++ = d2 * static_cast<float>(qs[l] >> 4) - m2;
-        }
-    }
-}
-
-void dequant_q5_k(const uint8_t* src, float* dst, int64_t nb) {
-    for (int64_t b = 0; b < nb; ++b, src += 176) {
-        const float d = fp16_to_fp32(load_u16(src));
-        const float dmin = fp16_to_fp32(load_u16(src + 2));
-        const uint8_t* scales = src + 4;
-        const uint8_t* qh = src + 16;
-        const uint8_t* qs = src + 48;
-        // As Q4_K, with a fifth bit per value: bit 2g of qh[l] for the low nibbles of group g,
-        // bit 2g + 1 for its high nibbles.
-        for (int g = 0; g < 4; ++g, qs += 32) {
-            int sc, m;
-            q4k_scale_min(scales, 2 * g, sc, m);
-            const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-            q4k_scale_min(scales, 2 * g + 1, sc, m);
-            const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
             for (int l = 0; l < 32; ++l)
-                *dst++ = d1 * static_cast<float>((qs[l] & 0xF) | (((qh[l] >> (2 * g)) & 1) << 4)) - m1;
+                *dst++ = d1 * static_cast<float>((qs[l] & 0xF) | (kQ5 ? ((qh[l] >> (2 * g)) & 1) << 4 : 0)) - m1;
             for (int l = 0; l < 32; ++l)
-                *dst++ = d2 * static_cast<float>((qs[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4)) - m2;
+                *dst++ = d2 * static_cast<float>((qs[l] >> 4) | (kQ5 ? ((qh[l] >> (2 * g + 1)) & 1) << 4 : 0)) - m2;
         }
     }
 }
@@ -263,8 +247,8 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
             return;
         case GgmlType::Q8_0: dequant_q8_0(s, dst, n / 32); return;
         case GgmlType::Q4_0: dequant_q4_0(s, dst, n / 32); return;
-        case GgmlType::Q4_K: dequant_q4_k(s, dst, n / 256); return;
-        case GgmlType::Q5_K: dequant_q5_k(s, dst, n / 256); return;
+        case GgmlType::Q4_K: dequant_q4_k_or_q5_k<false>(s, dst, n / 256); return;
+        case GgmlType::Q5_K: dequant_q4_k_or_q5_k<true>(s, dst, n / 256); return;
         case GgmlType::Q6_K: dequant_q6_k(s, dst, n / 256); return;
         case GgmlType::IQ4_NL: dequant_iq4_nl(s, dst, n / 32); return;
         case GgmlType::IQ4_XS: dequant_iq4_xs(s, dst, n / 256); return;

@@ -16,14 +16,6 @@ namespace {
 #include "kernels/cpu/matmul_kquant_rows.inc"
 }  // namespace
 
-GemvFn kquant_gemv_avx2(GgmlType type) {
-    switch (type) {
-        case GgmlType::Q4_K: return gemv<KqKind::Q4>;
-        case GgmlType::Q5_K: return gemv<KqKind::Q5>;
-        case GgmlType::Q6_K: return gemv<KqKind::Q6>;
-        case GgmlType::IQ4_XS: return gemv<KqKind::Iq4Xs>;
-        default: return nullptr;
-    }
-}
+GemvFn kquant_gemv_avx2(GgmlType type) { return kq_gemv_for(type); }
 
 }  // namespace alloy::cpu::mm

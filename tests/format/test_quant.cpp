@@ -204,6 +204,17 @@ TEST(Dequant, Q4_0HandBuilt) {
     expect_close(got, want, "q4_0");
 }
 
+// Q4_K / Q5_K's 12 scale bytes from 8 (sc, m) pairs of 6 bits, the inverse of the spec's
+// unpacking: low 6 bits of bytes 0-3 / 4-7 hold sc/m of sub-blocks 0-3; sub-blocks 4-7 keep
+// their low 4 bits in bytes 8-11 and their top 2 bits in the top of bytes 0-3 (sc) and 4-7 (m).
+void pack_q4k_scales(uint8_t* s, const int* sc, const int* m) {
+    for (int j = 0; j < 4; ++j) {
+        s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+        s[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
+        s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+    }
+}
+
 TEST(Dequant, Q4_KHandBuilt) {
     Rng r(3);
     const int nb = 3;
@@ -219,15 +230,7 @@ TEST(Dequant, Q4_KHandBuilt) {
             sc[j] = r.uniform_int(0, 63);
             m[j] = r.uniform_int(0, 63);
         }
-        // Inverse of the spec's unpacking: low 6 bits of bytes 0-3 / 4-7 hold sc/m of
-        // sub-blocks 0-3; sub-blocks 4-7 keep their low 4 bits in bytes 8-11 and their top
-        // 2 bits in the top of bytes 0-3 (sc) and 4-7 (m).
-        uint8_t* s = blk + 4;
-        for (int j = 0; j < 4; ++j) {
-            s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
-            s[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
-            s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
-        }
+        pack_q4k_scales(blk + 4, sc, m);
         // Element i belongs to sub-block i / 32. Within group g of 64 outputs, the first 32
         // are the low nibbles of qs[32g..32g+31] and the next 32 their high nibbles.
         int q[256];
@@ -259,12 +262,7 @@ TEST(Dequant, Q5_KHandBuilt) {
         put16(b, k * 176 + 2, r.scale(0.0005f, 0.05f, dmin));
         int sc[8], m[8];
         for (int j = 0; j < 8; ++j) sc[j] = r.uniform_int(0, 63), m[j] = r.uniform_int(0, 63);
-        uint8_t* s = blk + 4;
-        for (int j = 0; j < 4; ++j) {
-            s[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
-            s[j + 4] = static_cast<uint8_t>(m[j] | ((m[j + 4] >> 4) << 6));
-            s[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
-        }
+        pack_q4k_scales(blk + 4, sc, m);
         int q[256];
         for (int i = 0; i < 256; ++i) q[i] = r.uniform_int(0, 31);
         for (int g = 0; g < 4; ++g)

@@ -360,13 +360,14 @@ int main(int argc, char** argv) {
 namespace {
 
 void decode_table(double tbs) {
-    std::printf("| H_v | B | floor us | delta rule us | %% of floor | fused op us (conv + norms + gates + delta + gated norm) |\n"
-                "| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| H_v | B | floor us | delta rule us | %% of floor | fused op us (conv + norms + gates + delta + gated "
+                "norm; the gate's path) | one launch us | three launches us |\n"
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16, reps = 200;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-0.1f, 0.1f);
     for (int H_v : {16, 32, 48})
-        for (int B : {1, 32}) {
+        for (int B : {1, 2, 4, 8, 32}) {
             const alloy::ref::GdnShape sh{H_k, H_v, d, d, true};
             std::vector<float> q(size_t(B) * H_k * d), k(q.size()), v(size_t(B) * H_v * d), g(size_t(B) * H_v, -0.05f),
                 beta(g.size(), 0.5f), state(size_t(B) * H_v * d * d);
@@ -393,10 +394,13 @@ void decode_table(double tbs) {
             CHECK(cudaMemcpy(doffs, offs.data(), offs.size() * 4, cudaMemcpyHostToDevice));
             cudaStream_t st;
             CHECK(cudaStreamCreate(&st));
-            // us per launch: the best of 5 replays of a graph of `reps` launches.
+            // us per launch: the best of 5 replays of a graph of `reps` launches (one call
+            // first, outside the capture: a kernel's one-off attribute calls and queries).
             auto time_us = [&](auto launch) {
                 cudaGraph_t graph;
                 cudaGraphExec_t exec;
+                launch();
+                CHECK(cudaStreamSynchronize(st));
                 CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
                 for (int r = 0; r < reps; ++r) launch();
                 CHECK(cudaStreamEndCapture(st, &graph));
@@ -450,9 +454,15 @@ void decode_table(double tbs) {
             CHECK(cudaMalloc(&fy, v.size() * 4));
             CHECK(cudaMalloc(&ws, alloy::cuda::gdn_fused_workspace_bytes(gp, B)));
             const alloy::ref::GdnWeights w{fcw, fsa, fdt, fn};
-            const double fused_us = time_us([&] { alloy::cuda::gdn_fused(gp, w, B, doffs, B, fq, fz, fa, fb, fcs, ds, fy, ws, st); });
+            using alloy::cuda::GdnFusedPath;
+            auto fused = [&](GdnFusedPath path) {
+                return time_us([&] { alloy::cuda::gdn_fused(gp, w, B, doffs, B, fq, fz, fa, fb, fcs, ds, fy, ws, st, path); });
+            };
+            const double fused_us = fused(GdnFusedPath::Auto), one_us = fused(GdnFusedPath::OneLaunch),
+                         three_us = fused(GdnFusedPath::ThreeLaunches);
             const double floor_us = 2.0 * double(state.size()) * 4 / (tbs * 1e12) * 1e6;
-            std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f |\n", H_v, B, floor_us, us, 100 * floor_us / us, fused_us);
+            std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n", H_v, B, floor_us, us, 100 * floor_us / us,
+                        fused_us, one_us, three_us);
             for (void* p : {(void*)fq, (void*)fz, (void*)fa, (void*)fb, (void*)fcw, (void*)fcs, (void*)fsa, (void*)fdt,
                             (void*)fn, (void*)fy, ws})
                 cudaFree(p);

@@ -1,6 +1,8 @@
 // Gated DeltaNet on CUDA (kernels/cuda/gdn.h): the serial delta rule (decode, verification),
-// alone or as the middle of the fused layer op (conv + SiLU, then the delta rule with the q/k
-// L2 norms and the gates computed in the same kernel, then the gated RMSNorm).
+// alone or inside the fused layer op, which runs either as one kernel (fused_serial_kernel:
+// conv + SiLU, the q/k L2 norms and the gates, the delta rule, the gated RMSNorm, a cluster
+// per key head) or as three (conv + SiLU; the delta rule with the norms and gates; the gated
+// RMSNorm), the launch gate picking by batch size (gdn_fused).
 //
 // Serial delta rule. Math: spec/GDN.md section 1, in
 // the state layout of kernels/ref/gdn.h ([seq, H_v, d_v, d_k]: value column j of a head is
@@ -14,10 +16,16 @@
 // moves between HBM and registers once per call. Dot products reduce down the warp in a fixed
 // tree and lane 0's sum is broadcast, so every lane updates with the same delta and the bits
 // never depend on the call's token count.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "alloy/error.h"
 #include "kernels/cuda/gdn.h"
@@ -45,35 +53,35 @@ __device__ __forceinline__ float warp_sum(float x) {
 // access, so a warp reads a 512-byte state column in one instruction).
 
 // kElems values of a d_k-long row into registers (zero past d_k).
-template <bool kVec>
-__device__ __forceinline__ void load_row(const float* __restrict__ p, int d_k, int lane, float (&x)[kElems]) {
+template <bool kVec, int N>
+__device__ __forceinline__ void load_row(const float* __restrict__ p, int d_k, int lane, float (&x)[N]) {
     if constexpr (kVec) {
 #pragma unroll
-        for (int e4 = 0; e4 < kElems / 4; ++e4) {
+        for (int e4 = 0; e4 < N / 4; ++e4) {
             const int i = 128 * e4 + 4 * lane;
             const float4 f = i < d_k ? *reinterpret_cast<const float4*>(p + i) : make_float4(0, 0, 0, 0);
             x[4 * e4] = f.x, x[4 * e4 + 1] = f.y, x[4 * e4 + 2] = f.z, x[4 * e4 + 3] = f.w;
         }
     } else {
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) {
+        for (int e = 0; e < N; ++e) {
             const int i = lane + 32 * e;
             x[e] = i < d_k ? p[i] : 0.0f;
         }
     }
 }
 
-template <bool kVec>
-__device__ __forceinline__ void store_row(float* __restrict__ p, int d_k, int lane, const float (&x)[kElems]) {
+template <bool kVec, int N>
+__device__ __forceinline__ void store_row(float* __restrict__ p, int d_k, int lane, const float (&x)[N]) {
     if constexpr (kVec) {
 #pragma unroll
-        for (int e4 = 0; e4 < kElems / 4; ++e4) {
+        for (int e4 = 0; e4 < N / 4; ++e4) {
             const int i = 128 * e4 + 4 * lane;
             if (i < d_k) *reinterpret_cast<float4*>(p + i) = make_float4(x[4 * e4], x[4 * e4 + 1], x[4 * e4 + 2], x[4 * e4 + 3]);
         }
     } else {
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) {
+        for (int e = 0; e < N; ++e) {
             const int i = lane + 32 * e;
             if (i < d_k) p[i] = x[e];
         }
@@ -122,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) delta_serial_kernel(
     float s[kColsPerWarp][kElems];
 #pragma unroll
     for (int c = 0; c < kColsPerWarp; ++c) {
-        if (j0 + c < d_v) load_row<kVec>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
+        if (j0 + c < d_v) load_row<kVec, kElems>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
         else
 #pragma unroll
             for (int e = 0; e < kElems; ++e) s[c][e] = 0.0f;
@@ -133,8 +141,8 @@ __global__ void __launch_bounds__(kWarps * 32) delta_serial_kernel(
         const float* kt = Ak + (size_t)t * qk_stride + (size_t)kh * d_k;
         const float* vt = Av + (size_t)t * v_stride + (size_t)h * d_v;
         float kv[kElems], qv[kElems], kq = 0.0f;
-        load_row<kVec>(kt, d_k, lane, kv);
-        load_row<kVec>(qt, d_k, lane, qv);
+        load_row<kVec, kElems>(kt, d_k, lane, kv);
+        load_row<kVec, kElems>(qt, d_k, lane, qv);
         if constexpr (kPrep) {
             float sk2 = 0.0f, sq2 = 0.0f;
 #pragma unroll
@@ -178,11 +186,12 @@ __global__ void __launch_bounds__(kWarps * 32) delta_serial_kernel(
 
 #pragma unroll
     for (int c = 0; c < kColsPerWarp; ++c)
-        if (j0 + c < d_v) store_row<kVec>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
+        if (j0 + c < d_v) store_row<kVec, kElems>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
 }
 
 
-// ---- fused layer op (serial): conv + SiLU, the delta rule with norms and gates, gated norm ----
+// ---- fused layer op (serial), in three launches: conv + SiLU, the delta rule with norms and
+// gates, the gated RMSNorm (the large-batch path: their blocks are short and overlap) ----
 
 constexpr int kMaxConvK = 8;
 
@@ -232,6 +241,229 @@ __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, 
     }
 }
 
+// ---- fused layer op (serial): one launch for conv + SiLU, the norms and gates, the delta
+// rule and the gated RMSNorm ----
+//
+// A block owns `cols` value columns of one (sequence, value head); the C blocks of a value
+// head and the g = H_v / H_k value heads of a key head form one thread-block cluster of
+// P = g C blocks (the grid's x is key head, value head of the group, column block). Each of
+// the key head's 2 d_k q/k conv channels belongs to one block of the cluster (a contiguous
+// share), each v channel to the block of its column, so every conv channel's state is read
+// and written by one thread: no block ever reads a window another one rewrites. Per tile of
+// up to kTokTile tokens a block
+//  1. runs the causal conv + SiLU of its channels; q/k results go to the shared memory of
+//     every block of the cluster (distributed shared memory), v results stay local;
+//  2. (cluster barrier) runs the delta rule on its columns exactly as delta_serial_kernel
+//     (q/k L2 norms by warp reduction, the gates computed once per token), o into shared memory;
+//  3. sums o^2 per token over its columns and hands the partial to the C blocks of its value
+//     head; (cluster barrier) each adds the C partials in rank order (so the bits never depend
+//     on the tile or the call's token count) and writes y = o rsqrt(mean + eps) norm silu(z).
+// Remote accesses all happen before the barrier that follows them, so no block touches the
+// shared memory of one that has moved on or left.
+
+constexpr int kTokTile = 16;         // tokens per tile; a thread then holds <= one (token, column) of y
+constexpr int kFusedMaxWarps = 32;   // per block (1024 threads)
+constexpr int kMaxClusterSize = 8;   // the portable limit
+
+struct FusedArgs {
+    ref::GdnShape sh;
+    const int32_t* offs;
+    const float *qkv, *z, *a, *b;
+    const float *conv_w, *ssm_a, *dt_bias, *norm;
+    float *conv_state, *state, *y;
+    int K;       // conv taps
+    int C;       // blocks per value head
+    int cols;    // value columns per block (the last block of a head may have fewer)
+    int share;   // q/k channels per block of the cluster (the last ones may have fewer)
+    int ustride; // floats per token row of the conv output in shared memory (2 d_k + cols, rounded to 4)
+    float eps, q_scale;
+};
+
+// Dynamic shared memory of the fused kernel, in floats.
+__host__ __device__ inline size_t fused_smem_floats(int cols, int share, int ustride, int C, int K) {
+    return size_t(kTokTile) * ustride     // u: conv + SiLU output, [q | k | v of the block's columns]
+           + size_t(kTokTile) * cols      // o
+           + 2 * size_t(kTokTile) * cols  // norm weight and silu(z) per (token, column) of y
+           + 2 * kTokTile                 // alpha, beta per token
+           + size_t(C) * kTokTile         // sum(o^2) per (block of the value head, token)
+           + size_t(share + cols) * (K > 1 ? K - 1 : 0);  // conv windows of the block's channels
+}
+
+// kE: row elements per lane (d_k <= 32 kE); 4 (d_k <= 128) keeps the float4 variant in 64
+// registers without spills (ptxas -v; windows sized for K = 4 measured 24 bytes of spill).
+template <bool kVec, int kE>
+__global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const FusedArgs A) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int d_k = A.sh.d_k, d_v = A.sh.d_v, H_v = A.sh.H_v, H_k = A.sh.H_k, g = H_v / H_k;
+    const int K = A.K, Km1 = K - 1, C = A.C, cols = A.cols, us = A.ustride;
+    const int seq = blockIdx.y, P = g * C;
+    const int kh = blockIdx.x / P, rank = blockIdx.x % P, hi = rank / C, cb = rank % C;
+    const int h = A.sh.tiled ? kh + H_k * hi : kh * g + hi;
+    const int t0 = A.offs[seq], t1 = A.offs[seq + 1];
+    if (t0 == t1) return;  // the whole cluster (one sequence) leaves: no barrier is left waiting
+    // Arrive now, wait before the first remote store: no block writes into the shared memory
+    // of one that has not started.
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int col0 = cb * cols, ncols = max(0, min(cols, d_v - col0));
+    const int jl0 = warp * kColsPerWarp;  // this warp's first column, local to the block
+    const int key_dim = H_k * d_k, conv_dim = 2 * key_dim + H_v * d_v;
+    const int qk0 = rank * A.share, nqk = max(0, min(A.share, 2 * d_k - qk0));  // this block's q/k channels
+    const int nch = nqk + ncols;
+
+    extern __shared__ float4 smem4[];
+    float* u_s = reinterpret_cast<float*>(smem4);
+    float* o_s = u_s + size_t(kTokTile) * us;
+    float* nz_s = o_s + size_t(kTokTile) * cols;  // [kTokTile][cols][2]
+    float* gate_s = nz_s + 2 * size_t(kTokTile) * cols;
+    float* part_s = gate_s + 2 * kTokTile;
+    float* win_s = part_s + size_t(C) * kTokTile;
+
+    // The state columns first: their loads are the long pole, the conv's overlap them.
+    float* S = A.state + ((size_t)seq * H_v + h) * d_v * d_k;
+    float s[kColsPerWarp][kE];
+#pragma unroll
+    for (int c = 0; c < kColsPerWarp; ++c) {
+        if (jl0 + c < ncols) load_row<kVec, kE>(S + (size_t)(col0 + jl0 + c) * d_k, d_k, lane, s[c]);
+        else
+#pragma unroll
+            for (int e = 0; e < kE; ++e) s[c][e] = 0.0f;
+    }
+    float* hist = A.conv_state + (size_t)seq * conv_dim * Km1;
+
+    for (int tb = t0; tb < t1; tb += kTokTile) {
+        const int nt = min(kTokTile, t1 - tb);
+        if (tb != t0) __syncthreads();  // the last tile's y is out before nz_s is rewritten
+        // The gates, g = ssm_a softplus(a + dt_bias) and beta = sigmoid(b), and the norm weight
+        // and silu(z) of y, by the threads the conv leaves idle (their loads overlap the conv's).
+        for (int i = (int(threadIdx.x) + int(blockDim.x) - nch % int(blockDim.x)) % int(blockDim.x); i < nt + nt * ncols;
+             i += blockDim.x) {
+            if (i < nt) {
+                const size_t th = (size_t)(tb + i) * H_v + h;
+                gate_s[2 * i] = expf(A.ssm_a[h] * softplusf_(A.a[th] + A.dt_bias[h]));
+                gate_s[2 * i + 1] = sigmoidf_(A.b[th]);
+            } else {
+                const int tt = (i - nt) / ncols, j = (i - nt) % ncols;
+                const float zz = A.z[((size_t)(tb + tt) * H_v + h) * d_v + col0 + j];
+                nz_s[2 * (i - nt)] = A.norm[col0 + j];
+                nz_s[2 * (i - nt) + 1] = zz * sigmoidf_(zz);
+            }
+        }
+
+        if (tb == t0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+
+        // 1. conv + SiLU: u = silu(sum over taps of w * input), taps oldest first as the
+        // reference sums them; the window (last K-1 inputs) from the conv state at the first
+        // tile, else from shared memory.
+        for (int l = threadIdx.x; l < nch; l += blockDim.x) {
+            const int ch = l < nqk ? qk0 + l : 2 * d_k + (l - nqk);  // q | k | own v
+            const size_t gc = size_t(ch < d_k ? kh * d_k + ch
+                                     : ch < 2 * d_k ? key_dim + kh * d_k + (ch - d_k)
+                                                    : 2 * key_dim + h * d_v + col0 + (ch - 2 * d_k));
+            float win[kMaxConvK], wt[kMaxConvK];
+#pragma unroll
+            for (int i = 0; i < kMaxConvK; ++i) {
+                win[i] = i < Km1 ? (tb == t0 ? hist[gc * Km1 + i] : win_s[l * Km1 + i]) : 0.0f;
+                wt[i] = i < K ? A.conv_w[gc * K + i] : 0.0f;
+            }
+            for (int tt = 0; tt < nt; ++tt) {
+                const float x = A.qkv[(size_t)(tb + tt) * conv_dim + gc];
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kMaxConvK - 1; ++i)
+                    if (i < Km1) acc += wt[i] * win[i];
+#pragma unroll
+                for (int i = 0; i < kMaxConvK; ++i)
+                    if (i == Km1) acc += wt[i] * x;
+                const float uu = acc * sigmoidf_(acc);
+                if (l < nqk)
+                    for (int r = 0; r < P; ++r) cluster.map_shared_rank(u_s, unsigned(r))[tt * us + ch] = uu;
+                else
+                    u_s[tt * us + ch] = uu;
+#pragma unroll
+                for (int i = 0; i < kMaxConvK - 1; ++i) {
+                    if (i + 1 < Km1) win[i] = win[i + 1];
+                    else if (i + 1 == Km1) win[i] = x;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kMaxConvK - 1; ++i)
+                if (i < Km1) {
+                    if (tb + nt < t1) win_s[l * Km1 + i] = win[i];
+                    else hist[gc * Km1 + i] = win[i];  // the new conv state, by the thread that read the old
+                }
+        }
+        cluster.sync();  // every block's q/k conv output is in every block
+
+        // 2. the delta rule on this warp's columns, token by token.
+        if (jl0 < ncols) {
+            for (int tt = 0; tt < nt; ++tt) {
+                const float* qt = u_s + tt * us;
+                float kv[kE], qv[kE], kq = 0.0f, sk2 = 0.0f, sq2 = 0.0f;
+                load_row<kVec, kE>(qt + d_k, d_k, lane, kv);
+                load_row<kVec, kE>(qt, d_k, lane, qv);
+#pragma unroll
+                for (int e = 0; e < kE; ++e) {
+                    sk2 += kv[e] * kv[e];
+                    sq2 += qv[e] * qv[e];
+                }
+                // HF's l2norm: x / sqrt(sum x^2 + eps); q also scaled by 1/sqrt(d_k).
+                const float ik = 1.0f / sqrtf(warp_sum(sk2) + A.eps), iq = 1.0f / sqrtf(warp_sum(sq2) + A.eps);
+#pragma unroll
+                for (int e = 0; e < kE; ++e) {
+                    kv[e] *= ik;
+                    qv[e] = qv[e] * iq * A.q_scale;
+                }
+#pragma unroll
+                for (int e = 0; e < kE; ++e) kq += kv[e] * qv[e];
+                kq = warp_sum(kq);
+                const float alpha = gate_s[2 * tt], b = gate_s[2 * tt + 1];
+#pragma unroll
+                for (int c = 0; c < kColsPerWarp; ++c) {
+                    const int jl = jl0 + c;
+                    if (jl >= ncols) break;
+                    float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < kE; ++e) {
+                        sk += s[c][e] * kv[e];
+                        sq += s[c][e] * qv[e];
+                    }
+                    sk = warp_sum(sk);
+                    sq = warp_sum(sq);
+                    const float delta = b * (qt[2 * d_k + jl] - alpha * sk);
+                    if (lane == 0) o_s[tt * cols + jl] = alpha * sq + delta * kq;
+#pragma unroll
+                    for (int e = 0; e < kE; ++e) s[c][e] = alpha * s[c][e] + delta * kv[e];
+                }
+            }
+        }
+        if (tb + nt >= t1) {  // the last tile: the new state leaves now, under the norm's barriers
+#pragma unroll
+            for (int c = 0; c < kColsPerWarp; ++c)
+                if (jl0 + c < ncols) store_row<kVec, kE>(S + (size_t)(col0 + jl0 + c) * d_k, d_k, lane, s[c]);
+        }
+        __syncthreads();
+
+        // 3. gated RMSNorm: sum(o^2) over this block's columns per token (a warp per token,
+        // a fixed tree) into slot cb of the value head's C blocks, then their C partials in order.
+        for (int tt = warp; tt < nt; tt += int(blockDim.x >> 5)) {
+            float ss = 0.0f;
+            for (int j = lane; j < ncols; j += 32) ss += o_s[tt * cols + j] * o_s[tt * cols + j];
+            ss = warp_sum(ss);
+            if (lane < C) cluster.map_shared_rank(part_s, unsigned(hi * C + lane))[cb * kTokTile + tt] = ss;
+        }
+        cluster.sync();
+        for (int i = threadIdx.x; i < nt * ncols; i += blockDim.x) {
+            const int tt = i / ncols, j = i % ncols;
+            float ss = 0.0f;
+            for (int c = 0; c < C; ++c) ss += part_s[c * kTokTile + tt];
+            const float inv = 1.0f / sqrtf(ss / float(d_v) + A.eps);
+            A.y[((size_t)(tb + tt) * H_v + h) * d_v + col0 + j] = o_s[tt * cols + j] * inv * nz_s[2 * i] * nz_s[2 * i + 1];
+        }
+    }
+}
+
 void check_launch(const char* op) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) throw Error(std::string(op) + ": launch failed: " + cudaGetErrorString(err));
@@ -261,6 +493,86 @@ void check_shape(const ref::GdnShape& shape, int n_seqs, const char* op) {
     if (n_seqs > 65535) throw Error(std::string(op) + ": more than 65535 sequences in one call");
 }
 
+// The one-launch kernel's shape for one layer shape: C blocks per value head, so a cluster
+// holds g C blocks. Aim at 16 columns (8 warps) per block, so that blocks share an SM; at
+// least as many blocks as keep a block within 32 warps; a cluster of at most the portable 8
+// (15- and 16-block clusters measured slower on the H200). max_clusters: how many such
+// clusters the device holds at once (the launch gate's wave). Decided once per shape, so the
+// attribute call and the occupancy query stay out of graph captures after the first call.
+struct FusedPlan {
+    int C = 0, cols = 0, warps = 0, share = 0, ustride = 0, max_clusters = 0;
+    size_t smem = 0;
+};
+
+using FusedKernel = void (*)(FusedArgs);
+
+// nullopt-like: C == 0 when no cluster of <= 8 blocks holds a key head's value heads.
+FusedPlan fused_plan(FusedKernel kernel, int g, int d_k, int d_v, int K) {
+    static std::mutex mu;
+    static std::map<std::tuple<FusedKernel, int, int, int, int>, FusedPlan> cache;
+    const auto key = std::make_tuple(kernel, g, d_k, d_v, K);
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    const int per_block_max = kFusedMaxWarps * kColsPerWarp;
+    const int c_min = (d_v + per_block_max - 1) / per_block_max, c_ideal = std::max(c_min, (d_v + 15) / 16);
+    FusedPlan pl;
+    const int C = std::min(c_ideal, kMaxClusterSize / g);
+    if (C >= c_min) {
+        pl.C = C;
+        pl.cols = (d_v + C - 1) / C;
+        pl.warps = (pl.cols + kColsPerWarp - 1) / kColsPerWarp;
+        pl.share = (2 * d_k + g * C - 1) / (g * C);
+        pl.ustride = (2 * d_k + pl.cols + 3) / 4 * 4;
+        pl.smem = fused_smem_floats(pl.cols, pl.share, pl.ustride, C, K) * sizeof(float);
+        bool ok = pl.smem <= 48 * 1024 ||
+                  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pl.smem)) == cudaSuccess;
+        if (ok) {
+            cudaLaunchConfig_t cfg{};
+            cfg.gridDim = dim3(unsigned(g * C), 1, 1);
+            cfg.blockDim = dim3(unsigned(pl.warps * 32), 1, 1);
+            cfg.dynamicSmemBytes = pl.smem;
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = unsigned(g * C);
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            ok = cudaOccupancyMaxActiveClusters(&pl.max_clusters, kernel, &cfg) == cudaSuccess && pl.max_clusters > 0;
+        }
+        if (!ok) {
+            cudaGetLastError();
+            pl = FusedPlan{};
+        }
+    }
+    cache.emplace(key, pl);
+    return pl;
+}
+// The three-launch path: conv + SiLU into the workspace, the delta rule with the norms and
+// gates, the gated RMSNorm.
+void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+                          int n_tokens, const float* qkv, const float* z, const float* a, const float* b,
+                          float* conv_state, float* state, float* y, void* workspace, void* stream, const char* op) {
+    const ref::GdnShape& sh = p.shape;
+    if (workspace == nullptr) throw Error(std::string(op) + ": workspace is null (gdn_fused_workspace_bytes)");
+    const int key_dim = sh.H_k * sh.d_k, value_dim = sh.H_v * sh.d_v, conv_dim = 2 * key_dim + value_dim;
+    // Workspace: u [n_tokens, conv_dim] (conv output: q | k | v), then o [n_tokens, value_dim].
+    float* u = static_cast<float*>(workspace);
+    float* o = u + size_t(n_tokens) * conv_dim;
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    conv_silu_kernel<<<dim3((conv_dim + 127) / 128, n_seqs), 128, 0, st>>>(seq_offsets, qkv, conv_dim, p.conv_kernel,
+                                                                           w.conv1d, conv_state, u);
+    check_launch(op);
+    DeltaArgs A{sh, seq_offsets, u, u + key_dim, u + 2 * key_dim, conv_dim, conv_dim, nullptr, nullptr, a, b,
+                w.ssm_a, w.dt_bias, p.eps, 1.0f / sqrtf(float(sh.d_k)), state, o};
+    launch_delta(A, true, n_seqs, stream, op);
+    const int64_t pairs = int64_t(n_tokens) * sh.H_v;
+    gated_norm_kernel<<<unsigned((pairs + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(seq_offsets, n_seqs, n_tokens,
+                                                                                       sh.H_v, sh.d_v, o, z, w.norm,
+                                                                                       p.eps, y);
+    check_launch(op);
+}
+
 }  // namespace
 
 bool device_available() {
@@ -287,7 +599,7 @@ size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_tokens) {
 
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
-               float* y, void* workspace, void* stream) {
+               float* y, void* workspace, void* stream, GdnFusedPath path) {
     const char* op = "cuda::gdn_fused";
     const ref::GdnShape& sh = p.shape;
     check_shape(sh, n_seqs, op);
@@ -297,23 +609,51 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
         throw Error(std::string(op) + ": conv_kernel " + std::to_string(p.conv_kernel) + " not in [1, " +
                     std::to_string(kMaxConvK) + "]");
     if (n_tokens < 0) throw Error(std::string(op) + ": n_tokens must be >= 0");
+    const int g = sh.H_v / sh.H_k;
+    const bool vec = sh.d_k % 4 == 0 && aligned16(state);
+    const FusedKernel kernel = sh.d_k <= 128 ? (vec ? fused_serial_kernel<true, 4> : fused_serial_kernel<false, 4>)
+                                             : (vec ? fused_serial_kernel<true, kElems> : fused_serial_kernel<false, kElems>);
+    const FusedPlan plan = path == GdnFusedPath::ThreeLaunches ? FusedPlan{} : fused_plan(kernel, g, sh.d_k, sh.d_v, p.conv_kernel);
+    if (path == GdnFusedPath::OneLaunch && plan.C == 0)
+        throw Error(std::string(op) + ": shape.H_v / shape.H_k = " + std::to_string(g) + " with d_v " +
+                    std::to_string(sh.d_v) + ": the one-launch kernel's cluster (the value heads of a key head) would "
+                    "exceed 8 blocks");
     if (n_seqs <= 0 || n_tokens == 0) return;
-    const int key_dim = sh.H_k * sh.d_k, value_dim = sh.H_v * sh.d_v, conv_dim = 2 * key_dim + value_dim;
-    // Workspace: u [n_tokens, conv_dim] (conv output: q | k | v), then o [n_tokens, value_dim].
-    float* u = static_cast<float*>(workspace);
-    float* o = u + size_t(n_tokens) * conv_dim;
-    const cudaStream_t st = static_cast<cudaStream_t>(stream);
-    conv_silu_kernel<<<dim3((conv_dim + 127) / 128, n_seqs), 128, 0, st>>>(seq_offsets, qkv, conv_dim, p.conv_kernel,
-                                                                           w.conv1d, conv_state, u);
-    check_launch(op);
-    DeltaArgs A{sh, seq_offsets, u, u + key_dim, u + 2 * key_dim, conv_dim, conv_dim, nullptr, nullptr, a, b,
-                w.ssm_a, w.dt_bias, p.eps, 1.0f / sqrtf(float(sh.d_k)), state, o};
-    launch_delta(A, true, n_seqs, stream, op);
-    const int64_t pairs = int64_t(n_tokens) * sh.H_v;
-    gated_norm_kernel<<<unsigned((pairs + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(seq_offsets, n_seqs, n_tokens,
-                                                                                       sh.H_v, sh.d_v, o, z, w.norm,
-                                                                                       p.eps, y);
+    // The gate: one launch while the clusters fit on the device at once (its blocks run a long
+    // chain of barriers, so waves of them cost more than the three short kernels).
+    const bool one = path == GdnFusedPath::OneLaunch ||
+                     (path == GdnFusedPath::Auto && plan.C > 0 && int64_t(sh.H_k) * n_seqs <= plan.max_clusters);
+    if (!one) {
+        fused_three_launches(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream, op);
+        return;
+    }
+    FusedArgs A{};
+    A.sh = sh;
+    A.offs = seq_offsets;
+    A.qkv = qkv, A.z = z, A.a = a, A.b = b;
+    A.conv_w = w.conv1d, A.ssm_a = w.ssm_a, A.dt_bias = w.dt_bias, A.norm = w.norm;
+    A.conv_state = conv_state, A.state = state, A.y = y;
+    A.K = p.conv_kernel;
+    A.C = plan.C;
+    A.cols = plan.cols;
+    A.share = plan.share;
+    A.ustride = plan.ustride;
+    A.eps = p.eps;
+    A.q_scale = 1.0f / sqrtf(float(sh.d_k));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(sh.H_v * plan.C), unsigned(n_seqs), 1);
+    cfg.blockDim = dim3(unsigned(plan.warps * 32), 1, 1);
+    cfg.dynamicSmemBytes = plan.smem;
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(g * plan.C);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, A);
+    if (err != cudaSuccess) throw Error(std::string(op) + ": launch failed: " + cudaGetErrorString(err));
     check_launch(op);
 }
-
 }  // namespace alloy::cuda

@@ -27,11 +27,22 @@ void gdn_delta_serial(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
 // [n_tokens, H_v], conv_state, state and y as in ref::gdn_fused, seq_offsets [n_seqs + 1]
 // (device) with seq_offsets[n_seqs] <= n_tokens; weights (GdnWeights) on the device too.
 // workspace: gdn_fused_workspace_bytes(p, n_tokens) bytes of device memory, 16-byte aligned
-// (the caller owns it, as a recorded plan owns its buffers). conv_kernel <= 8.
+// (the caller owns it, as a recorded plan owns its buffers; only the three-launch path reads
+// it). conv_kernel <= 8.
+//
+// Two paths, the same contract (each token's bits are those of its sequence's decode calls
+// on either path; the two paths round differently in the last bits):
+//  * OneLaunch (kernels/cuda/gdn.cu, fused_serial_kernel): a thread-block cluster per
+//    (sequence, key head) does conv + SiLU, the q/k L2 norms, the gates, the delta rule and the
+//    gated RMSNorm in one kernel; H_v / H_k <= 8 (else alloy::Error);
+//  * ThreeLaunches: conv + SiLU, the delta rule with norms and gates, the gated RMSNorm;
+//  * Auto: one launch while its clusters fit on the device at once (small batches: decode at
+//    B = 1), else three (their short blocks overlap better in waves).
+enum class GdnFusedPath { Auto, OneLaunch, ThreeLaunches };
 size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_tokens);
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
-               float* y, void* workspace, void* stream = nullptr);
+               float* y, void* workspace, void* stream = nullptr, GdnFusedPath path = GdnFusedPath::Auto);
 
 // ref::gdn_delta_chunked on device arrays (chunk size 64, d_k = d_v = 128 only; other dims and
 // chunk sizes throw alloy::Error naming the field). Two stages with bf16 tensor-core products,

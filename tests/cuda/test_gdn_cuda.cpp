@@ -203,7 +203,8 @@ FusedInputs make_fused(const ref::GdnShape& sh, int K, std::vector<int32_t> offs
 
 // (y, conv_state, state) of cuda::gdn_fused over the whole call, or of the sequences' tokens
 // in calls of `width` tokens (one sequence per call).
-std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width) {
+std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width,
+                                               cuda::GdnFusedPath path = cuda::GdnFusedPath::Auto) {
     const ref::GdnShape& sh = in.p.shape;
     const int n_seqs = int(in.offs.size()) - 1, conv_dim = 2 * sh.H_k * sh.d_k + sh.H_v * sh.d_v, K = in.p.conv_kernel;
     DeviceArray<float> qkv(in.qkv), z(in.z), a(in.a), b(in.b), cw(in.conv_w), sa(in.ssm_a), dt(in.dt_bias),
@@ -212,7 +213,7 @@ std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width)
     const ref::GdnWeights w{cw.p, sa.p, dt.p, norm.p};
     if (width == 0) {
         DeviceArray<int32_t> offs(in.offs);
-        cuda::gdn_fused(in.p, w, n_seqs, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p, cs.p, st.p, y.p, ws.p);
+        cuda::gdn_fused(in.p, w, n_seqs, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p, cs.p, st.p, y.p, ws.p, nullptr, path);
     } else {
         for (int s = 0; s < n_seqs; ++s)
             for (int t = in.offs[s]; t < in.offs[s + 1]; t += width) {
@@ -220,7 +221,7 @@ std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width)
                 DeviceArray<int32_t> offs(std::vector<int32_t>{t, t + n});
                 cuda::gdn_fused(in.p, w, 1, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p,
                                 cs.p + size_t(s) * conv_dim * (K - 1), st.p + size_t(s) * sh.H_v * sh.d_v * sh.d_k, y.p,
-                                ws.p);
+                                ws.p, nullptr, path);
             }
     }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -236,6 +237,11 @@ TEST(CudaGdn, FusedSerialMatchesReference) {
         {{2, 6, 64, 48, false}, 4, {2, 7, 7, 13}, 15},        // grouped heads, empty sequence, rows outside the call
         {{2, 2, 30, 17, true}, 3, {0, 5}, 5},                 // strided rows, K = 3
         {{1, 1, 32, 32, true}, 1, {0, 2}, 2},                 // K = 1: no conv state
+        {{16, 48, 128, 128, true}, 4, {0, 1, 2, 3, 4}, 4},    // 27B heads: 3 value heads share a key head's conv
+        {{4, 12, 128, 128, false}, 4, {0, 2, 2, 3}, 3},       // grouped, T < K - 1 (old conv state shifts)
+        {{2, 4, 64, 64, true}, 4, {0, 37}, 37},               // tokens past one 16-token tile
+        {{2, 4, 256, 64, false}, 2, {1, 6}, 7},               // the largest d_k (8 elements per lane)
+        {{2, 16, 32, 16, true}, 4, {0, 1}, 1},                // H_v / H_k = 8: a cluster of 8 heads
     };
     uint32_t seed = 50;
     for (const Case& c : cases) {
@@ -244,9 +250,11 @@ TEST(CudaGdn, FusedSerialMatchesReference) {
         const ref::GdnWeights w{in.conv_w.data(), in.ssm_a.data(), in.dt_bias.data(), in.norm.data()};
         ref::gdn_fused(in.p, w, int(c.offs.size()) - 1, in.offs.data(), in.qkv.data(), in.z.data(), in.a.data(),
                        in.b.data(), cs_ref.data(), st_ref.data(), y_ref.data());
-        const auto got = run_fused_cuda(in, 0);
+        for (const auto path : {cuda::GdnFusedPath::OneLaunch, cuda::GdnFusedPath::ThreeLaunches}) {
+        const auto got = run_fused_cuda(in, 0, path);
         const std::string what = "H_k " + std::to_string(c.sh.H_k) + " H_v " + std::to_string(c.sh.H_v) + " d_k " +
-                                 std::to_string(c.sh.d_k) + " d_v " + std::to_string(c.sh.d_v) + " K " + std::to_string(c.K);
+                                 std::to_string(c.sh.d_k) + " d_v " + std::to_string(c.sh.d_v) + " K " + std::to_string(c.K) +
+                                 (path == cuda::GdnFusedPath::OneLaunch ? " one launch" : " three launches");
         // Rows outside the call stay untouched (NaN in both).
         for (size_t i = 0; i < y_ref.size(); ++i)
             ASSERT_EQ(std::isnan(y_ref[i]), std::isnan(got[0][i])) << what << " y[" << i << "]";
@@ -256,18 +264,42 @@ TEST(CudaGdn, FusedSerialMatchesReference) {
         EXPECT_LE(max_rel(yg, yr), 1e-4) << what << " (y)";
         EXPECT_LE(max_rel(got[1], cs_ref), 0.0) << what << " (conv state: copies of inputs)";
         EXPECT_LE(max_rel(got[2], st_ref), 1e-4) << what << " (state)";
+        }
     }
 }
 
 TEST(CudaGdn, FusedVerificationReproducesDecodeBitForBit) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-    const FusedInputs in = make_fused({16, 32, 128, 128, true}, 4, {0, 8, 12}, 12, 123);
-    const auto one = run_fused_cuda(in, 1);
-    for (int width : {2, 3, 4, 0}) {
-        const auto many = run_fused_cuda(in, width);
+    // 9B heads, and 27B heads grouped with a sequence longer than a 16-token tile.
+    for (const FusedInputs& in : {make_fused({16, 32, 128, 128, true}, 4, {0, 8, 12}, 12, 123),
+                                  make_fused({16, 48, 128, 128, false}, 4, {0, 20, 23}, 23, 124)}) {
+        for (const auto path : {cuda::GdnFusedPath::Auto, cuda::GdnFusedPath::OneLaunch, cuda::GdnFusedPath::ThreeLaunches}) {
+            const auto one = run_fused_cuda(in, 1, path);
+            for (int width : {2, 3, 4, 17, 0}) {
+                // Width 0 is one call of both sequences: Auto's gate may pick the other path
+                // for two sequences than for one (FusedBatchGivesTheOneSequenceBits, per path).
+                if (width == 0 && path == cuda::GdnFusedPath::Auto) continue;
+                const auto many = run_fused_cuda(in, width, path);
+                for (int i = 0; i < 3; ++i)
+                    EXPECT_EQ(0, std::memcmp(one[size_t(i)].data(), many[size_t(i)].data(), one[size_t(i)].size() * 4))
+                        << "H_v " << in.p.shape.H_v << " path " << int(path) << " width " << width << " output " << i;
+            }
+        }
+    }
+}
+
+// On one path, a batch of sequences gives each its bits run alone (clusters of one sequence
+// never mix). Auto may pick the other path for the batch than for one sequence.
+TEST(CudaGdn, FusedBatchGivesTheOneSequenceBits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    std::vector<int32_t> offs(33);
+    for (int s = 0; s <= 32; ++s) offs[size_t(s)] = s;  // 32 decode sequences
+    const FusedInputs in = make_fused({16, 48, 128, 128, true}, 4, offs, 32, 125);
+    for (const auto path : {cuda::GdnFusedPath::OneLaunch, cuda::GdnFusedPath::ThreeLaunches}) {
+        const auto batch = run_fused_cuda(in, 0, path), alone = run_fused_cuda(in, 1, path);
         for (int i = 0; i < 3; ++i)
-            EXPECT_EQ(0, std::memcmp(one[size_t(i)].data(), many[size_t(i)].data(), one[size_t(i)].size() * 4))
-                << "width " << width << " output " << i;
+            EXPECT_EQ(0, std::memcmp(batch[size_t(i)].data(), alone[size_t(i)].data(), batch[size_t(i)].size() * 4))
+                << "path " << int(path) << " output " << i;
     }
 }
 
@@ -280,6 +312,17 @@ TEST(CudaGdn, RejectsShapesItCannotRun) {
     EXPECT_THROW(cuda::gdn_delta_serial({3, 16, 128, 128, true}, 1, none, nullptr, nullptr, nullptr, nullptr, nullptr,
                                         nullptr, nullptr),
                  Error);
+    // The one-launch kernel's cluster holds the value heads of a key head: 16 of them are too many.
+    ref::GdnParams p;
+    p.shape = {1, 16, 128, 128, true};
+    p.mode = ref::GdnMode::Serial;
+    try {
+        cuda::gdn_fused(p, ref::GdnWeights{}, 1, none, 1, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                        nullptr, nullptr, cuda::GdnFusedPath::OneLaunch);
+        ADD_FAILURE() << "no error for H_v / H_k = 16";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("H_v / shape.H_k"), std::string::npos) << e.what();
+    }
 }
 
 }  // namespace

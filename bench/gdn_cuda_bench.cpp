@@ -1,6 +1,7 @@
 // GPU time of cuda::gdn_delta_serial and of the fused op cuda::gdn_fused at decode (T = 1 per
 // sequence) on the shapes of
-// shared/anchors/gpu-h200.md: H_k = 16, H_v in {16, 32, 48}, d = 128, B in {1, 32}. Each
+// shared/anchors/gpu-h200.md: H_k = 16, H_v in {16, 32, 48}, d = 128, B in {1, 2, 4, 8, 32}; the
+// fused op for the launch gate's path and for each of its two paths. Each
 // figure is the mean over 200 launches replayed from one CUDA graph (as the anchor timed fla
 // and ggml), with the floor = the fp32 state read and written once at the device's
 // theoretical memory bandwidth (as the anchor states it: 4.2 TB/s unless --bw is given).

@@ -14,31 +14,13 @@
 
 #include "alloy/error.h"
 #include "kernels/cuda/gdn.h"
+#include "tests/cuda/device_array.h"
 #include "kernels/ref/gdn.h"
 
 namespace alloy {
 namespace {
 
-// A device copy of a host vector, freed on scope exit.
-template <class T>
-struct DeviceArray {
-    T* p = nullptr;
-    size_t n = 0;
-    explicit DeviceArray(const std::vector<T>& h) : n(h.size()) {
-        EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
-        if (n) {
-            EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-        }
-    }
-    ~DeviceArray() { cudaFree(p); }
-    std::vector<T> host() const {
-        std::vector<T> h(n);
-        if (n) {
-            EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-        }
-        return h;
-    }
-};
+using test::DeviceArray;
 
 struct Inputs {
     ref::GdnShape sh;

@@ -31,6 +31,7 @@
 #include <random>
 #include <vector>
 
+#include "format/quant.h"
 #include "kernels/cuda/gdn.h"
 
 #define CHECK(x)                                                                              \
@@ -74,16 +75,20 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && scale > 0 ? worst / scale : INFINITY;
 }
 
-// Every case directory of `dir`: the kernel on transformers' inputs against its outputs.
-int check(const std::filesystem::path& dir) {
+// The case directories (each with a meta.txt) under `dir`, sorted; says so when there are none.
+std::vector<std::filesystem::path> case_dirs(const std::filesystem::path& dir) {
     std::vector<std::filesystem::path> cases;
     for (const auto& e : std::filesystem::directory_iterator(dir))
         if (std::filesystem::exists(e.path() / "meta.txt")) cases.push_back(e.path());
     std::sort(cases.begin(), cases.end());
-    if (cases.empty()) {
-        std::fprintf(stderr, "no cases (meta.txt) under %s\n", dir.c_str());
-        return 1;
-    }
+    if (cases.empty()) std::fprintf(stderr, "no cases (meta.txt) under %s\n", dir.c_str());
+    return cases;
+}
+
+// Every case directory of `dir`: the kernel on transformers' inputs against its outputs.
+int check(const std::filesystem::path& dir) {
+    const std::vector<std::filesystem::path> cases = case_dirs(dir);
+    if (cases.empty()) return 1;
     std::printf("| case (B, T, H, d) | out max rel | state max rel |\n| --- | ---: | ---: |\n");
     bool ok = true;
     for (const auto& c : cases) {
@@ -116,18 +121,9 @@ int check(const std::filesystem::path& dir) {
 
 // ---- prefill: cuda::gdn_delta_chunked ----
 
-uint16_t bf16_bits(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-}
-float bf16_float(uint16_t b) {
-    const uint32_t u = uint32_t(b) << 16;
-    float x;
-    std::memcpy(&x, &u, 4);
-    return x;
-}
+// bf16 on the host: the project's round-to-nearest-even conversions (format/quant.h).
+uint16_t bf16_bits(float x) { return alloy::fp32_to_bf16(x); }
+float bf16_float(uint16_t b) { return alloy::bf16_to_fp32(b); }
 
 template <class T>
 T* to_device(const std::vector<T>& h) {
@@ -276,14 +272,8 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 int check_chunked(const std::filesystem::path& dir) {
-    std::vector<std::filesystem::path> cases;
-    for (const auto& e : std::filesystem::directory_iterator(dir))
-        if (std::filesystem::exists(e.path() / "meta.txt")) cases.push_back(e.path());
-    std::sort(cases.begin(), cases.end());
-    if (cases.empty()) {
-        std::fprintf(stderr, "no cases (meta.txt) under %s\n", dir.c_str());
-        return 1;
-    }
+    const std::vector<std::filesystem::path> cases = case_dirs(dir);
+    if (cases.empty()) return 1;
     std::printf("| case (T, H_k, H_v, d) | alloy out vs fp64 | alloy state vs fp64 | fla out vs fp64 | fla state vs fp64 "
                 "| alloy out vs fla |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
     bool ok = true;

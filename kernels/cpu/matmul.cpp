@@ -111,10 +111,8 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
             p.convert_gemm = type == GgmlType::F16 && avx2;
             p.name = isa_label;
             return p;
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-        case GgmlType::Q6_K:
-        case GgmlType::IQ4_XS:
+        default:
+            if (!mm::uses_q8k(type)) break;
             if (T <= mm::kRowDotTokens) {  // decode / verification: packed blocks x Q8_K (matmul_kquant.cpp)
                 p.act = ActKind::Q8K;
                 p.gemv = mm::kquant_gemv(type, isa);
@@ -128,15 +126,16 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 return p;
             }
             p.q8k_input = true;
-            [[fallthrough]];
-        default:
-            p.rowdot = rowdot_for(GgmlType::F32);
-            if (avx2) p.tile = avx512 ? mm::tile_avx512(GgmlType::F32) : mm::tile_avx2(GgmlType::F32);
-            p.avx2_tiles = avx2 && !avx512;
-            p.convert = true;
-            p.name = std::string(isa_label) + " dequant";
-            return p;
+            break;
     }
+    // Everything else (and K-quant prefill without VNNI tiles): rows dequantized to fp32, then
+    // the F32 kernels.
+    p.rowdot = rowdot_for(GgmlType::F32);
+    if (avx2) p.tile = avx512 ? mm::tile_avx512(GgmlType::F32) : mm::tile_avx2(GgmlType::F32);
+    p.avx2_tiles = avx2 && !avx512;
+    p.convert = true;
+    p.name = std::string(isa_label) + " dequant";
+    return p;
 }
 
 // The activation converters' path (all give the same bits; only their speed differs).
@@ -324,14 +323,18 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
     });
 }
 
-// Converted weights (dequantized per item to fp32, then the F32 kernels over all tokens).
+// x [T, K] rounded through Q8_K into the scratch (Plan::q8k_input), once per matmul_multi call
+// however many of its weights need it.
+const float* q8k_rounded(const float* x, int64_t T, int64_t K, MatmulScratch& s) {
+    s.act_q8k.resize(size_t(T * K));
+    parallel_for(T, [&](int64_t t, int) { mm::q8k_round_row(x + t * K, K, s.act_q8k.data() + t * K); });
+    return s.act_q8k.data();
+}
+
+// Converted weights (dequantized per item to fp32, then the F32 kernels over all tokens). x is
+// already Q8_K-rounded where the plan says q8k_input.
 void run_converted(const Plan& p, const WeightView& W, const float* x, float* y, int64_t T, MatmulScratch& s) {
     const int64_t K = W.n_in, N = W.n_out;
-    if (p.q8k_input) {
-        s.act_q8k.resize(size_t(T * K));
-        parallel_for(T, [&](int64_t t, int) { mm::q8k_round_row(x + t * K, K, s.act_q8k.data() + t * K); });
-        x = s.act_q8k.data();
-    }
     const Prepared act = prepare(p, x, T, K, s);
     const bool gemm = act.gemm;
     const mm::ActRows& rows_act = act.rows;
@@ -368,10 +371,12 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
     }
     const Plan p = make_plan(outs[0].W->type, isa, outs[0].W->n_in, T);
     if (!shared || p.convert || (p.convert_gemm && use_gemm(p, T))) {
+        const float* xq = nullptr;  // x rounded through Q8_K, made for the first weight needing it
         for (int j = 0; j < n; ++j) {
             const Plan pj = make_plan(outs[j].W->type, isa, outs[j].W->n_in, T);
             if (pj.convert || (pj.convert_gemm && use_gemm(pj, T))) {
-                if (outs[j].W->n_out > 0) run_converted(pj, *outs[j].W, x, outs[j].y, T, s);
+                if (pj.q8k_input && !xq && outs[j].W->n_out > 0) xq = q8k_rounded(x, T, outs[j].W->n_in, s);
+                if (outs[j].W->n_out > 0) run_converted(pj, *outs[j].W, pj.q8k_input ? xq : x, outs[j].y, T, s);
             } else {
                 Job jb{outs[j].W, outs[j].y, 0, 0, 0, {}};
                 if (outs[j].W->n_out > 0) run_jobs(pj, &jb, 1, x, T, s);
@@ -456,8 +461,7 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
             mm::quantize_q8_scalar(x + t * n_in, n_in, q.data(), d.data(), corr.data());
             for (int64_t i = 0; i < n_in; ++i) out[t * n_in + i] = float(q[size_t(i)]) * d[size_t(i / mm::kQ8)];
         }
-    } else if (wtype == GgmlType::Q4_K || wtype == GgmlType::Q5_K || wtype == GgmlType::Q6_K ||
-               wtype == GgmlType::IQ4_XS) {
+    } else if (mm::uses_q8k(wtype)) {
         for (int64_t t = 0; t < T; ++t) mm::q8k_round_row(x + t * n_in, n_in, out + t * n_in);
     } else if (wtype == GgmlType::BF16) {
         for (size_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(fp32_to_bf16(x[i]));

@@ -35,6 +35,16 @@ void to_bf16(Isa isa, const float* x, int64_t n, uint16_t* out) {
     else to_bf16_scalar(x, n, out);
 }
 
+// dst[u * 16 + l] = rows[l * units + u]: 16 token rows of 32-bit units into the panel layout.
+void interleave16(Isa isa, const uint32_t* rows, int64_t units, uint32_t* dst) {
+    if (isa == Isa::Avx512) {
+        interleave16_avx512(rows, units, dst);
+        return;
+    }
+    for (int64_t u = 0; u < units; ++u)
+        for (int l = 0; l < kGroup; ++l) dst[u * kGroup + l] = rows[l * units + u];
+}
+
 // The Q8_K panel (K-quant GEMM tiles): each token row quantized (quantize_q8k), its k-quads
 // interleaved as the Q8_0 panel's, its scales and 16-value block sums (as int32) spread to
 // lane l of [G, K/256, 16] and [G, K/16, 16]. Padding tokens are zero (d = 0).
@@ -61,13 +71,7 @@ void prep_panel_q8k(Isa isa, const float* x, int64_t T, int64_t K, Carver& c, Ac
                 std::fill(rs + l * ns, rs + (l + 1) * ns, int16_t(0));
             }
         }
-        uint32_t* dst = reinterpret_cast<uint32_t*>(q + g * kGroup * K);
-        if (isa == Isa::Avx512) {
-            interleave16_avx512(rows, units, dst);
-        } else {
-            for (int64_t u = 0; u < units; ++u)
-                for (int l = 0; l < kGroup; ++l) dst[u * kGroup + l] = rows[l * units + u];
-        }
+        interleave16(isa, rows, units, reinterpret_cast<uint32_t*>(q + g * kGroup * K));
         for (int l = 0; l < kGroup; ++l) {
             for (int64_t b = 0; b < nd; ++b) d[(g * nd + b) * kGroup + l] = rd[l * nd + b];
             for (int64_t s = 0; s < ns; ++s) bs[(g * ns + s) * kGroup + l] = rs[l * ns + s];
@@ -240,12 +244,7 @@ void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uin
             }
             uint32_t* dst = reinterpret_cast<uint32_t*>(kind == ActKind::Q8 ? static_cast<void*>(q + g * kGroup * K)
                                                                             : static_cast<void*>(bf + g * kGroup * K));
-            if (isa == Isa::Avx512) {
-                interleave16_avx512(rows, units, dst);
-            } else {
-                for (int64_t u = 0; u < units; ++u)
-                    for (int l = 0; l < kGroup; ++l) dst[u * kGroup + l] = rows[l * units + u];
-            }
+            interleave16(isa, rows, units, dst);
             if (kind == ActKind::Q8)
                 for (int64_t b = 0; b < nb; ++b)
                     for (int l = 0; l < kGroup; ++l) {

@@ -14,6 +14,12 @@ constexpr int kQ5KBytes = 176;   // as Q4_K, with 32 high-bit bytes before the n
 constexpr int kQ6KBytes = 210;   // 128 ql, 64 qh, 16 int8 scales, f16 d
 constexpr int kIq4XsBytes = 136; // f16 d, u16 scales_h, 4 scales_l bytes, 128 index bytes
 
+// The weight types whose kernels read Q8_K activations (the GEMVs below, the VNNI tiles, and
+// the dequantizing prefill, which rounds its input through Q8_K to compute the same function).
+inline bool uses_q8k(GgmlType t) {
+    return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_XS;
+}
+
 // One token row of K values (K % 256 == 0) as Q8_K: q [K], d [K/256], bsums [K/16].
 // ggml's quantize_row_q8_K_ref bit for bit.
 void quantize_q8k(const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "alloy/error.h"
+#include "format/quant.h"
 #include "kernels/cuda/gdn.h"
 #include "tests/cuda/device_array.h"
 #include "kernels/ref/gdn.h"
@@ -26,19 +27,9 @@ namespace {
 
 using test::DeviceArray;
 
-// bf16 <-> fp32 on the host (round to nearest even; inputs here are finite).
-uint16_t to_bf16(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-}
-float from_bf16(uint16_t b) {
-    const uint32_t u = uint32_t(b) << 16;
-    float x;
-    std::memcpy(&x, &u, 4);
-    return x;
-}
+// bf16 <-> fp32 on the host: the project's round-to-nearest-even conversions (format/quant.h).
+uint16_t to_bf16(float x) { return fp32_to_bf16(x); }
+float from_bf16(uint16_t b) { return bf16_to_fp32(b); }
 float round_bf16(float x) { return from_bf16(to_bf16(x)); }
 
 struct Inputs {

@@ -1,0 +1,302 @@
+// GPU time of the non-GDN CUDA ops (kernels/cuda/ops.h) at the 0.8B model's shapes (model/
+// synth.cpp's "0.8b" preset: hidden 1024, FFN 3584, vocabulary 248320, 8 query / 2 KV heads
+// of 256, n_rot 64), each figure against the H200's peak: HBM 4.8 TB/s for the memory-bound
+// ops (bytes = each operand read or written once), 990 TFLOP/s dense bf16 for the bf16 GEMMs
+// and 67 TFLOP/s fp32 for the fp32 paths.
+// Timing: `inner` calls captured in one CUDA graph (no launch gaps), replayed 7 times between
+// CUDA events, the median divided by `inner`. The weights of a GEMV rotate over as many
+// copies as make >= 256 MB, so L2 (50 MB) does not serve the repeats; the activations are
+// the model's, so at small T they may be L2-resident, as in the model.
+//   ops_cuda_bench [--quick]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "format/quant.h"
+#include "kernels/cuda/ops.h"
+
+#define CHECK(x)                                                                              \
+    do {                                                                                      \
+        cudaError_t e_ = (x);                                                                 \
+        if (e_ != cudaSuccess) {                                                              \
+            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            std::exit(1);                                                                     \
+        }                                                                                     \
+    } while (0)
+
+namespace {
+
+using namespace alloy;
+
+constexpr double kHbm = 4.8e12, kBf16 = 990e12, kFp32 = 67e12;
+constexpr int D = 1024, FFN = 3584, VOCAB = 248320, NH = 8, NKV = 2, HD = 256, NROT = 64;
+
+cudaStream_t g_stream;
+
+struct Buf {
+    void* p = nullptr;
+    size_t n = 0;
+    explicit Buf(size_t bytes) : n(bytes) { CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
+    Buf(const Buf&) = delete;
+    ~Buf() { cudaFree(p); }
+    template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+uint64_t next() {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }
+
+// Random fp32 values in [-a, a] uploaded to a new buffer of n floats.
+void fill_f32(Buf& b, size_t n, float a) {
+    std::vector<float> h(n);
+    for (auto& x : h) x = a * uniform();
+    CHECK(cudaMemcpy(b.p, h.data(), n * 4, cudaMemcpyHostToDevice));
+}
+
+// A weight of `type` with random contents (bf16 of N(0, 0.02)-sized values; Q8_0 blocks of
+// random int8 and scale ~0.02 / 127).
+void fill_weight(Buf& b, GgmlType t, size_t n_out, size_t n_in) {
+    std::vector<uint8_t> h(b.n);
+    if (t == GgmlType::Q8_0) {
+        for (size_t blk = 0; blk < n_out * n_in / 32; ++blk) {
+            uint8_t* p = h.data() + blk * 34;
+            const uint16_t d = fp32_to_fp16(0.02f / 127.0f * (1.0f + 0.5f * uniform()));
+            std::memcpy(p, &d, 2);
+            for (int i = 0; i < 32; i += 8) {
+                const uint64_t r = next();
+                std::memcpy(p + 2 + i, &r, 8);
+            }
+        }
+    } else if (t == GgmlType::BF16) {
+        auto* q = reinterpret_cast<uint16_t*>(h.data());
+        for (size_t i = 0; i < n_out * n_in; ++i) q[i] = fp32_to_bf16(0.02f * uniform());
+    } else {
+        auto* q = reinterpret_cast<float*>(h.data());
+        for (size_t i = 0; i < n_out * n_in; ++i) q[i] = 0.02f * uniform();
+    }
+    CHECK(cudaMemcpy(b.p, h.data(), b.n, cudaMemcpyHostToDevice));
+}
+
+// Median microseconds per call of f(i), i = 0..inner-1, replayed from one CUDA graph.
+double time_us(const std::function<void(int)>& f, int inner) {
+    f(0);  // first use: cuBLAS handle creation and heuristics happen outside the capture
+    CHECK(cudaStreamSynchronize(g_stream));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < inner; ++i) f(i);
+    CHECK(cudaStreamEndCapture(g_stream, &g));
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    CHECK(cudaGraphLaunch(ge, g_stream));
+    CHECK(cudaStreamSynchronize(g_stream));
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    for (int r = 0; r < 7; ++r) {
+        CHECK(cudaEventRecord(a, g_stream));
+        CHECK(cudaGraphLaunch(ge, g_stream));
+        CHECK(cudaEventRecord(b, g_stream));
+        CHECK(cudaEventSynchronize(b));
+        float t = 0;
+        CHECK(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return ms[3] * 1e3 / inner;
+}
+
+void row_bw(const std::string& what, double us, double bytes) {
+    const double gbs = bytes / (us * 1e-6) / 1e9;
+    std::printf("| %-44s | %9.2f | %8.0f GB/s | %5.1f%% HBM |\n", what.c_str(), us, gbs, 100.0 * gbs * 1e9 / kHbm);
+}
+void row_flops(const std::string& what, double us, double flops, double peak, const char* peak_name) {
+    const double tf = flops / (us * 1e-6) / 1e12;
+    std::printf("| %-44s | %9.2f | %8.1f TFLOP/s | %5.1f%% %s |\n", what.c_str(), us, tf, 100.0 * tf * 1e12 / peak,
+                peak_name);
+}
+
+const char* type_name(GgmlType t) { return t == GgmlType::Q8_0 ? "Q8_0" : t == GgmlType::BF16 ? "BF16" : "F32"; }
+
+void bench_matmul(GgmlType t, int64_t n_out, int64_t n_in, const std::vector<int64_t>& Ts) {
+    const size_t rb = t == GgmlType::Q8_0 ? size_t(n_in / 32) * 34 : size_t(n_in) * (t == GgmlType::BF16 ? 2 : 4);
+    const size_t wbytes = rb * size_t(n_out);
+    const int copies = int(std::min<size_t>(64, std::max<size_t>(1, (size_t(256) << 20) / wbytes + 1)));
+    std::vector<std::unique_ptr<Buf>> w;
+    for (int c = 0; c < copies; ++c) {
+        w.push_back(std::make_unique<Buf>(wbytes));
+        if (c == 0) fill_weight(*w[0], t, size_t(n_out), size_t(n_in));
+        else CHECK(cudaMemcpy(w[size_t(c)]->p, w[0]->p, wbytes, cudaMemcpyDeviceToDevice));
+    }
+    for (int64_t T : Ts) {
+        Buf x(size_t(T * n_in) * 4), y(size_t(T * n_out) * 4);
+        fill_f32(x, size_t(T * n_in), 1.0f);
+        const WeightView W0{t, n_in, n_out, w[0]->as<uint8_t>(), rb};
+        Buf ws(cuda::matmul_workspace_bytes(W0, T));
+        const int inner = std::max(copies, T >= 512 ? 10 : 40);
+        const double us = time_us(
+            [&](int i) {
+                const WeightView W{t, n_in, n_out, w[size_t(i % copies)]->as<uint8_t>(), rb};
+                cuda::matmul(W, x.as<float>(), y.as<float>(), T, ws.p, g_stream);
+            },
+            inner);
+        char what[96];
+        std::snprintf(what, sizeof what, "matmul %s %lldx%lld T=%lld", type_name(t), (long long)n_out,
+                      (long long)n_in, (long long)T);
+        if (T <= 16)
+            row_bw(what, us, double(wbytes) + double(T) * (n_in + n_out) * 4);
+        else
+            row_flops(what, us, 2.0 * T * n_in * n_out, t == GgmlType::F32 ? kFp32 : kBf16,
+                      t == GgmlType::F32 ? "fp32" : "bf16");
+    }
+}
+
+void bench_small(int64_t T) {
+    const int64_t n = T * D;
+    Buf x(n * 4), y(n * 4), out(n * 4), w(D * 4);
+    fill_f32(x, n, 1.0f);
+    fill_f32(y, n, 1.0f);
+    fill_f32(w, D, 1.0f);
+    const int inner = 50;
+    char what[96];
+    std::snprintf(what, sizeof what, "rms_norm [%lld, %d]", (long long)T, D);
+    row_bw(what, time_us([&](int) { cuda::rms_norm(x.as<float>(), w.as<float>(), out.as<float>(), T, D, 1e-6f, g_stream); }, inner),
+           2.0 * n * 4);
+    std::snprintf(what, sizeof what, "add_rms_norm [%lld, %d]", (long long)T, D);
+    row_bw(what, time_us([&](int) { cuda::add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), out.as<float>(), T, D, 1e-6f, g_stream); }, inner),
+           4.0 * n * 4);
+
+    // q of the gated attention block: [T, 8, 2 * 256] (query then gate per head).
+    const int64_t nq = T * NH * HD;
+    Buf qg(2 * nq * 4), q(nq * 4), pos(T * 4), hw(HD * 4);
+    fill_f32(qg, 2 * nq, 1.0f);
+    fill_f32(q, nq, 1.0f);
+    fill_f32(hw, HD, 1.0f);
+    std::vector<int32_t> hp(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) hp[size_t(t)] = int32_t(t);
+    CHECK(cudaMemcpy(pos.p, hp.data(), T * 4, cudaMemcpyHostToDevice));
+    std::snprintf(what, sizeof what, "rope_partial q [%lld, %d, %d] n_rot %d", (long long)T, NH, HD, NROT);
+    row_bw(what, time_us([&](int) { cuda::rope_partial(q.as<float>(), pos.as<int32_t>(), T, NH, HD, NROT, 1e7f, g_stream); }, inner),
+           2.0 * T * NH * NROT * 4);
+    std::snprintf(what, sizeof what, "rms_norm_rope q [%lld, %d, %d] stride 512", (long long)T, NH, HD);
+    row_bw(what, time_us([&](int) { cuda::rms_norm_rope(qg.as<float>(), 2 * HD, hw.as<float>(), q.as<float>(), pos.as<int32_t>(), T, NH, HD, NROT, 1e7f, 1e-6f, g_stream); }, inner),
+           2.0 * nq * 4);
+    std::snprintf(what, sizeof what, "sigmoid_gate_mul rows [%lld x %d, %d]", (long long)T, NH, HD);
+    row_bw(what, time_us([&](int) { cuda::sigmoid_gate_mul(q.as<float>(), qg.as<float>() + HD, T * NH, HD, 2 * HD, g_stream); }, inner),
+           3.0 * nq * 4);
+
+    const int64_t nf = T * FFN;
+    Buf g(nf * 4), u(nf * 4), o(nf * 4);
+    fill_f32(g, nf, 2.0f);
+    fill_f32(u, nf, 2.0f);
+    std::snprintf(what, sizeof what, "swiglu [%lld, %d]", (long long)T, FFN);
+    row_bw(what, time_us([&](int) { cuda::swiglu(g.as<float>(), u.as<float>(), o.as<float>(), nf, g_stream); }, inner),
+           3.0 * nf * 4);
+    std::snprintf(what, sizeof what, "add [%lld, %d]", (long long)T, D);
+    row_bw(what, time_us([&](int) { cuda::add(x.as<float>(), y.as<float>(), n, g_stream); }, inner), 3.0 * n * 4);
+}
+
+void bench_embed_argmax() {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16}) {
+        const size_t rb = t == GgmlType::Q8_0 ? D / 32 * 34 : D * 2;
+        Buf table(rb * VOCAB);
+        fill_weight(table, t, VOCAB, D);
+        for (int64_t T : {int64_t(1), int64_t(4096)}) {
+            std::vector<int32_t> ids(static_cast<size_t>(T));
+            for (auto& i : ids) i = int32_t(next() % VOCAB);
+            Buf dids(T * 4), out(T * D * 4);
+            CHECK(cudaMemcpy(dids.p, ids.data(), T * 4, cudaMemcpyHostToDevice));
+            char what[96];
+            std::snprintf(what, sizeof what, "get_rows %s [%lld of %d, %d]", type_name(t), (long long)T, VOCAB, D);
+            const WeightView W{t, D, VOCAB, table.as<uint8_t>(), rb};
+            row_bw(what, time_us([&](int) { cuda::get_rows(W, dids.as<int32_t>(), out.as<float>(), T, g_stream); }, 50),
+                   double(T) * (rb + D * 4));
+        }
+    }
+    for (int64_t rows : {int64_t(1), int64_t(32)}) {
+        Buf logits(rows * VOCAB * 4), out(rows * 4), ws(cuda::argmax_workspace_bytes(rows));
+        fill_f32(logits, size_t(rows) * VOCAB, 10.0f);
+        char what[96];
+        std::snprintf(what, sizeof what, "argmax [%lld, %d]", (long long)rows, VOCAB);
+        row_bw(what, time_us([&](int) { cuda::argmax(logits.as<float>(), rows, VOCAB, out.as<int32_t>(), ws.p, g_stream); }, 50),
+               double(rows) * VOCAB * 4);
+    }
+}
+
+void bench_attention(bool quick) {
+    const ref::AttentionShape s{NH, NKV, HD, 1.0f / 16.0f, GgmlType::BF16, GgmlType::BF16};
+    const int64_t n_ctx = 32768 + 1;
+    const size_t cache = size_t(n_ctx) * NKV * HD * 2;
+    Buf k(cache), v(cache);
+    {
+        std::vector<uint16_t> h(size_t(n_ctx) * NKV * HD);
+        for (auto& x : h) x = fp32_to_bf16(uniform());
+        CHECK(cudaMemcpy(k.p, h.data(), cache, cudaMemcpyHostToDevice));
+        for (auto& x : h) x = fp32_to_bf16(uniform());
+        CHECK(cudaMemcpy(v.p, h.data(), cache, cudaMemcpyHostToDevice));
+    }
+    // Decode: B = 1 at depth n_past; bytes = the K and V rows read once.
+    for (int64_t n_past : {int64_t(512), int64_t(4096), int64_t(32768)}) {
+        Buf q(NH * HD * 4), out(NH * HD * 4), ws(cuda::attention_workspace_bytes(s, 1, n_past));
+        fill_f32(q, NH * HD, 1.0f);
+        char what[96];
+        std::snprintf(what, sizeof what, "attention decode bf16 KV, depth %lld", (long long)n_past);
+        row_bw(what, time_us([&](int) { cuda::attention(s, q.as<float>(), k.p, v.p, out.as<float>(), 1, n_past, ws.p, g_stream); }, 50),
+               2.0 * (n_past + 1) * NKV * HD * 2);
+    }
+    // Prefill at depth 0: 4 n_head hd FLOPs per (query, key) pair (QK^T and PV), causal.
+    for (int64_t T : {int64_t(512), int64_t(4096)}) {
+        if (quick && T > 512) continue;
+        Buf q(T * NH * HD * 4), out(T * NH * HD * 4), ws(cuda::attention_workspace_bytes(s, T, 0));
+        fill_f32(q, size_t(T) * NH * HD, 1.0f);
+        char what[96];
+        std::snprintf(what, sizeof what, "attention prefill bf16 KV, T=%lld", (long long)T);
+        const double pairs = double(T) * (T + 1) / 2;
+        row_flops(what, time_us([&](int) { cuda::attention(s, q.as<float>(), k.p, v.p, out.as<float>(), T, 0, ws.p, g_stream); }, 3),
+                  4.0 * NH * HD * pairs, kFp32, "fp32");
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    cudaDeviceProp prop{};
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    std::printf("| op | us | rate | of peak |\n|---|---|---|---|\n");
+    const std::vector<int64_t> decode = {1, 2, 4}, prefill = {512, 4096};
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16}) {
+        std::vector<int64_t> Ts = decode;
+        if (!quick) Ts.insert(Ts.end(), prefill.begin(), prefill.end());
+        bench_matmul(t, FFN, D, Ts);
+        bench_matmul(t, D, FFN, Ts);
+        bench_matmul(t, VOCAB, D, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 4, 512});
+    }
+    bench_matmul(GgmlType::F32, FFN, D, {1, 512});
+    bench_small(1);
+    bench_small(4096);
+    bench_embed_argmax();
+    bench_attention(quick);
+    CHECK(cudaStreamDestroy(g_stream));
+    return 0;
+}

@@ -1,0 +1,59 @@
+// Helpers shared by the .cu files of kernels/cuda (not part of the ops' interface): status
+// checks that throw alloy::Error naming the op and the line, the stream cast, warp reductions.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "alloy/error.h"
+
+namespace alloy::cuda::detail {
+
+[[noreturn]] inline void fail(const char* op, const std::string& what, const char* file, int line) {
+    throw Error(std::string(op) + ": " + what + " (" + file + ":" + std::to_string(line) + ")");
+}
+
+#define ALLOY_CUDA_CHECK(op, expr)                                                              \
+    do {                                                                                        \
+        cudaError_t e_ = (expr);                                                                \
+        if (e_ != cudaSuccess) ::alloy::cuda::detail::fail(op, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+// After a launch: a bad configuration shows up here, not at the next synchronization.
+#define ALLOY_CUDA_LAUNCHED(op) ALLOY_CUDA_CHECK(op, cudaGetLastError())
+
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline int sm_count() {
+    static const int n = [] {
+        int dev = 0, sms = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            return 132;
+        return sms;
+    }();
+    return n;
+}
+
+// Sum over the warp by xor butterfly: every lane ends with the same bits (each step adds the
+// same two operands in every lane, and fp32 addition commutes).
+__device__ __forceinline__ float warp_sum_all(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, <= 1024) in a fixed order;
+// every thread gets the result. `red` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum_all(float x, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_sum_all(x);
+    __syncthreads();  // red may still be read by an earlier call
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    float s = lane < nw ? red[lane] : 0.0f;
+    return warp_sum_all(s);
+}
+
+}  // namespace alloy::cuda::detail

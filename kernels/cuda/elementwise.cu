@@ -1,0 +1,98 @@
+// Elementwise ops on CUDA (kernels/cuda/ops.h): residual add, SwiGLU, the attention output
+// gate. Memory-bound: float4 accesses where the pointers and n allow, a grid-stride loop;
+// the activations use ref's formulas (kernels/ref/activations.h) with full-precision expf.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace alloy::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    const float e = expf(x);
+    return e / (1.0f + e);
+}
+
+struct AddOp {
+    __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct SwiGluOp {  // (gate, up)
+    __device__ float operator()(float g, float u) const { return g * sigmoid(g) * u; }
+};
+struct GateOp {  // (x, g)
+    __device__ float operator()(float x, float g) const { return x * sigmoid(g); }
+};
+
+// out[i] = f(a[i], b[i]) over n, 4 at a time (kVec: every pointer 16-byte aligned).
+template <class F, bool kVec>
+__global__ void __launch_bounds__(kThreads) binary_kernel(const float* a, const float* b, float* out, int64_t n, F f) {
+    const int64_t stride = int64_t(gridDim.x) * kThreads;
+    int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+    if constexpr (kVec) {
+        const int64_t n4 = n / 4;
+        for (int64_t j = i; j < n4; j += stride) {
+            const float4 x = reinterpret_cast<const float4*>(a)[j], y = reinterpret_cast<const float4*>(b)[j];
+            reinterpret_cast<float4*>(out)[j] = make_float4(f(x.x, y.x), f(x.y, y.y), f(x.z, y.z), f(x.w, y.w));
+        }
+        for (int64_t j = n4 * 4 + i; j < n; j += stride) out[j] = f(a[j], b[j]);
+    } else {
+        for (int64_t j = i; j < n; j += stride) out[j] = f(a[j], b[j]);
+    }
+}
+
+template <class F>
+void binary(const float* a, const float* b, float* out, int64_t n, cudaStream_t st, const char* op) {
+    if (n < 0) throw Error(std::string(op) + ": negative n");
+    if (n == 0) return;
+    const bool vec = ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+                       reinterpret_cast<uintptr_t>(out)) & 15) == 0;
+    const int64_t per = vec ? 4 : 1;
+    const unsigned grid = unsigned(std::min<int64_t>(detail::ceil_div(n, kThreads * per), 132 * 16));
+    if (vec)
+        binary_kernel<F, true><<<grid, kThreads, 0, st>>>(a, b, out, n, F{});
+    else
+        binary_kernel<F, false><<<grid, kThreads, 0, st>>>(a, b, out, n, F{});
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+// x [rows, n] *= sigmoid(g row r at g + r g_stride): blocks over (chunk of a row, rows).
+__global__ void __launch_bounds__(kThreads) gate_rows_kernel(float* x, const float* __restrict__ g, int64_t rows, int64_t n,
+                                                             int64_t g_stride) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
+            x[r * n + i] *= sigmoid(g[r * g_stride + i]);
+}
+
+}  // namespace
+
+void add(float* x, const float* y, int64_t n, void* stream) {
+    binary<AddOp>(x, y, x, n, detail::as_stream(stream), "cuda::add");
+}
+
+void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream) {
+    binary<SwiGluOp>(gate, up, out, n, detail::as_stream(stream), "cuda::swiglu");
+}
+
+void sigmoid_gate_mul(float* x, const float* g, int64_t n, void* stream) {
+    binary<GateOp>(x, g, x, n, detail::as_stream(stream), "cuda::sigmoid_gate_mul");
+}
+
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream) {
+    const char* op = "cuda::sigmoid_gate_mul";
+    if (rows < 0 || n < 0 || g_stride < n) throw Error(std::string(op) + ": bad shape");
+    if (rows == 0 || n == 0) return;
+    const dim3 grid(unsigned(std::min<int64_t>(detail::ceil_div(n, kThreads), 64)), unsigned(std::min<int64_t>(rows, 65535)));
+    gate_rows_kernel<<<grid, kThreads, 0, detail::as_stream(stream)>>>(x, g, rows, n, g_stride);
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+}  // namespace alloy::cuda

@@ -1,0 +1,336 @@
+// matmul on CUDA (kernels/cuda/ops.h): cuBLAS for F32 and BF16 weights; for Q8_0 a
+// weight-streaming GEMV at decode and dequantize-to-bf16 panels + cuBLAS at prefill.
+//
+// Layouts: W is row-major [n_out, n_in] (GGUF / PyTorch Linear), which cuBLAS (column-major)
+// sees as [n_in, n_out] with ld = n_in; x [T, n_in] is column-major [n_in, T]; y [T, n_out] is
+// column-major [n_out, T]. So y = op_T(W) x with m = n_out, n = T, k = n_in.
+//
+// Q8_0 GEMV: decode is bound by streaming the weight once, 34 bytes per 32 weights. A block
+// (f16 scale + 32 int8) is only 2-byte aligned, so a warp reads each 16-block step as a
+// contiguous 544-byte run: lane l takes half a block (16 quants) of block (l / 2), as 32-bit
+// loads at the 4-byte-aligned address below it, shifted into place with a funnel shift, so
+// neighbouring lanes read neighbouring words and every load instruction is coalesced. x is
+// quantized to int8 per 32 (an fp32 scale each) once per call, so a lane's 16 products per
+// token are 4 dp4a and one scaled FMA, and x costs 1 byte per weight of L1 traffic, not 4.
+// Small matrices (n_out below ~6k rows) split each row's blocks over several warps of a
+// block, reduced through shared memory in a fixed order, so enough bytes are in flight.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace alloy::cuda {
+
+namespace {
+
+using detail::as_stream;
+using detail::ceil_div;
+
+constexpr int kQ8Block = 32, kQ8Bytes = 34;
+constexpr int kGemvThreads = 256;  // 8 warps
+constexpr int kGemvUnroll = 2;     // 16-block steps whose loads a lane issues before using them
+
+const char* cublas_status(cublasStatus_t s) {
+    switch (s) {
+        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+        default: return "cuBLAS error";
+    }
+}
+#define ALLOY_CUBLAS_CHECK(op, expr)                                                        \
+    do {                                                                                    \
+        cublasStatus_t s_ = (expr);                                                         \
+        if (s_ != CUBLAS_STATUS_SUCCESS) detail::fail(op, cublas_status(s_), __FILE__, __LINE__); \
+    } while (0)
+
+// One cuBLAS handle per host thread (a handle must not be shared by threads racing on
+// cublasSetStream); created on first use, which allocates, so warm it up before capturing.
+cublasHandle_t handle(const char* op) {
+    struct Holder {
+        cublasHandle_t h = nullptr;
+        ~Holder() {
+            if (h) cublasDestroy(h);
+        }
+    };
+    thread_local Holder holder;
+    if (!holder.h) ALLOY_CUBLAS_CHECK(op, cublasCreate(&holder.h));
+    return holder.h;
+}
+
+// x fp32 [n] -> bf16 [n], round to nearest even (as format/quant.h's fp32_to_bf16).
+__global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+void to_bf16(const float* x, void* y, int64_t n, cudaStream_t st, const char* op) {
+    const int64_t blocks = std::min<int64_t>(ceil_div(n, 256), 4 * 1024);
+    to_bf16_kernel<<<unsigned(blocks), 256, 0, st>>>(x, static_cast<__nv_bfloat16*>(y), n);
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+// y [T, m] = W [m, k] x [T, k] with W of cuBLAS type wt (A row-major, ld lda elements), x of
+// type xt, y fp32, accumulation per `compute`.
+void gemm(const char* op, cudaStream_t st, const void* W, cudaDataType wt, int64_t lda, const void* x,
+          cudaDataType xt, float* y, int64_t m, int64_t n, int64_t k, cublasComputeType_t compute) {
+    cublasHandle_t h = handle(op);
+    ALLOY_CUBLAS_CHECK(op, cublasSetStream(h, st));
+    const float one = 1.0f, zero = 0.0f;
+    ALLOY_CUBLAS_CHECK(op, cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &one, W, wt, int(lda), x,
+                                        xt, int(k), &zero, y, CUDA_R_32F, int(m), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// ---- Q8_0 ------------------------------------------------------------------------------------
+
+// x [T, n] fp32 -> xq [T, n] int8 and xd [T, n / 32] fp32: per 32 values, d = amax / 127 and
+// q = round(x / d). One warp per block of 32.
+__global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restrict__ xq, float* __restrict__ xd,
+                                  int64_t n_blocks) {
+    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    const float v = x[b * kQ8Block + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    xq[b * kQ8Block + lane] = int8_t(d > 0.0f ? __float2int_rn(v / d) : 0);
+    if (lane == 0) xd[b] = d;
+}
+
+__device__ __forceinline__ uint32_t ld_u32(const uint32_t* p) { return __ldg(p); }
+
+// The Q8_0 GEMV: y [T, n_out] = W [n_out, nb blocks] x. kWpr warps per row (1, 2, 4 or 8), so
+// a block of 8 warps covers 8 / kWpr rows. data must be 4-byte aligned; rows may start at
+// any even offset (row_bytes = 34 nb).
+template <int kT, int kWpr>
+__global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __restrict__ W, int64_t n_out,
+                                                                int64_t nb, const int8_t* __restrict__ xq,
+                                                                const float* __restrict__ xd, float* __restrict__ y) {
+    constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr;
+    __shared__ float red[kGemvThreads / 32][kT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + warp / kWpr;
+    const int wir = warp % kWpr;  // this warp's share of the row
+    const int half = lane & 1;    // which 16 quants of the block
+    const int64_t n_in = nb * kQ8Block;
+    float acc[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
+    if (row < n_out) {
+        const int64_t row_off = row * nb * kQ8Bytes;
+        for (int64_t b0 = int64_t(wir) * 16; b0 < nb; b0 += int64_t(kWpr) * 16 * kGemvUnroll) {
+            uint32_t w[kGemvUnroll][5];
+            uint16_t sc[kGemvUnroll];
+            int shift[kGemvUnroll];
+            bool ok[kGemvUnroll];
+            // Issue every load of the unrolled steps before the first use.
+#pragma unroll
+            for (int u = 0; u < kGemvUnroll; ++u) {
+                const int64_t b = b0 + int64_t(u) * kWpr * 16 + (lane >> 1);
+                ok[u] = b < nb;
+                const int64_t p = row_off + b * kQ8Bytes + 2 + 16 * half;  // first quant byte
+                shift[u] = int(p & 3) * 8;
+                if (ok[u]) {
+                    const uint32_t* wp = reinterpret_cast<const uint32_t*>(W + (p & ~int64_t(3)));
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) w[u][i] = ld_u32(wp + i);
+                    // The fifth word only when misaligned: aligned, it may lie past the matrix.
+                    w[u][4] = shift[u] ? ld_u32(wp + 4) : 0u;
+                    sc[u] = __ldg(reinterpret_cast<const unsigned short*>(W + row_off + b * kQ8Bytes));
+                } else {
+                    for (int i = 0; i < 5; ++i) w[u][i] = 0u;
+                    sc[u] = 0;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kGemvUnroll; ++u) {
+                if (!ok[u]) continue;
+                const int64_t b = b0 + int64_t(u) * kWpr * 16 + (lane >> 1);
+                int q[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) q[i] = int(__funnelshift_r(w[u][i], w[u][i + 1], shift[u]));
+                const float dw = __half2float(__ushort_as_half(sc[u]));
+#pragma unroll
+                for (int t = 0; t < kT; ++t) {
+                    const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + t * n_in + b * kQ8Block + 16 * half));
+                    int s = __dp4a(q[0], xv.x, 0);
+                    s = __dp4a(q[1], xv.y, s);
+                    s = __dp4a(q[2], xv.z, s);
+                    s = __dp4a(q[3], xv.w, s);
+                    acc[t] = fmaf(dw * __ldg(xd + t * nb + b), float(s), acc[t]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[t] = detail::warp_sum_all(acc[t]);
+    if constexpr (kWpr == 1) {
+        if (lane == 0 && row < n_out)
+            for (int t = 0; t < kT; ++t) y[t * n_out + row] = acc[t];
+    } else {
+        if (lane == 0)
+            for (int t = 0; t < kT; ++t) red[warp][t] = acc[t];
+        __syncthreads();
+        if (lane == 0 && wir == 0 && row < n_out) {
+            for (int t = 0; t < kT; ++t) {
+                float s = red[warp][t];
+                for (int i = 1; i < kWpr; ++i) s += red[warp + i][t];
+                y[t * n_out + row] = s;
+            }
+        }
+    }
+}
+
+template <int kT>
+void launch_q8_gemv(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const int8_t* xq, const float* xd,
+                    float* y, cudaStream_t st) {
+    const int64_t rows_per_block = (kGemvThreads / 32) / wpr;
+    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
+    switch (wpr) {
+        case 1: q8_gemv_kernel<kT, 1><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
+        case 2: q8_gemv_kernel<kT, 2><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
+        case 4: q8_gemv_kernel<kT, 4><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
+        default: q8_gemv_kernel<kT, 8><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
+    }
+}
+
+// Warps per row: enough warps in all (~48 per SM) for the bytes in flight that HBM needs,
+// but no more than the row has 16-block steps.
+int q8_warps_per_row(int64_t n_out, int64_t nb) {
+    const int64_t want = int64_t(detail::sm_count()) * 48;
+    int wpr = 1;
+    while (wpr < 8 && n_out * wpr < want && int64_t(wpr) * 2 * 16 <= nb) wpr *= 2;
+    return wpr;
+}
+
+// Rows [0, rows) of a Q8_0 matrix -> bf16 [rows, n_in]: each thread 4 quants of one block
+// (read as a funnel-shifted word at any even offset), times the block's f16 scale.
+__global__ void q8_to_bf16_kernel(const uint8_t* __restrict__ W, int64_t nb, int64_t rows,
+                                  __nv_bfloat16* __restrict__ out) {
+    const int64_t n_words = rows * nb * 8;  // 8 words of 4 quants per block
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t blk = i >> 3;  // global block index (rows are back to back)
+        const int j = int(i & 7);
+        const int64_t p = blk * kQ8Bytes + 2 + 4 * j;
+        const uint32_t* wp = reinterpret_cast<const uint32_t*>(W + (p & ~int64_t(3)));
+        const int sh = int(p & 3) * 8;
+        const uint32_t v = sh ? __funnelshift_r(__ldg(wp), __ldg(wp + 1), sh) : __ldg(wp);
+        const float d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(W + blk * kQ8Bytes))));
+        __nv_bfloat16* o = out + blk * kQ8Block + 4 * j;
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(float(int8_t(v & 0xff)) * d, float(int8_t((v >> 8) & 0xff)) * d);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(float(int8_t((v >> 16) & 0xff)) * d, float(int8_t(v >> 24)) * d);
+        reinterpret_cast<__nv_bfloat162*>(o)[0] = lo;
+        reinterpret_cast<__nv_bfloat162*>(o)[1] = hi;
+    }
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+void check_weight(const WeightView& W, int64_t T, const char* op) {
+    if (W.n_in <= 0 || W.n_out <= 0 || T < 0 || !W.data)
+        throw Error(std::string(op) + ": empty weight or negative T");
+    if (W.n_in > (int64_t(1) << 31) - 1 || W.n_out > (int64_t(1) << 31) - 1 || T > (int64_t(1) << 31) - 1)
+        throw Error(std::string(op) + ": dimension past cuBLAS's int range");
+    switch (W.type) {
+        case GgmlType::F32:
+            if (W.row_bytes != size_t(W.n_in) * 4) throw Error(std::string(op) + ": F32 rows must be dense");
+            break;
+        case GgmlType::BF16:
+            if (W.row_bytes != size_t(W.n_in) * 2) throw Error(std::string(op) + ": BF16 rows must be dense");
+            break;
+        case GgmlType::Q8_0:
+            if (W.n_in % kQ8Block || W.row_bytes != size_t(W.n_in / kQ8Block) * kQ8Bytes)
+                throw Error(std::string(op) + ": Q8_0 rows must be whole 34-byte blocks");
+            if (reinterpret_cast<uintptr_t>(W.data) % 4) throw Error(std::string(op) + ": Q8_0 data must be 4-byte aligned");
+            break;
+        default:
+            throw Error(std::string(op) + ": weight type " + std::to_string(int(W.type)) +
+                        " not supported on CUDA (F32, BF16, Q8_0)");
+    }
+}
+
+}  // namespace
+
+size_t matmul_workspace_bytes(const WeightView& W, int64_t T) {
+    switch (W.type) {
+        case GgmlType::BF16: return align256(size_t(T * W.n_in) * 2);
+        case GgmlType::Q8_0:
+            if (T <= kQ8GemvMaxT) return align256(size_t(T * W.n_in)) + align256(size_t(T * (W.n_in / kQ8Block)) * 4);
+            return align256(size_t(T * W.n_in) * 2) + align256(size_t(std::min(W.n_out, kQ8PanelRows) * W.n_in) * 2);
+        default: return 0;
+    }
+}
+
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream) {
+    const char* op = "cuda::matmul";
+    check_weight(W, T, op);
+    if (T == 0) return;
+    cudaStream_t st = as_stream(stream);
+    uint8_t* ws = static_cast<uint8_t*>(workspace);
+    if (matmul_workspace_bytes(W, T) && !ws) throw Error(std::string(op) + ": workspace is null");
+    switch (W.type) {
+        case GgmlType::F32:
+            // PEDANTIC: fp32 FMAs, never TF32 (even with NVIDIA_TF32_OVERRIDE): the oracle path.
+            gemm(op, st, W.data, CUDA_R_32F, W.n_in, x, CUDA_R_32F, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F_PEDANTIC);
+            return;
+        case GgmlType::BF16:
+            to_bf16(x, ws, T * W.n_in, st, op);
+            gemm(op, st, W.data, CUDA_R_16BF, W.n_in, ws, CUDA_R_16BF, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F);
+            return;
+        case GgmlType::Q8_0: {
+            const int64_t nb = W.n_in / kQ8Block;
+            if (T <= kQ8GemvMaxT) {
+                int8_t* xq = reinterpret_cast<int8_t*>(ws);
+                float* xd = reinterpret_cast<float*>(ws + align256(size_t(T * W.n_in)));
+                const int64_t blocks = T * nb;
+                quantize_x_kernel<<<unsigned(ceil_div(blocks * 32, 256)), 256, 0, st>>>(x, xq, xd, blocks);
+                ALLOY_CUDA_LAUNCHED(op);
+                const int wpr = q8_warps_per_row(W.n_out, nb);
+                switch (T) {
+                    case 1: launch_q8_gemv<1>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
+                    case 2: launch_q8_gemv<2>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
+                    case 3: launch_q8_gemv<3>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
+                    default: launch_q8_gemv<4>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
+                }
+                ALLOY_CUDA_LAUNCHED(op);
+                return;
+            }
+            // Prefill: the panel's bf16 copy costs 2 bytes written + read per weight against
+            // 2 T FLOPs per weight of GEMM, small once T is in the hundreds.
+            void* xb = ws;
+            auto* wb = reinterpret_cast<__nv_bfloat16*>(ws + align256(size_t(T * W.n_in) * 2));
+            to_bf16(x, xb, T * W.n_in, st, op);
+            // y's panel columns are strided by n_out: one GEMM per panel with ldc = n_out.
+            for (int64_t r0 = 0; r0 < W.n_out; r0 += kQ8PanelRows) {
+                const int64_t rows = std::min(kQ8PanelRows, W.n_out - r0);
+                const int64_t words = rows * nb * 8;
+                q8_to_bf16_kernel<<<unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024)), 256, 0, st>>>(
+                    W.row(r0), nb, rows, wb);
+                ALLOY_CUDA_LAUNCHED(op);
+                cublasHandle_t h = handle(op);
+                ALLOY_CUBLAS_CHECK(op, cublasSetStream(h, st));
+                const float one = 1.0f, zero = 0.0f;
+                ALLOY_CUBLAS_CHECK(op, cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(W.n_in), &one,
+                                                    wb, CUDA_R_16BF, int(W.n_in), xb, CUDA_R_16BF, int(W.n_in), &zero,
+                                                    y + r0, CUDA_R_32F, int(W.n_out), CUBLAS_COMPUTE_32F,
+                                                    CUBLAS_GEMM_DEFAULT));
+            }
+            return;
+        }
+        default: return;  // check_weight threw
+    }
+}
+
+}  // namespace alloy::cuda

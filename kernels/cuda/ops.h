@@ -1,0 +1,101 @@
+// The model's non-GDN ops on NVIDIA GPUs, with kernels/ref's names and contracts and every
+// array in device memory: matmul (cuBLAS for BF16/F32 weights, own kernels for Q8_0),
+// RMSNorm (+ residual), partial RoPE, SwiGLU, the attention output gate, the residual add,
+// the embedding gather, greedy sampling and causal GQA attention.
+//
+// Common rules: pointers are device pointers (16-byte aligned, as cudaMalloc gives) unless
+// said otherwise; `stream` is a cudaStream_t (nullptr: the default stream); every call is
+// asynchronous on it and graph-capturable (no allocation, no host synchronization); scratch
+// memory is the caller's (`workspace`, sized by the matching *_workspace_bytes), as a
+// recorded plan owns its buffers. Shapes the kernels cannot run throw alloy::Error naming the
+// op. No CUDA types here: host code that does not include cuda_runtime.h can call these.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/ref/attention.h"
+#include "kernels/ref/weight.h"
+
+namespace alloy::cuda {
+
+// ---- matmul (kernels/cuda/matmul.cu) --------------------------------------------------------
+// y[t][o] = sum_i W[o][i] x[t][i], as ref::matmul. W: WeightView whose data is on the device
+// (n_out rows of row_bytes each, the GGUF layout); x: [T, W.n_in] fp32; y: [T, W.n_out] fp32.
+//  * F32 weights: cuBLAS SGEMM in fp32 with TF32 off (CUBLAS_COMPUTE_32F_PEDANTIC): the
+//    correctness oracle path; ~1e-6 relative to ref.
+//  * BF16 weights: x rounded to bf16 on the device (workspace), cublasGemmEx bf16 x bf16 with
+//    fp32 accumulation and fp32 output; error is that of rounding x to bf16 (~3e-3 relative).
+//  * Q8_0 weights, T <= kQ8GemvMaxT: x quantized to Q8_0-style blocks (32 int8 + an fp32
+//    scale, as llama.cpp's q8_1 without the sum) and a weight-streaming GEMV with dp4a:
+//    ~5e-3 relative to ref (x's rounding to int8).
+//  * Q8_0 weights, T > kQ8GemvMaxT: panels of up to kQ8PanelRows rows dequantized to a bf16
+//    scratch (exact: int8 * f16 scale fits bf16's 8 bits only approximately, so ~4e-3
+//    relative), then the BF16 path's GEMM.
+// Other weight types throw alloy::Error. cuBLAS runs on a per-thread handle bound to `stream`.
+constexpr int64_t kQ8GemvMaxT = 4;
+constexpr int64_t kQ8PanelRows = 8192;
+size_t matmul_workspace_bytes(const WeightView& W, int64_t T);
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr);
+
+// ---- normalization (kernels/cuda/norm.cu) ---------------------------------------------------
+// ref::rms_norm: x, out: [rows, n] (out may alias x); w: [n] or nullptr. fp32 sums (ref: double).
+void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps, void* stream = nullptr);
+// ref::add_rms_norm: x [rows, n] += y [rows, n], then out [rows, n] = rms_norm(x) (out aliases
+// neither x nor y). One pass: each row is read once and x written once.
+void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t rows, int64_t n, float eps,
+                  void* stream = nullptr);
+
+// ---- RoPE (kernels/cuda/rope.cu) ------------------------------------------------------------
+// ref::rope_partial: x [T, n_heads, head_dim] rotated in place, pos [T] (device) absolute
+// positions; n_rot even, <= head_dim and <= 256. The inverse frequencies are computed on the
+// host exactly as ref computes them, so only sin/cos (CUDA's full-range sincosf) differ.
+void rope_partial(float* x, const int32_t* pos, int64_t T, int n_heads, int head_dim, int n_rot, float base,
+                  void* stream = nullptr);
+// ref::rms_norm_rope: head (t, h) of x at x + (t n_heads + h) x_head_stride; w [head_dim];
+// out [T, n_heads, head_dim] (may alias x when x_head_stride == head_dim); head_dim <= 1024.
+void rms_norm_rope(const float* x, int64_t x_head_stride, const float* w, float* out, const int32_t* pos, int64_t T,
+                   int n_heads, int head_dim, int n_rot, float base, float eps, void* stream = nullptr);
+
+// ---- elementwise (kernels/cuda/elementwise.cu) ----------------------------------------------
+// ref::add: x [n] += y [n].
+void add(float* x, const float* y, int64_t n, void* stream = nullptr);
+// ref::swiglu: out [n] = silu(gate [n]) * up [n]; out may alias gate or up.
+void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream = nullptr);
+// ref::sigmoid_gate_mul: x [n] *= sigmoid(g [n]).
+void sigmoid_gate_mul(float* x, const float* g, int64_t n, void* stream = nullptr);
+// The same over rows: x [rows, n] contiguous, gate row r at g + r g_stride.
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream = nullptr);
+
+// ---- embedding gather (kernels/cuda/get_rows.cu) --------------------------------------------
+// out[t] = dequantized row ids[t] of `table` (F32, F16, BF16 or Q8_0 rows, on the device):
+// ids [T] (device, each in [0, table.n_out): the caller validates token ids on the host, the
+// kernel does not), out [T, table.n_in] fp32. Exact (every type converts exactly to fp32).
+void get_rows(const WeightView& table, const int32_t* ids, float* out, int64_t T, void* stream = nullptr);
+
+// ---- greedy sampling (kernels/cuda/argmax.cu) -----------------------------------------------
+// out[r] = the index of the largest of logits[r][0..n) (logits [rows, n] fp32), the smallest
+// such index on ties (std::max_element's rule); a NaN counts above +inf. Per row: blocks
+// atomicMax a 64-bit key (order-preserving float bits, inverted index), so the result does
+// not depend on block order. out: [rows] int32 on the device: the one 4-byte copy per token.
+// workspace: argmax_workspace_bytes(rows) bytes.
+size_t argmax_workspace_bytes(int64_t rows);
+void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* workspace, void* stream = nullptr);
+
+// ---- attention (kernels/cuda/attention.cu) --------------------------------------------------
+// ref::attention on device arrays: q [T, n_head, head_dim] fp32; k_cache, v_cache
+// [n_ctx, n_head_kv, head_dim] of s.type_k / s.type_v (F32, F16, BF16) with rows
+// [0, n_past + T) filled; out [T, n_head, head_dim] fp32. Token t attends to cache rows
+// [0, n_past + t]. head_dim in {64, 128, 256}; n_head a multiple of n_head_kv.
+// fp32 compute (no tensor cores in this first version); each block takes one token, one KV
+// head and up to 4 of its query heads, so every K/V row it loads serves the whole group.
+// Keys are split across blocks (split-K, merged by a second kernel): for T <= 16 in fixed
+// chunks of kAttnDecodeChunk keys, so a token's bits depend only on its own key count (a
+// verification call of K tokens gives the bits of K decode calls); above that, enough splits
+// to fill the device. workspace: attention_workspace_bytes(s, T, n_past) bytes.
+constexpr int64_t kAttnDecodeMaxT = 16;
+constexpr int64_t kAttnDecodeChunk = 64;
+size_t attention_workspace_bytes(const ref::AttentionShape& s, int64_t T, int64_t n_past);
+void attention(const ref::AttentionShape& s, const float* q, const void* k_cache, const void* v_cache, float* out,
+               int64_t T, int64_t n_past, void* workspace, void* stream = nullptr);
+
+}  // namespace alloy::cuda

@@ -1,0 +1,109 @@
+// Partial NeoX RoPE on CUDA (kernels/cuda/ops.h; math as ref::rope_partial: within each head
+// the first n_rot dims rotate, pairing (i, i + n_rot / 2), theta_i = pos * base^(-2i / n_rot)),
+// alone and after the per-head RMSNorm of q or k (ref::rms_norm_rope).
+// The inverse frequencies are computed on the host with ref's own expression and passed in the
+// launch parameters, so the angle pos * inv_freq is the same fp32 product as ref's; sincosf is
+// CUDA's full-range one (a few ulp from glibc's), not __sinf, whose error grows with the angle.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace alloy::cuda {
+
+namespace {
+
+constexpr int kMaxHalf = 128;  // n_rot <= 256
+
+struct InvFreq {
+    float v[kMaxHalf];
+};
+
+InvFreq inv_freq(int n_rot, float base) {
+    InvFreq f{};
+    for (int i = 0; i < n_rot / 2; ++i) f.v[i] = 1.0f / std::pow(base, float(2 * i) / float(n_rot));
+    return f;
+}
+
+void check(int64_t T, int n_heads, int head_dim, int n_rot, const char* op) {
+    if (T < 0 || n_heads <= 0 || head_dim <= 0 || n_rot < 0 || n_rot % 2 || n_rot > head_dim || n_rot > 2 * kMaxHalf)
+        throw Error(std::string(op) + ": bad shape (n_rot even, <= head_dim, <= 256)");
+}
+
+// One block per token, threads over (head, pair) in head-major order.
+__global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int n_heads, int head_dim, int half,
+                            const InvFreq f) {
+    const int64_t t = blockIdx.x;
+    const float p = float(pos[t]);
+    for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
+        const int h = k / half, i = k % half;
+        float s, c;
+        sincosf(p * f.v[i], &s, &c);
+        float* xh = x + (t * n_heads + h) * head_dim;
+        const float a = xh[i], b = xh[i + half];
+        xh[i] = a * c - b * s;
+        xh[i + half] = a * s + b * c;
+    }
+}
+
+// One block per (token, head), one thread per element of the head (blockDim = head_dim
+// rounded up to a warp): the norm, then the rotation through shared memory (a pair's two
+// elements belong to different threads).
+__global__ void rms_norm_rope_kernel(const float* x, int64_t x_head_stride, const float* __restrict__ w, float* out,
+                                     const int32_t* __restrict__ pos, int n_heads, int head_dim, int half, float eps,
+                                     const InvFreq f) {
+    extern __shared__ float y[];  // [head_dim]
+    __shared__ float red[32];
+    const int64_t row = blockIdx.x;  // t * n_heads + h
+    const int64_t t = row / n_heads;
+    const int i = threadIdx.x;
+    const float a = i < head_dim ? x[row * x_head_stride + i] : 0.0f;
+    const float ss = detail::block_sum_all(a * a, red);  // its barriers also order x's reads before out's writes
+    const float scale = 1.0f / sqrtf(ss / float(head_dim) + eps);
+    if (i < head_dim) y[i] = a * scale * (w ? w[i] : 1.0f);
+    __syncthreads();
+    float* o = out + row * head_dim;
+    if (i < half) {
+        float s, c;
+        sincosf(float(pos[t]) * f.v[i], &s, &c);
+        const float u = y[i], v = y[i + half];
+        o[i] = u * c - v * s;
+        o[i + half] = u * s + v * c;
+    } else if (i >= 2 * half && i < head_dim) {
+        o[i] = y[i];
+    }
+}
+
+}  // namespace
+
+void rope_partial(float* x, const int32_t* pos, int64_t T, int n_heads, int head_dim, int n_rot, float base,
+                  void* stream) {
+    const char* op = "cuda::rope_partial";
+    check(T, n_heads, head_dim, n_rot, op);
+    if (T == 0 || n_rot == 0) return;
+    const int half = n_rot / 2;
+    const int threads = std::min(256, (n_heads * half + 31) / 32 * 32);
+    rope_kernel<<<unsigned(T), threads, 0, detail::as_stream(stream)>>>(x, pos, n_heads, head_dim, half,
+                                                                        inv_freq(n_rot, base));
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+void rms_norm_rope(const float* x, int64_t x_head_stride, const float* w, float* out, const int32_t* pos, int64_t T,
+                   int n_heads, int head_dim, int n_rot, float base, float eps, void* stream) {
+    const char* op = "cuda::rms_norm_rope";
+    check(T, n_heads, head_dim, n_rot, op);
+    if (head_dim > 1024 || x_head_stride < head_dim) throw Error(std::string(op) + ": head_dim <= 1024, stride >= head_dim");
+    if (T == 0) return;
+    // When out aliases x (stride == head_dim) each block reads its own row fully before
+    // the barrier and writes only that row after it.
+    const int threads = (head_dim + 31) / 32 * 32;
+    rms_norm_rope_kernel<<<unsigned(T * n_heads), threads, size_t(head_dim) * 4, detail::as_stream(stream)>>>(
+        x, x_head_stride, w, out, pos, n_heads, head_dim, n_rot / 2, eps, inv_freq(n_rot, base));
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+}  // namespace alloy::cuda

@@ -1,0 +1,197 @@
+// cuda::matmul against ref::matmul on random weights and inputs, for every weight type and
+// path (F32 cuBLAS, BF16 cuBLAS, Q8_0 GEMV at T <= 4, Q8_0 dequantized panels + cuBLAS above),
+// odd sizes (k = 96 and 160: Q8_0 rows of 3 and 5 blocks, so rows start 2 bytes off a word;
+// rows 37; T 1, 2, 3, 4, 5, 17), and a matrix taller than one Q8_0 panel. Each path is checked
+// twice: tightly against ref run on the same rounded operands the path computes with (x in
+// bf16, x quantized to int8 as the GEMV does it, the Q8_0 weight in bf16), so an indexing or
+// scaling bug cannot hide in the rounding; and loosely against ref on the original fp32 x, the
+// error a user sees. Skips when no CUDA device is present (CI).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/quant.h"
+#include "alloy/error.h"
+#include "kernels/cuda/gdn.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/ref/matmul.h"
+#include "tests/cuda/device_array.h"
+
+namespace alloy {
+namespace {
+
+using test::DeviceArray;
+
+// max |a - b| / max |b|.
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return INFINITY;
+    double worst = 0, scale = 0;
+    for (float x : b) scale = std::max(scale, double(std::fabs(x)));
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+    }
+    return scale > 0 ? worst / scale : worst;
+}
+
+struct HostWeight {
+    GgmlType type;
+    int64_t n_in, n_out;
+    size_t row_bytes;
+    std::vector<uint8_t> bytes;
+    WeightView view(const uint8_t* data) const { return {type, n_in, n_out, data, row_bytes}; }
+};
+
+size_t row_bytes_of(GgmlType t, int64_t n_in) {
+    switch (t) {
+        case GgmlType::F32: return size_t(n_in) * 4;
+        case GgmlType::BF16: return size_t(n_in) * 2;
+        default: return size_t(n_in / 32) * 34;
+    }
+}
+
+HostWeight make_weight(GgmlType t, int64_t n_out, int64_t n_in, std::vector<float>& f, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    f.resize(size_t(n_out * n_in));
+    for (auto& x : f) x = nd(rng);
+    HostWeight w{t, n_in, n_out, row_bytes_of(t, n_in), {}};
+    w.bytes.resize(w.row_bytes * size_t(n_out));
+    for (int64_t r = 0; r < n_out; ++r) quantize_row(t, f.data() + r * n_in, w.bytes.data() + r * w.row_bytes, n_in);
+    return w;
+}
+
+// x as the Q8_0 GEMV sees it: per 32 values d = amax / 127, q = round-half-even(x / d).
+std::vector<float> quantize_like_gemv(const std::vector<float>& x) {
+    std::vector<float> y(x.size());
+    for (size_t b = 0; b < x.size(); b += 32) {
+        float amax = 0;
+        for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+        const float d = amax / 127.0f;
+        for (size_t i = 0; i < 32; ++i) y[b + i] = d > 0 ? float(std::nearbyint(x[b + i] / d)) * d : 0.0f;
+    }
+    return y;
+}
+
+std::vector<float> round_bf16(const std::vector<float>& x) {
+    std::vector<float> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_fp32(fp32_to_bf16(x[i]));
+    return y;
+}
+
+std::vector<float> run_cuda(const HostWeight& w, const std::vector<float>& x, int64_t T) {
+    DeviceArray<uint8_t> dw(w.bytes);
+    DeviceArray<float> dx(x), dy(std::vector<float>(size_t(T * w.n_out), NAN));
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_workspace_bytes(w.view(dw.p), T)));
+    cuda::matmul(w.view(dw.p), dx.p, dy.p, T, ws.p);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return dy.host();
+}
+
+std::vector<float> run_ref(const WeightView& W, const std::vector<float>& x, int64_t T) {
+    std::vector<float> y(size_t(T * W.n_out));
+    ref::matmul(W, x.data(), y.data(), T);
+    return y;
+}
+
+struct Case {
+    int64_t n_out, n_in;
+};
+const std::vector<Case> kCases = {{37, 96}, {64, 160}, {300, 1024}, {129, 3584}};
+const std::vector<int64_t> kTs = {1, 2, 3, 4, 5, 17};
+
+// Runs every case and T for weight type t; `exact_x` maps x to the operand the path uses,
+// `exact_w` the weight (null: the weight's own bytes). Tolerances: tight vs the rounded
+// operands, loose vs the fp32 ones.
+void check_type(GgmlType t, double tight, double loose, const char* name) {
+    uint32_t seed = 7;
+    double worst_tight = 0, worst_loose = 0;
+    for (const Case& c : kCases) {
+        std::vector<float> wf;
+        const HostWeight w = make_weight(t, c.n_out, c.n_in, wf, seed++);
+        for (int64_t T : kTs) {
+            std::mt19937 rng(seed++);
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            std::vector<float> x(size_t(T * c.n_in));
+            for (auto& v : x) v = nd(rng);
+            const std::vector<float> got = run_cuda(w, x, T);
+            const std::vector<float> loose_want = run_ref(w.view(w.bytes.data()), x, T);
+            // The operands this path multiplies.
+            std::vector<float> want;
+            if (t == GgmlType::F32) {
+                want = loose_want;
+            } else if (t == GgmlType::BF16) {
+                want = run_ref(w.view(w.bytes.data()), round_bf16(x), T);
+            } else if (T <= cuda::kQ8GemvMaxT) {
+                want = run_ref(w.view(w.bytes.data()), quantize_like_gemv(x), T);
+            } else {
+                // The weight dequantized and rounded to bf16, as a BF16 matrix.
+                std::vector<float> deq(size_t(c.n_in));
+                HostWeight wb{GgmlType::BF16, c.n_in, c.n_out, size_t(c.n_in) * 2, {}};
+                wb.bytes.resize(wb.row_bytes * size_t(c.n_out));
+                for (int64_t r = 0; r < c.n_out; ++r) {
+                    dequantize_row(t, w.bytes.data() + r * w.row_bytes, deq.data(), c.n_in);
+                    quantize_row(GgmlType::BF16, deq.data(), wb.bytes.data() + r * wb.row_bytes, c.n_in);
+                }
+                want = run_ref(wb.view(wb.bytes.data()), round_bf16(x), T);
+            }
+            const std::string what = std::string(name) + " " + std::to_string(c.n_out) + "x" +
+                                     std::to_string(c.n_in) + " T " + std::to_string(T);
+            const double et = max_rel(got, want), el = max_rel(got, loose_want);
+            EXPECT_LE(et, tight) << what << " (same operands)";
+            EXPECT_LE(el, loose) << what << " (fp32 operands)";
+            worst_tight = std::max(worst_tight, et);
+            worst_loose = std::max(worst_loose, el);
+        }
+    }
+    std::printf("[max-err] matmul %s: %.3g vs ref on the same operands, %.3g vs ref on fp32 x\n", name, worst_tight,
+                worst_loose);
+}
+
+TEST(CudaMatmul, F32MatchesReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    check_type(GgmlType::F32, 1e-5, 1e-5, "F32");
+}
+
+TEST(CudaMatmul, Bf16MatchesReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    check_type(GgmlType::BF16, 1e-5, 1e-2, "BF16");
+}
+
+TEST(CudaMatmul, Q8_0MatchesReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    check_type(GgmlType::Q8_0, 1e-5, 2e-2, "Q8_0");
+}
+
+// More rows than one dequantization panel (the last panel partial), at prefill and decode.
+TEST(CudaMatmul, Q8_0TallMatrix) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    std::vector<float> wf;
+    const int64_t n_out = cuda::kQ8PanelRows + 37, n_in = 64;
+    const HostWeight w = make_weight(GgmlType::Q8_0, n_out, n_in, wf, 3);
+    for (int64_t T : {int64_t(1), int64_t(9)}) {
+        std::mt19937 rng(static_cast<unsigned>(T));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> x(size_t(T * n_in));
+        for (auto& v : x) v = nd(rng);
+        EXPECT_LE(max_rel(run_cuda(w, x, T), run_ref(w.view(w.bytes.data()), x, T)), 2e-2) << "T " << T;
+    }
+}
+
+TEST(CudaMatmul, RefusesOtherTypes) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    std::vector<uint8_t> dummy(64);
+    DeviceArray<uint8_t> d(dummy);
+    const WeightView W{GgmlType::Q4_K, 256, 1, d.p, 144};
+    EXPECT_THROW(cuda::matmul(W, nullptr, nullptr, 1, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -1,0 +1,230 @@
+// The small CUDA ops against kernels/ref on random inputs at odd sizes: rms_norm and
+// add_rms_norm (rows 37, n 96 / 1024 / 5000: the last past the register-held part), rope_partial
+// and rms_norm_rope (positions up to 60000, where a fast-math sine would be far off), swiglu,
+// sigmoid_gate_mul (both forms, an unaligned pointer for the scalar path), add, get_rows
+// (F32, F16, BF16, Q8_0: exact) and argmax (ties, the vocabulary's size, NaN-free random rows:
+// exact). Skips when no CUDA device is present (CI).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/quant.h"
+#include "kernels/cuda/gdn.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/ref/add.h"
+#include "kernels/ref/gate.h"
+#include "kernels/ref/rms_norm.h"
+#include "kernels/ref/rope.h"
+#include "kernels/ref/swiglu.h"
+#include "tests/cuda/device_array.h"
+
+namespace alloy {
+namespace {
+
+using test::DeviceArray;
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return INFINITY;
+    double worst = 0, scale = 0;
+    for (float x : b) scale = std::max(scale, double(std::fabs(x)));
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+    }
+    return scale > 0 ? worst / scale : worst;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float mean = 0.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(mean, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+}
+
+void sync() { EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
+TEST(CudaSmallOps, RmsNormMatchesReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    double worst = 0;
+    uint32_t seed = 1;
+    for (int64_t n : {96, 1024, 5000}) {
+        const int64_t rows = 37;
+        const auto x = randn(size_t(rows * n), seed++, 2.0f, 0.5f), y = randn(size_t(rows * n), seed++);
+        const auto w = randn(size_t(n), seed++, 0.3f, 1.0f);
+        for (bool with_w : {true, false}) {
+            const float* wp = with_w ? w.data() : nullptr;
+            DeviceArray<float> dx(x), dw(w), dout(std::vector<float>(x.size(), NAN));
+            std::vector<float> want(x.size());
+            ref::rms_norm(x.data(), wp, want.data(), rows, n, 1e-6f);
+            cuda::rms_norm(dx.p, with_w ? dw.p : nullptr, dout.p, rows, n, 1e-6f);
+            sync();
+            double e = max_rel(dout.host(), want);
+            EXPECT_LE(e, 1e-5) << "rms_norm n " << n;
+            worst = std::max(worst, e);
+            // In place (out aliases x).
+            cuda::rms_norm(dx.p, with_w ? dw.p : nullptr, dx.p, rows, n, 1e-6f);
+            sync();
+            EXPECT_LE(max_rel(dx.host(), want), 1e-5) << "rms_norm in place n " << n;
+
+            DeviceArray<float> ax(x), ay(y), aout(std::vector<float>(x.size(), NAN));
+            std::vector<float> rx = x, rout(x.size());
+            ref::add_rms_norm(rx.data(), y.data(), wp, rout.data(), rows, n, 1e-6f);
+            cuda::add_rms_norm(ax.p, ay.p, with_w ? dw.p : nullptr, aout.p, rows, n, 1e-6f);
+            sync();
+            EXPECT_EQ(0, std::memcmp(ax.host().data(), rx.data(), rx.size() * 4)) << "add_rms_norm sum n " << n;
+            e = max_rel(aout.host(), rout);
+            EXPECT_LE(e, 1e-5) << "add_rms_norm n " << n;
+            worst = std::max(worst, e);
+        }
+    }
+    std::printf("[max-err] rms_norm / add_rms_norm: %.3g (tolerance 1e-5)\n", worst);
+}
+
+TEST(CudaSmallOps, RopeMatchesReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    struct Case { int64_t T; int heads, head_dim, n_rot; };
+    double worst = 0;
+    uint32_t seed = 10;
+    for (const Case& c : {Case{1, 8, 256, 64}, Case{5, 3, 64, 16}, Case{17, 2, 96, 96}, Case{3, 2, 160, 30}}) {
+        std::mt19937 rng(seed++);
+        std::uniform_int_distribution<int32_t> up(0, 60000);
+        std::vector<int32_t> pos(size_t(c.T));
+        for (auto& p : pos) p = up(rng);
+        const size_t n = size_t(c.T) * c.heads * c.head_dim;
+        const auto x = randn(n, seed++);
+        std::vector<float> want = x;
+        ref::rope_partial(want.data(), pos.data(), c.T, c.heads, c.head_dim, c.n_rot, 1e7f);
+        DeviceArray<float> dx(x);
+        DeviceArray<int32_t> dp(pos);
+        cuda::rope_partial(dx.p, dp.p, c.T, c.heads, c.head_dim, c.n_rot, 1e7f);
+        sync();
+        const double e = max_rel(dx.host(), want);
+        EXPECT_LE(e, 1e-5) << "rope T " << c.T << " head_dim " << c.head_dim << " n_rot " << c.n_rot;
+        worst = std::max(worst, e);
+
+        // rms_norm_rope from the interleaved q/gate layout (stride 2 head_dim).
+        const auto qg = randn(n * 2, seed++, 1.5f);
+        const auto w = randn(size_t(c.head_dim), seed++, 0.2f, 1.0f);
+        std::vector<float> want2(n);
+        ref::rms_norm_rope(qg.data(), 2 * c.head_dim, w.data(), want2.data(), pos.data(), c.T, c.heads, c.head_dim,
+                           c.n_rot, 1e7f, 1e-6f);
+        DeviceArray<float> dqg(qg), dw(w), dout(std::vector<float>(n, NAN));
+        cuda::rms_norm_rope(dqg.p, 2 * c.head_dim, dw.p, dout.p, dp.p, c.T, c.heads, c.head_dim, c.n_rot, 1e7f, 1e-6f);
+        sync();
+        const double e2 = max_rel(dout.host(), want2);
+        EXPECT_LE(e2, 1e-5) << "rms_norm_rope T " << c.T << " head_dim " << c.head_dim;
+        worst = std::max(worst, e2);
+    }
+    std::printf("[max-err] rope_partial / rms_norm_rope: %.3g (tolerance 1e-5)\n", worst);
+}
+
+TEST(CudaSmallOps, ElementwiseMatchReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    double worst = 0;
+    for (int64_t n : {1, 1001, 3584 * 5}) {
+        const auto a = randn(size_t(n) + 1, uint32_t(n), 3.0f), b = randn(size_t(n) + 1, uint32_t(n) + 1, 3.0f);
+        for (int off : {0, 1}) {  // off 1: pointers 4 bytes past 16-byte alignment, the scalar path
+            const std::vector<float> x(a.begin() + off, a.begin() + off + n), y(b.begin() + off, b.begin() + off + n);
+            DeviceArray<float> da(a), db(b), dout(std::vector<float>(size_t(n) + 1, NAN));
+            std::vector<float> want(static_cast<size_t>(n));
+            ref::swiglu(x.data(), y.data(), want.data(), n);
+            cuda::swiglu(da.p + off, db.p + off, dout.p + off, n);
+            sync();
+            std::vector<float> got = dout.host();
+            double e = max_rel(std::vector<float>(got.begin() + off, got.begin() + off + n), want);
+            EXPECT_LE(e, 1e-6) << "swiglu n " << n << " off " << off;
+            worst = std::max(worst, e);
+
+            std::vector<float> g = x;
+            ref::sigmoid_gate_mul(g.data(), y.data(), n);
+            cuda::sigmoid_gate_mul(da.p + off, db.p + off, n);
+            sync();
+            got = da.host();
+            e = max_rel(std::vector<float>(got.begin() + off, got.begin() + off + n), g);
+            EXPECT_LE(e, 1e-6) << "sigmoid_gate_mul n " << n << " off " << off;
+            worst = std::max(worst, e);
+
+            std::vector<float> s = g;  // da now holds g
+            ref::add(s.data(), y.data(), n);
+            cuda::add(da.p + off, db.p + off, n);
+            sync();
+            got = da.host();
+            EXPECT_EQ(0, std::memcmp(got.data() + off, s.data(), size_t(n) * 4)) << "add n " << n << " off " << off;
+        }
+    }
+    // The row form: 5 tokens x 3 heads of 37, the gate 37 past each query (stride 74).
+    const int64_t rows = 15, n = 37;
+    const auto qg = randn(size_t(rows * 2 * n), 5, 2.0f);
+    std::vector<float> x(size_t(rows * n)), want;
+    for (int64_t r = 0; r < rows; ++r) std::copy(qg.begin() + r * 2 * n, qg.begin() + r * 2 * n + n, x.begin() + r * n);
+    want = x;
+    ref::sigmoid_gate_mul(want.data(), qg.data() + n, rows, n, 2 * n);
+    DeviceArray<float> dx(x), dg(qg);
+    cuda::sigmoid_gate_mul(dx.p, dg.p + n, rows, n, 2 * n);
+    sync();
+    const double e = max_rel(dx.host(), want);
+    EXPECT_LE(e, 1e-6) << "sigmoid_gate_mul rows";
+    worst = std::max(worst, e);
+    std::printf("[max-err] swiglu / sigmoid_gate_mul: %.3g (tolerance 1e-6); add exact\n", worst);
+}
+
+TEST(CudaSmallOps, GetRowsIsExact) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const int64_t n_vocab = 301, n = 160;  // Q8_0 rows of 5 blocks: odd row starts
+    const auto table = randn(size_t(n_vocab * n), 3);
+    std::vector<int32_t> ids = {0, 300, 7, 7, 151, 2, 299};
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+        const size_t rb = t == GgmlType::F32 ? n * 4 : t == GgmlType::Q8_0 ? n / 32 * 34 : n * 2;
+        std::vector<uint8_t> bytes(rb * n_vocab);
+        for (int64_t r = 0; r < n_vocab; ++r) quantize_row(t, table.data() + r * n, bytes.data() + r * rb, n);
+        std::vector<float> want(ids.size() * n);
+        for (size_t i = 0; i < ids.size(); ++i) dequantize_row(t, bytes.data() + ids[i] * rb, want.data() + i * n, n);
+        DeviceArray<uint8_t> d(bytes);
+        DeviceArray<int32_t> di(ids);
+        DeviceArray<float> out(std::vector<float>(want.size(), NAN));
+        cuda::get_rows(WeightView{t, n, n_vocab, d.p, rb}, di.p, out.p, int64_t(ids.size()));
+        sync();
+        EXPECT_EQ(0, std::memcmp(out.host().data(), want.data(), want.size() * 4)) << "type " << int(t);
+    }
+}
+
+TEST(CudaSmallOps, ArgmaxMatchesMaxElement) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    for (int64_t n : {1, 1000, 248320}) {
+        const int64_t rows = 3;
+        auto logits = randn(size_t(rows * n), uint32_t(n), 4.0f);
+        if (n > 1000) {
+            // Row 1: a tie between two far-apart positions (the smaller index must win);
+            // row 2: every value negative, the maximum the last element.
+            const float top = 100.0f;
+            logits[size_t(n + 200000)] = top;
+            logits[size_t(n + 3)] = top;
+            for (int64_t i = 0; i < n; ++i) logits[size_t(2 * n + i)] = -std::fabs(logits[size_t(2 * n + i)]) - 1.0f;
+            logits[size_t(3 * n - 1)] = -0.5f;
+        }
+        DeviceArray<float> d(logits);
+        DeviceArray<int32_t> out(std::vector<int32_t>(size_t(rows), -1));
+        DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::argmax_workspace_bytes(rows)));
+        for (int rep = 0; rep < 2; ++rep) {  // the workspace is cleared by each call
+            cuda::argmax(d.p, rows, n, out.p, ws.p);
+            sync();
+            const auto got = out.host();
+            for (int64_t r = 0; r < rows; ++r) {
+                const float* row = logits.data() + r * n;
+                EXPECT_EQ(got[size_t(r)], int32_t(std::max_element(row, row + n) - row)) << "n " << n << " row " << r;
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace alloy

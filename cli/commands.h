@@ -15,5 +15,6 @@ void add_test_ops_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
 
 }  // namespace alloy::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
     alloy::cli::add_perplexity_command(app);
     alloy::cli::add_synth_command(app);
     alloy::cli::add_convert_command(app);
+    alloy::cli::add_quantize_command(app);
     alloy::cli::add_tokenize_command(app);
     alloy::cli::add_test_ops_command(app);
     alloy::cli::add_bench_command(app);

@@ -3,6 +3,7 @@
 // and its byte offset.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -138,7 +139,15 @@ public:
     // Convenience: quantizes fp32 values to `type` row by row (ne[0] is the row length).
     void add_tensor_f32(const std::string& name, GgmlType type, std::vector<int64_t> ne,
                         const float* values);
+    // Declares a tensor whose bytes are produced only when write() reaches it, so a file
+    // larger than memory is written one tensor at a time (alloy quantize).
+    void declare_tensor(const std::string& name, GgmlType type, std::vector<int64_t> ne);
+    // Called once per declared tensor, in order, with its index among all tensors; must fill
+    // `out` with exactly the tensor's byte size (checked).
+    using TensorBytes = std::function<void(size_t index, std::vector<uint8_t>& out)>;
     void write(const std::string& path) const;  // throws alloy::Error naming the path
+    void write(const std::string& path, const TensorBytes& produce) const;
+    size_t tensor_count() const { return tensors_.size(); }
 
 private:
     uint32_t alignment_;
@@ -148,6 +157,8 @@ private:
         GgmlType type;
         std::vector<int64_t> ne;
         std::vector<uint8_t> bytes;
+        size_t nbytes = 0;
+        bool declared = false;  // bytes come from write()'s producer
     };
     std::vector<PendingTensor> tensors_;
 };

@@ -154,7 +154,15 @@ void Writer::add_tensor(const std::string& name, GgmlType type, std::vector<int6
         throw Error("gguf::Writer: tensor '" + name + "': " + std::to_string(bytes.size()) + " bytes given, " +
                     type_traits(type).name + " shape needs " + std::to_string(nbytes));
     }
-    tensors_.push_back({name, type, std::move(ne), std::move(bytes)});
+    tensors_.push_back({name, type, std::move(ne), std::move(bytes), nbytes, false});
+}
+
+void Writer::declare_tensor(const std::string& name, GgmlType type, std::vector<int64_t> ne) {
+    for (const PendingTensor& t : tensors_) {
+        if (t.name == name) throw Error("gguf::Writer: duplicate tensor '" + name + "'");
+    }
+    const size_t nbytes = tensor_nbytes(name, type, ne);
+    tensors_.push_back({name, type, std::move(ne), {}, nbytes, true});
 }
 
 void Writer::add_tensor_f32(const std::string& name, GgmlType type, std::vector<int64_t> ne, const float* values) {
@@ -171,6 +179,12 @@ void Writer::add_tensor_f32(const std::string& name, GgmlType type, std::vector<
 }
 
 void Writer::write(const std::string& path) const {
+    write(path, [](size_t index, std::vector<uint8_t>&) {
+        throw Error("gguf::Writer: tensor #" + std::to_string(index) + " was declared but no producer was given");
+    });
+}
+
+void Writer::write(const std::string& path, const TensorBytes& produce) const {
     if (alignment_ == 0 || (alignment_ & (alignment_ - 1)) != 0) {
         throw Error(path + ": alignment " + std::to_string(alignment_) + " is not a non-zero power of two");
     }
@@ -203,7 +217,7 @@ void Writer::write(const std::string& path) const {
         for (int64_t d : t.ne) h.put<uint64_t>(static_cast<uint64_t>(d));
         h.put<uint32_t>(static_cast<uint32_t>(t.type));
         h.put<uint64_t>(offset);
-        offset += (t.bytes.size() + alignment_ - 1) / alignment_ * alignment_;
+        offset += (t.nbytes + alignment_ - 1) / alignment_ * alignment_;
     }
     h.pad_to(alignment_);
 
@@ -212,14 +226,31 @@ void Writer::write(const std::string& path) const {
     if (!f) throw Error(path + ": cannot create " + tmp + ": " + std::strerror(errno));
     bool ok = std::fwrite(h.data().data(), 1, h.data().size(), f) == h.data().size();
     static const uint8_t kZeros[256] = {};
-    for (const PendingTensor& t : tensors_) {
-        if (!ok) break;
-        if (!t.bytes.empty()) ok = std::fwrite(t.bytes.data(), 1, t.bytes.size(), f) == t.bytes.size();
-        for (size_t pad = (alignment_ - t.bytes.size() % alignment_) % alignment_; ok && pad > 0;) {
-            const size_t n = pad < sizeof kZeros ? pad : sizeof kZeros;
-            ok = std::fwrite(kZeros, 1, n, f) == n;
-            pad -= n;
+    std::vector<uint8_t> produced;
+    try {
+        for (size_t i = 0; i < tensors_.size() && ok; ++i) {
+            const PendingTensor& t = tensors_[i];
+            const std::vector<uint8_t>* bytes = &t.bytes;
+            if (t.declared) {
+                produced.clear();
+                produce(i, produced);
+                if (produced.size() != t.nbytes) {
+                    throw Error(path + ": tensor '" + t.name + "': producer gave " + std::to_string(produced.size()) +
+                                " bytes, its shape needs " + std::to_string(t.nbytes));
+                }
+                bytes = &produced;
+            }
+            if (!bytes->empty()) ok = std::fwrite(bytes->data(), 1, bytes->size(), f) == bytes->size();
+            for (size_t pad = (alignment_ - bytes->size() % alignment_) % alignment_; ok && pad > 0;) {
+                const size_t n = pad < sizeof kZeros ? pad : sizeof kZeros;
+                ok = std::fwrite(kZeros, 1, n, f) == n;
+                pad -= n;
+            }
         }
+    } catch (...) {
+        std::fclose(f);
+        std::remove(tmp.c_str());
+        throw;
     }
     ok = (std::fclose(f) == 0) && ok;
     if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "alloy/error.h"
+#include "format/kquant_quantize.h"
 
 namespace alloy {
 
@@ -269,11 +270,11 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
             return;
         case GgmlType::Q8_0: quant_q8_0(src, d, n / 32); return;
         case GgmlType::Q4_0: quant_q4_0(src, d, n / 32); return;
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-        case GgmlType::Q6_K:
-        case GgmlType::IQ4_NL:
-        case GgmlType::IQ4_XS: break;
+        case GgmlType::Q4_K: detail::quantize_q4_k(src, d, n / 256); return;
+        case GgmlType::Q5_K: detail::quantize_q5_k(src, d, n / 256); return;
+        case GgmlType::Q6_K: detail::quantize_q6_k(src, d, n / 256); return;
+        case GgmlType::IQ4_NL: detail::quantize_iq4_nl(src, d, n / 32); return;
+        case GgmlType::IQ4_XS: detail::quantize_iq4_xs(src, d, n / 256); return;
     }
     throw Error(std::string("quantize_row: writing ") + type_traits(t).name + " is not supported");
 }

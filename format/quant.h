@@ -29,7 +29,8 @@ inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22,
 
 // dst[0..n) = dequantized src row of type t; n a multiple of the type's block size.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
-// dst = quantized row of type t (F32, F16, BF16, Q8_0 supported for writing).
+// dst = quantized row of type t, as ggml's reference quantizer for t writes it (no importance
+// matrix): every type we read.
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
 }  // namespace alloy

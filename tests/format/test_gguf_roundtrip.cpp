@@ -292,7 +292,8 @@ TEST(GgufWriter, SetReplacesAndChecksSizes) {
     w.add_tensor("t", GgmlType::F16, {3}, std::vector<uint8_t>{1, 2, 3, 4, 5, 6});
     expect_error([&] { w.add_tensor("t", GgmlType::F16, {3}, std::vector<uint8_t>(6)); }, {"duplicate", "'t'"});
     const std::vector<float> v = random_floats(256, 11);
-    expect_error([&] { w.add_tensor_f32("k", GgmlType::Q6_K, {256}, v.data()); }, {"q6_K", "not supported"});
+    expect_error([&] { w.add_tensor_f32("k", static_cast<GgmlType>(10), {256}, v.data()); }, {"q2_K"});
+    w.add_tensor_f32("k", GgmlType::Q6_K, {256}, v.data());  // every type we read is written too
     w.write(path);
     auto f = File::open(path);
     ASSERT_EQ(f->metadata().size(), 2u);

@@ -382,7 +382,7 @@ TEST(Dequant, RejectsPartialBlocks) {
     std::vector<uint8_t> b(34 * 2);
     std::vector<float> out(64);
     test::expect_error([&] { dequantize_row(GgmlType::Q8_0, b.data(), out.data(), 33); }, {"33", "q8_0"});
-    test::expect_error([&] { quantize_row(GgmlType::Q4_K, out.data(), b.data(), 256); }, {"q4_K", "not supported"});
+    test::expect_error([&] { quantize_row(GgmlType::Q4_K, out.data(), b.data(), 100); }, {"100", "q4_K", "256"});
 }
 
 // ---------------- quantization ----------------
@@ -447,6 +447,71 @@ TEST(Quant, FloatTypesRoundTrip) {
     dequantize_row(GgmlType::BF16, h.data(), back.data(), n);
     for (int i = 0; i < n; ++i) EXPECT_NEAR(back[i], src[i], std::fabs(src[i]) * 0x1p-8f);
 }
+
+
+// The K-quant / IQ4 quantizers (ggml's reference ones, restated). Their exact bytes are
+// checked against llama-quantize in tests/quantize; here: the error each type must stay
+// within on Gaussian rows with outliers and blocks of very different scale, and the edge
+// cases (all-zero and tiny blocks decode to zeros, the largest value keeps its sign).
+struct KquantCase {
+    GgmlType type;
+    int block;
+    double max_rel_rmse;  // RMSE / RMS of the input, over all rows
+};
+
+class KquantRoundTrip : public ::testing::TestWithParam<KquantCase> {};
+
+TEST_P(KquantRoundTrip, ErrorWithinTheTypesBound) {
+    const KquantCase c = GetParam();
+    Rng r(11);
+    const int n = 256 * 7;  // 7 super-blocks (56 IQ4_NL blocks)
+    std::vector<float> src(n);
+    for (int k = 0; k < n / 256; ++k) {
+        const float mag = std::ldexp(1.0f, r.uniform_int(-10, 4));
+        for (int i = 0; i < 256; ++i) {
+            // Sum of uniforms ~ Gaussian, one outlier in 32.
+            float g = 0;
+            for (int u = 0; u < 4; ++u) g += r.uniform(-1.0f, 1.0f);
+            if (r.uniform_int(0, 31) == 0) g *= 6.0f;
+            src[k * 256 + i] = mag * g;
+        }
+    }
+    const size_t bytes = static_cast<size_t>(n / c.block) * type_traits(c.type).block_bytes;
+    std::vector<uint8_t> q(bytes);
+    quantize_row(c.type, src.data(), q.data(), n);
+    std::vector<float> back(n);
+    dequantize_row(c.type, q.data(), back.data(), n);
+    // Relative error per super-block (their scales differ by 2^14), averaged.
+    double worst = 0;
+    for (int k = 0; k < n / 256; ++k) {
+        double e2 = 0, x2 = 0;
+        for (int i = k * 256; i < (k + 1) * 256; ++i) {
+            e2 += double(back[i] - src[i]) * double(back[i] - src[i]);
+            x2 += double(src[i]) * double(src[i]);
+        }
+        worst = std::max(worst, std::sqrt(e2 / x2));
+    }
+    EXPECT_LE(worst, c.max_rel_rmse) << type_traits(c.type).name;
+    EXPECT_GT(worst, c.max_rel_rmse / 4) << type_traits(c.type).name << ": suspiciously exact";
+}
+
+TEST_P(KquantRoundTrip, ZeroAndTinyBlocksDecodeToZero) {
+    const KquantCase c = GetParam();
+    const int n = 512;
+    std::vector<float> src(n, 0.0f);
+    for (int i = 256; i < n; ++i) src[i] = (i % 3 - 1) * 1e-20f;  // below ggml's 1e-15 threshold
+    std::vector<uint8_t> q(static_cast<size_t>(n / c.block) * type_traits(c.type).block_bytes, 0xAB);
+    quantize_row(c.type, src.data(), q.data(), n);
+    std::vector<float> back(n, 1.0f);
+    dequantize_row(c.type, q.data(), back.data(), n);
+    for (int i = 0; i < n; ++i) EXPECT_NEAR(back[i], 0.0f, 1e-18f) << type_traits(c.type).name << " " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, KquantRoundTrip,
+                         ::testing::Values(KquantCase{GgmlType::Q4_K, 256, 0.13}, KquantCase{GgmlType::Q5_K, 256, 0.065},
+                                           KquantCase{GgmlType::Q6_K, 256, 0.038}, KquantCase{GgmlType::IQ4_XS, 256, 0.15},
+                                           KquantCase{GgmlType::IQ4_NL, 32, 0.15}),
+                         [](const auto& info) { return std::string(type_traits(info.param.type).name); });
 
 }  // namespace
 }  // namespace alloy

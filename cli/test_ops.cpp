@@ -622,7 +622,9 @@ MatmulIn make_matmul_in(const MatmulCase& c, uint32_t seed) {
         for (size_t off = 0; off < in.w.size(); off += blk) {
             const uint16_t d = fp32_to_fp16(0.01f * float(1 + gen() % 7));
             std::memcpy(&in.w[c.type == GgmlType::Q6_K ? off + blk - 2 : off], &d, 2);
-            if (c.type == GgmlType::Q4_K || c.type == GgmlType::Q5_K) std::memcpy(&in.w[off + 2], &d, 2);  // dmin
+            if (c.type == GgmlType::Q4_K || c.type == GgmlType::Q5_K || c.type == GgmlType::Q5_1) {
+                std::memcpy(&in.w[off + 2], &d, 2);  // dmin / Q5_1's min
+            }
         }
     } else {
         std::vector<float> row(static_cast<size_t>(c.n_in));
@@ -641,7 +643,7 @@ std::vector<MatmulCase> matmul_cases(const Options& o) {
     std::vector<MatmulCase> v;
     const GgmlType types[] = {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32,  GgmlType::F16,
                               GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                              GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+                              GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::Q5_0, GgmlType::Q5_1};
     const std::vector<int64_t> Ts = o.quick ? std::vector<int64_t>{1, 5, 64} : std::vector<int64_t>{1, 3, 17, 129};
     for (GgmlType t : types) {
         const bool k_quant = type_traits(t).block_elems == 256;

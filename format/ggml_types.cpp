@@ -12,6 +12,8 @@ const TypeTraits kF32{"f32", 1, 4};
 const TypeTraits kF16{"f16", 1, 2};
 const TypeTraits kBF16{"bf16", 1, 2};
 const TypeTraits kQ4_0{"q4_0", 32, 18};   // f16 d + 16 bytes of nibbles
+const TypeTraits kQ5_0{"q5_0", 32, 22};   // f16 d + u32 fifth bits + 16 bytes of nibbles
+const TypeTraits kQ5_1{"q5_1", 32, 24};   // f16 d, f16 m, u32 fifth bits, 16 bytes of nibbles
 const TypeTraits kQ8_0{"q8_0", 32, 34};   // f16 d + 32 int8
 const TypeTraits kQ4_K{"q4_K", 256, 144}; // f16 d, f16 dmin, 12 scale bytes, 128 nibble bytes
 const TypeTraits kQ5_K{"q5_K", 256, 176}; // f16 d, f16 dmin, 12 scale bytes, 32 high-bit bytes, 128 nibble bytes
@@ -24,6 +26,8 @@ const TypeTraits* lookup(uint32_t id) {
         case GgmlType::F32: return &kF32;
         case GgmlType::F16: return &kF16;
         case GgmlType::Q4_0: return &kQ4_0;
+        case GgmlType::Q5_0: return &kQ5_0;
+        case GgmlType::Q5_1: return &kQ5_1;
         case GgmlType::Q8_0: return &kQ8_0;
         case GgmlType::Q4_K: return &kQ4_K;
         case GgmlType::Q5_K: return &kQ5_K;
@@ -39,8 +43,6 @@ const TypeTraits* lookup(uint32_t id) {
 const char* known_unsupported_name(uint32_t id) {
     switch (id) {
         case 3: return "q4_1";
-        case 6: return "q5_0";
-        case 7: return "q5_1";
         case 9: return "q8_1";
         case 10: return "q2_K";
         case 11: return "q3_K";

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "alloy/error.h"
@@ -184,6 +185,77 @@ void quant_q4_0(const float* src, uint8_t* dst, int64_t nb) {
     }
 }
 
+
+// Q5_0 / Q5_1 (32 values): nibbles as Q4_0 (byte j: value j low, j + 16 high), the fifth bit
+// of value j in bit j of the little-endian u32 qh. Q5_0 codes are offset by 16 (d = max / -16);
+// Q5_1 has d and a min m (value = code * d + m), as ggml's reference (de)quantizers.
+template <bool kHasMin>
+void dequant_q5(const uint8_t* src, float* dst, int64_t nb) {
+    constexpr int kBytes = kHasMin ? 24 : 22, kQh = kHasMin ? 4 : 2;
+    for (int64_t b = 0; b < nb; ++b, src += kBytes, dst += 32) {
+        const float d = fp16_to_fp32(load_u16(src));
+        const float m = kHasMin ? fp16_to_fp32(load_u16(src + 2)) : 0.0f;
+        uint32_t qh;
+        std::memcpy(&qh, src + kQh, 4);
+        const uint8_t* qs = src + kQh + 4;
+        for (int j = 0; j < 16; ++j) {
+            const int lo = (qs[j] & 0x0F) | (((qh >> j) << 4) & 0x10);
+            const int hi = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+            if constexpr (kHasMin) {
+                dst[j] = static_cast<float>(lo) * d + m;
+                dst[j + 16] = static_cast<float>(hi) * d + m;
+            } else {
+                dst[j] = static_cast<float>(lo - 16) * d;
+                dst[j + 16] = static_cast<float>(hi - 16) * d;
+            }
+        }
+    }
+}
+
+template <bool kHasMin>
+void quant_q5(const float* src, uint8_t* dst, int64_t nb) {
+    constexpr int kBytes = kHasMin ? 24 : 22, kQh = kHasMin ? 4 : 2;
+    for (int64_t b = 0; b < nb; ++b, src += 32, dst += kBytes) {
+        float d, id, min = 0.0f;
+        if constexpr (kHasMin) {
+            float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
+            for (int i = 0; i < 32; ++i) {
+                if (src[i] < lo) lo = src[i];
+                if (src[i] > hi) hi = src[i];
+            }
+            min = lo;
+            d = (hi - lo) / 31;
+            store_u16(dst + 2, fp32_to_fp16(min));
+        } else {
+            float amax = 0.0f, max = 0.0f;
+            for (int i = 0; i < 32; ++i) {
+                if (amax < std::fabs(src[i])) {
+                    amax = std::fabs(src[i]);
+                    max = src[i];
+                }
+            }
+            d = max / -16;
+        }
+        id = d != 0.0f ? 1.0f / d : 0.0f;
+        store_u16(dst, fp32_to_fp16(d));
+        uint32_t qh = 0;
+        uint8_t* qs = dst + kQh + 4;
+        for (int j = 0; j < 16; ++j) {
+            int c0, c1;
+            if constexpr (kHasMin) {
+                c0 = static_cast<uint8_t>((src[j] - min) * id + 0.5f);
+                c1 = static_cast<uint8_t>((src[j + 16] - min) * id + 0.5f);
+            } else {
+                c0 = std::min(31, static_cast<int>(static_cast<int8_t>(src[j] * id + 16.5f)));
+                c1 = std::min(31, static_cast<int>(static_cast<int8_t>(src[j + 16] * id + 16.5f)));
+            }
+            qs[j] = static_cast<uint8_t>((c0 & 0x0F) | ((c1 & 0x0F) << 4));
+            qh |= ((static_cast<uint32_t>(c0) & 0x10u) >> 4) << j;
+            qh |= ((static_cast<uint32_t>(c1) & 0x10u) >> 4) << (j + 16);
+        }
+        std::memcpy(dst + kQh, &qh, 4);
+    }
+}
 }  // namespace
 
 float fp16_to_fp32(uint16_t h) {
@@ -248,6 +320,8 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
             return;
         case GgmlType::Q8_0: dequant_q8_0(s, dst, n / 32); return;
         case GgmlType::Q4_0: dequant_q4_0(s, dst, n / 32); return;
+        case GgmlType::Q5_0: dequant_q5<false>(s, dst, n / 32); return;
+        case GgmlType::Q5_1: dequant_q5<true>(s, dst, n / 32); return;
         case GgmlType::Q4_K: dequant_q4_k_or_q5_k<false>(s, dst, n / 256); return;
         case GgmlType::Q5_K: dequant_q4_k_or_q5_k<true>(s, dst, n / 256); return;
         case GgmlType::Q6_K: dequant_q6_k(s, dst, n / 256); return;
@@ -270,6 +344,8 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
             return;
         case GgmlType::Q8_0: quant_q8_0(src, d, n / 32); return;
         case GgmlType::Q4_0: quant_q4_0(src, d, n / 32); return;
+        case GgmlType::Q5_0: quant_q5<false>(src, d, n / 32); return;
+        case GgmlType::Q5_1: quant_q5<true>(src, d, n / 32); return;
         case GgmlType::Q4_K: detail::quantize_q4_k(src, d, n / 256); return;
         case GgmlType::Q5_K: detail::quantize_q5_k(src, d, n / 256); return;
         case GgmlType::Q6_K: detail::quantize_q6_k(src, d, n / 256); return;

@@ -197,12 +197,8 @@ GgmlType fallback_type(const std::string& name, int64_t ncols, GgmlType t, bool&
     switch (t) {
         case GgmlType::IQ4_XS: r = GgmlType::IQ4_NL; break;
         case GgmlType::Q6_K: r = GgmlType::Q8_0; break;
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-            throw Error("tensor '" + name + "': " + std::to_string(ncols) + " columns do not fit " +
-                        type_traits(t).name + "'s 256-value blocks and llama-quantize's fallback (" +
-                        (t == GgmlType::Q4_K ? "q5_0" : "q5_1") + ") is a type alloy cannot write; use --pure " +
-                        "with another type");
+        case GgmlType::Q4_K: r = GgmlType::Q5_0; break;
+        case GgmlType::Q5_K: r = GgmlType::Q5_1; break;
         default:
             throw Error("tensor '" + name + "': " + std::to_string(ncols) + " columns do not fit " +
                         type_traits(t).name + " blocks and llama-quantize defines no fallback for it");
@@ -306,7 +302,10 @@ QuantizeReport quantize_file(const std::string& in, const std::string& out, cons
     }
     w.set("general.quantization_version", gguf::Value::u32(2));
     w.set("general.file_type", gguf::Value::u32(static_cast<uint32_t>(opt.type)));
-    for (const TensorQuantPlan& p : rep.tensors) w.declare_tensor(p.name, p.to, p.ne);
+    // ggml writes n_dims without trailing 1s ([256, 1] is stored as [256]); so do we.
+    for (const TensorQuantPlan& p : rep.tensors) {
+        w.declare_tensor(p.name, p.to, std::vector<int64_t>(p.ne.begin(), p.ne.begin() + n_dims(p.ne)));
+    }
 
     const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
     w.write(out, [&](size_t i, std::vector<uint8_t>& bytes) {

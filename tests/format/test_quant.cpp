@@ -510,7 +510,8 @@ TEST_P(KquantRoundTrip, ZeroAndTinyBlocksDecodeToZero) {
 INSTANTIATE_TEST_SUITE_P(Types, KquantRoundTrip,
                          ::testing::Values(KquantCase{GgmlType::Q4_K, 256, 0.13}, KquantCase{GgmlType::Q5_K, 256, 0.065},
                                            KquantCase{GgmlType::Q6_K, 256, 0.038}, KquantCase{GgmlType::IQ4_XS, 256, 0.15},
-                                           KquantCase{GgmlType::IQ4_NL, 32, 0.15}),
+                                           KquantCase{GgmlType::IQ4_NL, 32, 0.15}, KquantCase{GgmlType::Q5_0, 32, 0.10},
+                                           KquantCase{GgmlType::Q5_1, 32, 0.08}),
                          [](const auto& info) { return std::string(type_traits(info.param.type).name); });
 
 }  // namespace

@@ -33,7 +33,7 @@ inline std::vector<uint8_t> random_weights(GgmlType type, int64_t n_in, int64_t 
             const uint16_t d = fp32_to_fp16(0.01f * float(1 + rng() % 7));
             if (type == GgmlType::Q6_K) std::memcpy(&bytes[off + blk - 2], &d, 2);
             else std::memcpy(&bytes[off], &d, 2);
-            if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) std::memcpy(&bytes[off + 2], &d, 2);  // dmin
+            if (type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q5_1) std::memcpy(&bytes[off + 2], &d, 2);  // dmin / Q5_1's min
         }
     } else {
         std::normal_distribution<float> nd(0.0f, 1.0f);

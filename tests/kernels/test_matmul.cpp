@@ -60,7 +60,8 @@ TEST(Matmul, EveryTypeIsaShapeAndTokenCount) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     cpu::MatmulScratch scratch;
     const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,  GgmlType::Q8_0,   GgmlType::Q4_0,
-                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                              GgmlType::Q5_0, GgmlType::Q5_1};
     const int64_t Ts[] = {1, 2, 3, 5, 17, 64, 129};
     for (GgmlType type : types) {
         for (const Shape& sh : shapes_for(type)) {
@@ -254,7 +255,8 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     cpu::MatmulScratch scratch;
     for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::F16, GgmlType::Q4_0,
-                          GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
+                          GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                              GgmlType::Q5_0, GgmlType::Q5_1}) {
         for (const Shape& sh : shapes_for(type)) {
             const std::vector<uint8_t> bytes = random_weights(type, sh.n_in, sh.n_out, rng);
             const WeightView W{type, sh.n_in, sh.n_out, bytes.data(), row_bytes(type, sh.n_in)};

@@ -7,7 +7,7 @@
 // CUDA events, the median divided by `inner`. The weights of a GEMV rotate over as many
 // copies as make >= 256 MB, so L2 (50 MB) does not serve the repeats; the activations are
 // the model's, so at small T they may be L2-resident, as in the model.
-//   ops_cuda_bench [--quick]
+//   ops_cuda_bench [--quick] [--only matmul|small|embed|attention]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -233,6 +233,7 @@ void bench_embed_argmax() {
     }
     for (int64_t rows : {int64_t(1), int64_t(32)}) {
         Buf logits(rows * VOCAB * 4), out(rows * 4), ws(cuda::argmax_workspace_bytes(rows));
+        CHECK(cudaMemset(ws.p, 0, ws.n));  // zeroed once; each call leaves it zeroed
         fill_f32(logits, size_t(rows) * VOCAB, 10.0f);
         char what[96];
         std::snprintf(what, sizeof what, "argmax [%lld, %d]", (long long)rows, VOCAB);
@@ -256,6 +257,7 @@ void bench_attention(bool quick) {
     // Decode: B = 1 at depth n_past; bytes = the K and V rows read once.
     for (int64_t n_past : {int64_t(512), int64_t(4096), int64_t(32768)}) {
         Buf q(NH * HD * 4), out(NH * HD * 4), ws(cuda::attention_workspace_bytes(s, 1, n_past));
+        CHECK(cudaMemset(ws.p, 0, ws.n));
         fill_f32(q, NH * HD, 1.0f);
         char what[96];
         std::snprintf(what, sizeof what, "attention decode bf16 KV, depth %lld", (long long)n_past);
@@ -266,6 +268,7 @@ void bench_attention(bool quick) {
     for (int64_t T : {int64_t(512), int64_t(4096)}) {
         if (quick && T > 512) continue;
         Buf q(T * NH * HD * 4), out(T * NH * HD * 4), ws(cuda::attention_workspace_bytes(s, T, 0));
+        CHECK(cudaMemset(ws.p, 0, ws.n));
         fill_f32(q, size_t(T) * NH * HD, 1.0f);
         char what[96];
         std::snprintf(what, sizeof what, "attention prefill bf16 KV, T=%lld", (long long)T);
@@ -278,25 +281,39 @@ void bench_attention(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    bool quick = false;
+    std::string only;  // matmul, small, embed, attention (empty: all)
+    for (int i = 1; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+        else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|small|embed|attention]\n");
+            return 2;
+        }
+    }
+    auto want = [&](const char* part) { return only.empty() || only == part; };
     cudaDeviceProp prop{};
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     std::printf("| op | us | rate | of peak |\n|---|---|---|---|\n");
     const std::vector<int64_t> decode = {1, 2, 4}, prefill = {512, 4096};
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16}) {
-        std::vector<int64_t> Ts = decode;
-        if (!quick) Ts.insert(Ts.end(), prefill.begin(), prefill.end());
-        bench_matmul(t, FFN, D, Ts);
-        bench_matmul(t, D, FFN, Ts);
-        bench_matmul(t, VOCAB, D, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 4, 512});
+    if (want("matmul")) {
+        for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16}) {
+            std::vector<int64_t> Ts = decode;
+            if (!quick) Ts.insert(Ts.end(), prefill.begin(), prefill.end());
+            bench_matmul(t, FFN, D, Ts);
+            bench_matmul(t, D, FFN, Ts);
+            bench_matmul(t, VOCAB, D, quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 4, 512});
+        }
+        bench_matmul(GgmlType::F32, FFN, D, {1, 512});
     }
-    bench_matmul(GgmlType::F32, FFN, D, {1, 512});
-    bench_small(1);
-    bench_small(4096);
-    bench_embed_argmax();
-    bench_attention(quick);
+    if (want("small")) {
+        bench_small(1);
+        bench_small(4096);
+    }
+    if (want("embed")) bench_embed_argmax();
+    if (want("attention")) bench_attention(quick);
     CHECK(cudaStreamDestroy(g_stream));
     return 0;
 }

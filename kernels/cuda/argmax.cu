@@ -4,7 +4,8 @@
 // bits made order-preserving as an unsigned integer in the high half, the index inverted in
 // the low half (equal values: the smaller index wins). Blocks reduce their slice of the row
 // and atomicMax the key; max is order-independent, so the result does not depend on which
-// block lands first. Three launches: clear the keys, reduce, unpack the index.
+// block lands first. One launch: the row's last block to finish (a counter per row) unpacks
+// the index and clears the key and the counter, so the workspace is left as it was found.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,7 +28,8 @@ __device__ __forceinline__ unsigned long long key(float v, uint32_t i) {
 }
 
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ logits, int64_t n,
-                                                           unsigned long long* keys) {
+                                                           unsigned long long* keys, unsigned* done,
+                                                           int32_t* __restrict__ out) {
     __shared__ unsigned long long red[kThreads / 32];
     const int64_t r = blockIdx.y;
     const float* row = logits + r * n;
@@ -41,17 +43,18 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restric
     if (threadIdx.x == 0) {
         for (int w = 1; w < kThreads / 32; ++w) best = max(best, red[w]);
         atomicMax(keys + r, best);
+        __threadfence();  // this block's max is visible before its arrival is counted
+        if (atomicAdd(done + r, 1u) == gridDim.x - 1) {
+            const unsigned long long k = atomicExch(keys + r, 0ull);  // every block's max is in
+            out[r] = int32_t(0xffffffffu - uint32_t(k & 0xffffffffu));
+            done[r] = 0;
+        }
     }
-}
-
-__global__ void unpack_kernel(const unsigned long long* keys, int32_t* out, int64_t rows) {
-    const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (r < rows) out[r] = int32_t(0xffffffffu - uint32_t(keys[r] & 0xffffffffu));
 }
 
 }  // namespace
 
-size_t argmax_workspace_bytes(int64_t rows) { return size_t(std::max<int64_t>(rows, 1)) * 8; }
+size_t argmax_workspace_bytes(int64_t rows) { return size_t(std::max<int64_t>(rows, 1)) * 12; }
 
 void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* workspace, void* stream) {
     const char* op = "cuda::argmax";
@@ -60,11 +63,9 @@ void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* wo
     if (!workspace) throw Error(std::string(op) + ": workspace is null");
     cudaStream_t st = detail::as_stream(stream);
     auto* keys = static_cast<unsigned long long*>(workspace);
-    ALLOY_CUDA_CHECK(op, cudaMemsetAsync(keys, 0, size_t(rows) * 8, st));
+    auto* done = reinterpret_cast<unsigned*>(keys + rows);
     const dim3 grid(unsigned(std::min<int64_t>(detail::ceil_div(n, kThreads * kPerThread), 1024)), unsigned(rows));
-    argmax_kernel<<<grid, kThreads, 0, st>>>(logits, n, keys);
-    ALLOY_CUDA_LAUNCHED(op);
-    unpack_kernel<<<unsigned(detail::ceil_div(rows, 256)), 256, 0, st>>>(keys, out, rows);
+    argmax_kernel<<<grid, kThreads, 0, st>>>(logits, n, keys, done, out);
     ALLOY_CUDA_LAUNCHED(op);
 }
 

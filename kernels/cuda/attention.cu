@@ -6,14 +6,17 @@
 // stored). A block of 4 warps takes one token, one KV head and G (1, 2 or 4) of the query
 // heads that share it, over one split of the keys: each warp walks keys warp, warp + 4, ...,
 // loads the key and value rows once (lane l holds head_dim / 32 contiguous elements, one 16-
-// byte load for a bf16 row of 256) and updates G running softmaxes, so a K/V row fetched from
-// L2 serves the whole group. The 4 warps' (max, sum, output) merge in shared memory; with
-// several splits per token the partial (max, sum, output) go to the workspace and a second
-// kernel merges them in split order.
+// byte load for a bf16 row of 256), kKeys keys per step, and updates G running softmaxes, so
+// a K/V row fetched from memory serves the whole group. The 4 warps' (max, sum, output)
+// merge in shared memory; with several splits per token the partial (max, sum, output) go to
+// the workspace, and the last split block of a (token, tile) to finish merges them in split
+// order (a counter per token and tile, left zeroed: the workspace is zeroed once).
 //
-// Split-K: decode (T <= kAttnDecodeMaxT) cuts the keys into fixed chunks of kAttnDecodeChunk
-// so a token's arithmetic depends only on its own key count (verification = decode, bit for
-// bit); prefill uses as many splits as fill the device twice over (usually 1: no merge).
+// Split-K: at decode (T <= kAttnDecodeMaxT) each token cuts its keys into about
+// kAttnDecodeSplits chunks (a multiple of 16 keys, at least 16), a function of its own key
+// count only, so its arithmetic is that of a one-token call (verification = decode, bit for
+// bit) and even depth 512 spreads over 264 blocks (one head each up to 8k keys: decode is
+// latency-bound, and fixed chunks of 64 x 4 heads gave 18 blocks on 132 SMs: 2% of HBM). Prefill uses as many splits as fill the device twice (usually 1: no merge).
 // Not yet: bf16 tensor cores (mma/wgmma) for prefill, the RoPE and output gate fused in.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -31,6 +34,12 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+// Keys a warp loads per step: decode issues a whole step's K and V rows at once (its cost is
+// the chain of memory round trips); prefill 1 (4 measured slower there: 160 vs 107 us at T
+// 512, the registers halving the warps per SM).
+constexpr int kDecodeKeys = 8, kPrefillKeys = 1;
+constexpr int kMaxSplits = 128;  // make_plan never asks for more (decode: ~kAttnDecodeSplits)
+static_assert(kAttnDecodeSplits <= kMaxSplits, "the merge's shared weights");
 
 struct Args {
     const float* q;  // [T, n_head, hd]
@@ -39,7 +48,8 @@ struct Args {
     float* out;      // [T, n_head, hd]
     float* part_o;   // [T, n_head, S, hd]  (S > 1 only)
     float* part_ml;  // [T, n_head, S, 2]   running max, sum
-    int64_t T, n_past, chunk;
+    unsigned* done;  // [T, n_head / G]      splits finished (zero between calls)
+    int64_t T, n_past, chunk;  // chunk: keys per split (0: per token, decode_chunk)
     int n_head, n_head_kv, hd, group, S;
     float scale;
     GgmlType tk, tv;
@@ -51,6 +61,13 @@ struct Plan {
     int G = 1;
 };
 
+// Keys per split of a decode token with n_keys keys: about kAttnDecodeSplits splits, each a
+// multiple of 32 keys (one step of kDecodeKeys keys for each of the 4 warps).
+__host__ __device__ inline int64_t decode_chunk(int64_t n_keys) {
+    const int64_t c = (n_keys + kAttnDecodeSplits - 1) / kAttnDecodeSplits;
+    return c <= 32 ? 32 : (c + 31) / 32 * 32;
+}
+
 int heads_per_block(int group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
 Plan make_plan(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
@@ -58,7 +75,16 @@ Plan make_plan(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
     p.G = heads_per_block(s.n_head / s.n_head_kv);
     const int64_t max_keys = n_past + T;
     if (T <= kAttnDecodeMaxT) {
-        p.chunk = kAttnDecodeChunk;
+        // Decode is latency-bound: one head per block gives 4x the warps, each with a quarter
+        // of the serial work; past 8k keys the group's shared K/V reads (HBM, not L2) win.
+        // G changes no head's arithmetic, so the bits stay those of a one-token call.
+        if (max_keys <= 8192) p.G = 1;
+        p.chunk = 0;
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t n = n_past + t + 1;
+            p.S = std::max(p.S, int(detail::ceil_div(n, decode_chunk(n))));
+        }
+        return p;
     } else {
         const int64_t blocks = T * (s.n_head / p.G);
         const int64_t want = detail::ceil_div(2 * detail::sm_count(), blocks);
@@ -113,7 +139,7 @@ __device__ __forceinline__ void load_row(const void* base, GgmlType ty, int64_t 
 
 // Grid: x = token (last first: the longest rows start first), y = split, z = (KV head,
 // group tile).
-template <int EPL, int G>
+template <int EPL, int G, int kKeys>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Args a) {
     constexpr int HD = EPL * 32;
     __shared__ float sm_o[kWarps][G][HD];
@@ -125,9 +151,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Args a) {
     const int kvh = blockIdx.z / tiles;
     const int h0 = kvh * a.group + (blockIdx.z % tiles) * G;
     const int64_t n_keys = a.n_past + t + 1;
-    const int64_t j0 = int64_t(split) * a.chunk;
+    const int64_t chunk = a.chunk ? a.chunk : decode_chunk(n_keys);
+    const int64_t j0 = int64_t(split) * chunk;
     if (j0 >= n_keys) return;  // this token has fewer splits; the merge reads only its own
-    const int64_t j1 = min(j0 + a.chunk, n_keys);
+    const int64_t j1 = min(j0 + chunk, n_keys);
 
     float q[G][EPL];
 #pragma unroll
@@ -145,22 +172,55 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Args a) {
     }
     const int64_t kv_stride = int64_t(a.n_head_kv) * HD;
     const int64_t col = int64_t(kvh) * HD + lane * EPL;
-    for (int64_t j = j0 + warp; j < j1; j += kWarps) {
-        float kf[EPL], vf[EPL];
-        load_row<EPL>(a.k, a.tk, j * kv_stride + col, kf);
-        load_row<EPL>(a.v, a.tv, j * kv_stride + col, vf);
+    // kKeys keys per warp step, all loads issued first: one key at a time left each warp
+    // waiting a full memory latency per key (decode at depth 4096 ran at 8% of HBM).
+    for (int64_t jb = j0 + int64_t(warp) * kKeys; jb < j1; jb += int64_t(kWarps) * kKeys) {
+        float kf[kKeys][EPL], vf[kKeys][EPL];
+#pragma unroll
+        for (int kk = 0; kk < kKeys; ++kk) {
+            if (jb + kk < j1) {
+                load_row<EPL>(a.k, a.tk, (jb + kk) * kv_stride + col, kf[kk]);
+                load_row<EPL>(a.v, a.tv, (jb + kk) * kv_stride + col, vf[kk]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) kf[kk][e] = vf[kk][e] = 0.0f;
+            }
+        }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            float dot = 0.0f;
+            float sc[kKeys];
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) dot = fmaf(q[g][e], kf[e], dot);
-            const float sc = detail::warp_sum_all(dot);
-            const float m_new = fmaxf(m[g], sc);
-            const float corr = expf(m[g] - m_new);  // 0 on the first key (m = -inf)
-            const float p = expf(sc - m_new);
-            l[g] = fmaf(l[g], corr, p);
+            for (int kk = 0; kk < kKeys; ++kk) {
+                float dot = 0.0f;
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
+                for (int e = 0; e < EPL; ++e) dot = fmaf(q[g][e], kf[kk][e], dot);
+                sc[kk] = dot;
+            }
+            // The kKeys butterflies interleaved (independent shuffles in flight); every lane
+            // ends with the same sums.
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int kk = 0; kk < kKeys; ++kk) sc[kk] += __shfl_xor_sync(0xffffffffu, sc[kk], o);
+            float m_new = m[g];
+#pragma unroll
+            for (int kk = 0; kk < kKeys; ++kk)
+                if (jb + kk < j1) m_new = fmaxf(m_new, sc[kk]);
+            const float corr = expf(m[g] - m_new);  // 0 on the first step (m = -inf)
+            float p[kKeys], psum = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < kKeys; ++kk) {
+                p[kk] = jb + kk < j1 ? expf(sc[kk] - m_new) : 0.0f;
+                psum += p[kk];
+            }
+            l[g] = fmaf(l[g], corr, psum);
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) {
+                float o = acc[g][e] * corr;
+#pragma unroll
+                for (int kk = 0; kk < kKeys; ++kk) o = fmaf(p[kk], vf[kk][e], o);
+                acc[g][e] = o;
+            }
             m[g] = m_new;
         }
     }
@@ -191,34 +251,72 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Args a) {
             if (d == 0) a.part_ml[(th * a.S + split) * 2] = M, a.part_ml[(th * a.S + split) * 2 + 1] = L;
         }
     }
-}
-
-// One block per (token, query head), a thread per output element: the token's splits merged
-// in split order.
-__global__ void merge_kernel(const Args a) {
-    const int64_t th = blockIdx.x;
-    const int64_t t = th / a.n_head;
-    const int ns = int((a.n_past + t + 1 + a.chunk - 1) / a.chunk);
-    const float* ml = a.part_ml + th * a.S * 2;
-    float M = ml[0];
-    for (int s = 1; s < ns; ++s) M = fmaxf(M, ml[2 * s]);
-    for (int d = threadIdx.x; d < a.hd; d += blockDim.x) {
-        float L = 0.0f, O = 0.0f;
-        for (int s = 0; s < ns; ++s) {
-            const float c = expf(ml[2 * s] - M);
-            L = fmaf(ml[2 * s + 1], c, L);
-            O = fmaf(a.part_o[(th * a.S + s) * a.hd + d], c, O);
+    if (a.S == 1) return;
+    // The last of this (token, tile)'s splits to finish merges them all (a second kernel cost
+    // a launch and its own chain of memory round trips: ~7 us at depth 512).
+    __shared__ bool last;
+    __shared__ float sm_w[G][kMaxSplits];
+    __shared__ float sm_L[G];
+    const int ns = int((n_keys + chunk - 1) / chunk);
+    __syncthreads();  // this block's partials are written
+    if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned* cnt = a.done + t * (a.n_head / G) + blockIdx.z;
+        last = atomicAdd(cnt, 1u) == unsigned(ns - 1);
+        if (last) *cnt = 0;  // every split has arrived: leave the counter zeroed for the next call
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // Warp g takes head g's statistics: each lane loads its (<= 4) splits' (max, sum) at once,
+    // the max is order-free, the weighted sum a fixed tree; then every thread merges outputs
+    // of all G heads with the split loop unrolled, so the merge costs ~2 memory round trips.
+    static_assert(G <= kWarps && kMaxSplits <= 4 * 32, "merge layout");
+    if (warp < G) {
+        const int64_t th = t * a.n_head + h0 + warp;
+        const float* ml = a.part_ml + th * a.S * 2;
+        float mv[4], lv[4];
+        float Mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int s2 = lane + 32 * i;
+            mv[i] = s2 < ns ? __ldcg(ml + 2 * s2) : -INFINITY;
+            lv[i] = s2 < ns ? __ldcg(ml + 2 * s2 + 1) : 0.0f;
+            Mx = fmaxf(Mx, mv[i]);
         }
-        a.out[th * a.hd + d] = O / L;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) Mx = fmaxf(Mx, __shfl_xor_sync(0xffffffffu, Mx, o));
+        float Ls = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int s2 = lane + 32 * i;
+            if (s2 < ns) {
+                const float w = expf(mv[i] - Mx);
+                sm_w[warp][s2] = w;
+                Ls = fmaf(lv[i], w, Ls);
+            }
+        }
+        Ls = detail::warp_sum_all(Ls);  // with one split exactly l
+        if (lane == 0) sm_L[warp] = Ls;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * HD; idx += kThreads) {
+        const int g = idx / HD, d = idx % HD;
+        const int64_t th = t * a.n_head + h0 + g;
+        const float* po = a.part_o + th * a.S * HD + d;
+        float Os = 0.0f;
+#pragma unroll 16
+        for (int s2 = 0; s2 < ns; ++s2) Os = fmaf(__ldcg(po + int64_t(s2) * HD), sm_w[g][s2], Os);
+        a.out[th * HD + d] = Os / sm_L[g];  // with one split: O / L exactly, as the direct path
     }
 }
 
-template <int EPL>
+template <int EPL, int kKeys>
 void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
     switch (G) {
-        case 4: attention_kernel<EPL, 4><<<grid, kThreads, 0, st>>>(a); break;
-        case 2: attention_kernel<EPL, 2><<<grid, kThreads, 0, st>>>(a); break;
-        default: attention_kernel<EPL, 1><<<grid, kThreads, 0, st>>>(a); break;
+        case 4: attention_kernel<EPL, 4, kKeys><<<grid, kThreads, 0, st>>>(a); break;
+        case 2: attention_kernel<EPL, 2, kKeys><<<grid, kThreads, 0, st>>>(a); break;
+        default: attention_kernel<EPL, 1, kKeys><<<grid, kThreads, 0, st>>>(a); break;
     }
 }
 
@@ -242,7 +340,7 @@ size_t attention_workspace_bytes(const ref::AttentionShape& s, int64_t T, int64_
     const Plan p = make_plan(s, T, n_past);
     if (p.S == 1) return 0;
     const size_t rows = size_t(T) * s.n_head * p.S;
-    return (rows * s.head_dim + 63) / 64 * 64 * 4 + rows * 2 * 4;
+    return (rows * s.head_dim + 63) / 64 * 64 * 4 + (rows * 2 + 63) / 64 * 64 * 4 + size_t(T) * (s.n_head / p.G) * 4;
 }
 
 void attention(const ref::AttentionShape& s, const float* q, const void* k_cache, const void* v_cache, float* out,
@@ -251,27 +349,34 @@ void attention(const ref::AttentionShape& s, const float* q, const void* k_cache
     check(s, T, n_past, op);
     if (T == 0) return;
     const Plan p = make_plan(s, T, n_past);
-    if (p.S > 65535) throw Error(std::string(op) + ": too many key splits (context too long)");
-    Args a{q, k_cache, v_cache, out, nullptr, nullptr, T, n_past, p.chunk,
+    if (p.S > kMaxSplits) throw Error(std::string(op) + ": internal: more key splits than the merge holds");
+    Args a{q, k_cache, v_cache, out, nullptr, nullptr, nullptr, T, n_past, p.chunk,
            s.n_head, s.n_head_kv, s.head_dim, s.n_head / s.n_head_kv, p.S, s.scale, s.type_k, s.type_v};
     if (p.S > 1) {
         if (!workspace) throw Error(std::string(op) + ": workspace is null");
         const size_t rows = size_t(T) * s.n_head * p.S;
         a.part_o = static_cast<float*>(workspace);
         a.part_ml = a.part_o + (rows * s.head_dim + 63) / 64 * 64;
+        a.done = reinterpret_cast<unsigned*>(a.part_ml + (rows * 2 + 63) / 64 * 64);
     }
     cudaStream_t st = detail::as_stream(stream);
     const dim3 grid(unsigned(T), unsigned(p.S), unsigned(s.n_head / p.G));
-    switch (s.head_dim) {
-        case 64: launch_epl<2>(a, p.G, grid, st); break;
-        case 128: launch_epl<4>(a, p.G, grid, st); break;
-        default: launch_epl<8>(a, p.G, grid, st); break;
+    // The decode step size is fixed (not chosen by G) so a token's arithmetic never depends on
+    // the call's other tokens.
+    if (T <= kAttnDecodeMaxT) {
+        switch (s.head_dim) {
+            case 64: launch_epl<2, kDecodeKeys>(a, p.G, grid, st); break;
+            case 128: launch_epl<4, kDecodeKeys>(a, p.G, grid, st); break;
+            default: launch_epl<8, kDecodeKeys>(a, p.G, grid, st); break;
+        }
+    } else {
+        switch (s.head_dim) {
+            case 64: launch_epl<2, kPrefillKeys>(a, p.G, grid, st); break;
+            case 128: launch_epl<4, kPrefillKeys>(a, p.G, grid, st); break;
+            default: launch_epl<8, kPrefillKeys>(a, p.G, grid, st); break;
+        }
     }
     ALLOY_CUDA_LAUNCHED(op);
-    if (p.S > 1) {
-        merge_kernel<<<unsigned(T * s.n_head), std::min(256, s.head_dim), 0, st>>>(a);
-        ALLOY_CUDA_LAUNCHED(op);
-    }
 }
 
 }  // namespace alloy::cuda

@@ -64,12 +64,25 @@ void binary(const float* a, const float* b, float* out, int64_t n, cudaStream_t 
     ALLOY_CUDA_LAUNCHED(op);
 }
 
-// x [rows, n] *= sigmoid(g row r at g + r g_stride): blocks over (chunk of a row, rows).
-__global__ void __launch_bounds__(kThreads) gate_rows_kernel(float* x, const float* __restrict__ g, int64_t rows, int64_t n,
-                                                             int64_t g_stride) {
-    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-        for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads)
-            x[r * n + i] *= sigmoid(g[r * g_stride + i]);
+// x [rows, n] *= sigmoid(g row r at g + r g_stride), over the flattened rows (a row of one
+// head is only 256 floats: a block per row left the grid mostly launch overhead), in float4
+// units when n, g_stride and the pointers allow.
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads) gate_rows_kernel(float* x, const float* __restrict__ g, int64_t rows,
+                                                             int64_t n, int64_t g_stride) {
+    constexpr int V = kVec ? 4 : 1;
+    const int64_t nv = n / V, total = rows * nv;
+    for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
+        const int64_t r = i / nv, c = (i - r * nv) * V;
+        if constexpr (kVec) {
+            float4 v = reinterpret_cast<float4*>(x)[i];
+            const float4 gv = *reinterpret_cast<const float4*>(g + r * g_stride + c);
+            v.x *= sigmoid(gv.x), v.y *= sigmoid(gv.y), v.z *= sigmoid(gv.z), v.w *= sigmoid(gv.w);
+            reinterpret_cast<float4*>(x)[i] = v;
+        } else {
+            x[i] *= sigmoid(g[r * g_stride + c]);
+        }
+    }
 }
 
 }  // namespace
@@ -90,8 +103,14 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t
     const char* op = "cuda::sigmoid_gate_mul";
     if (rows < 0 || n < 0 || g_stride < n) throw Error(std::string(op) + ": bad shape");
     if (rows == 0 || n == 0) return;
-    const dim3 grid(unsigned(std::min<int64_t>(detail::ceil_div(n, kThreads), 64)), unsigned(std::min<int64_t>(rows, 65535)));
-    gate_rows_kernel<<<grid, kThreads, 0, detail::as_stream(stream)>>>(x, g, rows, n, g_stride);
+    const bool vec = n % 4 == 0 && g_stride % 4 == 0 &&
+                     ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(g)) & 15) == 0;
+    const int64_t units = rows * (vec ? n / 4 : n);
+    const unsigned grid = unsigned(std::min<int64_t>(detail::ceil_div(units, kThreads), 132 * 16));
+    if (vec)
+        gate_rows_kernel<true><<<grid, kThreads, 0, detail::as_stream(stream)>>>(x, g, rows, n, g_stride);
+    else
+        gate_rows_kernel<false><<<grid, kThreads, 0, detail::as_stream(stream)>>>(x, g, rows, n, g_stride);
     ALLOY_CUDA_LAUNCHED(op);
 }
 

@@ -35,6 +35,7 @@ using detail::ceil_div;
 constexpr int kQ8Block = 32, kQ8Bytes = 34;
 constexpr int kGemvThreads = 256;  // 8 warps
 constexpr int kGemvUnroll = 2;     // 16-block steps whose loads a lane issues before using them
+constexpr int64_t kGemvMaxT = kQ8GemvMaxT;  // the BF16 GEMV's limit too
 
 const char* cublas_status(cublasStatus_t s) {
     switch (s) {
@@ -96,6 +97,9 @@ void gemm(const char* op, cudaStream_t st, const void* W, cudaDataType wt, int64
 // q = round(x / d). One warp per block of 32.
 __global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restrict__ xq, float* __restrict__ xd,
                                   int64_t n_blocks) {
+    // The GEMV after this kernel (launched with programmatic serialization) may start now:
+    // it streams its first weights while x is quantized, and waits before reading xq.
+    asm volatile("griddepcontrol.launch_dependents;");
     const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
@@ -109,6 +113,27 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restric
 }
 
 __device__ __forceinline__ uint32_t ld_u32(const uint32_t* p) { return __ldg(p); }
+
+// Programmatic dependent launch (sm_90): a GEMV is launched so that it may start while the
+// kernel before it drains; it issues its first weight loads (which depend on nothing) and
+// then waits here until the previous kernel's writes are visible. A no-op when launched
+// normally or first in the stream.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+template <class... Params, class... Args>
+void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t st, Args... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    ALLOY_CUDA_CHECK("cuda::matmul", cudaLaunchKernelEx(&cfg, kernel, args...));
+}
 
 // The Q8_0 GEMV: y [T, n_out] = W [n_out, nb blocks] x. kWpr warps per row (1, 2, 4 or 8), so
 // a block of 8 warps covers 8 / kWpr rows. data must be 4-byte aligned; rows may start at
@@ -127,6 +152,7 @@ __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __
     float acc[kT];
 #pragma unroll
     for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
+    bool waited = false;
     if (row < n_out) {
         const int64_t row_off = row * nb * kQ8Bytes;
         for (int64_t b0 = int64_t(wir) * 16; b0 < nb; b0 += int64_t(kWpr) * 16 * kGemvUnroll) {
@@ -152,6 +178,10 @@ __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __
                     for (int i = 0; i < 5; ++i) w[u][i] = 0u;
                     sc[u] = 0;
                 }
+            }
+            if (!waited) {  // x is the previous kernel's output: wait for it after the first loads
+                pdl_wait();
+                waited = true;
             }
 #pragma unroll
             for (int u = 0; u < kGemvUnroll; ++u) {
@@ -198,10 +228,105 @@ void launch_q8_gemv(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const 
     const int64_t rows_per_block = (kGemvThreads / 32) / wpr;
     const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
     switch (wpr) {
-        case 1: q8_gemv_kernel<kT, 1><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
-        case 2: q8_gemv_kernel<kT, 2><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
-        case 4: q8_gemv_kernel<kT, 4><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
-        default: q8_gemv_kernel<kT, 8><<<grid, kGemvThreads, 0, st>>>(W, n_out, nb, xq, xd, y); break;
+        case 1: launch_pdl(q8_gemv_kernel<kT, 1>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
+        case 2: launch_pdl(q8_gemv_kernel<kT, 2>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
+        case 4: launch_pdl(q8_gemv_kernel<kT, 4>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
+        default: launch_pdl(q8_gemv_kernel<kT, 8>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
+    }
+}
+
+// The BF16 GEMV (T <= kQ8GemvMaxT, n_in % 8 == 0): y [T, n_out] = W [n_out, n_in] x with x
+// in fp32 as given (no rounding of x, no conversion kernel). Lane l of a warp reads 16 bytes
+// (8 weights) at chunk (32 step + l) of its row, kBf16Unroll steps in flight; kWpr warps per
+// row as the Q8_0 GEMV; x is read through L1 (2 float4 per token per chunk).
+constexpr int kBf16Unroll = 4;
+
+template <int kT, int kWpr>
+__global__ void __launch_bounds__(kGemvThreads) bf16_gemv_kernel(const uint16_t* __restrict__ W, int64_t n_out,
+                                                                  int64_t n_in, const float* __restrict__ x,
+                                                                  float* __restrict__ y) {
+    constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr;
+    __shared__ float red[kGemvThreads / 32][kT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + warp / kWpr;
+    const int wir = warp % kWpr;
+    const int64_t nc = n_in / 8;  // 16-byte chunks per row
+    float acc[kT];
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
+    bool waited = false;
+    if (row < n_out) {
+        const uint4* wr = reinterpret_cast<const uint4*>(W + row * n_in);
+        for (int64_t c0 = int64_t(wir) * 32; c0 < nc; c0 += int64_t(kWpr) * 32 * kBf16Unroll) {
+            uint4 w[kBf16Unroll];
+#pragma unroll
+            for (int u = 0; u < kBf16Unroll; ++u) {
+                const int64_t c = c0 + int64_t(u) * kWpr * 32 + lane;
+                w[u] = c < nc ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
+            }
+            if (!waited) {
+                pdl_wait();
+                waited = true;
+            }
+#pragma unroll
+            for (int u = 0; u < kBf16Unroll; ++u) {
+                const int64_t c = c0 + int64_t(u) * kWpr * 32 + lane;
+                if (c >= nc) continue;
+                // bf16 -> fp32 is the high half of a word: low element << 16, high element & mask.
+                const uint32_t ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
+                float wf[8];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    wf[2 * i] = __uint_as_float(ws[i] << 16);
+                    wf[2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+                }
+#pragma unroll
+                for (int t = 0; t < kT; ++t) {
+                    const float4* xp = reinterpret_cast<const float4*>(x + t * n_in + c * 8);
+                    const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                    float s = acc[t];
+                    s = fmaf(wf[0], a.x, s);
+                    s = fmaf(wf[1], a.y, s);
+                    s = fmaf(wf[2], a.z, s);
+                    s = fmaf(wf[3], a.w, s);
+                    s = fmaf(wf[4], b.x, s);
+                    s = fmaf(wf[5], b.y, s);
+                    s = fmaf(wf[6], b.z, s);
+                    s = fmaf(wf[7], b.w, s);
+                    acc[t] = s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[t] = detail::warp_sum_all(acc[t]);
+    if constexpr (kWpr == 1) {
+        if (lane == 0 && row < n_out)
+            for (int t = 0; t < kT; ++t) y[t * n_out + row] = acc[t];
+    } else {
+        if (lane == 0)
+            for (int t = 0; t < kT; ++t) red[warp][t] = acc[t];
+        __syncthreads();
+        if (lane == 0 && wir == 0 && row < n_out) {
+            for (int t = 0; t < kT; ++t) {
+                float s = red[warp][t];
+                for (int i = 1; i < kWpr; ++i) s += red[warp + i][t];
+                y[t * n_out + row] = s;
+            }
+        }
+    }
+}
+
+template <int kT>
+void launch_bf16_gemv(int wpr, const uint16_t* W, int64_t n_out, int64_t n_in, const float* x, float* y,
+                      cudaStream_t st) {
+    const int64_t rows_per_block = (kGemvThreads / 32) / wpr;
+    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
+    switch (wpr) {
+        case 1: launch_pdl(bf16_gemv_kernel<kT, 1>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
+        case 2: launch_pdl(bf16_gemv_kernel<kT, 2>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
+        case 4: launch_pdl(bf16_gemv_kernel<kT, 4>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
+        default: launch_pdl(bf16_gemv_kernel<kT, 8>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
     }
 }
 
@@ -286,6 +411,18 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
             gemm(op, st, W.data, CUDA_R_32F, W.n_in, x, CUDA_R_32F, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F_PEDANTIC);
             return;
         case GgmlType::BF16:
+            if (T <= kGemvMaxT && W.n_in % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0) {
+                // 16-byte chunks per lane; warps per row as the Q8_0 GEMV with 8 weights a lane-step.
+                const int wpr = q8_warps_per_row(W.n_out, W.n_in / 16);
+                const auto* w16 = reinterpret_cast<const uint16_t*>(W.data);
+                switch (T) {
+                    case 1: launch_bf16_gemv<1>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
+                    case 2: launch_bf16_gemv<2>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
+                    case 3: launch_bf16_gemv<3>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
+                    default: launch_bf16_gemv<4>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
+                }
+                return;
+            }
             to_bf16(x, ws, T * W.n_in, st, op);
             gemm(op, st, W.data, CUDA_R_16BF, W.n_in, ws, CUDA_R_16BF, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F);
             return;

@@ -23,8 +23,12 @@ namespace alloy::cuda {
 // (n_out rows of row_bytes each, the GGUF layout); x: [T, W.n_in] fp32; y: [T, W.n_out] fp32.
 //  * F32 weights: cuBLAS SGEMM in fp32 with TF32 off (CUBLAS_COMPUTE_32F_PEDANTIC): the
 //    correctness oracle path; ~1e-6 relative to ref.
-//  * BF16 weights: x rounded to bf16 on the device (workspace), cublasGemmEx bf16 x bf16 with
-//    fp32 accumulation and fp32 output; error is that of rounding x to bf16 (~3e-3 relative).
+//  * BF16 weights, T <= kQ8GemvMaxT (n_in % 8 == 0): an own weight-streaming GEMV, x in fp32
+//    as given, fp32 FMAs: ~1e-6 relative to ref.
+//  * BF16 weights, larger T: x rounded to bf16 on the device (workspace), cublasGemmEx bf16 x
+//    bf16 with fp32 accumulation and output; the error is x's rounding (~3e-3 relative).
+//  The GEMVs are launched with programmatic dependent launch: they start streaming weights
+//  while the kernel before them drains, and wait for it before reading x.
 //  * Q8_0 weights, T <= kQ8GemvMaxT: x quantized to Q8_0-style blocks (32 int8 + an fp32
 //    scale, as llama.cpp's q8_1 without the sum) and a weight-streaming GEMV with dp4a:
 //    ~5e-3 relative to ref (x's rounding to int8).
@@ -77,7 +81,8 @@ void get_rows(const WeightView& table, const int32_t* ids, float* out, int64_t T
 // such index on ties (std::max_element's rule); a NaN counts above +inf. Per row: blocks
 // atomicMax a 64-bit key (order-preserving float bits, inverted index), so the result does
 // not depend on block order. out: [rows] int32 on the device: the one 4-byte copy per token.
-// workspace: argmax_workspace_bytes(rows) bytes.
+// workspace: argmax_workspace_bytes(rows) bytes, zeroed once when allocated (cudaMemset);
+// every call leaves it zeroed again, so a graph needs no memset node. One launch.
 size_t argmax_workspace_bytes(int64_t rows);
 void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* workspace, void* stream = nullptr);
 
@@ -88,12 +93,13 @@ void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* wo
 // [0, n_past + t]. head_dim in {64, 128, 256}; n_head a multiple of n_head_kv.
 // fp32 compute (no tensor cores in this first version); each block takes one token, one KV
 // head and up to 4 of its query heads, so every K/V row it loads serves the whole group.
-// Keys are split across blocks (split-K, merged by a second kernel): for T <= 16 in fixed
-// chunks of kAttnDecodeChunk keys, so a token's bits depend only on its own key count (a
-// verification call of K tokens gives the bits of K decode calls); above that, enough splits
-// to fill the device. workspace: attention_workspace_bytes(s, T, n_past) bytes.
+// Keys are split across blocks (split-K, merged by a second kernel): for T <= 16 each token
+// in ~kAttnDecodeSplits chunks sized by its own key count, so a token's bits depend only on
+// that count (a verification call of K tokens gives the bits of K decode calls); above that,
+// enough splits to fill the device. workspace: attention_workspace_bytes(s, T, n_past) bytes,
+// zeroed once when allocated (its split counters are left zeroed by every call). One launch.
 constexpr int64_t kAttnDecodeMaxT = 16;
-constexpr int64_t kAttnDecodeChunk = 64;
+constexpr int64_t kAttnDecodeSplits = 128;
 size_t attention_workspace_bytes(const ref::AttentionShape& s, int64_t T, int64_t n_past);
 void attention(const ref::AttentionShape& s, const float* q, const void* k_cache, const void* v_cache, float* out,
                int64_t T, int64_t n_past, void* workspace, void* stream = nullptr);

@@ -50,7 +50,7 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int n_hea
     }
 }
 
-// One block per (token, head), one thread per element of the head (blockDim = head_dim
+// head_dim > 256: one block per (token, head), one thread per element of the head (blockDim = head_dim
 // rounded up to a warp): the norm, then the rotation through shared memory (a pair's two
 // elements belong to different threads).
 __global__ void rms_norm_rope_kernel(const float* x, int64_t x_head_stride, const float* __restrict__ w, float* out,
@@ -78,6 +78,48 @@ __global__ void rms_norm_rope_kernel(const float* x, int64_t x_head_stride, cons
     }
 }
 
+// head_dim <= 256: one warp per (token, head), 8 heads per block; lane l holds elements
+// l + 32 e. The normalized row goes through the warp's slice of shared memory for the
+// rotation (a pair's two elements can sit in different lanes).
+constexpr int kRowsPerBlock = 8;
+__global__ void __launch_bounds__(kRowsPerBlock * 32) rms_norm_rope_warp_kernel(
+    const float* x, int64_t x_head_stride, const float* __restrict__ w, float* out, const int32_t* __restrict__ pos,
+    int64_t rows, int n_heads, int head_dim, int half, float eps, const InvFreq f) {
+    __shared__ float ys[kRowsPerBlock][256];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + warp;
+    if (row >= rows) return;
+    const int64_t t = row / n_heads;
+    const float* xr = x + row * x_head_stride;
+    float v[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int i = lane + 32 * e;
+        v[e] = i < head_dim ? xr[i] : 0.0f;
+        ss = fmaf(v[e], v[e], ss);
+    }
+    ss = detail::warp_sum_all(ss);
+    const float scale = 1.0f / sqrtf(ss / float(head_dim) + eps);
+    float* y = ys[warp];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int i = lane + 32 * e;
+        if (i < head_dim) y[i] = v[e] * scale * (w ? w[i] : 1.0f);
+    }
+    __syncwarp();  // also orders every lane's reads of x before any write of out (aliasing)
+    float* o = out + row * head_dim;
+    const float p = float(pos[t]);
+    for (int i = lane; i < half; i += 32) {
+        float s, c;
+        sincosf(p * f.v[i], &s, &c);
+        const float a = y[i], b = y[i + half];
+        o[i] = a * c - b * s;
+        o[i + half] = a * s + b * c;
+    }
+    for (int i = 2 * half + lane; i < head_dim; i += 32) o[i] = y[i];
+}
+
 }  // namespace
 
 void rope_partial(float* x, const int32_t* pos, int64_t T, int n_heads, int head_dim, int n_rot, float base,
@@ -100,6 +142,14 @@ void rms_norm_rope(const float* x, int64_t x_head_stride, const float* w, float*
     if (T == 0) return;
     // When out aliases x (stride == head_dim) each block reads its own row fully before
     // the barrier and writes only that row after it.
+    if (head_dim <= 256) {
+        const int64_t rows = T * n_heads;
+        rms_norm_rope_warp_kernel<<<unsigned(detail::ceil_div(rows, kRowsPerBlock)), kRowsPerBlock * 32, 0,
+                                    detail::as_stream(stream)>>>(x, x_head_stride, w, out, pos, rows, n_heads,
+                                                                 head_dim, n_rot / 2, eps, inv_freq(n_rot, base));
+        ALLOY_CUDA_LAUNCHED(op);
+        return;
+    }
     const int threads = (head_dim + 31) / 32 * 32;
     rms_norm_rope_kernel<<<unsigned(T * n_heads), threads, size_t(head_dim) * 4, detail::as_stream(stream)>>>(
         x, x_head_stride, w, out, pos, n_heads, head_dim, n_rot / 2, eps, inv_freq(n_rot, base));

@@ -1,7 +1,7 @@
 // cuda::attention against ref::attention on random q and caches of every cache type, at the
 // 0.8B head layout (8 query / 2 KV heads of 256) and odd ones (group 3 and 1, head_dim 64 and
-// 128), decode (T 1..16, split into fixed key chunks, depths across chunk edges: 63, 64, 65,
-// 4100) and prefill (T 17, 70, 300); and the decode contract: one call of K tokens gives the
+// 128), decode (T 1..16, split into chunks sized by each token's key count; depths 0 to 4100,
+// across the 16-key chunk edges and the 2048-key edge where chunks grow) and prefill (T 17, 70, 300); and the decode contract: one call of K tokens gives the
 // bits of K one-token calls. Skips when no CUDA device is present (CI).
 #include <gtest/gtest.h>
 
@@ -77,9 +77,10 @@ TEST(CudaAttention, MatchesReference) {
     struct Case { int n_head, n_head_kv, hd; int64_t T, n_past; };
     const std::vector<Case> cases = {
         {8, 2, 256, 1, 0},   {8, 2, 256, 1, 63},  {8, 2, 256, 1, 64},    {8, 2, 256, 3, 65},
-        {8, 2, 256, 5, 37},  {8, 2, 256, 1, 4100}, {8, 2, 256, 16, 200}, {8, 2, 256, 17, 3},
+        {8, 2, 256, 5, 37},  {8, 2, 256, 1, 4100}, {8, 2, 256, 16, 200}, {8, 2, 256, 4, 2046}, {8, 2, 256, 17, 3},
         {8, 2, 256, 70, 0},  {8, 2, 256, 300, 129}, {6, 2, 64, 5, 37},   {6, 2, 64, 33, 10},
         {4, 4, 128, 17, 5},  {4, 4, 128, 2, 1000},  {16, 4, 128, 9, 70},
+        {8, 2, 256, 2, 9000}, {16, 4, 128, 1, 8200}, {4, 2, 64, 3, 8500},  // past 8k keys: 4 (2) heads per warp
     };
     const GgmlType types[3] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16};
     double worst = 0;
@@ -114,6 +115,23 @@ TEST(CudaAttention, VerificationReproducesDecodeBitForBit) {
             const std::vector<float> one = run_cuda(x, q, k, v, t, 1);
             EXPECT_EQ(0, std::memcmp(one.data(), all.data() + t * row, row * 4)) << "n_past " << n_past << " t " << t;
         }
+    }
+}
+
+// The split counters in the workspace are left zeroed: one workspace serves call after call.
+TEST(CudaAttention, WorkspaceIsReusable) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const AttnCase x = make(8, 2, 256, GgmlType::BF16, GgmlType::F16, 3, 3000, 5);
+    DeviceArray<float> q(x.q);
+    DeviceArray<uint8_t> k(x.k), v(x.v);
+    std::vector<float> want(x.q.size());
+    ref::attention(x.s, x.q.data(), x.k.data(), x.v.data(), want.data(), x.T, x.n_past);
+    DeviceArray<float> out(std::vector<float>(x.q.size(), NAN));
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::attention_workspace_bytes(x.s, x.T, x.n_past)));
+    for (int rep = 0; rep < 3; ++rep) {
+        cuda::attention(x.s, q.p, k.p, v.p, out.p, x.T, x.n_past, ws.p);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_LE(max_abs(out.host(), want), 2e-5) << "call " << rep;
     }
 }
 

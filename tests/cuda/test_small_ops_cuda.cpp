@@ -1,6 +1,7 @@
 // The small CUDA ops against kernels/ref on random inputs at odd sizes: rms_norm and
 // add_rms_norm (rows 37, n 96 / 1024 / 5000: the last past the register-held part), rope_partial
-// and rms_norm_rope (positions up to 60000, where a fast-math sine would be far off), swiglu,
+// and rms_norm_rope (positions up to 60000, where a fast-math sine would be far off; head_dim 512 for the
+// block-per-head path), swiglu,
 // sigmoid_gate_mul (both forms, an unaligned pointer for the scalar path), add, get_rows
 // (F32, F16, BF16, Q8_0: exact) and argmax (ties, the vocabulary's size, NaN-free random rows:
 // exact). Skips when no CUDA device is present (CI).
@@ -94,7 +95,7 @@ TEST(CudaSmallOps, RopeMatchesReference) {
     struct Case { int64_t T; int heads, head_dim, n_rot; };
     double worst = 0;
     uint32_t seed = 10;
-    for (const Case& c : {Case{1, 8, 256, 64}, Case{5, 3, 64, 16}, Case{17, 2, 96, 96}, Case{3, 2, 160, 30}}) {
+    for (const Case& c : {Case{1, 8, 256, 64}, Case{5, 3, 64, 16}, Case{17, 2, 96, 96}, Case{3, 2, 160, 30}, Case{2, 2, 512, 128}}) {
         std::mt19937 rng(seed++);
         std::uniform_int_distribution<int32_t> up(0, 60000);
         std::vector<int32_t> pos(size_t(c.T));
@@ -153,7 +154,8 @@ TEST(CudaSmallOps, ElementwiseMatchReference) {
             EXPECT_LE(e, 1e-6) << "sigmoid_gate_mul n " << n << " off " << off;
             worst = std::max(worst, e);
 
-            std::vector<float> s = g;  // da now holds g
+            // add on the device's gated values (the gate's last bits are the GPU's expf).
+            std::vector<float> s(got.begin() + off, got.begin() + off + n);
             ref::add(s.data(), y.data(), n);
             cuda::add(da.p + off, db.p + off, n);
             sync();

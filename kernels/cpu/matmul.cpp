@@ -42,6 +42,8 @@ bool stream_output(int64_t T, int64_t N) { return T * N * int64_t(sizeof(float))
 constexpr int64_t kTileRowGroups = 8;   // row groups (of TileKernel::rows) per GEMM item
 constexpr int64_t kConvertRows = 16;    // rows per converted-weights item
 
+enum class InputRounding { None, Q8_0, Q8_K };
+
 struct Plan {
     ActKind act = ActKind::F32;
     bool vector = false;      // AVX-512 activation converters
@@ -54,10 +56,11 @@ struct Plan {
     // the row-dot kernel over short row items.
     mm::GemvFn gemv = nullptr;
     bool avx2_tiles = false;   // the GEMM tiles are the AVX2 ones (their transposed store too)
-    // K-quant prefill (converted weights): the activations are first rounded through Q8_K, as
-    // the decode GEMVs and llama.cpp (vec_dot_type Q8_K) see them, so a prompt's rows and its
-    // decode steps compute the same function and perplexity tracks llama.cpp's.
-    bool q8k_input = false;
+    // K-quant and Q4_0 prefill (converted weights): the activations are first rounded through
+    // Q8_K (K-quants) or Q8_0 (Q4_0), as the decode GEMVs and llama.cpp (vec_dot_type) see them,
+    // so a prompt's rows and its decode steps compute the same function and perplexity tracks
+    // llama.cpp's.
+    InputRounding round_input = InputRounding::None;
     std::string name;
 };
 
@@ -125,7 +128,20 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 p.name = "avx512-vnni q8k";
                 return p;
             }
-            p.q8k_input = true;
+            p.round_input = InputRounding::Q8_K;
+            break;
+        case GgmlType::Q4_0:
+            // Decode: the packed blocks x Q8_0 activations (ggml's vec_dot_q4_0_q8_0), streamed as
+            // the Q8_0 GEMVs; prefill and scalar: dequantized rows on Q8_0-rounded activations.
+            if (T <= mm::kRowDotTokens && avx2) {
+                p.act = ActKind::Q8;
+                p.vector = avx512;
+                p.gemv = avx512 && mm::cpu_has_avx512_vnni() ? mm::q4_0_gemv_avx512 : mm::gemv_avx2(type);
+                p.rowdot = mm::rowdot_avx2(GgmlType::Q8_0);  // never called: the GEMV takes every row
+                p.name = std::string(isa_label) + " q8";
+                return p;
+            }
+            p.round_input = InputRounding::Q8_0;
             break;
     }
     // Everything else (and K-quant prefill without VNNI tiles): rows dequantized to fp32, then
@@ -323,16 +339,28 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
     });
 }
 
-// x [T, K] rounded through Q8_K into the scratch (Plan::q8k_input), once per matmul_multi call
-// however many of its weights need it.
-const float* q8k_rounded(const float* x, int64_t T, int64_t K, MatmulScratch& s) {
-    s.act_q8k.resize(size_t(T * K));
-    parallel_for(T, [&](int64_t t, int) { mm::q8k_round_row(x + t * K, K, s.act_q8k.data() + t * K); });
-    return s.act_q8k.data();
+// x [T, K] rounded through Q8_K or Q8_0 into the scratch (Plan::round_input), once per
+// matmul_multi call however many of its weights need it.
+const float* rounded_input(const float* x, int64_t T, int64_t K, InputRounding r, MatmulScratch& s) {
+    s.act_rounded.resize(size_t(T * K));
+    float* out = s.act_rounded.data();
+    if (r == InputRounding::Q8_K) {
+        parallel_for(T, [&](int64_t t, int) { mm::q8k_round_row(x + t * K, K, out + t * K); });
+    } else {
+        parallel_for(T, [&](int64_t t, int thread) {
+            // Q8_0 values and scales of one row (one kernel item per token: the copy is small).
+            std::vector<int8_t> q(static_cast<size_t>(K));
+            std::vector<float> d(static_cast<size_t>(K / mm::kQ8));
+            std::vector<int32_t> corr(d.size());
+            mm::quantize_q8_scalar(x + t * K, K, q.data(), d.data(), corr.data());
+            for (int64_t i = 0; i < K; ++i) out[t * K + i] = float(q[size_t(i)]) * d[size_t(i / mm::kQ8)];
+        });
+    }
+    return out;
 }
 
 // Converted weights (dequantized per item to fp32, then the F32 kernels over all tokens). x is
-// already Q8_K-rounded where the plan says q8k_input.
+// already rounded where the plan's round_input says so.
 void run_converted(const Plan& p, const WeightView& W, const float* x, float* y, int64_t T, MatmulScratch& s) {
     const int64_t K = W.n_in, N = W.n_out;
     const Prepared act = prepare(p, x, T, K, s);
@@ -371,12 +399,18 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
     }
     const Plan p = make_plan(outs[0].W->type, isa, outs[0].W->n_in, T);
     if (!shared || p.convert || (p.convert_gemm && use_gemm(p, T))) {
-        const float* xq = nullptr;  // x rounded through Q8_K, made for the first weight needing it
+        // x rounded for the first weight needing it, reused by the next ones needing the same.
+        const float* xq = nullptr;
+        InputRounding xq_kind = InputRounding::None;
         for (int j = 0; j < n; ++j) {
             const Plan pj = make_plan(outs[j].W->type, isa, outs[j].W->n_in, T);
             if (pj.convert || (pj.convert_gemm && use_gemm(pj, T))) {
-                if (pj.q8k_input && !xq && outs[j].W->n_out > 0) xq = q8k_rounded(x, T, outs[j].W->n_in, s);
-                if (outs[j].W->n_out > 0) run_converted(pj, *outs[j].W, pj.q8k_input ? xq : x, outs[j].y, T, s);
+                const InputRounding r = pj.round_input;
+                if (r != InputRounding::None && r != xq_kind && outs[j].W->n_out > 0) {
+                    xq = rounded_input(x, T, outs[j].W->n_in, r, s);
+                    xq_kind = r;
+                }
+                if (outs[j].W->n_out > 0) run_converted(pj, *outs[j].W, r != InputRounding::None ? xq : x, outs[j].y, T, s);
             } else {
                 Job jb{outs[j].W, outs[j].y, 0, 0, 0, {}};
                 if (outs[j].W->n_out > 0) run_jobs(pj, &jb, 1, x, T, s);
@@ -452,7 +486,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
 
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in) {
     const size_t n = size_t(T * n_in);
-    if (wtype == GgmlType::Q8_0) {
+    if (wtype == GgmlType::Q8_0 || wtype == GgmlType::Q4_0) {
         const int64_t nb = n_in / mm::kQ8;
         std::vector<int8_t> q(static_cast<size_t>(n_in));
         std::vector<float> d(static_cast<size_t>(nb));

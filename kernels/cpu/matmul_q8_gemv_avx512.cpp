@@ -1,4 +1,4 @@
-// Q8_0 decode GEMV on AVX512-VNNI (VL, 256-bit): the streaming kernel for T <= 4 tokens.
+// Q8_0 (and Q4_0) decode GEMV on AVX512-VNNI (VL, 256-bit): the streaming kernel for T <= 4 tokens.
 //
 // Per (row, token) the arithmetic is fixed: for each 32-element block in order, the exact
 // integer dot |x| . sign(w, x) by vpdpbusd, converted to fp32 and accumulated into 8 lanes
@@ -33,10 +33,13 @@ ALLOY_Q8_TARGET inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// Rows rows[0..NS) (NS <= kStreams), NT tokens.
-template <int NS, int NT>
+// Rows rows[0..NS) (NS <= kStreams), NT tokens. kQ4: Q4_0 weights (18-byte blocks: byte j
+// holds value j in its low nibble and j + 16 in its high one, offset by 8), unpacked to the
+// same signed int8 and then the same arithmetic (ggml's vec_dot_q4_0_q8_0 on Q8_0 activations).
+template <bool kQ4, int NS, int NT>
 ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const ActRows& a, int64_t t0, float* y,
                              int64_t ldy) {
+    constexpr size_t kBytes = kQ4 ? 18 : kBlockBytes;
     const int64_t K = W.n_in, nb = K / 32;
     const uint8_t* wr[NS];
     for (int s = 0; s < NS; ++s) wr[s] = W.row(rows[s]);
@@ -55,12 +58,19 @@ ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const Act
         }
 #pragma GCC unroll 4
         for (int s = 0; s < NS; ++s) {
-            const uint8_t* blk = wr[s] + size_t(b) * kBlockBytes;
-            _mm_prefetch(reinterpret_cast<const char*>(blk) + 16 * kBlockBytes, _MM_HINT_T0);
+            const uint8_t* blk = wr[s] + size_t(b) * kBytes;
+            _mm_prefetch(reinterpret_cast<const char*>(blk) + 16 * kBytes, _MM_HINT_T0);
             uint16_t dbits;
             __builtin_memcpy(&dbits, blk, 2);
             const float dw = _cvtsh_ss(dbits);
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+            __m256i w;
+            if constexpr (kQ4) {
+                const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+                w = _mm256_sub_epi8(_mm256_and_si256(_mm256_setr_m128i(q, _mm_srli_epi16(q, 4)), _mm256_set1_epi8(0x0F)),
+                                    _mm256_set1_epi8(8));
+            } else {
+                w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+            }
 #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) {
                 const __m256i dp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(xq[t]),
@@ -75,23 +85,33 @@ ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const Act
         for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + rows[s]] = hsum8(acc[s][t]);
 }
 
-template <int NT>
+template <bool kQ4, int NT>
 void range_q8(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
     stream_rows<kStreams>(
-        r0, nr, [&](const int64_t* rows) { rows_q8<kStreams, NT>(W, rows, a, t0, y, ldy); },
-        [&](const int64_t* row) { rows_q8<1, NT>(W, row, a, t0, y, ldy); });
+        r0, nr, [&](const int64_t* rows) { rows_q8<kQ4, kStreams, NT>(W, rows, a, t0, y, ldy); },
+        [&](const int64_t* row) { rows_q8<kQ4, 1, NT>(W, row, a, t0, y, ldy); });
+}
+
+template <bool kQ4>
+void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
+    switch (nt) {
+        case 1: range_q8<kQ4, 1>(W, r0, nr, a, t0, y, ldy); break;
+        case 2: range_q8<kQ4, 2>(W, r0, nr, a, t0, y, ldy); break;
+        case 3: range_q8<kQ4, 3>(W, r0, nr, a, t0, y, ldy); break;
+        default: range_q8<kQ4, 4>(W, r0, nr, a, t0, y, ldy); break;
+    }
 }
 
 }  // namespace
 
 void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                     int64_t ldy) {
-    switch (nt) {
-        case 1: range_q8<1>(W, r0, nr, a, t0, y, ldy); break;
-        case 2: range_q8<2>(W, r0, nr, a, t0, y, ldy); break;
-        case 3: range_q8<3>(W, r0, nr, a, t0, y, ldy); break;
-        default: range_q8<4>(W, r0, nr, a, t0, y, ldy); break;
-    }
+    gemv<false>(W, r0, nr, a, t0, nt, y, ldy);
+}
+
+void q4_0_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                      int64_t ldy) {
+    gemv<true>(W, r0, nr, a, t0, nt, y, ldy);
 }
 
 }  // namespace alloy::cpu::mm

@@ -33,7 +33,8 @@ std::vector<cpu::Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 // Tolerance against the plain fp32 reference: the effect of the activation rounding.
 double plain_tolerance(GgmlType type) {
     switch (type) {
-        case GgmlType::Q8_0: return 2e-2;  // int8 activations: ~0.5% rms
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0: return 2e-2;  // int8 (Q8_0) activations: ~0.5% rms
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
@@ -248,7 +249,7 @@ TEST(Matmul, StreamedLargeOutputsMatchPlainStoresBitForBit) {
 // verification widths) on every ISA path, and by long prefill calls (T > 4) where the GEMM
 // sums as decode does: the scalar path, and F32, F16 and Q4_0 on AVX-512 and AVX2. Q8_0 and
 // BF16 decode with streaming GEMVs (AVX-512) or 8-lane row-dots (AVX2) that sum in their own
-// order, and Q4_K / Q6_K decode with integer super-block sums while their prefill runs the
+// order, and Q4_0 / K-quant decode with integer block sums while their prefill runs the
 // dequantized fp32 weights (matmul.h).
 TEST(Matmul, EveryTokenCountGivesTheSameBits) {
     std::mt19937 rng(5);
@@ -266,8 +267,10 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
             for (cpu::Isa isa : isas()) {
                 std::vector<float> all(size_t(T * sh.n_out), NAN), one(size_t(sh.n_out)), three(size_t(3 * sh.n_out));
                 const cpu::Isa eff = std::min(isa, cpu::active_isa());
+                // Decode kernels on packed blocks (their prefill runs dequantized fp32 rows).
                 const bool k_quant_native =
-                    type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K || type == GgmlType::IQ4_XS;
+                    type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K || type == GgmlType::IQ4_XS ||
+                    (type == GgmlType::Q4_0 && eff != cpu::Isa::Scalar);
                 const bool gemm_matches_decode =
                     !k_quant_native && ((eff == cpu::Isa::Scalar) || (type != GgmlType::Q8_0 && type != GgmlType::BF16));
                 if (gemm_matches_decode) {

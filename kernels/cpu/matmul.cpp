@@ -49,6 +49,7 @@ struct Plan {
     bool vector = false;      // AVX-512 activation converters
     bool convert = false;     // weights go through an fp32 copy (rowdot is then the F32 one)
     bool convert_gemm = false;  // ... only on the GEMM path (F16: the row-dot reads f16 directly)
+    bool convert_q8 = false;  // converted rows are Q8_0 (exact for Q4_0) for the Q8_0 kernels
     mm::RowKernel rowdot;
     mm::TileKernel tile;      // fn == nullptr: no GEMM path
     // T <= 4 runs the streaming GEMV over guided row items (long contiguous runs first, see
@@ -141,6 +142,16 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 p.name = std::string(isa_label) + " q8";
                 return p;
             }
+            if (avx2) {
+                // Prefill: each item's rows become Q8_0 rows (q - 8 with the same d: exact), then
+                // the Q8_0 GEMM tiles: integer block sums as decode, int8 instead of fp32 products.
+                p = make_plan(GgmlType::Q8_0, isa, n_in, T);
+                p.convert = true;
+                p.convert_q8 = true;
+                p.gemv = nullptr;
+                p.name += " q4_0->q8_0";
+                return p;
+            }
             p.round_input = InputRounding::Q8_0;
             break;
     }
@@ -211,6 +222,22 @@ void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, i
                 int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out) {
     gemm_tile(p, W, panel, r0, rc, g0, nv, tile, ldt);
     store_tile(p, tile, ldt, r0, rc, g0, nv, T, y, ldy, stream_out);
+}
+
+// Q4_0 rows [r0, r0 + rc) as Q8_0 rows (34-byte blocks) into out: the same d, q - 8 as int8.
+void q4_0_rows_to_q8_0(const WeightView& W, int64_t r0, int64_t rc, uint8_t* out) {
+    const int64_t nb = W.n_in / 32;
+    for (int64_t i = 0; i < rc; ++i) {
+        const uint8_t* src = W.row(r0 + i);
+        for (int64_t b = 0; b < nb; ++b, src += 18, out += 34) {
+            out[0] = src[0];
+            out[1] = src[1];
+            for (int j = 0; j < 16; ++j) {
+                out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>((src[2 + j] & 0x0F) - 8));
+                out[18 + j] = static_cast<uint8_t>(static_cast<int8_t>((src[2 + j] >> 4) - 8));
+            }
+        }
+    }
 }
 
 void convert_rows(const Plan& p, const WeightView& W, int64_t r0, int64_t rc, float* out) {
@@ -375,8 +402,13 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
         uint8_t* buf = aligned(s.per_thread[size_t(thread)], size_t(kConvertRows * K + kConvertRows * ldt) * 4);
         float* wf = reinterpret_cast<float*>(buf);
         float* tile = wf + kConvertRows * K;
-        convert_rows(p, W, r0, rc, wf);
-        const WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
+        WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
+        if (p.convert_q8) {
+            q4_0_rows_to_q8_0(W, r0, rc, buf);
+            V = WeightView{GgmlType::Q8_0, K, rc, buf, row_bytes(GgmlType::Q8_0, K)};
+        } else {
+            convert_rows(p, W, r0, rc, wf);
+        }
         if (gemm) {
             for (int64_t g0 = 0; g0 < G; g0 += p.tile.groups)
                 gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(p.tile.groups, G - g0)), T, tile, ldt,

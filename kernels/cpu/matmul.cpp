@@ -132,24 +132,29 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
             p.round_input = InputRounding::Q8_K;
             break;
         case GgmlType::Q4_0:
-            // Decode: the packed blocks x Q8_0 activations (ggml's vec_dot_q4_0_q8_0), streamed as
-            // the Q8_0 GEMVs; prefill and scalar: dequantized rows on Q8_0-rounded activations.
+        case GgmlType::IQ4_NL:
+            // Decode: the packed blocks x Q8_0 activations (ggml's vec_dot_q4_0_q8_0 /
+            // vec_dot_iq4_nl_q8_0), streamed as the Q8_0 GEMVs; prefill: below; scalar: dequantized
+            // rows on Q8_0-rounded activations.
             if (T <= mm::kRowDotTokens && avx2) {
                 p.act = ActKind::Q8;
                 p.vector = avx512;
-                p.gemv = avx512 && mm::cpu_has_avx512_vnni() ? mm::q4_0_gemv_avx512 : mm::gemv_avx2(type);
+                p.gemv = !(avx512 && mm::cpu_has_avx512_vnni()) ? mm::gemv_avx2(type)
+                         : type == GgmlType::Q4_0            ? mm::q4_0_gemv_avx512
+                                                              : mm::iq4_nl_gemv_avx512;
                 p.rowdot = mm::rowdot_avx2(GgmlType::Q8_0);  // never called: the GEMV takes every row
                 p.name = std::string(isa_label) + " q8";
                 return p;
             }
             if (avx2) {
-                // Prefill: each item's rows become Q8_0 rows (q - 8 with the same d: exact), then
-                // the Q8_0 GEMM tiles: integer block sums as decode, int8 instead of fp32 products.
+                // Prefill: each item's rows become Q8_0 rows (the same d; q - 8, or the IQ4_NL
+                // codebook value, as int8: exact), then the Q8_0 GEMM tiles: integer block sums as
+                // decode, int8 instead of fp32 products.
                 p = make_plan(GgmlType::Q8_0, isa, n_in, T);
                 p.convert = true;
                 p.convert_q8 = true;
                 p.gemv = nullptr;
-                p.name += " q4_0->q8_0";
+                p.name += type == GgmlType::Q4_0 ? " q4_0->q8_0" : " iq4_nl->q8_0";
                 return p;
             }
             p.round_input = InputRounding::Q8_0;
@@ -224,8 +229,11 @@ void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, i
     store_tile(p, tile, ldt, r0, rc, g0, nv, T, y, ldy, stream_out);
 }
 
-// Q4_0 rows [r0, r0 + rc) as Q8_0 rows (34-byte blocks) into out: the same d, q - 8 as int8.
-void q4_0_rows_to_q8_0(const WeightView& W, int64_t r0, int64_t rc, uint8_t* out) {
+// Q4_0 / IQ4_NL rows [r0, r0 + rc) as Q8_0 rows (34-byte blocks) into out: the same d, the
+// codes as int8 (q - 8, or kIq4nlValues[q]).
+void nibble_rows_to_q8_0(const WeightView& W, int64_t r0, int64_t rc, uint8_t* out) {
+    int8_t value[16];
+    for (int c = 0; c < 16; ++c) value[c] = W.type == GgmlType::Q4_0 ? static_cast<int8_t>(c - 8) : kIq4nlValues[c];
     const int64_t nb = W.n_in / 32;
     for (int64_t i = 0; i < rc; ++i) {
         const uint8_t* src = W.row(r0 + i);
@@ -233,8 +241,8 @@ void q4_0_rows_to_q8_0(const WeightView& W, int64_t r0, int64_t rc, uint8_t* out
             out[0] = src[0];
             out[1] = src[1];
             for (int j = 0; j < 16; ++j) {
-                out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>((src[2 + j] & 0x0F) - 8));
-                out[18 + j] = static_cast<uint8_t>(static_cast<int8_t>((src[2 + j] >> 4) - 8));
+                out[2 + j] = static_cast<uint8_t>(value[src[2 + j] & 0x0F]);
+                out[18 + j] = static_cast<uint8_t>(value[src[2 + j] >> 4]);
             }
         }
     }
@@ -404,7 +412,7 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
         float* tile = wf + kConvertRows * K;
         WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
         if (p.convert_q8) {
-            q4_0_rows_to_q8_0(W, r0, rc, buf);
+            nibble_rows_to_q8_0(W, r0, rc, buf);
             V = WeightView{GgmlType::Q8_0, K, rc, buf, row_bytes(GgmlType::Q8_0, K)};
         } else {
             convert_rows(p, W, r0, rc, wf);
@@ -518,7 +526,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
 
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in) {
     const size_t n = size_t(T * n_in);
-    if (wtype == GgmlType::Q8_0 || wtype == GgmlType::Q4_0) {
+    if (wtype == GgmlType::Q8_0 || wtype == GgmlType::Q4_0 || wtype == GgmlType::IQ4_NL) {
         const int64_t nb = n_in / mm::kQ8;
         std::vector<int8_t> q(static_cast<size_t>(n_in));
         std::vector<float> d(static_cast<size_t>(nb));

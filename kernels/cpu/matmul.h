@@ -3,12 +3,12 @@
 //
 // Numerical contract per weight type, against ref::matmul (double accumulation). "Effective
 // input" is matmul_effective_input(): the activations as the kernel consumes them.
-//   F32, F16, IQ4_NL, Q5_0, Q5_1: fp32 activations, fp32 sums (in chunks of <= 512):
+//   F32, F16, Q5_0, Q5_1: fp32 activations, fp32 sums (in chunks of <= 512):
 //       ||y - ref(x)|| <= 1e-5 ||ref(x)||.
 //   BF16: activations rounded to bf16 (nearest even), as llama.cpp (vec_dot_type BF16);
 //       products exact, fp32 sums: <= 1e-5 against ref on the effective input,
 //       ~1e-3 against ref(x) (bf16 has 8 significant bits).
-//   Q8_0 (and Q4_0): activations quantized per 32 exactly as ggml's x86 quantize_row_q8_0
+//   Q8_0 (and Q4_0, IQ4_NL): activations quantized per 32 exactly as ggml's x86 quantize_row_q8_0
 //       (d = amax/127 rounded to fp16, q = nearest-even(x * 127/amax)); exact integer block
 //       sums scaled by d_w * d_x in fp32 and summed in fp32, as ggml_vec_dot_q8_0_q8_0, so
 //       results track llama.cpp's: <= 1e-5 against ref on the effective input, ~1e-2 against
@@ -33,9 +33,10 @@
 //   the same panels (Q8_0: vpmaddubsw, 3 rows x 16 tokens; BF16, F32, F16 and the dequantized
 //   types: fp32 FMA, 3 rows x 32 tokens), T <= 4 streaming GEMVs (Q8_0, BF16) or the row-dot
 //   (F32/F16: 8 rows in the lanes, as AVX-512's 16). Scalar: row-dot kernels.
-//   Q4_0: decode (T <= 4) streams the packed blocks against Q8_0 activations (ggml's
-//   vec_dot_q4_0_q8_0); prefill dequantizes rows to fp32 and runs them on the same
-//   Q8_0-rounded activations (the effective input), so both compute one function.
+//   Q4_0, IQ4_NL: decode (T <= 4) streams the packed blocks against Q8_0 activations (ggml's
+//   vec_dot_q4_0_q8_0 / _iq4_nl_q8_0); prefill turns each item's rows into Q8_0 rows (exact)
+//   for the Q8_0 GEMM tiles; scalar dequantizes to fp32 on Q8_0-rounded activations. All
+//   compute one function (the effective input is Q8_0-rounded).
 //   K-quants: matmul_kquant.h (Q8_K activations). Other types: rows dequantized to fp32.
 #pragma once
 #include <cstdint>

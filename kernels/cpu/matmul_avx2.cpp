@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "format/quant.h"
 #include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/vec_math_avx2.h"
@@ -24,23 +25,33 @@ using avx2::hsum;
 // guided items) left AVX2 decode at 75-81% of the bandwidth floor.
 constexpr int kGemvStreams = 2;
 
-// A Q8_0 block (34 bytes) or a Q4_0 block (18 bytes: byte j holds value j in its low nibble,
-// j + 16 in its high one, both offset by 8) as its 32 signed int8 weights and f16 scale.
-template <bool kQ4>
+// The int8-block weight types the Q8_0 arithmetic serves: Q8_0 (34-byte blocks of f16 d + 32
+// int8), Q4_0 and IQ4_NL (18 bytes: f16 d + 16 bytes, byte j holding value j in its low nibble
+// and j + 16 in its high one; Q4_0 codes are offset by 8, IQ4_NL's index kIq4nlValues).
+enum class Blocks { Q8_0, Q4_0, IQ4_NL };
+
+template <Blocks kB>
+constexpr int64_t block_bytes() { return kB == Blocks::Q8_0 ? 34 : 18; }
+
+// A block's 32 weights as signed int8 (exact: d w stays the value the block encodes).
+template <Blocks kB>
 ALLOY_TARGET_AVX2 inline __m256i block_int8(const uint8_t* blk) {
-    if constexpr (kQ4) {
+    if constexpr (kB == Blocks::Q8_0) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    } else {
         const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
         const __m256i n = _mm256_and_si256(_mm256_setr_m128i(q, _mm_srli_epi16(q, 4)), _mm256_set1_epi8(0x0F));
-        return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
-    } else {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        if constexpr (kB == Blocks::Q4_0) return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+        return _mm256_shuffle_epi8(book, n);
     }
 }
 
 // One block's contribution for NS rows and NT tokens: acc[s * NT + t] += (exact block sum)
-// * d_w * d_x. Flat accumulator arrays: GCC 12 keeps 2-D vector arrays in memory. kQ4: the
-// weights are Q4_0 (the same arithmetic once unpacked: ggml's vec_dot_q4_0_q8_0).
-template <bool kQ4, int NS, int NT>
+// * d_w * d_x. Flat accumulator arrays: GCC 12 keeps 2-D vector arrays in memory. Q4_0 and
+// IQ4_NL weights take the same arithmetic once unpacked (ggml's vec_dot_q4_0_q8_0 and
+// vec_dot_iq4_nl_q8_0 on Q8_0 activations).
+template <Blocks kB, int NS, int NT>
 ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* const* w, const ActRows& a, int64_t t0, int64_t nb, int64_t b,
                                        __m256* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -50,8 +61,8 @@ ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* const* w, const ActRows& a
         x[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * a.K + b * kQ8));
 #pragma GCC unroll 4
     for (int s = 0; s < NS; ++s) {
-        const uint8_t* blk = w[s] + b * (kQ4 ? 18 : 34);
-        const __m256i wq = block_int8<kQ4>(blk);
+        const uint8_t* blk = w[s] + b * block_bytes<kB>();
+        const __m256i wq = block_int8<kB>(blk);
         const __m256i aw = _mm256_abs_epi8(wq);
         const float dw = _cvtsh_ss(load_u16(blk));
 #pragma GCC unroll 4
@@ -67,7 +78,7 @@ ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* const* w, const ActRows& a
 // Rows w[0..NS) x NT tokens into out[s * NT + t]. Even and odd blocks in two accumulators
 // per output (independent FMA chains), as float_rows. The arithmetic per output does not
 // depend on NS or NT: every grouping gives the same bits.
-template <bool kQ4, int NS, int NT>
+template <Blocks kB, int NS, int NT>
 ALLOY_TARGET_AVX2 void q8_rows(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) {
     const int64_t nb = a.K / kQ8;
     __m256 acc[NS * NT], acc2[NS * NT];
@@ -75,15 +86,15 @@ ALLOY_TARGET_AVX2 void q8_rows(const uint8_t* const* w, const ActRows& a, int64_
     for (int i = 0; i < NS * NT; ++i) acc[i] = acc2[i] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        q8_block<kQ4, NS, NT>(w, a, t0, nb, b, acc);
-        q8_block<kQ4, NS, NT>(w, a, t0, nb, b + 1, acc2);
+        q8_block<kB, NS, NT>(w, a, t0, nb, b, acc);
+        q8_block<kB, NS, NT>(w, a, t0, nb, b + 1, acc2);
     }
-    if (b < nb) q8_block<kQ4, NS, NT>(w, a, t0, nb, b, acc);
+    if (b < nb) q8_block<kB, NS, NT>(w, a, t0, nb, b, acc);
 #pragma GCC unroll 8
     for (int i = 0; i < NS * NT; ++i) out[i] = hsum(_mm256_add_ps(acc[i], acc2[i]));
 }
 
-enum class Kind { Q8, Q4_0, Bf16, F16, F32 };  // weight row formats
+enum class Kind { Q8, Q4_0, Iq4Nl, Bf16, F16, F32 };  // weight row formats
 
 template <Kind kind>
 ALLOY_TARGET_AVX2 inline __m256 widen8(const uint8_t* w, int64_t k) {
@@ -161,8 +172,12 @@ void rows_to_y(const WeightView& W, const int64_t* rows, const ActRows& a, int64
     const uint8_t* w[NS];
     float out[NS * NT];
     for (int s = 0; s < NS; ++s) w[s] = W.row(rows[s]);
-    if constexpr (kind == Kind::Q8 || kind == Kind::Q4_0)
-        q8_rows<kind == Kind::Q4_0, NS, NT>(w, a, t0, out);
+    if constexpr (kind == Kind::Q8)
+        q8_rows<Blocks::Q8_0, NS, NT>(w, a, t0, out);
+    else if constexpr (kind == Kind::Q4_0)
+        q8_rows<Blocks::Q4_0, NS, NT>(w, a, t0, out);
+    else if constexpr (kind == Kind::Iq4Nl)
+        q8_rows<Blocks::IQ4_NL, NS, NT>(w, a, t0, out);
     else
         float_rows<kind, NS, NT>(w, a, t0, out);
     for (int s = 0; s < NS; ++s)
@@ -288,6 +303,7 @@ GemvFn gemv_avx2(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0: return gemv<Kind::Q8>;
         case GgmlType::Q4_0: return gemv<Kind::Q4_0>;
+        case GgmlType::IQ4_NL: return gemv<Kind::Iq4Nl>;
         case GgmlType::BF16: return gemv<Kind::Bf16>;
         default: return nullptr;  // F32/F16 decode runs the row-dot (float_cols): the tile's order
 

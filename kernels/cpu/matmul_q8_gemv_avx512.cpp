@@ -1,4 +1,4 @@
-// Q8_0 (and Q4_0) decode GEMV on AVX512-VNNI (VL, 256-bit): the streaming kernel for T <= 4 tokens.
+// Q8_0 (and Q4_0, IQ4_NL) decode GEMV on AVX512-VNNI (VL, 256-bit): the streaming kernel for T <= 4 tokens.
 //
 // Per (row, token) the arithmetic is fixed: for each 32-element block in order, the exact
 // integer dot |x| . sign(w, x) by vpdpbusd, converted to fp32 and accumulated into 8 lanes
@@ -33,13 +33,16 @@ ALLOY_Q8_TARGET inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// Rows rows[0..NS) (NS <= kStreams), NT tokens. kQ4: Q4_0 weights (18-byte blocks: byte j
-// holds value j in its low nibble and j + 16 in its high one, offset by 8), unpacked to the
-// same signed int8 and then the same arithmetic (ggml's vec_dot_q4_0_q8_0 on Q8_0 activations).
-template <bool kQ4, int NS, int NT>
+// The int8-block weight types: Q8_0, and Q4_0 / IQ4_NL (18-byte blocks: byte j holds value j
+// in its low nibble and j + 16 in its high one; Q4_0 codes offset by 8, IQ4_NL's index
+// kIq4nlValues), unpacked to signed int8 and then the same arithmetic (ggml's vec_dot_*_q8_0).
+enum class Blocks { Q8_0, Q4_0, IQ4_NL };
+
+// Rows rows[0..NS) (NS <= kStreams), NT tokens.
+template <Blocks kB, int NS, int NT>
 ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const ActRows& a, int64_t t0, float* y,
                              int64_t ldy) {
-    constexpr size_t kBytes = kQ4 ? 18 : kBlockBytes;
+    constexpr size_t kBytes = kB == Blocks::Q8_0 ? kBlockBytes : 18;
     const int64_t K = W.n_in, nb = K / 32;
     const uint8_t* wr[NS];
     for (int s = 0; s < NS; ++s) wr[s] = W.row(rows[s]);
@@ -64,12 +67,17 @@ ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const Act
             __builtin_memcpy(&dbits, blk, 2);
             const float dw = _cvtsh_ss(dbits);
             __m256i w;
-            if constexpr (kQ4) {
-                const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-                w = _mm256_sub_epi8(_mm256_and_si256(_mm256_setr_m128i(q, _mm_srli_epi16(q, 4)), _mm256_set1_epi8(0x0F)),
-                                    _mm256_set1_epi8(8));
-            } else {
+            if constexpr (kB == Blocks::Q8_0) {
                 w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+            } else {
+                const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+                const __m256i n = _mm256_and_si256(_mm256_setr_m128i(q, _mm_srli_epi16(q, 4)), _mm256_set1_epi8(0x0F));
+                if constexpr (kB == Blocks::Q4_0) {
+                    w = _mm256_sub_epi8(n, _mm256_set1_epi8(8));
+                } else {
+                    w = _mm256_shuffle_epi8(
+                        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues))), n);
+                }
             }
 #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) {
@@ -85,20 +93,20 @@ ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const Act
         for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + rows[s]] = hsum8(acc[s][t]);
 }
 
-template <bool kQ4, int NT>
+template <Blocks kB, int NT>
 void range_q8(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y, int64_t ldy) {
     stream_rows<kStreams>(
-        r0, nr, [&](const int64_t* rows) { rows_q8<kQ4, kStreams, NT>(W, rows, a, t0, y, ldy); },
-        [&](const int64_t* row) { rows_q8<kQ4, 1, NT>(W, row, a, t0, y, ldy); });
+        r0, nr, [&](const int64_t* rows) { rows_q8<kB, kStreams, NT>(W, rows, a, t0, y, ldy); },
+        [&](const int64_t* row) { rows_q8<kB, 1, NT>(W, row, a, t0, y, ldy); });
 }
 
-template <bool kQ4>
+template <Blocks kB>
 void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
     switch (nt) {
-        case 1: range_q8<kQ4, 1>(W, r0, nr, a, t0, y, ldy); break;
-        case 2: range_q8<kQ4, 2>(W, r0, nr, a, t0, y, ldy); break;
-        case 3: range_q8<kQ4, 3>(W, r0, nr, a, t0, y, ldy); break;
-        default: range_q8<kQ4, 4>(W, r0, nr, a, t0, y, ldy); break;
+        case 1: range_q8<kB, 1>(W, r0, nr, a, t0, y, ldy); break;
+        case 2: range_q8<kB, 2>(W, r0, nr, a, t0, y, ldy); break;
+        case 3: range_q8<kB, 3>(W, r0, nr, a, t0, y, ldy); break;
+        default: range_q8<kB, 4>(W, r0, nr, a, t0, y, ldy); break;
     }
 }
 
@@ -106,12 +114,17 @@ void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t
 
 void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                     int64_t ldy) {
-    gemv<false>(W, r0, nr, a, t0, nt, y, ldy);
+    gemv<Blocks::Q8_0>(W, r0, nr, a, t0, nt, y, ldy);
 }
 
 void q4_0_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                       int64_t ldy) {
-    gemv<true>(W, r0, nr, a, t0, nt, y, ldy);
+    gemv<Blocks::Q4_0>(W, r0, nr, a, t0, nt, y, ldy);
+}
+
+void iq4_nl_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                        int64_t ldy) {
+    gemv<Blocks::IQ4_NL>(W, r0, nr, a, t0, nt, y, ldy);
 }
 
 }  // namespace alloy::cpu::mm

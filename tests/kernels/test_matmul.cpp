@@ -34,7 +34,8 @@ std::vector<cpu::Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 double plain_tolerance(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0:
-        case GgmlType::Q4_0: return 2e-2;  // int8 (Q8_0) activations: ~0.5% rms
+        case GgmlType::Q4_0:
+        case GgmlType::IQ4_NL: return 2e-2;  // int8 (Q8_0) activations: ~0.5% rms
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
@@ -270,7 +271,7 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                 // Decode kernels on packed blocks (their prefill runs dequantized fp32 rows).
                 const bool k_quant_native =
                     type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K || type == GgmlType::IQ4_XS ||
-                    (type == GgmlType::Q4_0 && eff != cpu::Isa::Scalar);
+                    ((type == GgmlType::Q4_0 || type == GgmlType::IQ4_NL) && eff != cpu::Isa::Scalar);
                 const bool gemm_matches_decode =
                     !k_quant_native && ((eff == cpu::Isa::Scalar) || (type != GgmlType::Q8_0 && type != GgmlType::BF16));
                 if (gemm_matches_decode) {

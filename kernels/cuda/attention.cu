@@ -2,7 +2,7 @@
 // reads KV head h / (n_head / n_head_kv), token t sits at n_past + t and attends to cache
 // rows [0, n_past + t], scores scaled by s.scale, softmax over them).
 //
-// First version: fp32 CUDA-core arithmetic, flash-style (online softmax, the score row never
+// CUDA-core path (decode, and prefill on f16/f32 caches): fp32 arithmetic, flash-style (online softmax, the score row never
 // stored). A block of 4 warps takes one token, one KV head and G (1, 2 or 4) of the query
 // heads that share it, over one split of the keys: each warp walks keys warp, warp + 4, ...,
 // loads the key and value rows once (lane l holds head_dim / 32 contiguous elements, one 16-
@@ -17,7 +17,9 @@
 // count only, so its arithmetic is that of a one-token call (verification = decode, bit for
 // bit) and even depth 512 spreads over 264 blocks (one head each up to 8k keys: decode is
 // latency-bound, and fixed chunks of 64 x 4 heads gave 18 blocks on 132 SMs: 2% of HBM). Prefill uses as many splits as fill the device twice (usually 1: no merge).
-// Not yet: bf16 tensor cores (mma/wgmma) for prefill, the RoPE and output gate fused in.
+// Prefill with bf16 caches runs on tensor cores instead (attention_tc_kernel below). Not yet:
+// wgmma / ldmatrix / double-buffered tiles there, the RoPE and output gate fused in.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -70,8 +72,14 @@ __host__ __device__ inline int64_t decode_chunk(int64_t n_keys) {
 
 int heads_per_block(int group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
 
+// Prefill with bf16 K and V runs on tensor cores (attention_tc_kernel): no splits.
+bool use_tensor_cores(const ref::AttentionShape& s, int64_t T) {
+    return T > kAttnDecodeMaxT && s.type_k == GgmlType::BF16 && s.type_v == GgmlType::BF16;
+}
+
 Plan make_plan(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
     Plan p;
+    if (use_tensor_cores(s, T)) return p;  // S = 1
     p.G = heads_per_block(s.n_head / s.n_head_kv);
     const int64_t max_keys = n_past + T;
     if (T <= kAttnDecodeMaxT) {
@@ -320,6 +328,171 @@ void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
     }
 }
 
+// ---- prefill on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation) ------------------
+// For bf16 K and V caches and T > kAttnDecodeMaxT. A block of 4 warps takes 64 consecutive
+// tokens of one query head; each warp owns 16 query rows. Per tile of 64 keys: K [64, D] and
+// V^T [D, 64] are staged in shared memory (bf16, rows padded by 16 bytes so the fragment
+// loads of a warp hit 32 different banks), S = Q K^T goes to registers, the online softmax
+// runs on the S fragments (a row's 4 owning lanes reduce by shuffles), P is rounded to bf16
+// and fed back as the A operand of O += P V (the S accumulator layout of two adjacent 8-key
+// tiles is the A layout of one 16-key slice). q is rounded to bf16 after the scale (and
+// log2 e, so the softmax uses exp2), so results differ from ref by ~1e-3 relative.
+constexpr int kTcRows = 64, kTcKeys = 64, kTcThreads = 128;
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args a) {
+    constexpr int QS = D + 8;        // row stride of Q and K in bf16 elements (16-byte pad)
+    constexpr int VS = kTcKeys + 8;  // row stride of V^T
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);  // [64][QS]
+    uint16_t* Ks = Qs + kTcRows * QS;                      // [64][QS]
+    uint16_t* Vt = Ks + kTcKeys * QS;                      // [D][VS]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int qr = lane >> 2, qc = (lane & 3) * 2;  // fragment row / column pair
+    // Blocks with the most keys first.
+    const int64_t t0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * kTcRows;
+    const int h = blockIdx.y, kvh = h / a.group;
+    const int64_t kv_stride = int64_t(a.n_head_kv) * D;
+    const uint16_t* kc = static_cast<const uint16_t*>(a.k);
+    const uint16_t* vc = static_cast<const uint16_t*>(a.v);
+
+    // Q tile, scaled by scale * log2(e), to bf16; rows past T are zero (never stored).
+    const float qscale = a.scale * 1.4426950408889634f;
+    for (int i = threadIdx.x; i < kTcRows * D / 2; i += kTcThreads) {
+        const int r = i / (D / 2), c = (i % (D / 2)) * 2;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (t0 + r < a.T) v = *reinterpret_cast<const float2*>(a.q + ((t0 + r) * a.n_head + h) * D + c);
+        *reinterpret_cast<uint32_t*>(Qs + r * QS + c) = pack_bf16(v.x * qscale, v.y * qscale);
+    }
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows qr and qr + 8
+    const int64_t row0 = t0 + warp * 16 + qr;  // this thread's first token (second: + 8)
+    const int64_t key_end = min(a.n_past + t0 + kTcRows, a.n_past + a.T);  // keys any row sees
+
+    for (int64_t j0 = 0; j0 < key_end; j0 += kTcKeys) {
+        __syncthreads();  // the previous tile is consumed (and Q is written, the first time)
+        for (int i = threadIdx.x; i < kTcKeys * D / 8; i += kTcThreads) {
+            // Consecutive threads take consecutive keys: V^T's 2-byte stores then fill
+            // consecutive banks (by columns, 32 lanes wrote one bank).
+            const int r = i % kTcKeys, c = (i / kTcKeys) * 8;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (j0 + r < key_end) {
+                kv = __ldg(reinterpret_cast<const uint4*>(kc + (j0 + r) * kv_stride + kvh * D + c));
+                vv = __ldg(reinterpret_cast<const uint4*>(vc + (j0 + r) * kv_stride + kvh * D + c));
+            }
+            *reinterpret_cast<uint4*>(Ks + r * QS + c) = kv;
+            const uint16_t* ve = reinterpret_cast<const uint16_t*>(&vv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) Vt[(c + e) * VS + r] = ve[e];
+        }
+        __syncthreads();
+        // S = Q K^T for this warp's 16 rows x 64 keys.
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        const uint16_t* qw = Qs + (warp * 16) * QS;
+#pragma unroll 4
+        for (int k = 0; k < D; k += 16) {
+            uint32_t af[4];
+            af[0] = *reinterpret_cast<const uint32_t*>(qw + qr * QS + k + qc);
+            af[1] = *reinterpret_cast<const uint32_t*>(qw + (qr + 8) * QS + k + qc);
+            af[2] = *reinterpret_cast<const uint32_t*>(qw + qr * QS + k + qc + 8);
+            af[3] = *reinterpret_cast<const uint32_t*>(qw + (qr + 8) * QS + k + qc + 8);
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                const uint16_t* kr = Ks + (n * 8 + qr) * QS + k + qc;
+                mma_bf16(s[n], af, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
+            }
+        }
+        // Causal mask (key j visible to token t iff j <= n_past + t), row maxima.
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int64_t j = j0 + n * 8 + qc + e;
+                if (j > a.n_past + row0) s[n][e] = -INFINITY;
+                if (j > a.n_past + row0 + 8) s[n][2 + e] = -INFINITY;
+                mx0 = fmaxf(mx0, s[n][e]);
+                mx1 = fmaxf(mx1, s[n][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        // Key 0 is visible to every row, so after the first tile the maxima are finite.
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0, m1 = mx1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+        uint32_t pf[4][4];  // P as A fragments, one per 16-key slice
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float p0 = exp2f(s[n][0] - mx0), p1 = exp2f(s[n][1] - mx0);
+            const float p2 = exp2f(s[n][2] - mx1), p3 = exp2f(s[n][3] - mx1);
+            ps0 += p0 + p1;
+            ps1 += p2 + p3;
+            pf[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);
+            pf[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+        }
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) o[i][0] *= c0, o[i][1] *= c0, o[i][2] *= c1, o[i][3] *= c1;
+        // O += P V: B fragments from V^T (key pairs contiguous).
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt) {
+#pragma unroll
+            for (int i = 0; i < D / 8; ++i) {
+                const uint16_t* vr = Vt + (i * 8 + qr) * VS + kt * 16 + qc;
+                mma_bf16(o[i], pf[kt], *reinterpret_cast<const uint32_t*>(vr), *reinterpret_cast<const uint32_t*>(vr + 8));
+            }
+        }
+    }
+    // The row sums over the 4 lanes of a row, then out = O / l.
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+        if (row0 < a.T)
+            *reinterpret_cast<float2*>(a.out + (row0 * a.n_head + h) * D + i * 8 + qc) =
+                make_float2(o[i][0] / l0, o[i][1] / l0);
+        if (row0 + 8 < a.T)
+            *reinterpret_cast<float2*>(a.out + ((row0 + 8) * a.n_head + h) * D + i * 8 + qc) =
+                make_float2(o[i][2] / l1, o[i][3] / l1);
+    }
+}
+
+size_t tc_smem(int D) { return size_t(kTcRows + kTcKeys) * (D + 8) * 2 + size_t(D) * (kTcKeys + 8) * 2; }
+
+template <int D>
+void launch_tc(const Args& a, cudaStream_t st) {
+    const size_t smem = tc_smem(D);
+    ALLOY_CUDA_CHECK("cuda::attention", cudaFuncSetAttribute(attention_tc_kernel<D>,
+                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const dim3 grid(unsigned(detail::ceil_div(a.T, kTcRows)), unsigned(a.n_head));
+    attention_tc_kernel<D><<<grid, kTcThreads, smem, st>>>(a);
+}
+
 bool kv_type_ok(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 void check(const ref::AttentionShape& s, int64_t T, int64_t n_past, const char* op) {
@@ -363,7 +536,13 @@ void attention(const ref::AttentionShape& s, const float* q, const void* k_cache
     const dim3 grid(unsigned(T), unsigned(p.S), unsigned(s.n_head / p.G));
     // The decode step size is fixed (not chosen by G) so a token's arithmetic never depends on
     // the call's other tokens.
-    if (T <= kAttnDecodeMaxT) {
+    if (use_tensor_cores(s, T)) {
+        switch (s.head_dim) {
+            case 64: launch_tc<64>(a, st); break;
+            case 128: launch_tc<128>(a, st); break;
+            default: launch_tc<256>(a, st); break;
+        }
+    } else if (T <= kAttnDecodeMaxT) {
         switch (s.head_dim) {
             case 64: launch_epl<2, kDecodeKeys>(a, p.G, grid, st); break;
             case 128: launch_epl<4, kDecodeKeys>(a, p.G, grid, st); break;

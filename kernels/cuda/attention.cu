@@ -74,7 +74,8 @@ int heads_per_block(int group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 
 
 // Prefill with bf16 K and V runs on tensor cores (attention_tc_kernel): no splits.
 bool use_tensor_cores(const ref::AttentionShape& s, int64_t T) {
-    return T > kAttnDecodeMaxT && s.type_k == GgmlType::BF16 && s.type_v == GgmlType::BF16;
+    const int group = s.n_head / s.n_head_kv;  // a block's 64 rows hold whole groups
+    return T > kAttnDecodeMaxT && s.type_k == GgmlType::BF16 && s.type_v == GgmlType::BF16 && 64 % group == 0;
 }
 
 Plan make_plan(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
@@ -329,8 +330,10 @@ void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
 }
 
 // ---- prefill on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation) ------------------
-// For bf16 K and V caches and T > kAttnDecodeMaxT. A block of 4 warps takes 64 consecutive
-// tokens of one query head; each warp owns 16 query rows. Per tile of 64 keys: K [64, D] and
+// For bf16 K and V caches and T > kAttnDecodeMaxT. A block of 4 warps takes 64 query rows:
+// 64 / group consecutive tokens x the group's query heads of one KV head (row r = token
+// r / group, head r % group), so a staged K/V tile serves the whole group; each warp owns 16
+// rows. Per tile of 64 keys: K [64, D] and
 // V^T [D, 64] are staged in shared memory (bf16, rows padded by 16 bytes so the fragment
 // loads of a warp hit 32 different banks), S = Q K^T goes to registers, the online softmax
 // runs on the S fragments (a row's 4 owning lanes reduce by shuffles), P is rounded to bf16
@@ -363,8 +366,9 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qr = lane >> 2, qc = (lane & 3) * 2;  // fragment row / column pair
     // Blocks with the most keys first.
-    const int64_t t0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * kTcRows;
-    const int h = blockIdx.y, kvh = h / a.group;
+    const int tpb = kTcRows / a.group;  // tokens per block
+    const int64_t t0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * tpb;
+    const int kvh = blockIdx.y, h0 = kvh * a.group;
     const int64_t kv_stride = int64_t(a.n_head_kv) * D;
     const uint16_t* kc = static_cast<const uint16_t*>(a.k);
     const uint16_t* vc = static_cast<const uint16_t*>(a.v);
@@ -373,16 +377,18 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
     const float qscale = a.scale * 1.4426950408889634f;
     for (int i = threadIdx.x; i < kTcRows * D / 2; i += kTcThreads) {
         const int r = i / (D / 2), c = (i % (D / 2)) * 2;
+        const int64_t tok = t0 + r / a.group;
         float2 v = make_float2(0.0f, 0.0f);
-        if (t0 + r < a.T) v = *reinterpret_cast<const float2*>(a.q + ((t0 + r) * a.n_head + h) * D + c);
+        if (tok < a.T) v = *reinterpret_cast<const float2*>(a.q + (tok * a.n_head + h0 + r % a.group) * D + c);
         *reinterpret_cast<uint32_t*>(Qs + r * QS + c) = pack_bf16(v.x * qscale, v.y * qscale);
     }
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows qr and qr + 8
-    const int64_t row0 = t0 + warp * 16 + qr;  // this thread's first token (second: + 8)
-    const int64_t key_end = min(a.n_past + t0 + kTcRows, a.n_past + a.T);  // keys any row sees
+    const int r0 = warp * 16 + qr, r1 = r0 + 8;  // this thread's two rows
+    const int64_t tok0 = t0 + r0 / a.group, tok1 = t0 + r1 / a.group;
+    const int64_t key_end = min(a.n_past + t0 + tpb, a.n_past + a.T);  // keys any row sees
 
     for (int64_t j0 = 0; j0 < key_end; j0 += kTcKeys) {
         __syncthreads();  // the previous tile is consumed (and Q is written, the first time)
@@ -426,8 +432,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int64_t j = j0 + n * 8 + qc + e;
-                if (j > a.n_past + row0) s[n][e] = -INFINITY;
-                if (j > a.n_past + row0 + 8) s[n][2 + e] = -INFINITY;
+                if (j > a.n_past + tok0) s[n][e] = -INFINITY;
+                if (j > a.n_past + tok1) s[n][2 + e] = -INFINITY;
                 mx0 = fmaxf(mx0, s[n][e]);
                 mx1 = fmaxf(mx1, s[n][2 + e]);
             }
@@ -473,11 +479,11 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
     }
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
-        if (row0 < a.T)
-            *reinterpret_cast<float2*>(a.out + (row0 * a.n_head + h) * D + i * 8 + qc) =
+        if (tok0 < a.T)
+            *reinterpret_cast<float2*>(a.out + (tok0 * a.n_head + h0 + r0 % a.group) * D + i * 8 + qc) =
                 make_float2(o[i][0] / l0, o[i][1] / l0);
-        if (row0 + 8 < a.T)
-            *reinterpret_cast<float2*>(a.out + ((row0 + 8) * a.n_head + h) * D + i * 8 + qc) =
+        if (tok1 < a.T)
+            *reinterpret_cast<float2*>(a.out + (tok1 * a.n_head + h0 + r1 % a.group) * D + i * 8 + qc) =
                 make_float2(o[i][2] / l1, o[i][3] / l1);
     }
 }
@@ -489,7 +495,7 @@ void launch_tc(const Args& a, cudaStream_t st) {
     const size_t smem = tc_smem(D);
     ALLOY_CUDA_CHECK("cuda::attention", cudaFuncSetAttribute(attention_tc_kernel<D>,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    const dim3 grid(unsigned(detail::ceil_div(a.T, kTcRows)), unsigned(a.n_head));
+    const dim3 grid(unsigned(detail::ceil_div(a.T, kTcRows / a.group)), unsigned(a.n_head_kv));
     attention_tc_kernel<D><<<grid, kTcThreads, smem, st>>>(a);
 }
 

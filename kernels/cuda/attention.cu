@@ -333,9 +333,9 @@ void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
 // For bf16 K and V caches and T > kAttnDecodeMaxT. A block of 4 warps takes 64 query rows:
 // 64 / group consecutive tokens x the group's query heads of one KV head (row r = token
 // r / group, head r % group), so a staged K/V tile serves the whole group; each warp owns 16
-// rows. Per tile of 64 keys: K [64, D] and
-// V^T [D, 64] are staged in shared memory (bf16, rows padded by 16 bytes so the fragment
-// loads of a warp hit 32 different banks), S = Q K^T goes to registers, the online softmax
+// rows. Per tile of 64 keys: K and V [64, D] are
+// staged in shared memory (bf16, rows padded by 16 bytes), fragments loaded by ldmatrix (V's
+// transposed by ldmatrix.trans), S = Q K^T goes to registers, the online softmax
 // runs on the S fragments (a row's 4 owning lanes reduce by shuffles), P is rounded to bf16
 // and fed back as the A operand of O += P V (the S accumulator layout of two adjacent 8-key
 // tiles is the A layout of one 16-key slice). q is rounded to bf16 after the scale (and
@@ -350,6 +350,19 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8x8 bf16 matrices from shared memory, one row address per lane (lanes 8i..8i+7: matrix
+// i); .trans delivers each transposed.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+    const unsigned a = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+    const unsigned a = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
@@ -357,12 +370,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 template <int D>
 __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args a) {
-    constexpr int QS = D + 8;        // row stride of Q and K in bf16 elements (16-byte pad)
-    constexpr int VS = kTcKeys + 8;  // row stride of V^T
+    constexpr int QS = D + 8;  // row stride of Q, K, V in bf16 elements (16-byte pad: the 8 row
+                               // addresses of an ldmatrix fall in 32 different banks)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     uint16_t* Qs = reinterpret_cast<uint16_t*>(smem_raw);  // [64][QS]
     uint16_t* Ks = Qs + kTcRows * QS;                      // [64][QS]
-    uint16_t* Vt = Ks + kTcKeys * QS;                      // [D][VS]
+    uint16_t* Vs = Ks + kTcKeys * QS;                      // [64][QS]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qr = lane >> 2, qc = (lane & 3) * 2;  // fragment row / column pair
     // Blocks with the most keys first.
@@ -393,36 +406,36 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
     for (int64_t j0 = 0; j0 < key_end; j0 += kTcKeys) {
         __syncthreads();  // the previous tile is consumed (and Q is written, the first time)
         for (int i = threadIdx.x; i < kTcKeys * D / 8; i += kTcThreads) {
-            // Consecutive threads take consecutive keys: V^T's 2-byte stores then fill
-            // consecutive banks (by columns, 32 lanes wrote one bank).
-            const int r = i % kTcKeys, c = (i / kTcKeys) * 8;
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
             uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
             if (j0 + r < key_end) {
                 kv = __ldg(reinterpret_cast<const uint4*>(kc + (j0 + r) * kv_stride + kvh * D + c));
                 vv = __ldg(reinterpret_cast<const uint4*>(vc + (j0 + r) * kv_stride + kvh * D + c));
             }
             *reinterpret_cast<uint4*>(Ks + r * QS + c) = kv;
-            const uint16_t* ve = reinterpret_cast<const uint16_t*>(&vv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) Vt[(c + e) * VS + r] = ve[e];
+            *reinterpret_cast<uint4*>(Vs + r * QS + c) = vv;
         }
         __syncthreads();
         // S = Q K^T for this warp's 16 rows x 64 keys.
         float s[8][4];
 #pragma unroll
         for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        const uint16_t* qw = Qs + (warp * 16) * QS;
+        // ldmatrix row addresses: A (Q rows) matrices 0-3 = (rows 0-7, k 0-7), (8-15, 0-7),
+        // (0-7, 8-15), (8-15, 8-15); B from K rows: (keys 0-7, k 0-7), (0-7, 8-15), (8-15,
+        // 0-7), (8-15, 8-15), i.e. two 8-key n-tiles.
+        const int mi = lane >> 3, mr = lane & 7;
+        const uint16_t* qa = Qs + (warp * 16 + mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
+        const uint16_t* kb = Ks + (mr + (mi >> 1) * 8) * QS + (mi & 1) * 8;
 #pragma unroll 4
         for (int k = 0; k < D; k += 16) {
             uint32_t af[4];
-            af[0] = *reinterpret_cast<const uint32_t*>(qw + qr * QS + k + qc);
-            af[1] = *reinterpret_cast<const uint32_t*>(qw + (qr + 8) * QS + k + qc);
-            af[2] = *reinterpret_cast<const uint32_t*>(qw + qr * QS + k + qc + 8);
-            af[3] = *reinterpret_cast<const uint32_t*>(qw + (qr + 8) * QS + k + qc + 8);
+            ldsm_x4(af, qa + k);
 #pragma unroll
-            for (int n = 0; n < 8; ++n) {
-                const uint16_t* kr = Ks + (n * 8 + qr) * QS + k + qc;
-                mma_bf16(s[n], af, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
+            for (int np = 0; np < 4; ++np) {
+                uint32_t bf[4];
+                ldsm_x4(bf, kb + np * 16 * QS + k);
+                mma_bf16(s[2 * np], af, bf[0], bf[1]);
+                mma_bf16(s[2 * np + 1], af, bf[2], bf[3]);
             }
         }
         // Causal mask (key j visible to token t iff j <= n_past + t), row maxima.
@@ -461,13 +474,17 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
         l1 = l1 * c1 + ps1;
 #pragma unroll
         for (int i = 0; i < D / 8; ++i) o[i][0] *= c0, o[i][1] *= c0, o[i][2] *= c1, o[i][3] *= c1;
-        // O += P V: B fragments from V^T (key pairs contiguous).
+        // O += P V: B fragments from V rows by ldmatrix.trans: matrices (keys 0-7, dims 0-7),
+        // (keys 8-15, dims 0-7), (0-7, 8-15), (8-15, 8-15): two 8-dim n-tiles per load.
+        const uint16_t* vb = Vs + (mr + (mi & 1) * 8) * QS + (mi >> 1) * 8;
 #pragma unroll
         for (int kt = 0; kt < 4; ++kt) {
 #pragma unroll
-            for (int i = 0; i < D / 8; ++i) {
-                const uint16_t* vr = Vt + (i * 8 + qr) * VS + kt * 16 + qc;
-                mma_bf16(o[i], pf[kt], *reinterpret_cast<const uint32_t*>(vr), *reinterpret_cast<const uint32_t*>(vr + 8));
+            for (int dp = 0; dp < D / 16; ++dp) {
+                uint32_t bf[4];
+                ldsm_x4_trans(bf, vb + kt * 16 * QS + dp * 16);
+                mma_bf16(o[2 * dp], pf[kt], bf[0], bf[1]);
+                mma_bf16(o[2 * dp + 1], pf[kt], bf[2], bf[3]);
             }
         }
     }
@@ -488,7 +505,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
     }
 }
 
-size_t tc_smem(int D) { return size_t(kTcRows + kTcKeys) * (D + 8) * 2 + size_t(D) * (kTcKeys + 8) * 2; }
+size_t tc_smem(int D) { return size_t(kTcRows + 2 * kTcKeys) * (D + 8) * 2; }
 
 template <int D>
 void launch_tc(const Args& a, cudaStream_t st) {

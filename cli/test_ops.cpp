@@ -625,6 +625,7 @@ MatmulIn make_matmul_in(const MatmulCase& c, uint32_t seed) {
             if (c.type == GgmlType::Q4_K || c.type == GgmlType::Q5_K || c.type == GgmlType::Q5_1) {
                 std::memcpy(&in.w[off + 2], &d, 2);  // dmin / Q5_1's min
             }
+            if (c.type == GgmlType::MXFP4) in.w[off] = uint8_t(120 + gen() % 8);  // e8m0: scales 2^-8 .. 2^-1
         }
     } else {
         std::vector<float> row(static_cast<size_t>(c.n_in));
@@ -643,7 +644,7 @@ std::vector<MatmulCase> matmul_cases(const Options& o) {
     std::vector<MatmulCase> v;
     const GgmlType types[] = {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32,  GgmlType::F16,
                               GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                              GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::Q5_0, GgmlType::Q5_1};
+                              GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::MXFP4};
     const std::vector<int64_t> Ts = o.quick ? std::vector<int64_t>{1, 5, 64} : std::vector<int64_t>{1, 3, 17, 129};
     for (GgmlType t : types) {
         const bool k_quant = type_traits(t).block_elems == 256;

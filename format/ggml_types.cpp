@@ -19,7 +19,8 @@ const TypeTraits kQ4_K{"q4_K", 256, 144}; // f16 d, f16 dmin, 12 scale bytes, 12
 const TypeTraits kQ5_K{"q5_K", 256, 176}; // f16 d, f16 dmin, 12 scale bytes, 32 high-bit bytes, 128 nibble bytes
 const TypeTraits kQ6_K{"q6_K", 256, 210}; // 128 ql + 64 qh + 16 int8 scales + f16 d
 const TypeTraits kIQ4_NL{"iq4_nl", 32, 18}; // f16 d + 16 bytes of codebook indices (kIq4nlValues)
-const TypeTraits kIQ4_XS{"iq4_xs", 256, 136}; // f16 d, u16 scales_h, 4 scales_l bytes, 128 index bytes
+const TypeTraits kIQ4_XS{"iq4_xs", 256, 136};
+const TypeTraits kMXFP4{"mxfp4", 32, 17};    // e8m0 shared exponent + 16 bytes of FP4 (E2M1) codes // f16 d, u16 scales_h, 4 scales_l bytes, 128 index bytes
 
 const TypeTraits* lookup(uint32_t id) {
     switch (static_cast<GgmlType>(id)) {
@@ -35,6 +36,7 @@ const TypeTraits* lookup(uint32_t id) {
         case GgmlType::IQ4_NL: return &kIQ4_NL;
         case GgmlType::IQ4_XS: return &kIQ4_XS;
         case GgmlType::BF16: return &kBF16;
+        case GgmlType::MXFP4: return &kMXFP4;
     }
     return nullptr;
 }
@@ -61,7 +63,6 @@ const char* known_unsupported_name(uint32_t id) {
         case 29: return "iq1_m";
         case 34: return "tq1_0";
         case 35: return "tq2_0";
-        case 39: return "mxfp4";
         case 40: return "nvfp4";
         default: return nullptr;
     }

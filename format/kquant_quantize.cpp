@@ -31,8 +31,6 @@ void store_u16(uint8_t* p, uint16_t v) {
     p[1] = static_cast<uint8_t>(v >> 8);
 }
 
-uint16_t load_u16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-
 // Fits x[0..n) ~ scale * L + min with L in [0, nmax], min <= 0, by weighted least squares over
 // nstep + 1 trial inverse scales around nmax / (max - min) (ggml's make_qkx2_quants with
 // squared error). Returns the scale; *neg_min = -min.

@@ -256,7 +256,53 @@ void quant_q5(const float* src, uint8_t* dst, int64_t nb) {
         std::memcpy(dst + kQh, &qh, 4);
     }
 }
+
+// MXFP4 (32 values): byte 0 the shared exponent e, bytes 1-16 the codes (byte j: value j low,
+// j + 16 high). ggml's reference quantizer: e = floor(log2(amax)) - 2 + 127, each value the
+// code whose kMxfp4Values[c] * 2^(e - 128) is nearest (first of equals).
+void dequant_mxfp4(const uint8_t* src, float* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 17, dst += 32) {
+        const float d = mxfp4_half_scale(src[0]);
+        for (int j = 0; j < 16; ++j) {
+            dst[j] = static_cast<float>(kMxfp4Values[src[1 + j] & 0x0F]) * d;
+            dst[j + 16] = static_cast<float>(kMxfp4Values[src[1 + j] >> 4]) * d;
+        }
+    }
+}
+
+int nearest_mxfp4(float x, float e) {
+    int best = 0;
+    float best_err = std::fabs(static_cast<float>(kMxfp4Values[0]) * e - x);
+    for (int i = 1; i < 16; ++i) {
+        const float err = std::fabs(static_cast<float>(kMxfp4Values[i]) * e - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+void quant_mxfp4(const float* src, uint8_t* dst, int64_t nb) {
+    for (int64_t b = 0; b < nb; ++b, src += 32, dst += 17) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) {
+            if (amax < std::fabs(src[i])) amax = std::fabs(src[i]);
+        }
+        const uint8_t e = amax > 0.0f ? static_cast<uint8_t>(std::floor(std::log2(amax)) - 2 + 127) : 0;
+        const float d = mxfp4_half_scale(e);
+        dst[0] = e;
+        for (int j = 0; j < 16; ++j) {
+            dst[1 + j] = static_cast<uint8_t>(nearest_mxfp4(src[j], d) | (nearest_mxfp4(src[j + 16], d) << 4));
+        }
+    }
+}
 }  // namespace
+
+float mxfp4_half_scale(uint8_t e) {
+    // 2^(e - 128): subnormal for e < 2 (ggml's ggml_e8m0_to_fp32_half).
+    return bits_float(e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23);
+}
 
 float fp16_to_fp32(uint16_t h) {
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
@@ -327,6 +373,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
         case GgmlType::Q6_K: dequant_q6_k(s, dst, n / 256); return;
         case GgmlType::IQ4_NL: dequant_iq4_nl(s, dst, n / 32); return;
         case GgmlType::IQ4_XS: dequant_iq4_xs(s, dst, n / 256); return;
+        case GgmlType::MXFP4: dequant_mxfp4(s, dst, n / 32); return;
     }
 }
 
@@ -351,6 +398,7 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
         case GgmlType::Q6_K: detail::quantize_q6_k(src, d, n / 256); return;
         case GgmlType::IQ4_NL: detail::quantize_iq4_nl(src, d, n / 32); return;
         case GgmlType::IQ4_XS: detail::quantize_iq4_xs(src, d, n / 256); return;
+        case GgmlType::MXFP4: quant_mxfp4(src, d, n / 32); return;
     }
     throw Error(std::string("quantize_row: writing ") + type_traits(t).name + " is not supported");
 }

@@ -27,6 +27,11 @@ static_assert(sizeof(BlockQ8_0) == 34);
 inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                             1,    13,   25,  38,  53,  69,  89,  113};
 
+// MXFP4's 16 FP4 (E2M1) values times 2, as int8 (ggml's kvalues_mxfp4); a block's scale is
+// mxfp4_half_scale(e) = 2^(e - 128), so value = kMxfp4Values[code] * 2^(e - 128).
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+float mxfp4_half_scale(uint8_t e);
+
 // dst[0..n) = dequantized src row of type t; n a multiple of the type's block size.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 // dst = quantized row of type t, as ggml's reference quantizer for t writes it (no importance

@@ -31,6 +31,7 @@ constexpr FileTypeInfo kFileTypes[] = {
     {FileType::Q4_K_M, "Q4_K_M", GgmlType::Q4_K},   {FileType::Q5_K_S, "Q5_K_S", GgmlType::Q5_K},
     {FileType::Q5_K_M, "Q5_K_M", GgmlType::Q5_K},   {FileType::Q6_K, "Q6_K", GgmlType::Q6_K},
     {FileType::IQ4_NL, "IQ4_NL", GgmlType::IQ4_NL}, {FileType::IQ4_XS, "IQ4_XS", GgmlType::IQ4_XS},
+    {FileType::MXFP4_MOE, "MXFP4_MOE", GgmlType::MXFP4},
 };
 
 const FileTypeInfo& info(FileType t) {
@@ -144,9 +145,12 @@ GgmlType mixed_type(MixState& s, GgmlType t, const gguf::TensorInfo& tensor, Cat
     const FileType f = s.ftype;
     if (cat == Category::Output || (s.tied_embeddings && cat == Category::TokenEmbd)) {
         if (opt.output_type) return *opt.output_type;
+        if (f == FileType::MXFP4_MOE) return GgmlType::Q8_0;
         if (s.falcon() || tensor.ne[0] % type_traits(t).block_elems != 0) return GgmlType::Q8_0;
         return t != GgmlType::Q8_0 ? GgmlType::Q6_K : t;
     }
+    // MXFP4_MOE: the expert tensors (3-D) in MXFP4, everything else Q8_0.
+    if (f == FileType::MXFP4_MOE) return tensor.ne.size() > 2 && tensor.ne[2] > 1 ? GgmlType::MXFP4 : GgmlType::Q8_0;
     if (cat == Category::TokenEmbd) return opt.token_embd_type ? *opt.token_embd_type : t;
     if (attn_v_like(cat)) {
         if ((f == FileType::IQ4_NL || f == FileType::IQ4_XS) && s.n_gqa >= 4) {

@@ -21,7 +21,7 @@ class File;
 // llama.cpp's llama_ftype numbers (what general.file_type holds); the ones alloy can write.
 enum class FileType : uint32_t {
     F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 7, Q4_K_S = 14, Q4_K_M = 15, Q5_K_S = 16, Q5_K_M = 17, Q6_K = 18,
-    IQ4_NL = 25, IQ4_XS = 30, BF16 = 32,
+    IQ4_NL = 25, IQ4_XS = 30, BF16 = 32, MXFP4_MOE = 38,
 };
 
 // "Q4_K_M", "q8_0", ... (case-insensitive); throws alloy::Error listing the valid names.

@@ -133,6 +133,7 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
             break;
         case GgmlType::Q4_0:
         case GgmlType::IQ4_NL:
+        case GgmlType::MXFP4:
             // Decode: the packed blocks x Q8_0 activations (ggml's vec_dot_q4_0_q8_0 /
             // vec_dot_iq4_nl_q8_0), streamed as the Q8_0 GEMVs; prefill: below; scalar: dequantized
             // rows on Q8_0-rounded activations.
@@ -141,12 +142,14 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 p.vector = avx512;
                 p.gemv = !(avx512 && mm::cpu_has_avx512_vnni()) ? mm::gemv_avx2(type)
                          : type == GgmlType::Q4_0            ? mm::q4_0_gemv_avx512
-                                                              : mm::iq4_nl_gemv_avx512;
+                         : type == GgmlType::IQ4_NL          ? mm::iq4_nl_gemv_avx512
+                                                              : mm::mxfp4_gemv_avx512;
                 p.rowdot = mm::rowdot_avx2(GgmlType::Q8_0);  // never called: the GEMV takes every row
                 p.name = std::string(isa_label) + " q8";
                 return p;
             }
-            if (avx2) {
+            // (MXFP4's scales 2^(e - 128) need not fit a Q8_0 row's f16 d: its prefill stays fp32.)
+            if (avx2 && type != GgmlType::MXFP4) {
                 // Prefill: each item's rows become Q8_0 rows (the same d; q - 8, or the IQ4_NL
                 // codebook value, as int8: exact), then the Q8_0 GEMM tiles: integer block sums as
                 // decode, int8 instead of fp32 products.
@@ -526,7 +529,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
 
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in) {
     const size_t n = size_t(T * n_in);
-    if (wtype == GgmlType::Q8_0 || wtype == GgmlType::Q4_0 || wtype == GgmlType::IQ4_NL) {
+    if (wtype == GgmlType::Q8_0 || wtype == GgmlType::Q4_0 || wtype == GgmlType::IQ4_NL || wtype == GgmlType::MXFP4) {
         const int64_t nb = n_in / mm::kQ8;
         std::vector<int8_t> q(static_cast<size_t>(n_in));
         std::vector<float> d(static_cast<size_t>(nb));

@@ -8,7 +8,7 @@
 //   BF16: activations rounded to bf16 (nearest even), as llama.cpp (vec_dot_type BF16);
 //       products exact, fp32 sums: <= 1e-5 against ref on the effective input,
 //       ~1e-3 against ref(x) (bf16 has 8 significant bits).
-//   Q8_0 (and Q4_0, IQ4_NL): activations quantized per 32 exactly as ggml's x86 quantize_row_q8_0
+//   Q8_0 (and Q4_0, IQ4_NL, MXFP4): activations quantized per 32 exactly as ggml's x86 quantize_row_q8_0
 //       (d = amax/127 rounded to fp16, q = nearest-even(x * 127/amax)); exact integer block
 //       sums scaled by d_w * d_x in fp32 and summed in fp32, as ggml_vec_dot_q8_0_q8_0, so
 //       results track llama.cpp's: <= 1e-5 against ref on the effective input, ~1e-2 against
@@ -36,7 +36,8 @@
 //   Q4_0, IQ4_NL: decode (T <= 4) streams the packed blocks against Q8_0 activations (ggml's
 //   vec_dot_q4_0_q8_0 / _iq4_nl_q8_0); prefill turns each item's rows into Q8_0 rows (exact)
 //   for the Q8_0 GEMM tiles; scalar dequantizes to fp32 on Q8_0-rounded activations. All
-//   compute one function (the effective input is Q8_0-rounded).
+//   compute one function (the effective input is Q8_0-rounded). MXFP4: the same GEMVs, its
+//   prefill dequantizes to fp32 on the Q8_0-rounded activations.
 //   K-quants: matmul_kquant.h (Q8_K activations). Other types: rows dequantized to fp32.
 #pragma once
 #include <cstdint>

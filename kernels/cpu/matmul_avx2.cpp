@@ -27,11 +27,19 @@ constexpr int kGemvStreams = 2;
 
 // The int8-block weight types the Q8_0 arithmetic serves: Q8_0 (34-byte blocks of f16 d + 32
 // int8), Q4_0 and IQ4_NL (18 bytes: f16 d + 16 bytes, byte j holding value j in its low nibble
-// and j + 16 in its high one; Q4_0 codes are offset by 8, IQ4_NL's index kIq4nlValues).
-enum class Blocks { Q8_0, Q4_0, IQ4_NL };
+// and j + 16 in its high one; Q4_0 codes are offset by 8, IQ4_NL's index kIq4nlValues), and
+// MXFP4 (17 bytes: a shared exponent, then the codes as IQ4_NL's, indexing kMxfp4Values).
+enum class Blocks { Q8_0, Q4_0, IQ4_NL, MXFP4 };
 
 template <Blocks kB>
-constexpr int64_t block_bytes() { return kB == Blocks::Q8_0 ? 34 : 18; }
+constexpr int64_t block_bytes() { return kB == Blocks::Q8_0 ? 34 : kB == Blocks::MXFP4 ? 17 : 18; }
+
+// The block's scale: f16 d, or MXFP4's shared exponent as 2^(e - 128) (format/quant.h).
+template <Blocks kB>
+ALLOY_TARGET_AVX2 inline float block_scale(const uint8_t* blk) {
+    if constexpr (kB == Blocks::MXFP4) return mxfp4_half_scale(blk[0]);
+    return _cvtsh_ss(load_u16(blk));
+}
 
 // A block's 32 weights as signed int8 (exact: d w stays the value the block encodes).
 template <Blocks kB>
@@ -39,10 +47,12 @@ ALLOY_TARGET_AVX2 inline __m256i block_int8(const uint8_t* blk) {
     if constexpr (kB == Blocks::Q8_0) {
         return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
     } else {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        constexpr int kCodes = kB == Blocks::MXFP4 ? 1 : 2;
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kCodes));
         const __m256i n = _mm256_and_si256(_mm256_setr_m128i(q, _mm_srli_epi16(q, 4)), _mm256_set1_epi8(0x0F));
         if constexpr (kB == Blocks::Q4_0) return _mm256_sub_epi8(n, _mm256_set1_epi8(8));
-        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+        const int8_t* values = kB == Blocks::MXFP4 ? kMxfp4Values : kIq4nlValues;
+        const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values)));
         return _mm256_shuffle_epi8(book, n);
     }
 }
@@ -64,7 +74,7 @@ ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* const* w, const ActRows& a
         const uint8_t* blk = w[s] + b * block_bytes<kB>();
         const __m256i wq = block_int8<kB>(blk);
         const __m256i aw = _mm256_abs_epi8(wq);
-        const float dw = _cvtsh_ss(load_u16(blk));
+        const float dw = block_scale<kB>(blk);
 #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t) {
             const __m256i s16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[t], wq));
@@ -94,7 +104,7 @@ ALLOY_TARGET_AVX2 void q8_rows(const uint8_t* const* w, const ActRows& a, int64_
     for (int i = 0; i < NS * NT; ++i) out[i] = hsum(_mm256_add_ps(acc[i], acc2[i]));
 }
 
-enum class Kind { Q8, Q4_0, Iq4Nl, Bf16, F16, F32 };  // weight row formats
+enum class Kind { Q8, Q4_0, Iq4Nl, Mxfp4, Bf16, F16, F32 };  // weight row formats
 
 template <Kind kind>
 ALLOY_TARGET_AVX2 inline __m256 widen8(const uint8_t* w, int64_t k) {
@@ -178,6 +188,8 @@ void rows_to_y(const WeightView& W, const int64_t* rows, const ActRows& a, int64
         q8_rows<Blocks::Q4_0, NS, NT>(w, a, t0, out);
     else if constexpr (kind == Kind::Iq4Nl)
         q8_rows<Blocks::IQ4_NL, NS, NT>(w, a, t0, out);
+    else if constexpr (kind == Kind::Mxfp4)
+        q8_rows<Blocks::MXFP4, NS, NT>(w, a, t0, out);
     else
         float_rows<kind, NS, NT>(w, a, t0, out);
     for (int s = 0; s < NS; ++s)
@@ -304,6 +316,7 @@ GemvFn gemv_avx2(GgmlType type) {
         case GgmlType::Q8_0: return gemv<Kind::Q8>;
         case GgmlType::Q4_0: return gemv<Kind::Q4_0>;
         case GgmlType::IQ4_NL: return gemv<Kind::Iq4Nl>;
+        case GgmlType::MXFP4: return gemv<Kind::Mxfp4>;
         case GgmlType::BF16: return gemv<Kind::Bf16>;
         default: return nullptr;  // F32/F16 decode runs the row-dot (float_cols): the tile's order
 

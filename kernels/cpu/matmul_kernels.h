@@ -137,18 +137,20 @@ using GemvFn = void (*)(const WeightView& W, int64_t r0, int64_t nr, const ActRo
 void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                     int64_t ldy);
 
-// Q4_0 and IQ4_NL decode GEMVs (AVX512-VNNI) on the same Q8_0 activations: the weights
+// Q4_0, IQ4_NL and MXFP4 decode GEMVs (AVX512-VNNI) on the same Q8_0 activations: the weights
 // unpacked to int8.
 void q4_0_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                       int64_t ldy);
 void iq4_nl_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                         int64_t ldy);
+void mxfp4_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                       int64_t ldy);
 
 // BF16 decode GEMV (AVX512-BF16), same contract as q8_gemv_avx512 (activations in a.bf).
 void bf16_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                       int64_t ldy);
 
-// AVX2 decode GEMVs (Q8_0, Q4_0 and IQ4_NL on Q8_0 activations, BF16; activations as for rowdot_avx2),
+// AVX2 decode GEMVs (Q8_0, Q4_0, IQ4_NL and MXFP4 on Q8_0 activations, BF16; activations as for rowdot_avx2),
 // nullptr otherwise.
 GemvFn gemv_avx2(GgmlType type);
 

@@ -511,7 +511,7 @@ INSTANTIATE_TEST_SUITE_P(Types, KquantRoundTrip,
                          ::testing::Values(KquantCase{GgmlType::Q4_K, 256, 0.13}, KquantCase{GgmlType::Q5_K, 256, 0.065},
                                            KquantCase{GgmlType::Q6_K, 256, 0.038}, KquantCase{GgmlType::IQ4_XS, 256, 0.15},
                                            KquantCase{GgmlType::IQ4_NL, 32, 0.15}, KquantCase{GgmlType::Q5_0, 32, 0.10},
-                                           KquantCase{GgmlType::Q5_1, 32, 0.08}),
+                                           KquantCase{GgmlType::Q5_1, 32, 0.08}, KquantCase{GgmlType::MXFP4, 32, 0.22}),
                          [](const auto& info) { return std::string(type_traits(info.param.type).name); });
 
 }  // namespace

@@ -34,6 +34,7 @@ inline std::vector<uint8_t> random_weights(GgmlType type, int64_t n_in, int64_t 
             if (type == GgmlType::Q6_K) std::memcpy(&bytes[off + blk - 2], &d, 2);
             else std::memcpy(&bytes[off], &d, 2);
             if (type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q5_1) std::memcpy(&bytes[off + 2], &d, 2);  // dmin / Q5_1's min
+            if (type == GgmlType::MXFP4) bytes[off] = uint8_t(120 + rng() % 8);  // e8m0: scales 2^-8 .. 2^-1
         }
     } else {
         std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -35,7 +35,8 @@ double plain_tolerance(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0:
         case GgmlType::Q4_0:
-        case GgmlType::IQ4_NL: return 2e-2;  // int8 (Q8_0) activations: ~0.5% rms
+        case GgmlType::IQ4_NL:
+        case GgmlType::MXFP4: return 2e-2;  // int8 (Q8_0) activations: ~0.5% rms
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
         case GgmlType::Q6_K:
@@ -63,7 +64,7 @@ TEST(Matmul, EveryTypeIsaShapeAndTokenCount) {
     cpu::MatmulScratch scratch;
     const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,  GgmlType::Q8_0,   GgmlType::Q4_0,
                               GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                              GgmlType::Q5_0, GgmlType::Q5_1};
+                              GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::MXFP4};
     const int64_t Ts[] = {1, 2, 3, 5, 17, 64, 129};
     for (GgmlType type : types) {
         for (const Shape& sh : shapes_for(type)) {
@@ -258,7 +259,7 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
     cpu::MatmulScratch scratch;
     for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::F16, GgmlType::Q4_0,
                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
-                              GgmlType::Q5_0, GgmlType::Q5_1}) {
+                              GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::MXFP4}) {
         for (const Shape& sh : shapes_for(type)) {
             const std::vector<uint8_t> bytes = random_weights(type, sh.n_in, sh.n_out, rng);
             const WeightView W{type, sh.n_in, sh.n_out, bytes.data(), row_bytes(type, sh.n_in)};
@@ -271,7 +272,7 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                 // Decode kernels on packed blocks (their prefill runs dequantized fp32 rows).
                 const bool k_quant_native =
                     type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K || type == GgmlType::IQ4_XS ||
-                    ((type == GgmlType::Q4_0 || type == GgmlType::IQ4_NL) && eff != cpu::Isa::Scalar);
+                    ((type == GgmlType::Q4_0 || type == GgmlType::IQ4_NL || type == GgmlType::MXFP4) && eff != cpu::Isa::Scalar);
                 const bool gemm_matches_decode =
                     !k_quant_native && ((eff == cpu::Isa::Scalar) || (type != GgmlType::Q8_0 && type != GgmlType::BF16));
                 if (gemm_matches_decode) {

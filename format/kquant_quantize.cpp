@@ -196,13 +196,7 @@ void quantize_scale_min_superblock(const float* x, int nmax, float rmin, int nst
     // Re-quantize every value against the rounded (f16 x 6-bit) scale and min.
     for (int j = 0; j < 8; ++j) {
         int s, m;
-        if (j < 4) {
-            s = sc[j] & 63;
-            m = sc[j + 4] & 63;
-        } else {
-            s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-            m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-        }
+        q4k_scale_min(sc, j, s, m);
         const float d = fp16_to_fp32(d16) * static_cast<float>(s);
         if (d == 0.f) continue;
         const float dm = fp16_to_fp32(dmin16) * static_cast<float>(m);

@@ -11,6 +11,9 @@
 
 namespace alloy::detail {
 
+// Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes (spec/GGUF.md "Q4_K").
+void q4k_scale_min(const uint8_t* s12, int j, int& sc, int& m);
+
 // Each takes nb super-blocks of 256 values (32 for IQ4_NL) and writes nb blocks.
 void quantize_q4_k(const float* x, uint8_t* dst, int64_t nb);   // 144-byte blocks
 void quantize_q5_k(const float* x, uint8_t* dst, int64_t nb);   // 176-byte blocks

@@ -42,17 +42,6 @@ void check_row(GgmlType t, int64_t n, const char* what) {
     }
 }
 
-// Q4_K packs 8 (scale, min) pairs of 6 bits into 12 bytes; see spec/GGUF.md "Q4_K".
-void q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = s[j] & 63;
-        m = s[j + 4] & 63;
-    } else {
-        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
 void dequant_q8_0(const uint8_t* src, float* dst, int64_t nb) {
     for (int64_t b = 0; b < nb; ++b, src += 34, dst += 32) {
         const float d = fp16_to_fp32(load_u16(src));
@@ -86,9 +75,9 @@ void dequant_q4_k_or_q5_k(const uint8_t* src, float* dst, int64_t nb) {
         // 4 groups of 64 outputs; low nibbles use sub-block 2g, high nibbles 2g+1.
         for (int g = 0; g < 4; ++g, qs += 32) {
             int sc, m;
-            q4k_scale_min(scales, 2 * g, sc, m);
+            detail::q4k_scale_min(scales, 2 * g, sc, m);
             const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-            q4k_scale_min(scales, 2 * g + 1, sc, m);
+            detail::q4k_scale_min(scales, 2 * g + 1, sc, m);
             const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
             for (int l = 0; l < 32; ++l)
                 *dst++ = d1 * static_cast<float>((qs[l] & 0xF) | (kQ5 ? ((qh[l] >> (2 * g)) & 1) << 4 : 0)) - m1;
@@ -298,6 +287,17 @@ void quant_mxfp4(const float* src, uint8_t* dst, int64_t nb) {
     }
 }
 }  // namespace
+
+// Q4_K packs 8 (scale, min) pairs of 6 bits into 12 bytes; see spec/GGUF.md "Q4_K".
+void detail::q4k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
 
 float mxfp4_half_scale(uint8_t e) {
     // 2^(e - 128): subnormal for e < 2 (ggml's ggml_e8m0_to_fp32_half).

@@ -1,11 +1,11 @@
 // A device copy of a host vector for the CUDA tests, freed on scope exit; every CUDA call's
-// status is checked with GoogleTest.
+// status is checked with GoogleTest. Also the tests' error measure, max_rel.
 #pragma once
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 namespace alloy::test {
@@ -31,5 +31,18 @@ struct DeviceArray {
         return h;
     }
 };
+
+// max |a - b| / max |b| (0 for empty arrays; the absolute difference when b is all zeros;
+// infinite for a size mismatch or a non-finite a).
+inline double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return INFINITY;
+    double worst = 0, scale = 0;
+    for (float x : b) scale = std::max(scale, double(std::fabs(x)));
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+    }
+    return scale > 0 ? worst / scale : worst;
+}
 
 }  // namespace alloy::test

@@ -82,17 +82,7 @@ std::pair<std::vector<float>, std::vector<float>> run_cuda(const Inputs& in, int
     return {out.host(), state.host()};
 }
 
-// max |a - b| / max |b| (0 for empty arrays; the absolute difference when b is all zeros).
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return INFINITY;
-    double worst = 0, scale = 0;
-    for (float x : b) scale = std::max(scale, double(std::fabs(x)));
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (!std::isfinite(a[i])) return INFINITY;
-        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
-    }
-    return scale > 0 ? worst / scale : worst;
-}
+using test::max_rel;
 
 TEST(CudaGdn, SerialMatchesReference) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

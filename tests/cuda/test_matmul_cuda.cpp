@@ -29,17 +29,7 @@ namespace {
 
 using test::DeviceArray;
 
-// max |a - b| / max |b|.
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return INFINITY;
-    double worst = 0, scale = 0;
-    for (float x : b) scale = std::max(scale, double(std::fabs(x)));
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (!std::isfinite(a[i])) return INFINITY;
-        worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
-    }
-    return scale > 0 ? worst / scale : worst;
-}
+using test::max_rel;
 
 struct HostWeight {
     GgmlType type;

@@ -173,6 +173,36 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
     return p;
 }
 
+// MXFP4 scales 2^(e - 128) are exact f16 values for e in [104, 143] (2^-24 .. 2^15), so a
+// matrix whose blocks all lie there converts exactly to Q8_0 rows. One byte per 17 is read:
+// noise beside a prefill GEMM of the matrix.
+bool mxfp4_fits_q8_0(const WeightView& W) {
+    const int64_t nb = W.n_in / 32;
+    for (int64_t r = 0; r < W.n_out; ++r) {
+        const uint8_t* row = W.row(r);
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t e = row[b * 17];
+            if (e < 104 || e > 143) return false;
+        }
+    }
+    return true;
+}
+
+// make_plan for this weight's data: MXFP4 prefill takes the int8 Q8_0 tiles when its scales
+// allow an exact conversion (else fp32 rows, which compute the same function).
+Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
+    if (W.type == GgmlType::MXFP4 && T > mm::kRowDotTokens && std::min(isa, active_isa()) >= Isa::Avx2 &&
+        mxfp4_fits_q8_0(W)) {
+        Plan p = make_plan(GgmlType::Q8_0, isa, W.n_in, T);
+        p.convert = true;
+        p.convert_q8 = true;
+        p.gemv = nullptr;
+        p.name += " mxfp4->q8_0";
+        return p;
+    }
+    return make_plan(W.type, isa, W.n_in, T);
+}
+
 // The activation converters' path (all give the same bits; only their speed differs).
 Isa act_isa(const Plan& p) { return p.vector ? Isa::Avx512 : p.avx2_tiles ? Isa::Avx2 : Isa::Scalar; }
 
@@ -232,20 +262,29 @@ void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, i
     store_tile(p, tile, ldt, r0, rc, g0, nv, T, y, ldy, stream_out);
 }
 
-// Q4_0 / IQ4_NL rows [r0, r0 + rc) as Q8_0 rows (34-byte blocks) into out: the same d, the
-// codes as int8 (q - 8, or kIq4nlValues[q]).
+// Q4_0 / IQ4_NL / MXFP4 rows [r0, r0 + rc) as Q8_0 rows (34-byte blocks) into out: the same
+// d, the codes as int8 (q - 8, kIq4nlValues[q] or kMxfp4Values[q]).
 void nibble_rows_to_q8_0(const WeightView& W, int64_t r0, int64_t rc, uint8_t* out) {
+    const bool mx = W.type == GgmlType::MXFP4;
     int8_t value[16];
-    for (int c = 0; c < 16; ++c) value[c] = W.type == GgmlType::Q4_0 ? static_cast<int8_t>(c - 8) : kIq4nlValues[c];
-    const int64_t nb = W.n_in / 32;
+    for (int c = 0; c < 16; ++c) {
+        value[c] = W.type == GgmlType::Q4_0 ? static_cast<int8_t>(c - 8) : mx ? kMxfp4Values[c] : kIq4nlValues[c];
+    }
+    const int64_t nb = W.n_in / 32, in_bytes = mx ? 17 : 18, codes = mx ? 1 : 2;
     for (int64_t i = 0; i < rc; ++i) {
         const uint8_t* src = W.row(r0 + i);
-        for (int64_t b = 0; b < nb; ++b, src += 18, out += 34) {
-            out[0] = src[0];
-            out[1] = src[1];
+        for (int64_t b = 0; b < nb; ++b, src += in_bytes, out += 34) {
+            if (mx) {  // 2^(e - 128) is an exact f16 here (plan_for checked the range)
+                const uint16_t d = fp32_to_fp16(mxfp4_half_scale(src[0]));
+                out[0] = static_cast<uint8_t>(d);
+                out[1] = static_cast<uint8_t>(d >> 8);
+            } else {
+                out[0] = src[0];
+                out[1] = src[1];
+            }
             for (int j = 0; j < 16; ++j) {
-                out[2 + j] = static_cast<uint8_t>(value[src[2 + j] & 0x0F]);
-                out[18 + j] = static_cast<uint8_t>(value[src[2 + j] >> 4]);
+                out[2 + j] = static_cast<uint8_t>(value[src[codes + j] & 0x0F]);
+                out[18 + j] = static_cast<uint8_t>(value[src[codes + j] >> 4]);
             }
         }
     }
@@ -440,13 +479,13 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
         check_shape(*outs[j].W);
         shared = shared && outs[j].W->type == outs[0].W->type && outs[j].W->n_in == outs[0].W->n_in;
     }
-    const Plan p = make_plan(outs[0].W->type, isa, outs[0].W->n_in, T);
+    const Plan p = plan_for(*outs[0].W, isa, T);
     if (!shared || p.convert || (p.convert_gemm && use_gemm(p, T))) {
         // x rounded for the first weight needing it, reused by the next ones needing the same.
         const float* xq = nullptr;
         InputRounding xq_kind = InputRounding::None;
         for (int j = 0; j < n; ++j) {
-            const Plan pj = make_plan(outs[j].W->type, isa, outs[j].W->n_in, T);
+            const Plan pj = plan_for(*outs[j].W, isa, T);
             if (pj.convert || (pj.convert_gemm && use_gemm(pj, T))) {
                 const InputRounding r = pj.round_input;
                 if (r != InputRounding::None && r != xq_kind && outs[j].W->n_out > 0) {
@@ -478,7 +517,7 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     if (T <= 0) return;
     check_shape(G);
     check_shape(U);
-    const Plan p = make_plan(G.type, isa, G.n_in, T);
+    const Plan p = plan_for(G, isa, T);
     const int64_t N = G.n_out;
     if (U.type != G.type || U.n_in != G.n_in || U.n_out != N || p.convert || p.convert_gemm || !use_gemm(p, T)) {
         const MatmulOut outs[2] = {{&G, y}, {&U, u}};

@@ -36,8 +36,9 @@
 //   Q4_0, IQ4_NL: decode (T <= 4) streams the packed blocks against Q8_0 activations (ggml's
 //   vec_dot_q4_0_q8_0 / _iq4_nl_q8_0); prefill turns each item's rows into Q8_0 rows (exact)
 //   for the Q8_0 GEMM tiles; scalar dequantizes to fp32 on Q8_0-rounded activations. All
-//   compute one function (the effective input is Q8_0-rounded). MXFP4: the same GEMVs, its
-//   prefill dequantizes to fp32 on the Q8_0-rounded activations.
+//   compute one function (the effective input is Q8_0-rounded). MXFP4: the same GEMVs; its
+//   prefill takes the Q8_0 tiles when every block scale is an exact f16 (e in 104..143, so
+//   practically always), else fp32 rows on the Q8_0-rounded activations.
 //   K-quants: matmul_kquant.h (Q8_K activations). Other types: rows dequantized to fp32.
 #pragma once
 #include <cstdint>

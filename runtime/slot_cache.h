@@ -1,0 +1,49 @@
+// The slot state cache: the sequence states of one model by slot, and the operations on them
+// that the prefix cache and speculative rollback use (issue 17's first piece; the batched
+// forward and the scheduler come next). Layout: contiguous per slot, one SequenceState each:
+//   attention layer l: K, V [n_ctx, n_head_kv * head_dim] of the KV cache types
+//   GDN layer l:       conv state [conv_dim, K - 1], recurrent state [H_v, d_v, d_k] (fp32)
+// A forward over a slot writes only KV rows at positions >= its n_past and overwrites the GDN
+// states, so rows [0, n) stay as they were while the slot's first n tokens are unchanged:
+// that is what makes a snapshot (GDN states + n_past, no KV rows) enough to go back to n.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "model/qwen35.h"
+
+namespace alloy {
+
+// The GDN states of a slot at n_past tokens; restoring it also cuts the KV cache back to n_past.
+// Valid for the slot it was taken from while that slot's first n_past tokens stay the same.
+struct StateSnapshot {
+    int n_past = 0;
+    std::vector<std::vector<float>> conv_state;  // per layer, as SequenceState (empty: attention)
+    std::vector<std::vector<float>> ssm_state;
+    size_t bytes() const;
+};
+
+class SlotStateCache {
+public:
+    // n_slots fresh states of n_ctx tokens each; throws alloy::Error for n_slots < 1.
+    SlotStateCache(const Qwen35Model& model, int n_slots, int n_ctx, KvCacheTypes kv_types = {});
+
+    int size() const { return int(slots_.size()); }
+    SequenceState& slot(int i);  // throws naming the slot when out of range
+    const SequenceState& slot(int i) const;
+
+    // to := from: KV rows [0, n_past), the GDN states and n_past (a shared prefix forked).
+    void copy(int from, int to);
+    StateSnapshot snapshot(int slot) const;
+    // Back to the snapshot's point (speculative rollback, or a checkpoint of the prefix cache).
+    void restore(int slot, const StateSnapshot& s);
+    // KV cut to n tokens; the GDN states cannot be cut, so `at_n` must be a snapshot of this
+    // slot at exactly n tokens (throws otherwise, naming both counts).
+    void truncate(int slot, int n, const StateSnapshot& at_n);
+
+private:
+    void check_shapes(int slot, const StateSnapshot& s, const char* op) const;
+    std::vector<SequenceState> slots_;
+};
+
+}  // namespace alloy

@@ -102,7 +102,7 @@ float fit_scale_and_min(int n, int nmax, const float* x, const float* w, uint8_t
 
 // Symmetric fit x ~ scale * (L - nmax), L in [0, 2 nmax), weights x^2, trying 19 inverse
 // scales around -nmax / max (ggml's make_qx_quants with rmse_type 1 and no importance).
-float fit_symmetric_scale(int n, int nmax, const float* x, int8_t* L) {
+float fit_symmetric_scale(int n, int nmax, const float* x, int8_t* L) {  // n <= 16
     float max = 0;
     float amax = 0;
     for (int i = 0; i < n; ++i) {
@@ -117,6 +117,13 @@ float fit_symmetric_scale(int n, int nmax, const float* x, int8_t* L) {
         return 0.f;
     }
     const float fnmax = static_cast<float>(nmax);
+    // The weights x^2 and the products x^2 * x, formed once (the same roundings as ggml's
+    // w * x[i] * l, evaluated left to right) instead of once per trial.
+    float w[16], wx[16];
+    for (int i = 0; i < n; ++i) {
+        w[i] = x[i] * x[i];
+        wx[i] = w[i] * x[i];
+    }
     float iscale = static_cast<float>(-nmax) / max;
     float sumlx = 0;
     float suml2 = 0;
@@ -124,9 +131,8 @@ float fit_symmetric_scale(int n, int nmax, const float* x, int8_t* L) {
         int l = nearest_int(iscale * x[i]);
         l = std::max(-nmax, std::min(nmax - 1, l));
         L[i] = static_cast<int8_t>(l + nmax);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * static_cast<float>(l);
-        suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+        sumlx += wx[i] * static_cast<float>(l);
+        suml2 += w[i] * static_cast<float>(l) * static_cast<float>(l);
     }
     float scale = suml2 != 0.f ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
@@ -137,9 +143,8 @@ float fit_symmetric_scale(int n, int nmax, const float* x, int8_t* L) {
         for (int i = 0; i < n; ++i) {
             int l = nearest_int(iscale * x[i]);
             l = std::max(-nmax, std::min(nmax - 1, l));
-            const float w = x[i] * x[i];
-            sumlx += w * x[i] * static_cast<float>(l);
-            suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+            sumlx += wx[i] * static_cast<float>(l);
+            suml2 += w[i] * static_cast<float>(l) * static_cast<float>(l);
         }
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
             for (int i = 0; i < n; ++i) {

@@ -135,6 +135,31 @@ void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, cudaSt
     ALLOY_CUDA_CHECK("cuda::matmul", cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
+// The end of both GEMVs: each lane's partial sums of its row reduced over the warp, then over
+// the row's kWpr warps (through red [warps][kT] in shared memory, in warp order, so the bits do
+// not depend on timing); lane 0 of the row's first warp stores y[t * n_out + row].
+template <int kT, int kWpr>
+__device__ __forceinline__ void store_row_sums(float (&acc)[kT], float (*red)[kT], int warp, int wir, int lane,
+                                               int64_t row, int64_t n_out, float* y) {
+#pragma unroll
+    for (int t = 0; t < kT; ++t) acc[t] = detail::warp_sum_all(acc[t]);
+    if constexpr (kWpr == 1) {
+        if (lane == 0 && row < n_out)
+            for (int t = 0; t < kT; ++t) y[t * n_out + row] = acc[t];
+    } else {
+        if (lane == 0)
+            for (int t = 0; t < kT; ++t) red[warp][t] = acc[t];
+        __syncthreads();
+        if (lane == 0 && wir == 0 && row < n_out) {
+            for (int t = 0; t < kT; ++t) {
+                float s = red[warp][t];
+                for (int i = 1; i < kWpr; ++i) s += red[warp + i][t];
+                y[t * n_out + row] = s;
+            }
+        }
+    }
+}
+
 // The Q8_0 GEMV: y [T, n_out] = W [n_out, nb blocks] x. kWpr warps per row (1, 2, 4 or 8), so
 // a block of 8 warps covers 8 / kWpr rows. data must be 4-byte aligned; rows may start at
 // any even offset (row_bytes = 34 nb).
@@ -203,23 +228,7 @@ __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) acc[t] = detail::warp_sum_all(acc[t]);
-    if constexpr (kWpr == 1) {
-        if (lane == 0 && row < n_out)
-            for (int t = 0; t < kT; ++t) y[t * n_out + row] = acc[t];
-    } else {
-        if (lane == 0)
-            for (int t = 0; t < kT; ++t) red[warp][t] = acc[t];
-        __syncthreads();
-        if (lane == 0 && wir == 0 && row < n_out) {
-            for (int t = 0; t < kT; ++t) {
-                float s = red[warp][t];
-                for (int i = 1; i < kWpr; ++i) s += red[warp + i][t];
-                y[t * n_out + row] = s;
-            }
-        }
-    }
+    store_row_sums<kT, kWpr>(acc, red, warp, wir, lane, row, n_out, y);
 }
 
 template <int kT>
@@ -298,23 +307,7 @@ __global__ void __launch_bounds__(kGemvThreads) bf16_gemv_kernel(const uint16_t*
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < kT; ++t) acc[t] = detail::warp_sum_all(acc[t]);
-    if constexpr (kWpr == 1) {
-        if (lane == 0 && row < n_out)
-            for (int t = 0; t < kT; ++t) y[t * n_out + row] = acc[t];
-    } else {
-        if (lane == 0)
-            for (int t = 0; t < kT; ++t) red[warp][t] = acc[t];
-        __syncthreads();
-        if (lane == 0 && wir == 0 && row < n_out) {
-            for (int t = 0; t < kT; ++t) {
-                float s = red[warp][t];
-                for (int i = 1; i < kWpr; ++i) s += red[warp + i][t];
-                y[t * n_out + row] = s;
-            }
-        }
-    }
+    store_row_sums<kT, kWpr>(acc, red, warp, wir, lane, row, n_out, y);
 }
 
 template <int kT>

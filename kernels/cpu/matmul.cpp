@@ -424,14 +424,7 @@ const float* rounded_input(const float* x, int64_t T, int64_t K, InputRounding r
     if (r == InputRounding::Q8_K) {
         parallel_for(T, [&](int64_t t, int) { mm::q8k_round_row(x + t * K, K, out + t * K); });
     } else {
-        parallel_for(T, [&](int64_t t, int thread) {
-            // Q8_0 values and scales of one row (one kernel item per token: the copy is small).
-            std::vector<int8_t> q(static_cast<size_t>(K));
-            std::vector<float> d(static_cast<size_t>(K / mm::kQ8));
-            std::vector<int32_t> corr(d.size());
-            mm::quantize_q8_scalar(x + t * K, K, q.data(), d.data(), corr.data());
-            for (int64_t i = 0; i < K; ++i) out[t * K + i] = float(q[size_t(i)]) * d[size_t(i / mm::kQ8)];
-        });
+        parallel_for(T, [&](int64_t t, int) { mm::q8_round_row(x + t * K, K, out + t * K); });
     }
     return out;
 }
@@ -485,7 +478,7 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
         const float* xq = nullptr;
         InputRounding xq_kind = InputRounding::None;
         for (int j = 0; j < n; ++j) {
-            const Plan pj = plan_for(*outs[j].W, isa, T);
+            const Plan pj = j == 0 ? p : plan_for(*outs[j].W, isa, T);  // (MXFP4's scan once per weight)
             if (pj.convert || (pj.convert_gemm && use_gemm(pj, T))) {
                 const InputRounding r = pj.round_input;
                 if (r != InputRounding::None && r != xq_kind && outs[j].W->n_out > 0) {
@@ -569,14 +562,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in) {
     const size_t n = size_t(T * n_in);
     if (wtype == GgmlType::Q8_0 || wtype == GgmlType::Q4_0 || wtype == GgmlType::IQ4_NL || wtype == GgmlType::MXFP4) {
-        const int64_t nb = n_in / mm::kQ8;
-        std::vector<int8_t> q(static_cast<size_t>(n_in));
-        std::vector<float> d(static_cast<size_t>(nb));
-        std::vector<int32_t> corr(static_cast<size_t>(nb));
-        for (int64_t t = 0; t < T; ++t) {
-            mm::quantize_q8_scalar(x + t * n_in, n_in, q.data(), d.data(), corr.data());
-            for (int64_t i = 0; i < n_in; ++i) out[t * n_in + i] = float(q[size_t(i)]) * d[size_t(i / mm::kQ8)];
-        }
+        for (int64_t t = 0; t < T; ++t) mm::q8_round_row(x + t * n_in, n_in, out + t * n_in);
     } else if (mm::uses_q8k(wtype)) {
         for (int64_t t = 0; t < T; ++t) mm::q8k_round_row(x + t * n_in, n_in, out + t * n_in);
     } else if (wtype == GgmlType::BF16) {

@@ -101,6 +101,16 @@ void quantize_q8_scalar(const float* x, int64_t K, int8_t* q, float* d, int32_t*
     }
 }
 
+void q8_round_row(const float* x, int64_t K, float* out) {
+    int8_t q[kQ8];
+    float d;
+    int32_t corr;
+    for (int64_t b = 0; b < K / kQ8; ++b) {  // block by block: the same values as one call over K
+        quantize_q8_scalar(x + b * kQ8, kQ8, q, &d, &corr);
+        for (int j = 0; j < kQ8; ++j) out[b * kQ8 + j] = float(q[j]) * d;
+    }
+}
+
 void to_bf16_scalar(const float* x, int64_t n, uint16_t* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = fp32_to_bf16(x[i]);
 }

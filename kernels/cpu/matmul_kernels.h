@@ -121,6 +121,8 @@ void f16_to_f32_avx512(const uint8_t* src, int64_t n, float* out);
 // Q8_0 activation quantization (ggml's x86 quantize_row_q8_0, bit for bit), one token row of
 // K elements: q [K], d [K/32] (fp16-rounded), corr [K/32] = -128 * block sum of q.
 void quantize_q8_scalar(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr);
+// x [K] -> its Q8_0 values as fp32 (q * d): the activations the Q8_0-family kernels see.
+void q8_round_row(const float* x, int64_t K, float* out);
 void quantize_q8_avx2(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr);
 void quantize_q8_avx512(const float* x, int64_t K, int8_t* q, float* d, int32_t* corr);
 // fp32 -> bf16 bits, round to nearest even (NaN stays NaN), as ggml's GGML_FP32_TO_BF16.

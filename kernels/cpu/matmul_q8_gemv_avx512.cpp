@@ -16,13 +16,13 @@
 
 #include "format/quant.h"
 #include "kernels/cpu/matmul_gemv_rows.h"
+#include "kernels/cpu/matmul_int8_blocks.h"
 #include "kernels/cpu/matmul_kernels.h"
 
 namespace alloy::cpu::mm {
 namespace {
 
 constexpr int kStreams = 4;
-constexpr size_t kBlockBytes = 34;  // f16 scale + 32 int8
 
 #define ALLOY_Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
@@ -33,16 +33,11 @@ ALLOY_Q8_TARGET inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-// The int8-block weight types: Q8_0, and Q4_0 / IQ4_NL (18-byte blocks: byte j holds value j
-// in its low nibble and j + 16 in its high one; Q4_0 codes offset by 8, IQ4_NL's index
-// kIq4nlValues), unpacked to signed int8 and then the same arithmetic (ggml's vec_dot_*_q8_0).
-enum class Blocks { Q8_0, Q4_0, IQ4_NL, MXFP4 };  // MXFP4: e8m0 byte + the codes (kMxfp4Values)
-
 // Rows rows[0..NS) (NS <= kStreams), NT tokens.
 template <Blocks kB, int NS, int NT>
 ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const ActRows& a, int64_t t0, float* y,
                              int64_t ldy) {
-    constexpr size_t kBytes = kB == Blocks::Q8_0 ? kBlockBytes : kB == Blocks::MXFP4 ? 17 : 18;
+    constexpr size_t kBytes = size_t(block_bytes<kB>());
     const int64_t K = W.n_in, nb = K / 32;
     const uint8_t* wr[NS];
     for (int s = 0; s < NS; ++s) wr[s] = W.row(rows[s]);
@@ -63,28 +58,8 @@ ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const Act
         for (int s = 0; s < NS; ++s) {
             const uint8_t* blk = wr[s] + size_t(b) * kBytes;
             _mm_prefetch(reinterpret_cast<const char*>(blk) + 16 * kBytes, _MM_HINT_T0);
-            float dw;
-            if constexpr (kB == Blocks::MXFP4) {
-                dw = mxfp4_half_scale(blk[0]);
-            } else {
-                uint16_t dbits;
-                __builtin_memcpy(&dbits, blk, 2);
-                dw = _cvtsh_ss(dbits);
-            }
-            __m256i w;
-            if constexpr (kB == Blocks::Q8_0) {
-                w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-            } else {
-                const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (kB == Blocks::MXFP4 ? 1 : 2)));
-                const __m256i n = _mm256_and_si256(_mm256_setr_m128i(q, _mm_srli_epi16(q, 4)), _mm256_set1_epi8(0x0F));
-                if constexpr (kB == Blocks::Q4_0) {
-                    w = _mm256_sub_epi8(n, _mm256_set1_epi8(8));
-                } else {
-                    const int8_t* values = kB == Blocks::MXFP4 ? kMxfp4Values : kIq4nlValues;
-                    w = _mm256_shuffle_epi8(
-                        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values))), n);
-                }
-            }
+            const float dw = block_scale<kB>(blk);
+            const __m256i w = block_int8<kB>(blk);
 #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) {
                 const __m256i dp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(xq[t]),

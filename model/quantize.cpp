@@ -4,6 +4,8 @@
 // in that order too.
 #include "model/quantize.h"
 
+#include "alloy/quantize.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -351,6 +353,58 @@ QuantizeReport quantize_file(const std::string& in, const std::string& out, cons
         rep.bytes_out += bytes.size();
     });
     return rep;
+}
+
+// ---------------------------------------------------------------- the public API (alloy/quantize.h)
+
+namespace {
+
+// A single tensor type by its ggml name ("q6_k", "Q8_0", ...), for the override options.
+GgmlType parse_tensor_type(const std::string& s, const char* option) {
+    std::string low = s;
+    for (char& c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (uint32_t id = 0; id < 64; ++id) {
+        if (type_supported(id) && type_name(id) == low) return static_cast<GgmlType>(id);
+    }
+    throw Error(std::string(option) + ": '" + s + "' is not a tensor type alloy writes (f32, f16, bf16, q8_0, q4_0, " +
+                "q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4)");
+}
+
+}  // namespace
+
+std::vector<std::string> quantize_type_names() { return file_type_names(); }
+
+QuantizeResult quantize_model(const QuantizeRequest& r) {
+    QuantizeOptions opt;
+    opt.type = parse_file_type(r.type);
+    opt.threads = r.threads;
+    opt.allow_requantize = r.allow_requantize;
+    opt.pure = r.pure;
+    if (!r.output_tensor_type.empty()) opt.output_type = parse_tensor_type(r.output_tensor_type, "--output-tensor-type");
+    if (!r.token_embedding_type.empty()) opt.token_embd_type = parse_tensor_type(r.token_embedding_type, "--token-embedding-type");
+    if (r.input == r.output) throw Error("quantize: input and output are the same file '" + r.input + "'");
+    QuantizeReport rep;
+    if (r.dry_run) {
+        auto file = gguf::File::open(r.input);
+        rep.tensors = plan_quantization(*file, opt);
+        for (const TensorQuantPlan& p : rep.tensors) {
+            const gguf::TensorInfo& t = file->tensor(p.name);
+            rep.bytes_in += t.nbytes;
+            rep.n_elements += static_cast<uint64_t>(t.n_elements());
+            rep.bytes_out += row_bytes(p.to, p.ne[0]) * static_cast<uint64_t>(t.n_elements() / p.ne[0]);
+        }
+    } else {
+        rep = quantize_file(r.input, r.output, opt);
+    }
+    QuantizeResult out;
+    out.bytes_in = rep.bytes_in;
+    out.bytes_out = rep.bytes_out;
+    out.n_elements = rep.n_elements;
+    for (const TensorQuantPlan& p : rep.tensors) {
+        out.tensors.push_back({p.name, p.ne, type_name(static_cast<uint32_t>(p.from)), type_name(static_cast<uint32_t>(p.to)),
+                               p.fell_back});
+    }
+    return out;
 }
 
 }  // namespace alloy

@@ -1,5 +1,7 @@
 #include "model/synth.h"
 
+#include "alloy/synth.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -184,6 +186,22 @@ std::string synth_qwen35(const SynthOptions& opt) {
     w.write(opt.out_path);
     return "wrote " + opt.out_path + " (preset " + opt.preset + ", " + std::to_string(P.n_layer) +
            " layers, vocab " + std::to_string(n_vocab) + ")";
+}
+
+std::string synth_model(const SynthRequest& r) {
+    SynthOptions opt;
+    opt.preset = r.preset;
+    if (r.dtype == "f32") opt.dtype = GgmlType::F32;
+    else if (r.dtype == "f16") opt.dtype = GgmlType::F16;
+    else if (r.dtype == "bf16") opt.dtype = GgmlType::BF16;
+    else if (r.dtype == "q8_0") opt.dtype = GgmlType::Q8_0;
+    else throw Error("synth: --dtype must be f32, f16, bf16 or q8_0, got '" + r.dtype + "'");
+    opt.tokenizer_json = r.tokenizer_json.empty() ? std::string(ALLOY_ASSETS_DIR) + "/qwen3-tokenizer/tokenizer.json"
+                                                  : r.tokenizer_json;
+    opt.out_path = r.out_path;
+    opt.seed = r.seed;
+    opt.n_layer = r.n_layer;
+    return synth_qwen35(opt);
 }
 
 }  // namespace alloy

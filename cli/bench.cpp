@@ -137,7 +137,7 @@ void add_bench_command(CLI::App& app) {
         int max_ctx = 1;
         for (int d : dd) for (int p : pp) for (int n : tg) max_ctx = std::max(max_ctx, d + std::max(p, n) + 1);
         // One sequence per cache-type pair, reused by every test of that pair (its pages stay warm).
-        std::map<std::pair<std::string, std::string>, SequenceState> states;
+        std::map<std::pair<std::string, std::string>, ModelState> states;
         std::vector<float> logits(static_cast<size_t>(V));
         std::mt19937 rng(1234);
         auto random_ids = [&](int n) {
@@ -187,7 +187,7 @@ void add_bench_command(CLI::App& app) {
                                     m.new_state(max_ctx, {parse_cache_type(t.type_k, kCacheTypeKFlag),
                                                           parse_cache_type(t.type_v, kCacheTypeVFlag)}))
                          .first;
-            SequenceState& st = it->second;
+            ModelState& st = it->second;
             st.reset();
             if (t.n_depth) {
                 const auto ctx = random_ids(t.n_depth);

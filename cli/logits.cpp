@@ -23,7 +23,7 @@ void add_logits_command(CLI::App& app) {
         if (ids.empty()) throw Error("--ids: no token ids given");
         LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
         const int V = lm.model->hparams().n_vocab;
-        SequenceState st = lm.model->new_state(eo.ctx, eo.kv_types());
+        ModelState st = lm.model->new_state(eo.ctx, eo.kv_types());
         std::vector<float> logits(ids.size() * size_t(V));
         if (decode) {
             fo.all_logits = false;

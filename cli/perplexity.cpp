@@ -42,7 +42,7 @@ void add_perplexity_command(CLI::App& app) {
         const int V = lm.model->hparams().n_vocab;
         const int first = n_ctx / 2;
         std::vector<float> logits(size_t(n_ctx) * size_t(V));
-        SequenceState st = lm.model->new_state(n_ctx, eo.kv_types());
+        ModelState st = lm.model->new_state(n_ctx, eo.kv_types());
         double nll = 0, nll2 = 0;
         int64_t count = 0;
         for (int c = 0; c < n_chunk; ++c) {

@@ -45,7 +45,7 @@ void add_profile_command(CLI::App& app) {
         LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
         const Qwen35Model& m = *lm.model;
         const int V = m.hparams().n_vocab;
-        SequenceState st = m.new_state(depth + n_prompt + n_gen + 1, eo.kv_types());
+        ModelState st = m.new_state(depth + n_prompt + n_gen + 1, eo.kv_types());
         std::vector<float> logits(static_cast<size_t>(V));
         std::mt19937 rng(7);
         std::vector<int32_t> ids(size_t(depth + n_prompt + n_gen));

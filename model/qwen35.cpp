@@ -82,10 +82,29 @@ Qwen35HParams Qwen35HParams::from_gguf(const gguf::File& f) {
     return hp;
 }
 
-void SequenceState::reset() {
-    n_past = 0;
-    for (auto* group : {&conv_state, &ssm_state})
-        for (auto& v : *group) std::fill(v.begin(), v.end(), 0.0f);
+void ModelState::check_slot(int slot) const {
+    if (slot < 0 || slot >= n_slots)
+        throw Error("state slot " + std::to_string(slot) + " out of range (0.." + std::to_string(n_slots - 1) + ")");
+}
+
+void ModelState::reset(int slot) {
+    check_slot(slot);
+    n_past[size_t(slot)] = 0;
+    for (size_t l = 0; l < conv_state.size(); ++l) {
+        if (conv_state[l].empty()) continue;
+        std::fill_n(conv(int(l), slot), conv_elems, 0.0f);
+        std::fill_n(ssm(int(l), slot), ssm_elems, 0.0f);
+    }
+}
+
+void ModelState::reset() {
+    for (int s = 0; s < n_slots; ++s) reset(s);
+}
+
+int64_t Batch::logit_rows() const {
+    int64_t r = 0;
+    for (const BatchSeq& q : seqs) r += q.logits == BatchLogits::All ? q.n_tokens : q.logits == BatchLogits::Last ? 1 : 0;
+    return r;
 }
 
 // ---------------------------------------------------------------- weight binding
@@ -247,14 +266,20 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
     return m;
 }
 
-SequenceState Qwen35Model::new_state(int n_ctx, KvCacheTypes kv_types) const {
+ModelState Qwen35Model::new_state(int n_ctx, KvCacheTypes kv_types, int n_slots) const {
     if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
+    if (n_slots <= 0 || n_slots > 4096)
+        throw Error("the number of sequence slots must be in [1, 4096], got " + std::to_string(n_slots));
     for (GgmlType t : {kv_types.k, kv_types.v})
         if (!ref::kv_type_supported(t))
             throw Error(std::string("KV cache type must be f32, f16 or bf16, got ") + type_traits(t).name);
-    SequenceState s;
+    ModelState s;
+    s.n_slots = n_slots;
     s.n_ctx = n_ctx;
     s.kv_types = kv_types;
+    s.n_past.assign(size_t(n_slots), 0);
+    s.conv_elems = size_t(hp_.conv_dim()) * size_t(hp_.conv_kernel - 1);
+    s.ssm_elems = size_t(hp_.ssm_H_v) * hp_.ssm_d_v * hp_.ssm_d_k;
     const size_t L = size_t(hp_.n_layer);
     s.k_cache.resize(L);
     s.v_cache.resize(L);
@@ -263,11 +288,13 @@ SequenceState Qwen35Model::new_state(int n_ctx, KvCacheTypes kv_types) const {
     const size_t kv = size_t(n_ctx) * size_t(hp_.n_head_kv) * size_t(hp_.head_dim);
     for (int l = 0; l < hp_.n_layer; ++l) {
         if (hp_.is_recurrent(l)) {
-            s.conv_state[size_t(l)].assign(size_t(hp_.conv_dim()) * size_t(hp_.conv_kernel - 1), 0.0f);
-            s.ssm_state[size_t(l)].assign(size_t(hp_.ssm_H_v) * hp_.ssm_d_v * hp_.ssm_d_k, 0.0f);
+            s.conv_state[size_t(l)].assign(s.conv_elems * size_t(n_slots), 0.0f);
+            s.ssm_state[size_t(l)].assign(s.ssm_elems * size_t(n_slots), 0.0f);
         } else {
-            s.k_cache[size_t(l)] = ZeroPages(kv * ref::kv_elem_bytes(kv_types.k));
-            s.v_cache[size_t(l)] = ZeroPages(kv * ref::kv_elem_bytes(kv_types.v));
+            for (int slot = 0; slot < n_slots; ++slot) {
+                s.k_cache[size_t(l)].emplace_back(kv * ref::kv_elem_bytes(kv_types.k));
+                s.v_cache[size_t(l)].emplace_back(kv * ref::kv_elem_bytes(kv_types.v));
+            }
         }
     }
     return s;
@@ -386,8 +413,9 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
                 throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
                             " is outside the vocabulary [0, " + std::to_string(hp_.n_vocab) + ")");
             dequantize_row(tok_embd.type, tok_embd.row(c.ids[t]), x + int64_t(t) * D, D);
-            pos[t] = c.n_past + t;
         }
+        for (int s = 0; s < c.n_seqs; ++s)  // each sequence continues its slot
+            for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) pos[t] = c.n_past[s] + t - c.offsets[s];
     });
     // The last row's own table serves the pruned last layer's single query; built only by
     // plans that have one (not decode, where the last layer runs its one row as it is).
@@ -401,7 +429,8 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     for (int l = 0; l < hp.n_layer; ++l) {
         const Qwen35Layer& L = layers_[size_t(l)];
         const std::string p = "blk." + std::to_string(l) + ".";
-        const bool every_row = l + 1 < hp.n_layer || logits_mode == 2 || bucket == 1;  // decode: one row anyway
+        // decode: one row anyway; a batch of several sequences (mode 3) keeps every row.
+        const bool every_row = l + 1 < hp.n_layer || logits_mode >= 2 || bucket == 1;
         const Rows out = every_row ? Rows::All : logits_mode == 1 ? Rows::Last : Rows::None;
         if (l == 0) norm(x, L.attn_norm, h, p + "attn_norm");  // later layers': fused into the residual add before
         if (hp.is_recurrent(l)) {
@@ -410,10 +439,19 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             mm_multi({{&L.ssm_qkv, qkv}, {&L.ssm_gate, z}, {&L.ssm_beta, b}, {&L.ssm_alpha, a}}, h,
                      p + "attn_qkv+attn_gate+ssm_beta+ssm_alpha");
             plan->add(gdn_kernel, p + "gdn", [=, &L](const StepContext& c) {
-                const int32_t offsets[2] = {0, c.n};
                 ref::GdnWeights gw{L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
-                cpu::gdn_fused(gp, gw, 1, offsets, qkv, z, a, b, c.state->conv_state[size_t(l)].data(),
-                               c.state->ssm_state[size_t(l)].data(), y);
+                float* conv = c.state->conv_state[size_t(l)].data();  // [slots, conv_dim, K-1]
+                float* ssm = c.state->ssm_state[size_t(l)].data();    // [slots, H_v, d_v, d_k]
+                // One call per run of sequences with the same kernel (a mixed step: decoding
+                // sequences serial, prefilling ones chunked), each on its slots.
+                for (int s0 = 0; s0 < c.n_seqs;) {
+                    int s1 = s0 + 1;
+                    while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
+                    ref::GdnParams run = gp;
+                    if (c.serial[s0]) run.mode = ref::GdnMode::Serial;
+                    cpu::gdn_fused(run, gw, s1 - s0, c.offsets + s0, qkv, z, a, b, conv, ssm, y, c.slots + s0);
+                    s0 = s1;
+                }
             });
             if (out == Rows::None) continue;
             mm(L.ssm_out, y, o, p + "ssm_out", out, /*from_last=*/true);
@@ -433,11 +471,14 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             });
             plan->add("kv_store", p + "kv_store", [=](const StepContext& c) {
                 const KvCacheTypes& t = c.state->kv_types;
-                const size_t row0 = size_t(c.n_past) * size_t(kvw);
-                auto* kc = static_cast<char*>(c.state->k_cache[size_t(l)].data()) + row0 * ref::kv_elem_bytes(t.k);
-                auto* vc = static_cast<char*>(c.state->v_cache[size_t(l)].data()) + row0 * ref::kv_elem_bytes(t.v);
-                cpu::kv_store(kx, kc, t.k, int64_t(c.n) * kvw);
-                cpu::kv_store(vx, vc, t.v, int64_t(c.n) * kvw);
+                for (int s = 0; s < c.n_seqs; ++s) {  // rows of sequence s -> its slot's rows [n_past, ...)
+                    const size_t row0 = size_t(c.n_past[s]) * size_t(kvw), first = size_t(c.offsets[s]) * size_t(kvw);
+                    const int64_t n = int64_t(c.offsets[s + 1] - c.offsets[s]) * kvw;
+                    auto* kc = static_cast<char*>(c.state->k_cache[size_t(l)][size_t(c.slots[s])].data()) + row0 * ref::kv_elem_bytes(t.k);
+                    auto* vc = static_cast<char*>(c.state->v_cache[size_t(l)][size_t(c.slots[s])].data()) + row0 * ref::kv_elem_bytes(t.v);
+                    cpu::kv_store(kx + first, kc, t.k, n);
+                    cpu::kv_store(vx + first, vc, t.v, n);
+                }
             });
             if (out == Rows::None) continue;
             // The queries: all rows, or the last one alone (at position n_past + n - 1), read
@@ -447,14 +488,24 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             });
             const ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
             const bool one_query = bucket == 1 || out == Rows::Last;
-            plan->add(one_query ? "attention_decode" : "attention_prefill", p + "attention",
-                      [=](const StepContext& c) {
-                          ref::AttentionShape s = as;
-                          s.type_k = c.state->kv_types.k;
-                          s.type_v = c.state->kv_types.v;
-                          cpu::attention(s, q, c.state->k_cache[size_t(l)].data(), c.state->v_cache[size_t(l)].data(),
-                                         att, n_rows(out, c), c.n_past + row0(out, c));
-                      });
+            const char* attn_kernel = one_query ? "attention_decode" : logits_mode == 3 ? "attention" : "attention_prefill";
+            plan->add(attn_kernel, p + "attention", [=](const StepContext& c) {
+                ref::AttentionShape s = as;
+                s.type_k = c.state->kv_types.k;
+                s.type_v = c.state->kv_types.v;
+                const auto& kc = c.state->k_cache[size_t(l)];
+                const auto& vc = c.state->v_cache[size_t(l)];
+                if (out != Rows::All) {  // the pruned last layer of a one-sequence pass
+                    cpu::attention(s, q, kc[size_t(c.slots[0])].data(), vc[size_t(c.slots[0])].data(), att, n_rows(out, c),
+                                   c.n_past[0] + row0(out, c));
+                    return;
+                }
+                for (int i = 0; i < c.n_seqs; ++i) {  // each sequence against its own cache
+                    const int64_t first = int64_t(c.offsets[i]) * nh * hd;
+                    cpu::attention(s, q + first, kc[size_t(c.slots[i])].data(), vc[size_t(c.slots[i])].data(), att + first,
+                                   c.offsets[i + 1] - c.offsets[i], c.n_past[i]);
+                }
+            });
             plan->add("sigmoid_gate_mul", p + "attn_gate", [=](const StepContext& c) {
                 cpu::sigmoid_gate_mul(att, qg + hd, n_rows(out, c) * nh, hd, 2 * hd);
             });
@@ -479,8 +530,18 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
             add_residual(p + "residual", out);
     }
 
-    // Final norm and LM head, for every token or only the last (or none for an inner piece).
+    // Final norm and LM head, for every token or only the last (or none for an inner piece),
+    // or (mode 3, a batch) the rows the context lists.
     if (logits_mode == 0) return plan;
+    if (logits_mode == 3) {
+        plan->add("rms_norm", "output_norm", [=, this](const StepContext& c) {
+            for (int i = 0; i < c.n_out; ++i) cpu::rms_norm(x + int64_t(c.out_rows[i]) * D, output_norm, h + int64_t(i) * D, 1, D, eps);
+        });
+        plan->add(matmul_kernel(output), "output", [=, this](const StepContext& c) {
+            cpu::matmul(output, h, c.logits, c.n_out);
+        });
+        return plan;
+    }
     const bool all = logits_mode == 2;
     plan->add("rms_norm", "output_norm", [=, this](const StepContext& c) {
         const int64_t first = all ? 0 : c.n - 1;
@@ -492,41 +553,101 @@ std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& 
     return plan;
 }
 
-void Qwen35Model::forward(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts,
-                          float* logits, Profiler* prof) const {
+void Qwen35Model::forward(ModelState& st, const int32_t* ids, int n, const ForwardOptions& opts, float* logits,
+                          Profiler* prof, int slot) const {
     if (n <= 0) throw Error("forward: no tokens to process");
-    if (int64_t(st.n_past) + n > st.n_ctx)
-        throw Error("sequence of " + std::to_string(int64_t(st.n_past) + n) + " tokens exceeds the context size of " +
-                    std::to_string(st.n_ctx) + " (raise --ctx)");
-    const int c = std::max(1, opts.gdn_chunk);
-    const int piece = std::max(c, opts.max_batch / c * c);
-    const size_t V = size_t(hp_.n_vocab);
-    for (int done = 0; done < n;) {
-        const int len = std::min(piece, n - done);
-        const bool last = done + len == n;
-        const int mode = opts.all_logits ? 2 : last ? 1 : 0;
-        run_piece(st, ids + done, len, opts, mode, opts.all_logits ? logits + size_t(done) * V : logits, prof);
-        done += len;
-    }
+    Batch b;
+    b.add(slot, ids, n, opts.all_logits ? BatchLogits::All : BatchLogits::Last, opts.gdn_mode == ref::GdnMode::Serial);
+    forward(st, b, opts, logits, prof);
 }
 
-void Qwen35Model::run_piece(SequenceState& st, const int32_t* ids, int n, const ForwardOptions& opts,
-                            int logits_mode, float* logits, Profiler* prof) const {
-    const int bucket = bucket_for(n, opts);
+void Qwen35Model::forward(ModelState& st, const Batch& batch, const ForwardOptions& opts, float* logits,
+                          Profiler* prof) const {
+    const int n_seqs = int(batch.seqs.size());
+    if (n_seqs == 0) throw Error("forward: the batch has no sequences");
+    int64_t total = 0;
+    std::vector<uint8_t> used(size_t(st.n_slots), 0);
+    for (int i = 0; i < n_seqs; ++i) {
+        const BatchSeq& q = batch.seqs[size_t(i)];
+        const std::string who = "forward: batch sequence " + std::to_string(i) + " (slot " + std::to_string(q.slot) + ")";
+        if (q.slot < 0 || q.slot >= st.n_slots)
+            throw Error(who + ": slot out of range (0.." + std::to_string(st.n_slots - 1) + ")");
+        if (used[size_t(q.slot)]++) throw Error(who + ": the slot appears twice in one batch");
+        if (q.n_tokens <= 0) throw Error(who + ": no tokens to process");
+        if (int64_t(st.n_past[size_t(q.slot)]) + q.n_tokens > st.n_ctx)
+            throw Error(who + ": sequence of " + std::to_string(int64_t(st.n_past[size_t(q.slot)]) + q.n_tokens) +
+                        " tokens exceeds the context size of " + std::to_string(st.n_ctx) + " (raise --ctx)");
+        total += q.n_tokens;
+    }
+    if (total != int64_t(batch.ids.size()))
+        throw Error("forward: the batch has " + std::to_string(batch.ids.size()) + " token ids but its sequences count " +
+                    std::to_string(total));
+    const size_t V = size_t(hp_.n_vocab);
+    StepContext ctx;
+    ctx.state = &st;
+    if (n_seqs == 1) {
+        // One sequence: consecutive pieces of at most max_batch tokens (the states carry over).
+        const BatchSeq& q = batch.seqs[0];
+        const int c = std::max(1, opts.gdn_chunk);
+        const int piece = std::max(c, opts.max_batch / c * c);
+        const int32_t slot = q.slot;
+        const uint8_t serial = q.serial;
+        for (int done = 0; done < q.n_tokens;) {
+            const int len = std::min(piece, q.n_tokens - done);
+            const bool last = done + len == q.n_tokens;
+            const int mode = q.logits == BatchLogits::All ? 2 : q.logits == BatchLogits::Last && last ? 1 : 0;
+            const int32_t offsets[2] = {0, len}, n_past = st.n_past[size_t(slot)];
+            ctx.ids = batch.ids.data() + done;
+            ctx.n = len;
+            ctx.n_seqs = 1;
+            ctx.offsets = offsets;
+            ctx.slots = &slot;
+            ctx.n_past = &n_past;
+            ctx.serial = &serial;
+            ctx.logits = q.logits == BatchLogits::All ? logits + size_t(done) * V : logits;
+            run_plan(ctx, bucket_for(len, opts), opts, mode, prof);
+            st.n_past[size_t(slot)] += len;
+            done += len;
+        }
+        return;
+    }
+    // Several sequences: one step over all their tokens.
+    const size_t ns = size_t(n_seqs);
+    std::vector<int32_t> offsets(ns + 1, 0), slots(ns, 0), n_past(ns, 0), out_rows;
+    std::vector<uint8_t> serial(ns, 0);
+    for (int i = 0; i < n_seqs; ++i) {
+        const BatchSeq& q = batch.seqs[size_t(i)];
+        offsets[size_t(i) + 1] = offsets[size_t(i)] + q.n_tokens;
+        slots[size_t(i)] = q.slot;
+        n_past[size_t(i)] = st.n_past[size_t(q.slot)];
+        serial[size_t(i)] = q.serial;
+        if (q.logits == BatchLogits::Last) out_rows.push_back(offsets[size_t(i) + 1] - 1);
+        if (q.logits == BatchLogits::All)
+            for (int t = offsets[size_t(i)]; t < offsets[size_t(i) + 1]; ++t) out_rows.push_back(t);
+    }
+    ctx.ids = batch.ids.data();
+    ctx.n = int(total);
+    ctx.n_seqs = n_seqs;
+    ctx.offsets = offsets.data();
+    ctx.slots = slots.data();
+    ctx.n_past = n_past.data();
+    ctx.serial = serial.data();
+    ctx.out_rows = out_rows.data();
+    ctx.n_out = int(out_rows.size());
+    ctx.logits = logits;
+    run_plan(ctx, bucket_for(int(total), opts), opts, out_rows.empty() ? 0 : 3, prof);
+    for (const BatchSeq& q : batch.seqs) st.n_past[size_t(q.slot)] += q.n_tokens;
+}
+
+void Qwen35Model::run_plan(const StepContext& ctx, int bucket, const ForwardOptions& opts, int logits_mode,
+                           Profiler* prof) const {
     auto key = std::make_tuple(bucket, logits_mode, int(opts.gdn_mode), opts.gdn_chunk);
     auto it = plans_.find(key);
     if (it == plans_.end()) {
         if (plans_.size() >= 6) plans_.clear();  // bound the memory held by old buckets
         it = plans_.emplace(key, build_plan(bucket, opts, logits_mode)).first;
     }
-    StepContext ctx;
-    ctx.state = &st;
-    ctx.ids = ids;
-    ctx.n = n;
-    ctx.n_past = st.n_past;
-    ctx.logits = logits;
     it->second->replay(ctx, prof);
-    st.n_past += n;
 }
 
 }  // namespace alloy

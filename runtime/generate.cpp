@@ -62,7 +62,7 @@ GenerateResult generate(const LoadedModel& lm, const std::vector<int32_t>& promp
     if (p.text) lm.require_tokenizer();
     const Qwen35Model& model = *lm.model;
     const int V = model.hparams().n_vocab;
-    SequenceState st = model.new_state(n_ctx, kv);
+    ModelState st = model.new_state(n_ctx, kv);
     std::vector<float> logits(static_cast<size_t>(V));
     Sampler sampler(p.sampler);
     GenerateResult r;

@@ -16,14 +16,20 @@
 
 namespace alloy {
 
-struct SequenceState;
+struct ModelState;
 
-// What changes between replays of the same plan.
+// What changes between replays of the same plan: the tokens of one or more sequences.
 struct StepContext {
-    SequenceState* state = nullptr;
+    ModelState* state = nullptr;
     const int32_t* ids = nullptr;  // [n] token ids
     int n = 0;            // real tokens in this call (<= the plan's bucket)
-    int n_past = 0;       // tokens already in the sequence
+    int n_seqs = 1;
+    const int32_t* offsets = nullptr;  // [n_seqs + 1] each sequence's first token, then n
+    const int32_t* slots = nullptr;    // [n_seqs] state slot of each sequence
+    const int32_t* n_past = nullptr;   // [n_seqs] tokens each sequence's slot held before the call
+    const uint8_t* serial = nullptr;   // [n_seqs] 1: the GDN layers take the serial kernel
+    const int32_t* out_rows = nullptr; // [n_out] rows whose logits a rows plan returns, ascending
+    int n_out = 0;
     float* logits = nullptr;
 };
 

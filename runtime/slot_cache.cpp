@@ -1,6 +1,7 @@
 // Slot state cache operations (runtime/slot_cache.h).
 #include "runtime/slot_cache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -17,48 +18,59 @@ size_t StateSnapshot::bytes() const {
 
 SlotStateCache::SlotStateCache(const Qwen35Model& model, int n_slots, int n_ctx, KvCacheTypes kv_types) {
     if (n_slots < 1) throw Error("slot state cache: needs at least one slot, got " + std::to_string(n_slots));
-    slots_.reserve(size_t(n_slots));
-    for (int i = 0; i < n_slots; ++i) slots_.push_back(model.new_state(n_ctx, kv_types));
+    state_ = model.new_state(n_ctx, kv_types, n_slots);
 }
 
-SequenceState& SlotStateCache::slot(int i) {
-    return const_cast<SequenceState&>(static_cast<const SlotStateCache&>(*this).slot(i));
+int SlotStateCache::n_past(int slot) const {
+    state_.check_slot(slot);
+    return state_.n_past[size_t(slot)];
 }
 
-const SequenceState& SlotStateCache::slot(int i) const {
-    if (i < 0 || i >= size()) {
-        throw Error("slot state cache: slot " + std::to_string(i) + " out of range (0.." + std::to_string(size() - 1) + ")");
-    }
-    return slots_[size_t(i)];
-}
+void SlotStateCache::reset(int slot) { state_.reset(slot); }
 
 void SlotStateCache::copy(int from, int to) {
-    const SequenceState& a = slot(from);
-    SequenceState& b = slot(to);
+    state_.check_slot(from);
+    state_.check_slot(to);
     if (from == to) return;
-    for (size_t l = 0; l < a.k_cache.size(); ++l) {
-        for (auto [src, dst] : {std::pair{&a.k_cache[l], &b.k_cache[l]}, std::pair{&a.v_cache[l], &b.v_cache[l]}}) {
-            if (src->bytes() == 0) continue;
+    ModelState& s = state_;
+    const size_t n = size_t(s.n_past[size_t(from)]);
+    for (size_t l = 0; l < s.k_cache.size(); ++l) {
+        for (auto* cache : {&s.k_cache[l], &s.v_cache[l]}) {
+            if (cache->empty()) continue;
+            const ZeroPages& src = (*cache)[size_t(from)];
             // Only the rows in use: the rest of the destination stays untouched (and unbacked).
-            const size_t row = src->bytes() / size_t(a.n_ctx);
-            std::memcpy(dst->data(), src->data(), row * size_t(a.n_past));
+            const size_t row = src.bytes() / size_t(s.n_ctx);
+            std::memcpy((*cache)[size_t(to)].data(), src.data(), row * n);
         }
+        if (s.conv_state[l].empty()) continue;
+        std::memcpy(s.conv(int(l), to), s.conv(int(l), from), s.conv_elems * sizeof(float));
+        std::memcpy(s.ssm(int(l), to), s.ssm(int(l), from), s.ssm_elems * sizeof(float));
     }
-    b.conv_state = a.conv_state;
-    b.ssm_state = a.ssm_state;
-    b.n_past = a.n_past;
+    s.n_past[size_t(to)] = int(n);
 }
 
 StateSnapshot SlotStateCache::snapshot(int i) const {
-    const SequenceState& s = slot(i);
-    return StateSnapshot{s.n_past, s.conv_state, s.ssm_state};
+    state_.check_slot(i);
+    const ModelState& s = state_;
+    StateSnapshot snap;
+    snap.n_past = s.n_past[size_t(i)];
+    snap.conv_state.resize(s.conv_state.size());
+    snap.ssm_state.resize(s.ssm_state.size());
+    for (size_t l = 0; l < s.conv_state.size(); ++l) {
+        if (s.conv_state[l].empty()) continue;
+        snap.conv_state[l].assign(s.conv(int(l), i), s.conv(int(l), i) + s.conv_elems);
+        snap.ssm_state[l].assign(s.ssm(int(l), i), s.ssm(int(l), i) + s.ssm_elems);
+    }
+    return snap;
 }
 
 void SlotStateCache::check_shapes(int i, const StateSnapshot& snap, const char* op) const {
-    const SequenceState& s = slot(i);
+    state_.check_slot(i);
+    const ModelState& s = state_;
     bool same = snap.conv_state.size() == s.conv_state.size() && snap.ssm_state.size() == s.ssm_state.size();
     for (size_t l = 0; same && l < s.conv_state.size(); ++l) {
-        same = snap.conv_state[l].size() == s.conv_state[l].size() && snap.ssm_state[l].size() == s.ssm_state[l].size();
+        const bool gdn = !s.conv_state[l].empty();
+        same = snap.conv_state[l].size() == (gdn ? s.conv_elems : 0) && snap.ssm_state[l].size() == (gdn ? s.ssm_elems : 0);
     }
     if (!same) throw Error(std::string("slot state cache: ") + op + " of slot " + std::to_string(i) + ": the snapshot is of another model");
     if (snap.n_past < 0 || snap.n_past > s.n_ctx) {
@@ -69,17 +81,20 @@ void SlotStateCache::check_shapes(int i, const StateSnapshot& snap, const char* 
 
 void SlotStateCache::restore(int i, const StateSnapshot& snap) {
     check_shapes(i, snap, "restore");
-    SequenceState& s = slot(i);
-    s.conv_state = snap.conv_state;
-    s.ssm_state = snap.ssm_state;
-    s.n_past = snap.n_past;
+    ModelState& s = state_;
+    for (size_t l = 0; l < s.conv_state.size(); ++l) {
+        if (s.conv_state[l].empty()) continue;
+        std::copy(snap.conv_state[l].begin(), snap.conv_state[l].end(), s.conv(int(l), i));
+        std::copy(snap.ssm_state[l].begin(), snap.ssm_state[l].end(), s.ssm(int(l), i));
+    }
+    s.n_past[size_t(i)] = snap.n_past;
 }
 
 void SlotStateCache::truncate(int i, int n, const StateSnapshot& at_n) {
-    const SequenceState& s = slot(i);
-    if (n < 0 || n > s.n_past) {
+    const int held = n_past(i);
+    if (n < 0 || n > held) {
         throw Error("slot state cache: truncate of slot " + std::to_string(i) + " to " + std::to_string(n) +
-                    " tokens: it holds " + std::to_string(s.n_past));
+                    " tokens: it holds " + std::to_string(held));
     }
     if (at_n.n_past != n) {
         throw Error("slot state cache: truncate of slot " + std::to_string(i) + " to " + std::to_string(n) +

@@ -1,8 +1,8 @@
-// The slot state cache: the sequence states of one model by slot, and the operations on them
-// that the prefix cache and speculative rollback use (issue 17's first piece; the batched
-// forward and the scheduler come next). Layout: contiguous per slot, one SequenceState each:
-//   attention layer l: K, V [n_ctx, n_head_kv * head_dim] of the KV cache types
-//   GDN layer l:       conv state [conv_dim, K - 1], recurrent state [H_v, d_v, d_k] (fp32)
+// The slot state cache: the sequence states of one model by slot (model/qwen35.h ModelState),
+// and the operations on them that the scheduler, the prefix cache and speculative rollback use.
+// Layout (the GDN op's contract, kernels' seq_slots):
+//   attention layer l: K, V per slot, contiguous [n_ctx, n_head_kv * head_dim] of the KV types
+//   GDN layer l:       conv state [slots, conv_dim, K - 1], recurrent state [slots, H_v, d_v, d_k]
 // A forward over a slot writes only KV rows at positions >= its n_past and overwrites the GDN
 // states, so rows [0, n) stay as they were while the slot's first n tokens are unchanged:
 // that is what makes a snapshot (GDN states + n_past, no KV rows) enough to go back to n.
@@ -18,8 +18,8 @@ namespace alloy {
 // Valid for the slot it was taken from while that slot's first n_past tokens stay the same.
 struct StateSnapshot {
     int n_past = 0;
-    std::vector<std::vector<float>> conv_state;  // per layer, as SequenceState (empty: attention)
-    std::vector<std::vector<float>> ssm_state;
+    std::vector<std::vector<float>> conv_state;  // per layer: [conv_dim, K-1] (empty: attention)
+    std::vector<std::vector<float>> ssm_state;   // per layer: [H_v, d_v, d_k]
     size_t bytes() const;
 };
 
@@ -28,9 +28,12 @@ public:
     // n_slots fresh states of n_ctx tokens each; throws alloy::Error for n_slots < 1.
     SlotStateCache(const Qwen35Model& model, int n_slots, int n_ctx, KvCacheTypes kv_types = {});
 
-    int size() const { return int(slots_.size()); }
-    SequenceState& slot(int i);  // throws naming the slot when out of range
-    const SequenceState& slot(int i) const;
+    int size() const { return state_.n_slots; }
+    // The memory the forward reads and writes (Qwen35Model::forward with a slot or a Batch).
+    ModelState& state() { return state_; }
+    const ModelState& state() const { return state_; }
+    int n_past(int slot) const;  // throws naming the slot when out of range
+    void reset(int slot);        // an empty sequence
 
     // to := from: KV rows [0, n_past), the GDN states and n_past (a shared prefix forked).
     void copy(int from, int to);
@@ -43,7 +46,7 @@ public:
 
 private:
     void check_shapes(int slot, const StateSnapshot& s, const char* op) const;
-    std::vector<SequenceState> slots_;
+    ModelState state_;
 };
 
 }  // namespace alloy

@@ -49,13 +49,16 @@ void gdn_delta_chunked(Isa isa, const GdnShape& shape, int n_seqs, const int32_t
                        const float* q, const float* k, const float* v, const float* g,
                        const float* beta, float* state, float* out, int chunk_size);
 
-// qkv: [T, conv_dim]; z: [T, H_v*d_v]; a, b: [T, H_v]; conv_state: [n_seqs, conv_dim, K-1]
-// in/out; state: [n_seqs, H_v, d_v, d_k] in/out; y: [T, H_v*d_v].
+// qkv: [T, conv_dim]; z: [T, H_v*d_v]; a, b: [T, H_v]; conv_state: [slots, conv_dim, K-1]
+// in/out; state: [slots, H_v, d_v, d_k] in/out; y: [T, H_v*d_v]; seq_slots: [n_seqs] each
+// sequence's slot (nullptr: slot s), as ref::gdn_fused. A sequence's bits do not depend on the
+// other sequences of the call nor on its slot.
 void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                const float* qkv, const float* z, const float* a, const float* b,
-               float* conv_state, float* state, float* y);
+               float* conv_state, float* state, float* y, const int32_t* seq_slots = nullptr);
 void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs,
                const int32_t* seq_offsets, const float* qkv, const float* z, const float* a,
-               const float* b, float* conv_state, float* state, float* y);
+               const float* b, float* conv_state, float* state, float* y,
+               const int32_t* seq_slots = nullptr);
 
 }  // namespace alloy::cpu

@@ -220,7 +220,7 @@ void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size) {
     // once per call (the transposed layout is the decode path's).
     float* S_nat = workspace(Ws::ChunkState, (std::size_t)n_seqs * H_v * d_k * d_v);
     auto nat = [&](int64_t sh) { return S_nat + (std::size_t)sh * d_k * d_v; };
-    auto st = [&](int64_t sh) { return io.state + (std::size_t)sh * d_v * d_k; };
+    auto st = [&](int64_t sh) { return io.state_at(int(sh / H_v), int(sh % H_v)); };
     auto nonempty = [&](int64_t sh) { return io.offs[sh / H_v + 1] > io.offs[sh / H_v]; };
     const SlotLayout L{C, d_k, d_v};
     std::vector<std::unique_ptr<Scratch1>> scratch(n_threads());

@@ -33,7 +33,7 @@ using ref::detail::dot;
 
 void head_portable(const DeltaIo& io, int seq, int h) {
     const int d_k = io.shape.d_k, d_v = io.shape.d_v, kh = io.shape.key_head(h);
-    float* S = io.state + ((std::size_t)seq * io.shape.H_v + h) * d_v * d_k;  // [d_v, d_k]
+    float* S = io.state_at(seq, h);  // [d_v, d_k]
     for (int64_t t = io.offs[seq]; t < io.offs[seq + 1]; ++t) {
         const float* q = io.q_at(t, kh);  // [d_k]
         const float* k = io.k_at(t, kh);  // [d_k]
@@ -81,7 +81,7 @@ ALLOY_TARGET_AVX2 inline void update_col_avx2(float* col, const float* k, int d_
 
 ALLOY_TARGET_AVX2 void head_avx2(const DeltaIo& io, int seq, int h) {
     const int d_k = io.shape.d_k, d_v = io.shape.d_v, kh = io.shape.key_head(h);
-    float* S = io.state + ((std::size_t)seq * io.shape.H_v + h) * d_v * d_k;  // [d_v, d_k]
+    float* S = io.state_at(seq, h);  // [d_v, d_k]
     for (int64_t t = io.offs[seq]; t < io.offs[seq + 1]; ++t) {
         const float* q = io.q_at(t, kh);
         const float* k = io.k_at(t, kh);
@@ -222,7 +222,7 @@ inline void prefetch_row(const float* x, int n) {
 // overlap the next block's dot products (one block alone is a latency-bound chain per token).
 ALLOY_AVX512 void head_avx512(const DeltaIo& io, int seq, int h, float* pad) {
     const int d_k = io.shape.d_k, d_v = io.shape.d_v, H_v = io.shape.H_v, kh = io.shape.key_head(h);
-    float* S = io.state + ((std::size_t)seq * H_v + h) * d_v * d_k;  // [d_v, d_k]
+    float* S = io.state_at(seq, h);  // [d_v, d_k]
     float alpha[kTokBlock], beta[kTokBlock], kq[kTokBlock];
     for (int64_t t0 = io.offs[seq]; t0 < io.offs[seq + 1]; t0 += kTokBlock) {
         const int n = (int)std::min<int64_t>(kTokBlock, io.offs[seq + 1] - t0);

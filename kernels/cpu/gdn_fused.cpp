@@ -254,7 +254,7 @@ void gated_norm_portable(const float* o, const float* z, const float* norm, floa
 
 void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
-               float* state, float* y) {
+               float* state, float* y, const int32_t* seq_slots) {
     const char* op = "cpu::gdn_fused";
     gdn::check_isa(isa, op);
     ref::detail::check_fused_args(p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, op);
@@ -273,6 +273,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     std::vector<int32_t> offs(n_seqs + 1);  // tokens re-indexed from 0
     for (int s = 0; s <= n_seqs; ++s) offs[s] = seq_offsets[s] - base;
     const std::size_t t0 = (std::size_t)base;
+    auto slot = [&](int s) -> std::size_t { return seq_slots ? (std::size_t)seq_slots[s] : (std::size_t)s; };
 
     // 1. conv + SiLU, then (2.) the L2 norms of the q and k heads each item just convolved,
     // while they are in L1 (a separate pass read and wrote the 8 MiB of q and k again at
@@ -320,7 +321,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
             const int c0 = cb[i % n_cblocks], c1 = cb[i % n_cblocks + 1];
             if (n == 0) return;
             conv_direct(K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
-                        conv_state + (std::size_t)s * conv_dim * (K - 1), c0, c1, u + (std::size_t)offs[s] * conv_dim);
+                        conv_state + slot(s) * conv_dim * (K - 1), c0, c1, u + (std::size_t)offs[s] * conv_dim);
             norm_heads(offs[s], offs[s + 1], c0, c1);
         });
     } else {
@@ -330,7 +331,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
         std::vector<ConvSeq> seqs(n_seqs);
         for (int s = 0; s < n_seqs; ++s) {
             float* ps = prev.data() + (std::size_t)s * (K - 1) * conv_dim;
-            const float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
+            const float* hs = conv_state + slot(s) * conv_dim * (K - 1);
             for (int c = 0; c < conv_dim; ++c)
                 for (int i = 0; i < K - 1; ++i) ps[(std::size_t)i * conv_dim + c] = hs[(std::size_t)c * (K - 1) + i];
             seqs[s] = {qkv + (t0 + offs[s]) * conv_dim, ps, offs[s + 1] - offs[s]};
@@ -354,7 +355,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
         // state when the sequence is shorter than K-1); empty sequences keep theirs.
         for (int s = 0; s < n_seqs; ++s) {
             if (seqs[s].n == 0) continue;
-            float* hs = conv_state + (std::size_t)s * conv_dim * (K - 1);
+            float* hs = conv_state + slot(s) * conv_dim * (K - 1);
             for (int i = 0; i < K - 1; ++i) {
                 const float* src = seqs[s].row(seqs[s].n - (K - 1) + i, conv_dim, K);
                 for (int c = 0; c < conv_dim; ++c) hs[(std::size_t)c * (K - 1) + i] = src[c];
@@ -374,6 +375,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     io.g = g.data();
     io.beta = beta.data();
     io.state = state;
+    io.slots = seq_slots;
     io.out = o;
     io.qk_stride = io.v_stride = conv_dim;
     if (p.mode == GdnMode::Serial)
@@ -393,8 +395,8 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
 
 void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
-               float* state, float* y) {
-    gdn_fused(active_isa(), p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y);
+               float* state, float* y, const int32_t* seq_slots) {
+    gdn_fused(active_isa(), p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, seq_slots);
 }
 
 }  // namespace alloy::cpu

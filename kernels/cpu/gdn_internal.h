@@ -22,7 +22,8 @@ struct DeltaIo {
     const float* v = nullptr;       // row t at v + t * v_stride:  [H_v, d_v]
     const float* g = nullptr;       // [T, H_v]
     const float* beta = nullptr;    // [T, H_v]
-    float* state = nullptr;         // [n_seqs, H_v, d_v, d_k]
+    float* state = nullptr;         // [slots, H_v, d_v, d_k]
+    const int32_t* slots = nullptr; // [n_seqs] slot of each sequence in state (nullptr: slot = seq)
     float* out = nullptr;           // [T, H_v, d_v]
     int64_t qk_stride = 0, v_stride = 0;
 
@@ -30,6 +31,11 @@ struct DeltaIo {
     const float* k_at(int64_t t, int kh) const { return k + t * qk_stride + (int64_t)kh * shape.d_k; }
     const float* v_at(int64_t t, int h) const { return v + t * v_stride + (int64_t)h * shape.d_v; }
     float* out_at(int64_t t, int h) const { return out + (t * shape.H_v + h) * shape.d_v; }
+    // The [d_v, d_k] state of value head h of sequence seq.
+    float* state_at(int seq, int h) const {
+        const std::size_t slot = slots ? (std::size_t)slots[seq] : (std::size_t)seq;
+        return state + (slot * shape.H_v + h) * shape.d_v * shape.d_k;
+    }
 };
 
 // Arguments are checked by the public entry points (check_delta_args: the ref's checks, same

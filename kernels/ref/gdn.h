@@ -78,11 +78,14 @@ struct GdnParams {
 };
 
 // Fused layer op. qkv: [T, conv_dim] pre-conv projections (rows [Q | K | V]);
-// z: [T, H_v*d_v]; a, b: [T, H_v]; conv_state: [n_seqs, conv_dim, K-1] in/out;
-// state: [n_seqs, H_v, d_v, d_k] in/out; y: [T, H_v*d_v] (gated-normed, before out_proj).
+// z: [T, H_v*d_v]; a, b: [T, H_v]; conv_state: [slots, conv_dim, K-1] in/out;
+// state: [slots, H_v, d_v, d_k] in/out; y: [T, H_v*d_v] (gated-normed, before out_proj).
 // conv_dim = 2*H_k*d_k + H_v*d_v.
+// seq_slots: [n_seqs] the state slot of each sequence (distinct; the caller's state arrays hold
+// every slot named), so a batch of sequences updates their slots of a slot state cache in place;
+// nullptr means sequence s uses slot s (slots = n_seqs).
 void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                const float* qkv, const float* z, const float* a, const float* b,
-               float* conv_state, float* state, float* y);
+               float* conv_state, float* state, float* y, const int32_t* seq_slots = nullptr);
 
 }  // namespace alloy::ref

@@ -48,7 +48,7 @@ void conv1d_silu_seq(int n, int conv_dim, int K, const float* x, const float* w,
 
 void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                const float* qkv, const float* z, const float* a, const float* b,
-               float* conv_state, float* state, float* y) {
+               float* conv_state, float* state, float* y, const int32_t* seq_slots) {
     const char* op = "gdn_fused";
     detail::check_fused_args(p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, op);
     if (n_seqs == 0) return;
@@ -62,6 +62,8 @@ void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_
     std::vector<int32_t> offs(n_seqs + 1);
     for (int s = 0; s <= n_seqs; ++s) offs[s] = seq_offsets[s] - base;
     const std::size_t t0 = (std::size_t)base;
+    auto slot = [&](int s) -> std::size_t { return seq_slots ? (std::size_t)seq_slots[s] : (std::size_t)s; };
+    const std::size_t state_elems = (std::size_t)H_v * d_v * d_k;
 
     // 1. conv + SiLU per sequence, each with its own conv state.
     std::vector<float> u((std::size_t)T * conv_dim);  // [T, conv_dim] = [Q | K | V] after SiLU
@@ -69,7 +71,7 @@ void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_
         const int n = offs[s + 1] - offs[s];
         if (n == 0) continue;  // empty sequence: conv state untouched
         conv1d_silu_seq(n, conv_dim, K, qkv + (t0 + offs[s]) * conv_dim, w.conv1d,
-                        conv_state + (std::size_t)s * conv_dim * (K - 1), u.data() + (std::size_t)offs[s] * conv_dim);
+                        conv_state + slot(s) * conv_dim * (K - 1), u.data() + (std::size_t)offs[s] * conv_dim);
     }
 
     // 2. split, L2-normalise q and k per key head, scale q; gates per value head.
@@ -104,12 +106,16 @@ void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_
 
     // 3. the delta rule.
     std::vector<float> o((std::size_t)T * value_dim);  // [T, H_v, d_v]
-    if (p.mode == GdnMode::Serial)
-        gdn_delta_serial(sh, n_seqs, offs.data(), qn.data(), kn.data(), vv.data(), g.data(),
-                         beta.data(), state, o.data());
-    else
-        gdn_delta_chunked(sh, n_seqs, offs.data(), qn.data(), kn.data(), vv.data(), g.data(),
-                          beta.data(), state, o.data(), p.chunk_size);
+    // One sequence at a time, each on its slot's state (sequences are independent).
+    for (int s = 0; s < n_seqs; ++s) {
+        float* st = state + slot(s) * state_elems;
+        if (p.mode == GdnMode::Serial)
+            gdn_delta_serial(sh, 1, offs.data() + s, qn.data(), kn.data(), vv.data(), g.data(),
+                             beta.data(), st, o.data());
+        else
+            gdn_delta_chunked(sh, 1, offs.data() + s, qn.data(), kn.data(), vv.data(), g.data(),
+                              beta.data(), st, o.data(), p.chunk_size);
+    }
 
     // 4. gated RMSNorm per value head: y = o * rsqrt(mean(o^2) + eps) * norm * SiLU(z).
 #pragma omp parallel for if (parallel)

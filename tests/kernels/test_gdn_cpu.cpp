@@ -429,6 +429,43 @@ TEST(GdnCpuFused, TokenByTokenMatchesOneCall) {
     }
 }
 
+// A batch of sequences on slots of a larger state (the slot state cache's layout): each
+// sequence's y and slot states are bit for bit those of running it alone on its slot, for ref
+// and every ISA path and both modes; a slot no sequence names is untouched.
+TEST(GdnCpuFused, SlotsGiveEachSequenceItsOwnState) {
+    const std::vector<int> lens = {5, 1, 0, 33};
+    const std::vector<int32_t> slots = {3, 0, 4, 1};  // slot 2 unused
+    const int n_slots = 5;
+    const auto c = make_fused_case(shape_of(2, 2, 32, 32, true), lens, 4, true, 91);
+    const int cd = c.conv_dim(), vd = c.p.shape.H_v * c.p.shape.d_v;
+    const std::size_t cs = (std::size_t)cd * 3, ss = (std::size_t)c.p.shape.H_v * c.p.shape.d_v * c.p.shape.d_k;
+    Rng rng(92);
+    const std::vector<float> conv0 = rng.vec(cs * n_slots, -1, 1), state0 = rng.vec(ss * n_slots, -1, 1);
+    for (int which = 0; which < 1 + (int)isas().size(); ++which)
+        for (GdnMode mode : {GdnMode::Serial, GdnMode::Chunked}) {
+            const bool ref = which == 0;
+            const Isa isa = ref ? Isa::Scalar : isas()[which - 1];
+            auto fused = [&](int n, const int32_t* offs, float* conv, float* st, float* y, const int32_t* sl) {
+                GdnParams p = c.p;
+                p.mode = mode;
+                p.chunk_size = 16;
+                if (ref) alloy::ref::gdn_fused(p, c.weights(), n, offs, c.qkv.data(), c.z.data(), c.a.data(), c.b.data(), conv, st, y, sl);
+                else alloy::cpu::gdn_fused(isa, p, c.weights(), n, offs, c.qkv.data(), c.z.data(), c.a.data(), c.b.data(), conv, st, y, sl);
+            };
+            std::vector<float> conv = conv0, st = state0, y((std::size_t)c.T() * vd);
+            fused(c.n_seqs(), c.offs.data(), conv.data(), st.data(), y.data(), slots.data());
+            std::vector<float> conv1 = conv0, st1 = state0, y1(y.size());
+            for (int s = 0; s < c.n_seqs(); ++s)
+                fused(1, c.offs.data() + s, conv1.data() + slots[s] * cs, st1.data() + slots[s] * ss, y1.data(), nullptr);
+            SCOPED_TRACE(std::string(ref ? "ref" : isa_str(isa)) + " mode=" + std::to_string((int)mode));
+            EXPECT_EQ(y, y1);
+            EXPECT_EQ(conv, conv1);
+            EXPECT_EQ(st, st1);
+            EXPECT_TRUE(std::equal(st.begin() + 2 * ss, st.begin() + 3 * ss, state0.begin() + 2 * ss));
+            EXPECT_TRUE(std::equal(conv.begin() + 2 * cs, conv.begin() + 3 * cs, conv0.begin() + 2 * cs));
+        }
+}
+
 TEST(GdnCpuFused, RejectsBadArguments) {
     auto c = make_fused_case(shape_of(2, 1, 4, 4, true), {3}, 4, true, 61);
     auto cpu = [](auto&&... a) { alloy::cpu::gdn_fused(a...); };

@@ -73,7 +73,7 @@ constexpr KvCacheTypes kF32Cache{GgmlType::F32, GgmlType::F32};
 std::vector<float> run_logits(const Qwen35Model& m, const std::vector<int32_t>& ids, Path path,
                               KvCacheTypes kv = kF32Cache) {
     const size_t V = size_t(m.hparams().n_vocab);
-    SequenceState st = m.new_state(256, kv);
+    ModelState st = m.new_state(256, kv);
     std::vector<float> out(ids.size() * V);
     ForwardOptions fo;
     fo.all_logits = true;
@@ -141,7 +141,7 @@ TEST_P(HfFixture, VerificationReproducesDecodeBitForBit) {
         const char* cache = type_traits(kv.k).name;
         const std::vector<float> decode = run_logits(m, ids, Path::Decode, kv);
         for (int width : {2, 3, 4}) {
-            SequenceState st = m.new_state(256, kv);
+            ModelState st = m.new_state(256, kv);
             std::vector<float> out(ids.size() * V);
             ForwardOptions fo;
             fo.all_logits = true;
@@ -167,7 +167,7 @@ TEST_P(HfFixture, GreedyContinuationIsIdentical) {
         for (const auto& g : f.ref["greedy"]) {
             const auto prompt = g["prompt"].get<std::vector<int32_t>>();
             const auto want = g["generated"].get<std::vector<int32_t>>();
-            SequenceState st = m.new_state(256, kv);
+            ModelState st = m.new_state(256, kv);
             std::vector<float> logits(size_t(m.hparams().n_vocab));
             Sampler greedy({.temp = 0});
             ForwardOptions fo;
@@ -218,7 +218,7 @@ TEST(HfFixturePieces, PiecesEqualOneCall) {
         one.gdn_chunk = pieces.gdn_chunk = chunk;
         pieces.max_batch = chunk;  // 80 tokens -> 5 or 2 pieces
         std::vector<float> a(ids.size() * V), b(ids.size() * V);
-        SequenceState s1 = m.new_state(128), s2 = m.new_state(128);
+        ModelState s1 = m.new_state(128), s2 = m.new_state(128);
         m.forward(s1, ids.data(), int(ids.size()), one, a.data());
         m.forward(s2, ids.data(), int(ids.size()), pieces, b.data());
         EXPECT_LT(max_row_rel_error(b, a, V), 1e-5) << chunk;
@@ -245,7 +245,7 @@ TEST_P(HfFixture, LastTokenLogitsSkipTheUnusedRows) {
             ForwardOptions fo;
             fo.gdn_chunk = 16;
             if (piece) fo.max_batch = piece;
-            SequenceState st = m.new_state(256, kF32Cache);
+            ModelState st = m.new_state(256, kF32Cache);
             std::vector<float> logits(V);
             m.forward(st, ids.data(), int(n - 1), fo, logits.data());
             EXPECT_LT(max_row_rel_error(logits, row(n - 2), V), 1e-4) << GetParam() << " T=" << n - 1 << " piece " << piece;
@@ -282,7 +282,7 @@ TEST(LastTokenLogits, GdnLastLayerGivesTheAllRowsBits) {
             fo.all_logits = all;
             fo.gdn_chunk = 16;
             if (piece) fo.max_batch = piece;
-            SequenceState st = m->new_state(64, kF32Cache);
+            ModelState st = m->new_state(64, kF32Cache);
             std::vector<float> out(size_t(all ? n : 1) * V), next(V);
             m->forward(st, ids.data(), n, fo, out.data());
             fo.all_logits = false;
@@ -310,7 +310,7 @@ TEST(HfFixtureDeep, VerificationReproducesDecodeAcrossKeyCells) {
     for (auto& id : ids) id = int32_t(rng() % uint32_t(V));
     for (KvCacheTypes kv : {KvCacheTypes{}, kF32Cache}) {
         auto run = [&](int width) {
-            SequenceState st = m.new_state(300, kv);
+            ModelState st = m.new_state(300, kv);
             ForwardOptions fo;
             fo.all_logits = true;
             std::vector<float> prompt(250 * V), out(12 * V);
@@ -336,7 +336,7 @@ TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {
     // 37 tokens, then 9 more in a second call, then one decode step: the states carried from
     // one call to the next would carry any garbage read in the padding too.
     auto run = [&](ref::GdnMode mode, int chunk) {
-        SequenceState st = m.new_state(128);
+        ModelState st = m.new_state(128);
         ForwardOptions fo;
         fo.all_logits = true;
         fo.gdn_mode = mode;
@@ -364,7 +364,7 @@ TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {
 // The KV cache is sized for n_ctx rows but only the rows written so far are ever touched:
 // a fresh state holds no resident KV pages, and after n tokens at most the pages of n rows
 // (+ the partial page at each end) are resident, in f16 half the bytes of f32.
-TEST(SequenceStateMemory, UntouchedCacheRowsStayUnbacked) {
+TEST(ModelStateMemory, UntouchedCacheRowsStayUnbacked) {
     Fixture& f = fixture("r2_untied");
     const Qwen35Model& m = *f.model;
     const Qwen35HParams& hp = m.hparams();
@@ -372,13 +372,13 @@ TEST(SequenceStateMemory, UntouchedCacheRowsStayUnbacked) {
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
     const int n_ctx = 1 << 16;
     for (KvCacheTypes kv : {KvCacheTypes{}, kF32Cache}) {
-        SequenceState st = m.new_state(n_ctx, kv);
+        ModelState st = m.new_state(n_ctx, kv);
         const size_t elem = kv.k == GgmlType::F16 ? 2 : 4;
         for (int l = 0; l < hp.n_layer; ++l) {
             if (hp.is_recurrent(l)) continue;
-            EXPECT_EQ(st.k_cache[size_t(l)].bytes(), size_t(n_ctx) * row * elem);
-            EXPECT_EQ(st.k_cache[size_t(l)].resident_bytes(), 0u);
-            EXPECT_EQ(st.v_cache[size_t(l)].resident_bytes(), 0u);
+            EXPECT_EQ(st.k_cache[size_t(l)][0].bytes(), size_t(n_ctx) * row * elem);
+            EXPECT_EQ(st.k_cache[size_t(l)][0].resident_bytes(), 0u);
+            EXPECT_EQ(st.v_cache[size_t(l)][0].resident_bytes(), 0u);
         }
         const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
         std::vector<float> logits(size_t(hp.n_vocab));
@@ -386,7 +386,7 @@ TEST(SequenceStateMemory, UntouchedCacheRowsStayUnbacked) {
         const size_t used = ids.size() * row * elem;
         for (int l = 0; l < hp.n_layer; ++l) {
             if (hp.is_recurrent(l)) continue;
-            for (const ZeroPages* c : {&st.k_cache[size_t(l)], &st.v_cache[size_t(l)]}) {
+            for (const ZeroPages* c : {&st.k_cache[size_t(l)][0], &st.v_cache[size_t(l)][0]}) {
                 EXPECT_GE(c->resident_bytes(), used);
                 EXPECT_LE(c->resident_bytes(), (used + page - 1) / page * page);
             }
@@ -394,7 +394,7 @@ TEST(SequenceStateMemory, UntouchedCacheRowsStayUnbacked) {
     }
 }
 
-TEST(SequenceStateMemory, RejectsOtherCacheTypes) {
+TEST(ModelStateMemory, RejectsOtherCacheTypes) {
     const Qwen35Model& m = *fixture("r2_untied").model;
     EXPECT_THROW(m.new_state(16, {GgmlType::Q8_0, GgmlType::F16}), Error);
     EXPECT_THROW(m.new_state(16, {GgmlType::F16, GgmlType::Q4_0}), Error);

@@ -44,17 +44,18 @@ protected:
     }
     // Feeds ids to the state: one prefill call if `prefill`, else one decode step per token;
     // returns the logits of every call, concatenated.
-    static std::vector<float> feed(SequenceState& s, const std::vector<int32_t>& v, bool prefill) {
+    static std::vector<float> feed(SlotStateCache& cache, int slot, const std::vector<int32_t>& v, bool prefill) {
+        ModelState& s = cache.state();
         const size_t V = size_t(model_->hparams().n_vocab);
         ForwardOptions fo;
         std::vector<float> out;
         if (prefill) {
             out.resize(V);
-            model_->forward(s, v.data(), int(v.size()), fo, out.data());
+            model_->forward(s, v.data(), int(v.size()), fo, out.data(), nullptr, slot);
             return out;
         }
         out.resize(V * v.size());
-        for (size_t t = 0; t < v.size(); ++t) model_->forward(s, &v[t], 1, fo, out.data() + t * V);
+        for (size_t t = 0; t < v.size(); ++t) model_->forward(s, &v[t], 1, fo, out.data() + t * V, nullptr, slot);
         return out;
     }
     static std::unique_ptr<Qwen35Model> model_;
@@ -63,48 +64,48 @@ std::unique_ptr<Qwen35Model> SlotCache::model_;
 
 TEST_F(SlotCache, SnapshotRunRestoreRunGivesTheSameBits) {
     SlotStateCache cache(*model_, 1, 256);
-    feed(cache.slot(0), ids(20, 1), true);
+    feed(cache, 0, ids(20, 1), true);
     const StateSnapshot snap = cache.snapshot(0);
     EXPECT_EQ(snap.n_past, 20);
     EXPECT_GT(snap.bytes(), 0u);
     const std::vector<int32_t> next = ids(100, 2);
-    const std::vector<float> first = feed(cache.slot(0), next, false);
-    EXPECT_EQ(cache.slot(0).n_past, 120);
+    const std::vector<float> first = feed(cache, 0, next, false);
+    EXPECT_EQ(cache.n_past(0), 120);
     cache.restore(0, snap);
-    EXPECT_EQ(cache.slot(0).n_past, 20);
-    EXPECT_EQ(feed(cache.slot(0), next, false), first);
+    EXPECT_EQ(cache.n_past(0), 20);
+    EXPECT_EQ(feed(cache, 0, next, false), first);
 }
 
 TEST_F(SlotCache, CopiedSlotsContinueIdentically) {
     SlotStateCache cache(*model_, 3, 256);
-    feed(cache.slot(0), ids(37, 3), true);
-    feed(cache.slot(0), ids(5, 4), false);
-    feed(cache.slot(2), ids(50, 9), true);  // a longer, different history the copy must replace
+    feed(cache, 0, ids(37, 3), true);
+    feed(cache, 0, ids(5, 4), false);
+    feed(cache, 2, ids(50, 9), true);  // a longer, different history the copy must replace
     cache.copy(0, 2);
-    EXPECT_EQ(cache.slot(2).n_past, 42);
+    EXPECT_EQ(cache.n_past(2), 42);
     const std::vector<int32_t> more = ids(30, 5);
-    const std::vector<float> a = feed(cache.slot(0), more, false);
-    EXPECT_EQ(feed(cache.slot(2), more, false), a);
+    const std::vector<float> a = feed(cache, 0, more, false);
+    EXPECT_EQ(feed(cache, 2, more, false), a);
     // And as a prefill piece.
     const std::vector<int32_t> piece = ids(24, 6);
-    EXPECT_EQ(feed(cache.slot(2), piece, true), feed(cache.slot(0), piece, true));
+    EXPECT_EQ(feed(cache, 2, piece, true), feed(cache, 0, piece, true));
 }
 
 TEST_F(SlotCache, TruncateThenRefeedEqualsNeverHavingGoneFurther) {
     SlotStateCache cache(*model_, 2, 256);
     const std::vector<int32_t> prompt = ids(10, 7), went_on = ids(15, 8), instead = ids(12, 9);
-    feed(cache.slot(0), prompt, true);
+    feed(cache, 0, prompt, true);
     const StateSnapshot at10 = cache.snapshot(0);
-    feed(cache.slot(0), went_on, false);
+    feed(cache, 0, went_on, false);
     cache.truncate(0, 10, at10);
-    const std::vector<float> got = feed(cache.slot(0), instead, false);
-    feed(cache.slot(1), prompt, true);
-    EXPECT_EQ(got, feed(cache.slot(1), instead, false));
+    const std::vector<float> got = feed(cache, 0, instead, false);
+    feed(cache, 1, prompt, true);
+    EXPECT_EQ(got, feed(cache, 1, instead, false));
 }
 
 TEST_F(SlotCache, BadOperationsNameWhatIsWrong) {
     SlotStateCache cache(*model_, 2, 64);
-    feed(cache.slot(0), ids(8, 10), true);
+    feed(cache, 0, ids(8, 10), true);
     const StateSnapshot at8 = cache.snapshot(0);
     auto expect_error = [](auto&& f, const std::vector<std::string>& parts) {
         try {
@@ -114,7 +115,7 @@ TEST_F(SlotCache, BadOperationsNameWhatIsWrong) {
             for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
         }
     };
-    expect_error([&] { cache.slot(2); }, {"slot 2", "0..1"});
+    expect_error([&] { cache.n_past(2); }, {"slot 2", "0..1"});
     expect_error([&] { cache.truncate(0, 5, at8); }, {"5", "8"});
     expect_error([&] { cache.truncate(0, 9, at8); }, {"9", "holds 8"});
     expect_error([&] { SlotStateCache(*model_, 0, 64); }, {"at least one slot"});

@@ -44,7 +44,10 @@
     } while (0)
 
 #ifdef ALLOY_GDN_EXP_CLOCK
-namespace alloy::cuda { void gdn_chunked_debug_clocks(unsigned long long* out); }
+namespace alloy::cuda {
+void gdn_chunked_debug_clocks(unsigned long long* out);
+void gdn_fused_debug_clocks(unsigned long long* out);
+}  // namespace alloy::cuda
 #endif
 
 namespace {
@@ -314,7 +317,7 @@ int check_chunked(const std::filesystem::path& dir) {
     return ok ? 0 : 1;
 }
 
-void decode_table(double tbs);
+void decode_table(double tbs, int only_hv, int only_b, int reps);
 void prefill_table(int sms, int tmax, int only_hv, int only_t);
 
 }  // namespace
@@ -335,30 +338,33 @@ int main(int argc, char** argv) {
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
     bool decode = true, prefill = true;
-    int tmax = 65536, only_hv = 0, only_t = 0;
+    int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--decode")) prefill = false;
         if (!std::strcmp(argv[i], "--prefill")) decode = false;
         if (!std::strcmp(argv[i], "--tmax") && i + 1 < argc) tmax = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--hv") && i + 1 < argc) only_hv = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--t") && i + 1 < argc) only_t = std::atoi(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--b") && i + 1 < argc) only_b = std::atoi(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[i + 1]));
     }
-    if (decode) decode_table(tbs);
+    if (decode) decode_table(tbs, only_hv, only_b, reps);
     if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t);
     return 0;
 }
 
 namespace {
 
-void decode_table(double tbs) {
+void decode_table(double tbs, int only_hv, int only_b, int reps) {
     std::printf("| H_v | B | floor us | delta rule us | %% of floor | fused op us (conv + norms + gates + delta + gated "
                 "norm; the gate's path) | one launch us | three launches us |\n"
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    const int d = 128, H_k = 16, reps = 200;
+    const int d = 128, H_k = 16;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-0.1f, 0.1f);
     for (int H_v : {16, 32, 48})
         for (int B : {1, 2, 4, 8, 32}) {
+            if ((only_hv && H_v != only_hv) || (only_b && B != only_b)) continue;
             const alloy::ref::GdnShape sh{H_k, H_v, d, d, true};
             std::vector<float> q(size_t(B) * H_k * d), k(q.size()), v(size_t(B) * H_v * d), g(size_t(B) * H_v, -0.05f),
                 beta(g.size(), 0.5f), state(size_t(B) * H_v * d * d);
@@ -452,6 +458,27 @@ void decode_table(double tbs) {
             const double fused_us = fused(GdnFusedPath::Auto), one_us = fused(GdnFusedPath::OneLaunch),
                          three_us = fused(GdnFusedPath::ThreeLaunches);
             const double floor_us = 2.0 * double(state.size()) * 4 / (tbs * 1e12) * 1e6;
+#ifdef ALLOY_GDN_EXP_CLOCK
+            {  // one-launch kernel, phase cycles of thread 0 (mean over blocks, max), and span
+                unsigned long long clk[3][16];
+                std::vector<double> mean(16, 0.0), mx(16, 0.0), span;
+                const int calls = 20;
+                alloy::cuda::gdn_fused_debug_clocks(&clk[0][0]);
+                for (int r = 0; r < calls; ++r) {
+                    alloy::cuda::gdn_fused(gp, w, B, doffs, B, fq, fz, fa, fb, fcs, ds, fy, ws, st, GdnFusedPath::OneLaunch);
+                    CHECK(cudaStreamSynchronize(st));
+                    alloy::cuda::gdn_fused_debug_clocks(&clk[0][0]);
+                    for (int i = 1; i < 16; ++i) mean[size_t(i)] += double(clk[0][i]) / double(std::max(1ull, clk[2][2])), mx[size_t(i)] = std::max(mx[size_t(i)], double(clk[1][i]));
+                    span.push_back(double(clk[2][1] - clk[2][0]));
+                }
+                std::sort(span.begin(), span.end());
+                std::printf("clk H_v %d B %d: span ns median %.0f min %.0f; phase cycles (mean per block; max):", H_v, B,
+                            span[span.size() / 2], span[0]);
+                for (int i = 1; i < 16; ++i)
+                    if (mx[size_t(i)] > 0) std::printf(" %d:%.0f/%.0f", i, mean[size_t(i)] / calls, mx[size_t(i)]);
+                std::printf("\n");
+            }
+#endif
             std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n", H_v, B, floor_us, us, 100 * floor_us / us,
                         fused_us, one_us, three_us);
             for (void* p : {(void*)fq, (void*)fz, (void*)fa, (void*)fb, (void*)fcw, (void*)fcs, (void*)fsa, (void*)fdt,

@@ -26,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "alloy/error.h"
 #include "kernels/cuda/gdn.h"
@@ -41,11 +42,20 @@ constexpr int kWarps = 4;                 // per block
 // Columns per warp. 4 (more bytes in flight per warp) measured slower at B = 32 on the H200
 // (H_v 16/32/48: 18.2/48.9/71.8 us against 16.9/47.0/67.9) and gives B = 1 half the blocks.
 constexpr int kColsPerWarp = 2;
+// The delta-rule kernel takes 4 columns per warp from this many (sequence, head) pairs on.
+constexpr int kWideHeads = 128;
+#ifndef ALLOY_GDN_DELTA_MINB
+#define ALLOY_GDN_DELTA_MINB 8
+#endif
 
-// Sum over the warp, in a fixed tree, returned to every lane (lane 0's value).
+// Sum over the warp, in a fixed tree, in every lane: an xor butterfly, whose lane 0 adds in the
+// order of a shfl_down tree ((x0 + x16) + (x8 + x24)) + ...; every other lane adds the same pairs
+// with the operands swapped, which IEEE addition does not notice, so all lanes hold lane 0's
+// bits without a broadcast (5 shuffles, not 6).
 __device__ __forceinline__ float warp_sum(float x) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
-    return __shfl_sync(0xffffffffu, x, 0);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
 }
 
 // Rows live in registers as kElems values per lane: strided (lane + 32 e: any d_k), or in
@@ -111,84 +121,153 @@ __device__ __forceinline__ float sigmoidf_(float x) {  // never exponentiates a 
 }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-template <bool kVec, bool kPrep>
-__global__ void __launch_bounds__(kWarps * 32) delta_serial_kernel(
-    ref::GdnShape sh, const int32_t* __restrict__ offs, const float* __restrict__ Aq, const float* __restrict__ Ak,
-    const float* __restrict__ Av, int qk_stride, int v_stride, const float* __restrict__ Ag,
-    const float* __restrict__ Abeta, const float* __restrict__ Aa, const float* __restrict__ Ab,
-    const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, float eps, float q_scale,
-    float* __restrict__ state, float* __restrict__ out) {
-    const int seq = blockIdx.z, h = blockIdx.y;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int j0 = (blockIdx.x * kWarps + warp) * kColsPerWarp;
-    const int t0 = offs[seq], t1 = offs[seq + 1];
-    if (t0 == t1 || j0 >= sh.d_v) return;
+// The fused paths' arithmetic after a token's reductions, with every rounding spelled out
+// (__f*_rn: the compiler may not pick which product of a*b + c*d to fuse), so the split kernel
+// and delta_tokens<kPrep> agree bit for bit.
+struct PrepScale {
+    float ik, iq, kq;  // 1 / |k|, q_scale / |q|, (k . q) ik iq
+};
+__device__ __forceinline__ PrepScale prep_scale(float kk, float qq, float kq_raw, float eps, float q_scale) {
+    PrepScale p;
+    p.ik = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(kk, eps)));
+    p.iq = __fmul_rn(__fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(qq, eps))), q_scale);
+    p.kq = __fmul_rn(__fmul_rn(kq_raw, p.ik), p.iq);
+    return p;
+}
+// delta_j = beta (v_j - alpha (S_j . k_raw) ik)
+__device__ __forceinline__ float prep_delta(float b, float v, float alpha, float skr, const PrepScale& p) {
+    return __fmul_rn(b, __fmaf_rn(-alpha, __fmul_rn(skr, p.ik), v));
+}
+// o_j = alpha (S_j . q_raw) iq + delta_j (k . q)
+__device__ __forceinline__ float prep_out(float alpha, float sqr, float delta, const PrepScale& p) {
+    return __fmaf_rn(delta, p.kq, __fmul_rn(alpha, __fmul_rn(sqr, p.iq)));
+}
+
+// The tokens [t0, t1) of one (sequence, head) on a warp's kC columns j0.. held in s: the
+// delta rule's arithmetic (whatever kC, each column rounds the same). kE: row elements per lane (d_k <= 32 kE: 4 for d_k <= 128, so no registers and FMAs go
+// to the zero padding of d_k 256's 8).
+template <bool kVec, bool kPrep, int kE, int kC>
+__device__ __forceinline__ void delta_tokens(float (&s)[kC][kE], int j0, int h, int kh, int t0, int t1, int lane,
+                                             const ref::GdnShape& sh, const float* __restrict__ Aq,
+                                             const float* __restrict__ Ak, const float* __restrict__ Av, int qk_stride,
+                                             int v_stride, const float* __restrict__ Ag, const float* __restrict__ Abeta,
+                                             const float* __restrict__ Aa, const float* __restrict__ Ab,
+                                             const float* __restrict__ ssm_a, const float* __restrict__ dt_bias, float eps,
+                                             float q_scale, float* __restrict__ out) {
     const int d_k = sh.d_k, d_v = sh.d_v, H_v = sh.H_v;
-    const int kh = sh.tiled ? h % sh.H_k : h / (H_v / sh.H_k);  // ref::GdnShape::key_head (host-only)
-    float* S = state + ((size_t)seq * H_v + h) * d_v * d_k;
-
-    float s[kColsPerWarp][kElems];
-#pragma unroll
-    for (int c = 0; c < kColsPerWarp; ++c) {
-        if (j0 + c < d_v) load_row<kVec, kElems>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
-        else
-#pragma unroll
-            for (int e = 0; e < kElems; ++e) s[c][e] = 0.0f;
-    }
-
     for (int t = t0; t < t1; ++t) {
         const float* qt = Aq + (size_t)t * qk_stride + (size_t)kh * d_k;
         const float* kt = Ak + (size_t)t * qk_stride + (size_t)kh * d_k;
         const float* vt = Av + (size_t)t * v_stride + (size_t)h * d_v;
-        float kv[kElems], qv[kElems], kq = 0.0f;
-        load_row<kVec, kElems>(kt, d_k, lane, kv);
-        load_row<kVec, kElems>(qt, d_k, lane, qv);
+        float kv[kE], qv[kE], kq = 0.0f;
+        load_row<kVec, kE>(kt, d_k, lane, kv);
+        load_row<kVec, kE>(qt, d_k, lane, qv);
+        float vj[kC];
+#pragma unroll
+        for (int c = 0; c < kC; ++c) vj[c] = j0 + c < d_v ? vt[j0 + c] : 0.0f;
+        const size_t th = (size_t)t * H_v + h;
+        const float graw = kPrep ? Aa[th] : Ag[th], braw = kPrep ? Ab[th] : Abeta[th];
         if constexpr (kPrep) {
-            float sk2 = 0.0f, sq2 = 0.0f;
+            // The norms folded in after the reductions, so all five dot products of a token
+            // (k.k, q.q, k.q, S_j.k, S_j.q on the raw conv output) reduce at once instead of
+            // three in a row: ik = 1 / sqrt(k.k + eps), iq = q_scale / sqrt(q.q + eps); the split
+            // kernel rounds the same way (fused_split_kernel).
+            float kk = 0.0f, qq = 0.0f;
 #pragma unroll
-            for (int e = 0; e < kElems; ++e) {
-                sk2 += kv[e] * kv[e];
-                sq2 += qv[e] * qv[e];
+            for (int e = 0; e < kE; ++e) {
+                kk += kv[e] * kv[e];
+                qq += qv[e] * qv[e];
+                kq += kv[e] * qv[e];
             }
-            const float ik = 1.0f / sqrtf(warp_sum(sk2) + eps), iq = 1.0f / sqrtf(warp_sum(sq2) + eps);
+            float skr[kC], sqr[kC];
 #pragma unroll
-            for (int e = 0; e < kElems; ++e) {
-                kv[e] *= ik;
-                qv[e] = qv[e] * iq * q_scale;
+            for (int c = 0; c < kC; ++c) {
+                float sk = 0.0f, sq = 0.0f;
+#pragma unroll
+                for (int e = 0; e < kE; ++e) {
+                    sk += s[c][e] * kv[e];
+                    sq += s[c][e] * qv[e];
+                }
+                skr[c] = warp_sum(sk);
+                sqr[c] = warp_sum(sq);
             }
+            kk = warp_sum(kk), qq = warp_sum(qq), kq = warp_sum(kq);
+            const float alpha = expf(ssm_a[h] * softplusf_(graw + dt_bias[h])), b = sigmoidf_(braw);
+            const PrepScale ps = prep_scale(kk, qq, kq, eps, q_scale);
+#pragma unroll
+            for (int e = 0; e < kE; ++e) kv[e] = __fmul_rn(kv[e], ps.ik);
+#pragma unroll
+            for (int c = 0; c < kC; ++c) {
+                const int j = j0 + c;
+                if (j >= d_v) break;
+                const float delta = prep_delta(b, vj[c], alpha, skr[c], ps);
+                if (lane == 0) out[((size_t)t * H_v + h) * d_v + j] = prep_out(alpha, sqr[c], delta, ps);
+#pragma unroll
+                for (int e = 0; e < kE; ++e) s[c][e] = __fmaf_rn(delta, kv[e], __fmul_rn(alpha, s[c][e]));
+            }
+            continue;
         }
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) kq += kv[e] * qv[e];
+        for (int e = 0; e < kE; ++e) kq += kv[e] * qv[e];
         kq = warp_sum(kq);
-        // The gates after the reduction (loading them earlier kept two more registers live
-        // across it: 72 instead of 64, and B = 32 decode 10% slower).
-        const float alpha = kPrep ? expf(ssm_a[h] * softplusf_(Aa[(size_t)t * H_v + h] + dt_bias[h]))
-                                  : expf(Ag[(size_t)t * H_v + h]);
-        const float b = kPrep ? sigmoidf_(Ab[(size_t)t * H_v + h]) : Abeta[(size_t)t * H_v + h];
+        const float alpha = expf(graw), b = braw;
 #pragma unroll
-        for (int c = 0; c < kColsPerWarp; ++c) {
+        for (int c = 0; c < kC; ++c) {
             const int j = j0 + c;
             if (j >= d_v) break;
             float sk = 0.0f, sq = 0.0f;
 #pragma unroll
-            for (int e = 0; e < kElems; ++e) {
+            for (int e = 0; e < kE; ++e) {
                 sk += s[c][e] * kv[e];
                 sq += s[c][e] * qv[e];
             }
             sk = warp_sum(sk);
             sq = warp_sum(sq);
-            const float delta = b * (vt[j] - alpha * sk);
+            const float delta = b * (vj[c] - alpha * sk);
             if (lane == 0) out[((size_t)t * H_v + h) * d_v + j] = alpha * sq + delta * kq;
 #pragma unroll
-            for (int e = 0; e < kElems; ++e) s[c][e] = alpha * s[c][e] + delta * kv[e];
+            for (int e = 0; e < kE; ++e) s[c][e] = alpha * s[c][e] + delta * kv[e];
         }
     }
-
-#pragma unroll
-    for (int c = 0; c < kColsPerWarp; ++c)
-        if (j0 + c < d_v) store_row<kVec, kElems>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
 }
 
+#define DELTA_PARAMS                                                                                                  \
+    ref::GdnShape sh, const int32_t *__restrict__ offs, const float *__restrict__ Aq, const float *__restrict__ Ak,   \
+        const float *__restrict__ Av, int qk_stride, int v_stride, const float *__restrict__ Ag,                      \
+        const float *__restrict__ Abeta, const float *__restrict__ Aa, const float *__restrict__ Ab,                  \
+        const float *__restrict__ ssm_a, const float *__restrict__ dt_bias, float eps, float q_scale,                 \
+        float *__restrict__ state, float *__restrict__ out
+#define DELTA_INPUTS sh, Aq, Ak, Av, qk_stride, v_stride, Ag, Abeta, Aa, Ab, ssm_a, dt_bias, eps, q_scale, out
+
+// One wave: a warp per kC columns of a (sequence, head) (the grid's x: column blocks, y: head,
+// z: sequence); the small-batch path.
+template <bool kVec, bool kPrep, int kE, int kC>
+__global__ void __launch_bounds__(kWarps * 32, kC == 4 ? ALLOY_GDN_DELTA_MINB : 1) delta_serial_kernel(DELTA_PARAMS) {
+    const int seq = blockIdx.z, h = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int j0 = (blockIdx.x * kWarps + warp) * kC;
+    const int d_k = sh.d_k, d_v = sh.d_v, H_v = sh.H_v;
+    if (j0 >= d_v) return;
+    const int kh = sh.tiled ? h % sh.H_k : h / (H_v / sh.H_k);  // ref::GdnShape::key_head (host-only)
+    float* S = state + ((size_t)seq * H_v + h) * d_v * d_k;
+
+    // The state columns before the sequence's offsets: the offsets' load latency then overlaps
+    // the long pole instead of preceding it (an empty sequence only reads its state).
+    float s[kC][kE];
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+        if (j0 + c < d_v) load_row<kVec, kE>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
+        else
+#pragma unroll
+            for (int e = 0; e < kE; ++e) s[c][e] = 0.0f;
+    }
+    const int t0 = offs[seq], t1 = offs[seq + 1];
+    if (t0 == t1) return;
+    delta_tokens<kVec, kPrep, kE, kC>(s, j0, h, kh, t0, t1, lane, DELTA_INPUTS);
+#pragma unroll
+    for (int c = 0; c < kC; ++c)
+        if (j0 + c < d_v) store_row<kVec, kE>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
+}
 
 // ---- fused layer op (serial), in three launches: conv + SiLU, the delta rule with norms and
 // gates, the gated RMSNorm (the large-batch path: their blocks are short and overlap) ----
@@ -272,6 +351,7 @@ struct FusedArgs {
     const float *conv_w, *ssm_a, *dt_bias, *norm;
     float *conv_state, *state, *y;
     int K;       // conv taps
+    int n_tokens; // rows of qkv, z, a, b (the split kernel's speculative loads stay below it)
     int C;       // blocks per value head
     int cols;    // value columns per block (the last block of a head may have fewer)
     int share;   // q/k channels per block of the cluster (the last ones may have fewer)
@@ -289,6 +369,40 @@ __host__ __device__ inline size_t fused_smem_floats(int cols, int share, int ust
            + size_t(share + cols) * (K > 1 ? K - 1 : 0);  // conv windows of the block's channels
 }
 
+#ifdef ALLOY_GDN_EXP_CLOCK
+// Timing experiment only: per phase of the fused kernel, cycles summed over the blocks of a call
+// (thread 0 of each block), their maximum, and the call's span in %globaltimer ns (first block's
+// start to last block's end).
+__device__ unsigned long long g_fclk[3][16];
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define FCLK(i)                                                                                   \
+    do {                                                                                          \
+        if (threadIdx.x == 0) {                                                                   \
+            const long long now = clock64();                                                      \
+            if (i > 0) {                                                                          \
+                atomicAdd(&g_fclk[0][i], (unsigned long long)(now - fclk_last));                  \
+                atomicMax(&g_fclk[1][i], (unsigned long long)(now - fclk_last));                  \
+            }                                                                                     \
+            fclk_last = now;                                                                      \
+        }                                                                                         \
+    } while (0)
+#define FCLK_START()                                                                              \
+    long long fclk_last = 0;                                                                      \
+    if (threadIdx.x == 0) atomicMin(&g_fclk[2][0], gtimer()), atomicAdd(&g_fclk[2][2], 1ull);      \
+    FCLK(0)
+#define FCLK_END()                                                                                \
+    FCLK(15);                                                                                     \
+    if (threadIdx.x == 0) atomicMax(&g_fclk[2][1], gtimer())
+#else
+#define FCLK(i)
+#define FCLK_START()
+#define FCLK_END()
+#endif
+
 // kE: row elements per lane (d_k <= 32 kE); 4 (d_k <= 128) keeps the float4 variant in 64
 // registers without spills (ptxas -v; windows sized for K = 4 measured 24 bytes of spill).
 template <bool kVec, int kE>
@@ -300,8 +414,10 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
     const int seq = blockIdx.y, P = g * C;
     const int kh = blockIdx.x / P, rank = blockIdx.x % P, hi = rank / C, cb = rank % C;
     const int h = A.sh.tiled ? kh + H_k * hi : kh * g + hi;
+    FCLK_START();
     const int t0 = A.offs[seq], t1 = A.offs[seq + 1];
     if (t0 == t1) return;  // the whole cluster (one sequence) leaves: no barrier is left waiting
+    FCLK(1);
     // Arrive now, wait before the first remote store: no block writes into the shared memory
     // of one that has not started.
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
@@ -351,7 +467,9 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
             }
         }
 
+        FCLK(2);
         if (tb == t0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+        FCLK(3);
 
         // 1. conv + SiLU: u = silu(sum over taps of w * input), taps oldest first as the
         // reference sums them; the window (last K-1 inputs) from the conv state at the first
@@ -394,7 +512,9 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
                     else hist[gc * Km1 + i] = win[i];  // the new conv state, by the thread that read the old
                 }
         }
+        FCLK(4);
         cluster.sync();  // every block's q/k conv output is in every block
+        FCLK(5);
 
         // 2. the delta rule on this warp's columns, token by token.
         if (jl0 < ncols) {
@@ -443,7 +563,9 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
             for (int c = 0; c < kColsPerWarp; ++c)
                 if (jl0 + c < ncols) store_row<kVec, kE>(S + (size_t)(col0 + jl0 + c) * d_k, d_k, lane, s[c]);
         }
+        FCLK(6);
         __syncthreads();
+        FCLK(7);
 
         // 3. gated RMSNorm: sum(o^2) over this block's columns per token (a warp per token,
         // a fixed tree) into slot cb of the value head's C blocks, then their C partials in order.
@@ -453,7 +575,9 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
             ss = warp_sum(ss);
             if (lane < C) cluster.map_shared_rank(part_s, unsigned(hi * C + lane))[cb * kTokTile + tt] = ss;
         }
+        FCLK(8);
         cluster.sync();
+        FCLK(9);
         for (int i = threadIdx.x; i < nt * ncols; i += blockDim.x) {
             const int tt = i / ncols, j = i % ncols;
             float ss = 0.0f;
@@ -462,6 +586,277 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
             A.y[((size_t)(tb + tt) * H_v + h) * d_v + col0 + j] = o_s[tt * cols + j] * inv * nz_s[2 * i] * nz_s[2 * i + 1];
         }
     }
+    FCLK_END();
+}
+
+// ---- fused layer op (serial), one launch: the split kernel ----
+//
+// The decode kernel for d_k <= 128 and d_v <= 128 (every Qwen3.5 shape). C blocks share a
+// value head (cols = d_v / C columns each), and the g C blocks of a key head form a cluster
+// (g C <= 8). Every block computes the conv + SiLU of its key head's 2 d_k q/k channels itself
+// (the blocks of a key head do so from the same inputs, so they agree bit for bit) and of its
+// own v channels: no q/k exchange. Per token: conv -> (block barrier) -> the delta rule on the
+// block's columns -> o to the C blocks of the value head (distributed shared memory) ->
+// (cluster barrier) -> gated RMSNorm over the whole row, -> y of the block's columns. The
+// cluster's first barrier phase (arrive once the old conv windows are consumed, wait before
+// the first remote store) also lets the cluster's rank 0 write the key head's new q/k windows.
+//
+// The delta rule in 8-lane groups: lane 8 grp + sub holds the elements of the lanes sub, sub + 8,
+// sub + 16 and sub + 24 of delta_serial_kernel's layout (4 each), for the column of its group, so
+// a warp works on 4 columns at once. A dot product sums each of those lanes' 4 products in the
+// same order, adds them as the first two levels of warp_sum's tree do ((l + l+16) + (l+8 +
+// l+24)), then runs the tree's last three levels across the group: the same additions in the
+// same order. The norm sums the full row in gated_norm_kernel's order. So every value rounds
+// exactly as in the three-launch path (conv_silu_kernel, delta_serial_kernel<kPrep>,
+// gated_norm_kernel): the launch gate never changes a token's bits.
+constexpr int kSplitMaxDk = 128;   // 16 elements per lane
+constexpr int kSplitMaxDv = 128;
+constexpr int kSplitMaxWarps = 16; // per block
+// Auto takes the split kernel while its clusters fit on the device at once.
+
+// The 16 elements of lane sub of a group: m = 0..3 (layout lane sub + 8 m), e = 0..3.
+template <bool kVec>
+__device__ __forceinline__ void load_row8(const float* __restrict__ p, int d_k, int sub, float (&x)[16]) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const int l = sub + 8 * m;
+        if constexpr (kVec) {
+            const int i = 4 * l;
+            const float4 f = i < d_k ? *reinterpret_cast<const float4*>(p + i) : make_float4(0, 0, 0, 0);
+            x[4 * m] = f.x, x[4 * m + 1] = f.y, x[4 * m + 2] = f.z, x[4 * m + 3] = f.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = l + 32 * e;
+                x[4 * m + e] = i < d_k ? p[i] : 0.0f;
+            }
+        }
+    }
+}
+
+template <bool kVec>
+__device__ __forceinline__ void store_row8(float* __restrict__ p, int d_k, int sub, const float (&x)[16]) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        const int l = sub + 8 * m;
+        if constexpr (kVec) {
+            const int i = 4 * l;
+            if (i < d_k) *reinterpret_cast<float4*>(p + i) = make_float4(x[4 * m], x[4 * m + 1], x[4 * m + 2], x[4 * m + 3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = l + 32 * e;
+                if (i < d_k) p[i] = x[4 * m + e];
+            }
+        }
+    }
+}
+
+// Per layout-lane sums of a . b (each in delta_serial_kernel's order), the tree's levels 16 and 8.
+__device__ __forceinline__ float dot8_partial(const float (&a)[16], const float (&b)[16]) {
+    float l[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc += a[4 * m + e] * b[4 * m + e];
+        l[m] = acc;
+    }
+    return (l[0] + l[2]) + (l[1] + l[3]);
+}
+// The tree's levels 4, 2, 1 inside the 8-lane group (every lane of the group gets the sum).
+__device__ __forceinline__ float group8_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x;
+}
+
+// kP: 4-column passes per delta warp (cols <= 4 kP kSplitMaxWarps); kK: conv taps held (K <= kK);
+// kCh: conv channels per thread.
+template <bool kVec, int kP, int kK, int kCh>
+__global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(const FusedArgs A) {
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int d_k = A.sh.d_k, d_v = A.sh.d_v, H_v = A.sh.H_v, H_k = A.sh.H_k, g = H_v / H_k;
+    const int K = A.K, Km1 = K - 1, C = A.C, cols = A.cols, P = g * C;
+    const int seq = blockIdx.y, kh = blockIdx.x / P, rank = blockIdx.x % P, hi = rank / C, cb = rank % C;
+    const int h = A.sh.tiled ? kh + H_k * hi : kh * g + hi;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, grp = lane >> 3, sub = lane & 7;
+    const int key_dim = H_k * d_k, conv_dim = 2 * key_dim + H_v * d_v;
+    const int col0 = cb * cols, ncols = max(0, min(cols, d_v - col0)), nch = 2 * d_k + ncols;
+    const int nthreads = int(blockDim.x);
+
+    __shared__ __align__(16) float u_s[2 * kSplitMaxDk + kSplitMaxDv];  // conv output: q | k | v of the block's columns
+    __shared__ float o_s[2][kSplitMaxDv];                               // the head's o row, by token parity
+    __shared__ float gate_s[2];
+    FCLK_START();
+
+    // Loads in the order they are needed: the offsets and the rows of token `seq` (the token of
+    // sequence seq in a decode batch, offsets 0, 1, .., B: used when offs[seq] == seq, which
+    // takes a load latency off the critical path; otherwise loaded again, so any offsets stay
+    // correct), the conv weights and windows, the gate parameters, the norm weight, and last
+    // the state columns (needed only after the conv).
+    const int t0 = A.offs[seq], t1 = A.offs[seq + 1];
+    size_t gcs[kCh];
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) {
+        const int l = tid + c * nthreads;
+        gcs[c] = size_t(l < d_k ? kh * d_k + l
+                        : l < 2 * d_k ? key_dim + kh * d_k + (l - d_k)
+                                      : 2 * key_dim + h * d_v + col0 + (l - 2 * d_k));
+    }
+    const bool y_thread = tid < ncols, g_thread = tid == nthreads - 1;
+    const bool spec_ok = seq < A.n_tokens;
+    float x_spec[kCh], z_spec = 0.0f, a_spec = 0.0f, b_spec = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) x_spec[c] = spec_ok && tid + c * nthreads < nch ? A.qkv[(size_t)seq * conv_dim + gcs[c]] : 0.0f;
+    if (spec_ok && y_thread) z_spec = A.z[((size_t)seq * H_v + h) * d_v + col0 + tid];
+    if (spec_ok && g_thread) a_spec = A.a[(size_t)seq * H_v + h], b_spec = A.b[(size_t)seq * H_v + h];
+    float win[kCh][kK], wt[kCh][kK];
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) {
+        const int l = tid + c * nthreads;
+        const float* hist = A.conv_state + (size_t)seq * conv_dim * Km1 + gcs[c] * Km1;
+#pragma unroll
+        for (int i = 0; i < kK; ++i) {
+            win[c][i] = l < nch && i < Km1 ? hist[i] : 0.0f;
+            wt[c][i] = l < nch && i < K ? A.conv_w[gcs[c] * K + i] : 0.0f;
+        }
+    }
+    const float sa = A.ssm_a[h], dtb = A.dt_bias[h];
+    const float nw = y_thread ? A.norm[col0 + tid] : 0.0f;
+    float* S = A.state + ((size_t)seq * H_v + h) * d_v * d_k;
+    float s[kP][16];
+#pragma unroll
+    for (int p = 0; p < kP; ++p) {
+        const int jl = (warp * kP + p) * 4 + grp;
+        if (jl < ncols) load_row8<kVec>(S + (size_t)(col0 + jl) * d_k, d_k, sub, s[p]);
+        else
+#pragma unroll
+            for (int e = 0; e < 16; ++e) s[p][e] = 0.0f;
+    }
+    if (t0 == t1) return;  // the whole cluster (one sequence) leaves together
+    const bool spec = t0 == seq;
+    FCLK(1);
+
+    for (int t = t0; t < t1; ++t) {
+        const int par = (t - t0) & 1;
+        // 1. conv + SiLU of the block's channels (taps oldest first, as the reference), the
+        // gates, and silu(z) for the norm.
+#pragma unroll
+        for (int c = 0; c < kCh; ++c) {
+            const int l = tid + c * nthreads;
+            if (l < nch) {
+                const float x = t == t0 && spec ? x_spec[c] : A.qkv[(size_t)t * conv_dim + gcs[c]];
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kK - 1; ++i)
+                    if (i < Km1) acc += wt[c][i] * win[c][i];
+#pragma unroll
+                for (int i = 0; i < kK; ++i)
+                    if (i == Km1) acc += wt[c][i] * x;
+                u_s[l] = acc * sigmoidf_(acc);
+#pragma unroll
+                for (int i = 0; i < kK - 1; ++i) {
+                    if (i + 1 < Km1) win[c][i] = win[c][i + 1];
+                    else if (i + 1 == Km1) win[c][i] = x;
+                }
+            }
+        }
+        float zs = 0.0f;
+        if (y_thread) {
+            const float zz = t == t0 && spec ? z_spec : A.z[((size_t)t * H_v + h) * d_v + col0 + tid];
+            zs = zz * sigmoidf_(zz);
+        }
+        if (g_thread) {
+            const size_t th = (size_t)t * H_v + h;
+            const float ar = t == t0 && spec ? a_spec : A.a[th], br = t == t0 && spec ? b_spec : A.b[th];
+            gate_s[0] = expf(sa * softplusf_(ar + dtb));
+            gate_s[1] = sigmoidf_(br);
+        }
+        // The old windows are consumed: arrive (the cluster's first phase).
+        if (t == t0) asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+        FCLK(2);
+        __syncthreads();
+        FCLK(3);
+
+        // 2. the delta rule: the q/k L2 norms (HF's x / sqrt(sum x^2 + eps), q also scaled by
+        // 1/sqrt(d_k)), then 4 columns per warp per pass; o to the C blocks of the value head.
+        float ov[kP];
+        if (warp * kP * 4 < ncols) {
+            float kv[16], qv[16];
+            load_row8<kVec>(u_s + d_k, d_k, sub, kv);
+            load_row8<kVec>(u_s, d_k, sub, qv);
+            // All five dot products on the raw conv output at once, the norms folded in after
+            // (delta_tokens<kPrep> rounds the same way).
+            float skr[kP], sqr[kP];
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                skr[p] = group8_sum(dot8_partial(s[p], kv));
+                sqr[p] = group8_sum(dot8_partial(s[p], qv));
+            }
+            const float kk = group8_sum(dot8_partial(kv, kv)), qq = group8_sum(dot8_partial(qv, qv));
+            const float kq = group8_sum(dot8_partial(kv, qv));
+            const PrepScale ps = prep_scale(kk, qq, kq, A.eps, A.q_scale);
+            const float alpha = gate_s[0], b = gate_s[1];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) kv[e] = __fmul_rn(kv[e], ps.ik);
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                const int jl = (warp * kP + p) * 4 + grp;
+                const float delta = prep_delta(b, jl < ncols ? u_s[2 * d_k + jl] : 0.0f, alpha, skr[p], ps);
+                ov[p] = prep_out(alpha, sqr[p], delta, ps);
+#pragma unroll
+                for (int e = 0; e < 16; ++e) s[p][e] = __fmaf_rn(delta, kv[e], __fmul_rn(alpha, s[p][e]));
+            }
+        }
+        FCLK(4);
+        if (t + 1 == t1 && warp * kP * 4 < ncols) {  // the new state leaves before the norm
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                const int jl = (warp * kP + p) * 4 + grp;
+                if (jl < ncols) store_row8<kVec>(S + (size_t)(col0 + jl) * d_k, d_k, sub, s[p]);
+            }
+        }
+        // Remote stores only once every block of the cluster has started (first phase).
+        if (t == t0) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+        FCLK(5);
+        if (warp * kP * 4 < ncols && sub < C) {  // lane sub of each group stores to block sub of the head
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                const int jl = (warp * kP + p) * 4 + grp;
+                if (jl < ncols) cluster.map_shared_rank(&o_s[par][0], unsigned(hi * C + sub))[col0 + jl] = ov[p];
+            }
+        }
+        asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+        asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+        FCLK(6);
+
+        // 3. gated RMSNorm as gated_norm_kernel: the warps holding y's columns each sum o^2
+        // over the whole row (lane + 32 i, then the warp tree) and write their columns.
+        if (warp * 32 < ncols) {
+            float ss = 0.0f;
+            for (int j = lane; j < d_v; j += 32) ss += o_s[par][j] * o_s[par][j];
+            const float inv = 1.0f / sqrtf(warp_sum(ss) / float(d_v) + A.eps);
+            if (y_thread) A.y[((size_t)t * H_v + h) * d_v + col0 + tid] = o_s[par][col0 + tid] * inv * nw * zs;
+        }
+        FCLK(7);
+    }
+
+    // The new conv windows: v channels by their block; the key head's q/k channels by the
+    // cluster's rank 0 (every block has consumed the old ones: the first phase).
+#pragma unroll
+    for (int c = 0; c < kCh; ++c) {
+        const int l = tid + c * nthreads;
+        if (l < nch && (l >= 2 * d_k || rank == 0)) {
+            float* hist = A.conv_state + (size_t)seq * conv_dim * Km1 + gcs[c] * Km1;
+#pragma unroll
+            for (int i = 0; i < kK - 1; ++i)
+                if (i < Km1) hist[i] = win[c][i];
+        }
+    }
+    FCLK_END();
 }
 
 void check_launch(const char* op) {
@@ -474,15 +869,27 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 // The delta kernel over n_seqs sequences; float4 rows when every row starts 16-byte aligned.
 void launch_delta(const DeltaArgs& A, bool prep, int n_seqs, void* stream, const char* op) {
     const bool vec = A.sh.d_k % 4 == 0 && A.qk_stride % 4 == 0 && aligned16(A.q) && aligned16(A.k) && aligned16(A.state);
-    const int cols_per_block = kColsPerWarp * kWarps;
-    const dim3 grid((A.sh.d_v + cols_per_block - 1) / cols_per_block, A.sh.H_v, n_seqs);
+    const bool small = A.sh.d_k <= 128;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    // Columns per warp: 2 for small grids (more blocks, so more SMs share the latency chain), 4
+    // from kWideHeads (sequence, head) pairs on (twice the bytes in flight per register: B = 32
+    // at H_v 32 / 48 measured 42.4 / 60.9 us against 47.2 / 69.0). The bits do not depend on it.
+    const bool wide = int64_t(n_seqs) * A.sh.H_v >= kWideHeads;
+    const int cols_per_block = (wide ? 4 : 2) * kWarps;
+    const dim3 grid((A.sh.d_v + cols_per_block - 1) / cols_per_block, A.sh.H_v, n_seqs);
     auto run = [&](auto kernel) {
         kernel<<<grid, kWarps * 32, 0, st>>>(A.sh, A.offs, A.q, A.k, A.v, int(A.qk_stride), int(A.v_stride), A.g, A.beta,
                                              A.a, A.b, A.ssm_a, A.dt_bias, A.eps, A.q_scale, A.state, A.out);
     };
-    if (prep) vec ? run(delta_serial_kernel<true, true>) : run(delta_serial_kernel<false, true>);
-    else vec ? run(delta_serial_kernel<true, false>) : run(delta_serial_kernel<false, false>);
+    auto pick = [&](auto prep_c) {
+        constexpr bool P = decltype(prep_c)::value;
+        if (small && wide) vec ? run(delta_serial_kernel<true, P, 4, 4>) : run(delta_serial_kernel<false, P, 4, 4>);
+        else if (small) vec ? run(delta_serial_kernel<true, P, 4, 2>) : run(delta_serial_kernel<false, P, 4, 2>);
+        else if (wide) vec ? run(delta_serial_kernel<true, P, kElems, 4>) : run(delta_serial_kernel<false, P, kElems, 4>);
+        else vec ? run(delta_serial_kernel<true, P, kElems, 2>) : run(delta_serial_kernel<false, P, kElems, 2>);
+    };
+    if (prep) pick(std::true_type{});
+    else pick(std::false_type{});
     check_launch(op);
 }
 
@@ -548,6 +955,77 @@ FusedPlan fused_plan(FusedKernel kernel, int g, int d_k, int d_v, int K) {
     cache.emplace(key, pl);
     return pl;
 }
+// The split kernel's shape for one layer shape: C blocks per value head (as many as a cluster
+// of <= 8 holds the key head's g C blocks, down to 16 columns a block), the delta warps
+// (4 kP columns each), and enough threads for one conv channel each. C == 0: not this kernel.
+// max_clusters: how many clusters the device holds at once (the gate's wave). Decided once per
+// shape, so the occupancy query stays out of graph captures after the first call.
+struct SplitPlan {
+    int C = 0, cols = 0, warps = 0, max_clusters = 0;
+    FusedKernel kernel = nullptr;
+};
+#ifndef ALLOY_GDN_SPLIT_GATE_WAVES
+#define ALLOY_GDN_SPLIT_GATE_WAVES 1
+#endif
+constexpr int kSplitGateWaves = ALLOY_GDN_SPLIT_GATE_WAVES;
+#ifndef ALLOY_GDN_SPLIT_MIN_COLS
+#define ALLOY_GDN_SPLIT_MIN_COLS 16
+#endif
+// Blocks per cluster the plan aims at (g C <= this where g allows; a key head's g blocks always
+// share one): clusters of 8 measured 7.6 us at H_v 16 against 4.6 for 4 (their blocks start
+// up to ~3.5 us apart).
+#ifndef ALLOY_GDN_SPLIT_MAX_CLUSTER
+#define ALLOY_GDN_SPLIT_MAX_CLUSTER 4
+#endif
+constexpr int kSplitMaxCluster = ALLOY_GDN_SPLIT_MAX_CLUSTER;
+// For g >= 3 value heads per key head: 6 (H_v 48: C = 2, 5.8 us) beat 3 (C = 1: 6.5 us).
+constexpr int kSplitMaxClusterWide = 6;
+
+SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
+    static std::mutex mu;
+    static std::map<std::tuple<int, int, int, int, int, bool>, SplitPlan> cache;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const int g = sh.H_v / sh.H_k;
+    const auto key = std::make_tuple(dev, g, sh.d_k, sh.d_v, K, vec);
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    SplitPlan pl;
+    if (sh.d_k <= kSplitMaxDk && sh.d_v <= kSplitMaxDv && g <= kMaxClusterSize && K <= 8) {
+        const int target = g <= 2 ? kSplitMaxCluster : kSplitMaxClusterWide;
+        int C = std::max(1, std::min({std::max(1, target / g), kMaxClusterSize / g, sh.d_v / ALLOY_GDN_SPLIT_MIN_COLS}));
+        while (C > 1 && (sh.d_v + C - 1) / C * (C - 1) >= sh.d_v) --C;  // no block without columns
+        const int cols = (sh.d_v + C - 1) / C, kP = cols > 64 ? 2 : 1;
+        const int dwarps = (cols + 4 * kP - 1) / (4 * kP), nch = 2 * sh.d_k + cols;
+        const int warps = std::max(dwarps, (nch + 31) / 32);
+        FusedKernel kern = nullptr;
+        if (K <= 4) kern = kP == 1 ? (vec ? fused_split_kernel<true, 1, 4, 1> : fused_split_kernel<false, 1, 4, 1>)
+                                   : (vec ? fused_split_kernel<true, 2, 4, 1> : fused_split_kernel<false, 2, 4, 1>);
+        else kern = kP == 1 ? (vec ? fused_split_kernel<true, 1, 8, 1> : fused_split_kernel<false, 1, 8, 1>)
+                            : (vec ? fused_split_kernel<true, 2, 8, 1> : fused_split_kernel<false, 2, 8, 1>);
+        if (warps <= kSplitMaxWarps) {
+            cudaLaunchConfig_t cfg{};
+            cfg.gridDim = dim3(unsigned(g * C), 1, 1);
+            cfg.blockDim = dim3(unsigned(warps * 32), 1, 1);
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = unsigned(g * C);
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            int mc = 0;
+            if (cudaOccupancyMaxActiveClusters(&mc, kern, &cfg) == cudaSuccess && mc > 0) {
+                pl.C = C, pl.cols = cols, pl.warps = warps, pl.max_clusters = mc, pl.kernel = kern;
+            } else {
+                cudaGetLastError();
+            }
+        }
+    }
+    cache.emplace(key, pl);
+    return pl;
+}
+
 // The three-launch path: conv + SiLU into the workspace, the delta rule with the norms and
 // gates, the gated RMSNorm.
 void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
@@ -574,6 +1052,15 @@ void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int
 }
 
 }  // namespace
+
+#ifdef ALLOY_GDN_EXP_CLOCK
+void gdn_fused_debug_clocks(unsigned long long* out) {
+    cudaMemcpyFromSymbol(out, g_fclk, sizeof(g_fclk));
+    unsigned long long init[3][16] = {};
+    init[2][0] = ~0ull;
+    cudaMemcpyToSymbol(g_fclk, init, sizeof(init));
+}
+#endif
 
 bool device_available() {
     int n = 0;
@@ -611,20 +1098,58 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
     if (n_tokens < 0) throw Error(std::string(op) + ": n_tokens must be >= 0");
     const int g = sh.H_v / sh.H_k;
     const bool vec = sh.d_k % 4 == 0 && aligned16(state);
-    const FusedKernel kernel = sh.d_k <= 128 ? (vec ? fused_serial_kernel<true, 4> : fused_serial_kernel<false, 4>)
-                                             : (vec ? fused_serial_kernel<true, kElems> : fused_serial_kernel<false, kElems>);
-    const FusedPlan plan = path == GdnFusedPath::ThreeLaunches ? FusedPlan{} : fused_plan(kernel, g, sh.d_k, sh.d_v, p.conv_kernel);
-    if (path == GdnFusedPath::OneLaunch && plan.C == 0)
+    // The split kernel where its registers hold the shape (d_k, d_v <= 128, a key head's blocks
+    // in one cluster of <= 8), else the cluster kernel (blocks of columns sharing the q/k conv
+    // through distributed shared memory).
+    const SplitPlan sp = split_plan(sh, p.conv_kernel, vec);
+    const bool split = sp.C > 0;
+    const FusedKernel kernel = split ? sp.kernel
+                               : sh.d_k <= 128 ? (vec ? fused_serial_kernel<true, 4> : fused_serial_kernel<false, 4>)
+                                               : (vec ? fused_serial_kernel<true, kElems> : fused_serial_kernel<false, kElems>);
+    const FusedPlan plan = path == GdnFusedPath::ThreeLaunches || split ? FusedPlan{}
+                                                                        : fused_plan(kernel, g, sh.d_k, sh.d_v, p.conv_kernel);
+    if (path == GdnFusedPath::OneLaunch && !split && plan.C == 0)
         throw Error(std::string(op) + ": shape.H_v / shape.H_k = " + std::to_string(g) + " with d_v " +
                     std::to_string(sh.d_v) + ": the one-launch kernel's cluster (the value heads of a key head) would "
                     "exceed 8 blocks");
     if (n_seqs <= 0 || n_tokens == 0) return;
-    // The gate: one launch while the clusters fit on the device at once (its blocks run a long
+    // The gate: one launch while its clusters fit on the device at once (their blocks run a
     // chain of barriers, so waves of them cost more than the three short kernels).
     const bool one = path == GdnFusedPath::OneLaunch ||
-                     (path == GdnFusedPath::Auto && plan.C > 0 && int64_t(sh.H_k) * n_seqs <= plan.max_clusters);
+                     (path == GdnFusedPath::Auto &&
+                      (split ? int64_t(sh.H_k) * n_seqs <= int64_t(sp.max_clusters) * kSplitGateWaves
+                             : plan.C > 0 && int64_t(sh.H_k) * n_seqs <= plan.max_clusters));
     if (!one) {
         fused_three_launches(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream, op);
+        return;
+    }
+    if (split) {
+        FusedArgs A{};
+        A.sh = sh;
+        A.offs = seq_offsets;
+        A.qkv = qkv, A.z = z, A.a = a, A.b = b;
+        A.conv_w = w.conv1d, A.ssm_a = w.ssm_a, A.dt_bias = w.dt_bias, A.norm = w.norm;
+        A.conv_state = conv_state, A.state = state, A.y = y;
+        A.K = p.conv_kernel;
+        A.C = sp.C;
+        A.cols = sp.cols;
+        A.n_tokens = n_tokens;
+        A.eps = p.eps;
+        A.q_scale = 1.0f / sqrtf(float(sh.d_k));
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(unsigned(sh.H_v * sp.C), unsigned(n_seqs), 1);
+        cfg.blockDim = dim3(unsigned(sp.warps * 32), 1, 1);
+        cfg.stream = static_cast<cudaStream_t>(stream);
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = unsigned(g * sp.C);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, A);
+        if (err != cudaSuccess) throw Error(std::string(op) + ": launch failed: " + cudaGetErrorString(err));
+        check_launch(op);
         return;
     }
     FusedArgs A{};

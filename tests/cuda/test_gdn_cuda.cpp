@@ -96,9 +96,18 @@ TEST(CudaGdn, SerialMatchesReference) {
         {{3, 3, 100, 20, true}, {0, 9, 10}},           // d_k not a multiple of 32 (float4 path)
         {{2, 2, 30, 17, true}, {0, 4}},                // d_k not a multiple of 4 (strided path)
         {{4, 8, 256, 64, true}, {0, 6}},               // the largest d_k
+        // Batches of >= 256 (sequence, head) pairs take the pipelined kernel (cp.async ring):
+        {{16, 16, 128, 128, true}, {}},                // 20 ragged sequences (filled below), one empty
+        {{4, 8, 128, 33, false}, {}},                  // 40 sequences, odd d_v (a pair's second column missing)
+        {{8, 32, 100, 64, true}, {}},                  // 10 sequences, d_k 100 (lanes past d_k zero-filled)
     };
     uint32_t seed = 1;
-    for (const Case& c : cases) {
+    for (Case c : cases) {
+        if (c.offs.empty()) {  // the batch cases: n sequences of 0-3 tokens
+            const int n = c.sh.H_v == 16 ? 20 : c.sh.H_v == 8 ? 40 : 10;
+            c.offs.push_back(0);
+            for (int s = 0; s < n; ++s) c.offs.push_back(c.offs.back() + (s == 3 ? 0 : 1 + (s * 7) % 3));
+        }
         const Inputs in = make_inputs(c.sh, c.offs, seed++);
         std::vector<float> want_out(size_t(in.offs.back()) * c.sh.H_v * c.sh.d_v), want_state = in.state;
         ref::gdn_delta_serial(c.sh, int(c.offs.size()) - 1, in.offs.data(), in.q.data(), in.k.data(), in.v.data(),
@@ -237,6 +246,31 @@ TEST(CudaGdn, FusedSerialMatchesReference) {
         EXPECT_LE(max_rel(got[1], cs_ref), 0.0) << what << " (conv state: copies of inputs)";
         EXPECT_LE(max_rel(got[2], st_ref), 1e-4) << what << " (state)";
         }
+    }
+}
+
+// The one-launch head kernel (d_k, d_v <= 128) computes every value in the three-launch path's
+// order: both paths give the same bits, so the launch gate never changes a token's result.
+TEST(CudaGdn, FusedPathsGiveTheSameBits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    struct Case { ref::GdnShape sh; int K; std::vector<int32_t> offs; int n_tokens; };
+    const std::vector<Case> cases = {
+        {{16, 16, 128, 128, true}, 4, {0, 1}, 1},             // 0.8B decode
+        {{16, 32, 128, 128, true}, 4, {0, 1, 2, 3}, 3},       // 9B heads, 3 sequences
+        {{16, 48, 128, 128, false}, 4, {0, 20, 23}, 23},      // 27B heads, grouped, 20 tokens
+        {{2, 6, 64, 48, false}, 4, {2, 7, 7, 13}, 15},        // empty sequence, rows outside the call
+        {{2, 2, 30, 17, true}, 3, {0, 5}, 5},                 // strided rows, K = 3
+        {{1, 1, 32, 32, true}, 1, {0, 2}, 2},                 // K = 1
+        {{2, 16, 32, 16, true}, 4, {0, 1}, 1},                // a cluster of 8 value heads
+    };
+    uint32_t seed = 300;
+    for (const Case& c : cases) {
+        const FusedInputs in = make_fused(c.sh, c.K, c.offs, c.n_tokens, seed++);
+        const auto one = run_fused_cuda(in, 0, cuda::GdnFusedPath::OneLaunch);
+        const auto three = run_fused_cuda(in, 0, cuda::GdnFusedPath::ThreeLaunches);
+        for (int i = 0; i < 3; ++i)
+            EXPECT_EQ(0, std::memcmp(one[size_t(i)].data(), three[size_t(i)].data(), one[size_t(i)].size() * 4))
+                << "H_k " << c.sh.H_k << " H_v " << c.sh.H_v << " d_k " << c.sh.d_k << " d_v " << c.sh.d_v << " output " << i;
     }
 }
 

@@ -37,20 +37,6 @@ std::vector<std::string> parse_cache_types(const std::string& s, const char* fla
     return out;
 }
 
-std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value) {
-    std::vector<int> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        char* end = nullptr;
-        const long v = std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || *end || v < min_value || v > (1 << 24))
-            throw Error(std::string(flag) + ": '" + item + "' is not an integer >= " + std::to_string(min_value));
-        out.push_back(int(v));
-    }
-    return out;
-}
-
 struct Test {
     std::string gdn, type_k, type_v;
     int threads = 0, n_prompt = 0, n_gen = 0, n_depth = 0;

@@ -16,5 +16,6 @@ void add_bench_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
+void add_batched_bench_command(CLI::App& app);
 
 }  // namespace alloy::cli

@@ -4,13 +4,14 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <sstream>
 
 #include "alloy/error.h"
 #include "runtime/loaded_model.h"
 
 namespace alloy::cli {
 
-void EngineOptions::add_to(CLI::App* cmd, bool model_required) {
+void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
     auto* m = cmd->add_option("-m,--model", model, "GGUF model file");
     if (model_required) m->required();
     cmd->add_option("--gdn", gdn, "GDN prefill kernel: serial | chunked")->capture_default_str();
@@ -25,11 +26,11 @@ void EngineOptions::add_to(CLI::App* cmd, bool model_required) {
                                    "(faster start; slower decode)");
 }
 
-KvCacheTypes EngineOptions::kv_types() const {
+KvCacheTypes ModelOptions::kv_types() const {
     return {parse_cache_type(cache_type_k, kCacheTypeKFlag), parse_cache_type(cache_type_v, kCacheTypeVFlag)};
 }
 
-ForwardOptions EngineOptions::forward_options() const {
+ForwardOptions ModelOptions::forward_options() const {
     ForwardOptions o;
     if (gdn == "serial") o.gdn_mode = ref::GdnMode::Serial;
     else if (gdn == "chunked") o.gdn_mode = ref::GdnMode::Chunked;
@@ -45,7 +46,37 @@ ForwardOptions EngineOptions::forward_options() const {
     return o;
 }
 
-std::string EngineOptions::model_path() const { return model.empty() ? default_model_path() : model; }
+alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
+    (void)forward_options();  // the same checks and messages as every other command
+    alloy::EngineOptions e;
+    e.model_path = model_path();
+    e.n_parallel = n_parallel;
+    e.n_ctx = ctx;
+    e.threads = threads;
+    e.batch_size = batch;
+    e.gdn = gdn;
+    e.gdn_chunk = chunk;
+    e.cache_type_k = cache_type_k;
+    e.cache_type_v = cache_type_v;
+    e.mmap = mmap;
+    return e;
+}
+
+std::string ModelOptions::model_path() const { return model.empty() ? default_model_path() : model; }
+
+std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value) {
+    std::vector<int> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        char* end = nullptr;
+        const long v = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end || v < min_value || v > (1 << 24))
+            throw Error(std::string(flag) + ": '" + item + "' is not an integer >= " + std::to_string(min_value));
+        out.push_back(int(v));
+    }
+    return out;
+}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
     std::vector<int32_t> ids;
@@ -86,8 +117,10 @@ GgmlType parse_cache_type(const std::string& s, const char* flag) {
 }
 
 void rewrite_llama_style_flags(std::vector<std::string>& args) {
-    static const std::pair<const char*, const char*> aliases[] = {{"-ctk", "--cache-type-k"},
-                                                                   {"-ctv", "--cache-type-v"}};
+    static const std::pair<const char*, const char*> aliases[] = {
+        {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"},
+        {"-npp", "--npp"}, {"-ntg", "--ntg"}, {"-npl", "--npl"},  // llama-batched-bench
+        {"-np", "--parallel"}};                                     // llama-server
     for (std::string& a : args)
         for (const auto& [shrt, lng] : aliases) {
             const size_t n = std::char_traits<char>::length(shrt);

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "alloy/engine.h"
 #include "cli/commands.h"
 #include "format/ggml_types.h"
 #include "format/gguf.h"
@@ -11,7 +12,7 @@
 namespace alloy::cli {
 
 // Options every model-running command takes.
-struct EngineOptions {
+struct ModelOptions {
     std::string model;       // empty: the embedded default model
     std::string gdn = "chunked";
     int chunk = 64;
@@ -24,9 +25,13 @@ struct EngineOptions {
     ForwardOptions forward_options() const;  // validates every option; sets the thread count
     KvCacheTypes kv_types() const;           // throws naming -ctk/-ctv and the bad value
     std::string model_path() const;          // resolves the default model
+    // The same options for include/alloy's Engine, n_parallel sequences at once (validated).
+    alloy::EngineOptions engine_options(int n_parallel) const;
     gguf::TensorData tensor_data() const { return mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident; }
 };
 
+// "1,2,3" -> integers >= min_value; throws naming the flag and the bad entry.
+std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value);
 // "1 2 3" or "1,2,3" -> ids; throws naming the bad entry.
 std::vector<int32_t> parse_ids(const std::string& text);
 // f32 | f16 | bf16 | q8_0

@@ -10,7 +10,7 @@ namespace alloy::cli {
 
 void add_logits_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("logits", "write the logits of every position of a token sequence");
-    static EngineOptions eo;
+    static ModelOptions eo;
     static std::string ids_text, out;
     static bool decode = false;
     eo.add_to(cmd, true);

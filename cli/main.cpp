@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     alloy::cli::add_tokenize_command(app);
     alloy::cli::add_test_ops_command(app);
     alloy::cli::add_bench_command(app);
+    alloy::cli::add_batched_bench_command(app);
     alloy::cli::add_profile_command(app);
     alloy::cli::add_serve_command(app);
     // -ctk/-ctv (llama.cpp's spelling) -> --cache-type-k/v; CLI11 takes the rest as is.

@@ -14,7 +14,7 @@ namespace alloy::cli {
 
 void add_perplexity_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("perplexity", "perplexity of a text file (llama-perplexity's method)");
-    static EngineOptions eo;
+    static ModelOptions eo;
     static std::string file;
     static int max_chunks = -1;
     eo.ctx = 512;

@@ -29,7 +29,7 @@ void print_table(const char* title, const Profiler& prof, double wall_ms) {
 
 void add_profile_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("profile", "per-kernel time table of a prefill and a decode step");
-    static EngineOptions eo;
+    static ModelOptions eo;
     static int n_prompt = 512, depth = 0, n_gen = 1;
     static std::string trace;
     eo.add_to(cmd, false);

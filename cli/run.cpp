@@ -1,25 +1,24 @@
 // alloy run: generate text from a prompt, streaming it to stdout; tokens/s on stderr.
 #include <cstdio>
 
+#include "alloy/engine.h"
 #include "alloy/error.h"
 #include "cli/common.h"
-#include "runtime/generate.h"
-#include "runtime/loaded_model.h"
 
 namespace alloy::cli {
 
 void add_run_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("run", "generate text (default model: a tiny synthetic one)");
-    static EngineOptions eo;
+    static ModelOptions eo;
     static std::string prompt, ids_text;
     static int n_predict = 64;
-    static SamplerParams sp;
+    static SamplingOptions sp;
     static bool print_ids = false, chat = false, no_think = false, ignore_eos = false;
     eo.add_to(cmd, false);
     cmd->add_option("-p,--prompt", prompt, "prompt text");
     cmd->add_option("--ids", ids_text, "prompt as token ids instead of text");
     cmd->add_option("-n,--n-predict", n_predict, "tokens to generate")->capture_default_str();
-    cmd->add_option("--temp", sp.temp, "temperature (0 = greedy)")->capture_default_str();
+    cmd->add_option("--temp", sp.temperature, "temperature (0 = greedy)")->capture_default_str();
     cmd->add_option("--top-k", sp.top_k, "top-k (0 = off)")->capture_default_str();
     cmd->add_option("--top-p", sp.top_p, "top-p (1 = off)")->capture_default_str();
     cmd->add_option("--min-p", sp.min_p, "min-p (0 = off)")->capture_default_str();
@@ -29,26 +28,24 @@ void add_run_command(CLI::App& app) {
     cmd->add_flag("--no-think", no_think, "with --chat: thinking off");
     cmd->add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-generation tokens");
     cmd->callback([] {
-        const ForwardOptions fo = eo.forward_options();
         if (n_predict < 0) throw Error("-n must be >= 0");
         if (prompt.empty() == ids_text.empty()) throw Error("give exactly one of -p/--prompt and --ids");
-        LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
-        std::vector<int32_t> ids;
+        Engine engine(eo.engine_options(1));
+        GenerationRequest req;
         if (!ids_text.empty()) {
-            ids = parse_ids(ids_text);
+            req.prompt = parse_ids(ids_text);
         } else {
-            const Tokenizer& tok = lm.require_tokenizer();
-            const std::string text = chat ? apply_chat_template({{"user", prompt, ""}}, true, !no_think) : prompt;
-            ids = tok.encode(text, /*parse_special=*/chat);
+            const std::string text = chat ? engine.chat_prompt({{"user", prompt, ""}}, true, !no_think) : prompt;
+            req.prompt = engine.tokenize(text, /*parse_special=*/chat);
         }
-        GenerateParams gp;
-        gp.max_tokens = n_predict;
-        gp.sampler = sp;
-        gp.ignore_eos = ignore_eos;
-        gp.text = !print_ids;
+        req.max_tokens = n_predict;
+        req.sampling = sp;
+        req.ignore_eos = ignore_eos;
+        req.text = !print_ids;
         int shown = 0;
-        const GenerateResult r = generate(
-            lm, ids, gp, eo.ctx, eo.kv_types(), fo,
+        const size_t n_prompt = req.prompt.size();
+        const GenerationResult r = engine.generate(
+            std::move(req),
             [&](const std::string& text) {
                 if (!print_ids) std::fputs(text.c_str(), stdout), std::fflush(stdout);
                 return true;
@@ -59,7 +56,7 @@ void add_run_command(CLI::App& app) {
         std::printf("\n");
         const int generated = int(r.ids.size());
         std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s (%.1f tok/s)\n",
-                     ids.size(), r.prompt_seconds, double(ids.size()) / r.prompt_seconds, generated, r.generate_seconds,
+                     n_prompt, r.prompt_seconds, double(n_prompt) / r.prompt_seconds, generated, r.generate_seconds,
                      generated > 1 ? double(generated - 1) / r.generate_seconds : 0.0);
     });
 }

@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "alloy/engine.h"
 #include "alloy/error.h"
 #include "cli/common.h"
-#include "runtime/loaded_model.h"
 #include "server/server.h"
 
 namespace alloy::cli {
@@ -19,32 +19,30 @@ void on_signal(int) {
 
 void add_serve_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
-    static EngineOptions eo;
+    static ModelOptions eo;
     static std::string host = "127.0.0.1", alias;
-    static int port = 8080;
+    static int port = 8080, parallel = 4;
     eo.add_to(cmd, false);
     cmd->add_option("--host", host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", port, "port to listen on (0: any free port)")->capture_default_str();
+    cmd->add_option("--parallel", parallel, "-np: requests served at once (state slots; --ctx is per request)")
+        ->capture_default_str();
     cmd->add_option("-a,--alias", alias, "model name reported by /v1/models (default: the file name)");
     cmd->callback([] {
         if (port < 0 || port > 65535) throw Error("--port must be in [0, 65535], got " + std::to_string(port));
         server::ServerOptions so;
-        so.forward = eo.forward_options();
-        so.kv = eo.kv_types();
-        so.n_ctx = eo.ctx;
         so.host = host;
         so.port = port;
         const std::string path = eo.model_path();
         so.model_name = alias.empty() ? std::filesystem::path(path).filename().string() : alias;
-        LoadedModel lm = load_model(path, eo.tensor_data());
-        lm.require_tokenizer();
-        server::Server srv(lm, so);
+        Engine engine(eo.engine_options(parallel));
+        server::Server srv(engine, so);
         const int bound = srv.bind();
         g_server = &srv;
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
-        std::fprintf(stderr, "alloy serve: %s on http://%s:%d (context %d tokens)\n", so.model_name.c_str(), host.c_str(),
-                     bound, so.n_ctx);
+        std::fprintf(stderr, "alloy serve: %s on http://%s:%d (%d requests at once, context %d tokens each)\n",
+                     so.model_name.c_str(), host.c_str(), bound, parallel, eo.ctx);
         srv.listen();
         g_server = nullptr;
     });

@@ -81,7 +81,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
             if (!m[i].is_object()) throw RequestError(p, p + " must be an object");
             if (!m[i].contains("role") || !m[i]["role"].is_string())
                 throw RequestError(p + ".role", p + ".role must be a string");
-            ChatMessage msg;
+            ChatTurn msg;
             msg.role = m[i]["role"].get<std::string>();
             if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
                 throw RequestError(p + ".role", p + ".role must be system, user, assistant or tool, got '" + msg.role + "'");
@@ -110,7 +110,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     // Sampling and limits. chat also accepts max_completion_tokens (the newer OpenAI name).
     const char* max_key = chat && has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (has(max_key)) r.max_tokens = int(integer(j, max_key, 1, kMaxTokensLimit));
-    if (has("temperature")) r.sampler.temp = float(number(j, "temperature", 0.0, 100.0));
+    if (has("temperature")) r.sampler.temperature = float(number(j, "temperature", 0.0, 100.0));
     if (has("top_p")) r.sampler.top_p = float(number(j, "top_p", 0.0, 1.0));
     if (has("min_p")) r.sampler.min_p = float(number(j, "min_p", 0.0, 1.0));
     if (has("top_k")) r.sampler.top_k = int(integer(j, "top_k", 0, 1 << 30));

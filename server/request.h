@@ -8,9 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "alloy/engine.h"
 #include "alloy/error.h"
-#include "runtime/sampler.h"
-#include "tokenizer/tokenizer.h"
 
 namespace alloy::server {
 
@@ -25,10 +24,10 @@ struct CompletionRequest {
     bool chat = false;
     std::string model;                  // echoed back (the server runs its one model whatever it says)
     std::string prompt;                 // /v1/completions
-    std::vector<ChatMessage> messages;  // /v1/chat/completions
+    std::vector<ChatTurn> messages;     // /v1/chat/completions
     bool enable_thinking = true;        // chat_template_kwargs.enable_thinking
     std::optional<int> max_tokens;      // absent: up to the end of the context
-    SamplerParams sampler;              // llama.cpp server defaults unless given
+    SamplingOptions sampler;            // llama.cpp server defaults unless given
     std::vector<std::string> stop;
     bool stream = false;
 };

@@ -1,15 +1,18 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <nlohmann/json.hpp>
 
 #include "alloy/error.h"
-#include "runtime/generate.h"
 #include "server/request.h"
 
 namespace alloy::server {
@@ -36,48 +39,62 @@ int64_t unix_time() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// The texts of one streamed request, from the engine's thread to the connection's.
+struct StreamChannel {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> texts;
+    bool done = false;
+    bool client_gone = false;
+    GenerationResult result;
+};
+
+// Connection threads: every slot's request (blocking or streaming) and a few waiting.
+int http_threads(const Engine& e) { return e.options().n_parallel * 2 + 4; }
+
 }  // namespace
 
 struct Server::Impl {
-    const LoadedModel& lm;
+    Engine& engine;
     ServerOptions opt;
+    const int n_ctx;
     httplib::Server http;
-    std::mutex engine;  // one request at a time: one model, one sequence state
     std::atomic<uint64_t> next_id{1};
+    int listen_fd = -1;  // the listening socket, to raise its backlog after bind
 
-    Impl(const LoadedModel& m, ServerOptions o) : lm(m), opt(std::move(o)) {}
+    Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), n_ctx(e.options().n_ctx) {}
 
     // The prompt's token ids; RequestError when it cannot be run.
     std::vector<int32_t> tokenize(const CompletionRequest& r) const {
-        const Tokenizer& tok = lm.require_tokenizer();
         std::string text;
         try {
-            text = r.chat ? apply_chat_template(r.messages, /*add_generation_prompt=*/true, r.enable_thinking) : r.prompt;
+            text = r.chat ? engine.chat_prompt(r.messages, /*add_generation_prompt=*/true, r.enable_thinking) : r.prompt;
         } catch (const Error& e) {
             throw RequestError("messages", e.what());
         }
-        std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/true);
+        std::vector<int32_t> ids = engine.tokenize(text, /*parse_special=*/true);
         const char* what = r.chat ? "messages" : "prompt";
         if (ids.empty()) throw RequestError(what, std::string(what) + " is empty after tokenization");
-        if (int64_t(ids.size()) >= opt.n_ctx)
+        if (int64_t(ids.size()) >= n_ctx)
             throw RequestError(what, std::string(what) + " is " + std::to_string(ids.size()) +
-                                         " tokens, the context holds " + std::to_string(opt.n_ctx));
-        if (r.max_tokens && int64_t(ids.size()) + *r.max_tokens > opt.n_ctx)
+                                         " tokens, the context holds " + std::to_string(n_ctx));
+        if (r.max_tokens && int64_t(ids.size()) + *r.max_tokens > n_ctx)
             throw RequestError(r.chat ? "max_completion_tokens" : "max_tokens",
                                std::to_string(ids.size()) + " prompt tokens + " + std::to_string(*r.max_tokens) +
-                                   " tokens to generate exceed the context of " + std::to_string(opt.n_ctx));
+                                   " tokens to generate exceed the context of " + std::to_string(n_ctx));
         return ids;
     }
 
-    GenerateParams params(const CompletionRequest& r, size_t n_prompt) const {
-        GenerateParams gp;
-        gp.max_tokens = r.max_tokens ? *r.max_tokens : int(opt.n_ctx - int64_t(n_prompt));
-        gp.sampler = r.sampler;
+    GenerationRequest params(const CompletionRequest& r, std::vector<int32_t> ids) const {
+        GenerationRequest gp;
+        gp.max_tokens = r.max_tokens ? *r.max_tokens : int(n_ctx - int64_t(ids.size()));
+        gp.prompt = std::move(ids);
+        gp.sampling = r.sampler;
         gp.stop = r.stop;
         return gp;
     }
 
-    json usage(const GenerateResult& g) const {
+    json usage(const GenerationResult& g) const {
         const int n = int(g.ids.size());
         return {{"prompt_tokens", g.n_prompt}, {"completion_tokens", n}, {"total_tokens", g.n_prompt + n}};
     }
@@ -115,11 +132,10 @@ struct Server::Impl {
             return send_error(res, 500, e.what(), "server_error");
         }
         const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
-        const GenerateParams gp = params(r, ids.size());
+        GenerationRequest gp = params(r, std::move(ids));
         if (!r.stream) {
             try {
-                std::lock_guard<std::mutex> lock(engine);
-                const GenerateResult g = generate(lm, ids, gp, opt.n_ctx, opt.kv, opt.forward);
+                const GenerationResult g = engine.generate(std::move(gp));
                 json body = choice_object(r, id, g.text, g.finish_reason, false);
                 body["usage"] = usage(g);
                 res.set_content(dump(body), "application/json");
@@ -130,41 +146,91 @@ struct Server::Impl {
         }
         // Server-sent events: one chunk per piece of text as it becomes final, then the
         // finish_reason chunk (with usage, as OpenAI's stream_options.include_usage gives it)
-        // and [DONE]. A client that goes away stops the generation.
-        res.set_chunked_content_provider("text/event-stream", [this, r, ids, gp, id](size_t, httplib::DataSink& sink) {
+        // and [DONE]. The engine's thread hands the pieces over through a channel; a client
+        // that goes away cancels the request.
+        auto ch = std::make_shared<StreamChannel>();
+        GenerationCallbacks cb;
+        cb.on_text = [ch](const std::string& text) {
+            std::lock_guard<std::mutex> lock(ch->mu);
+            ch->texts.push_back(text);
+            ch->cv.notify_all();
+            return !ch->client_gone;
+        };
+        cb.on_done = [ch](const GenerationResult& g) {
+            std::lock_guard<std::mutex> lock(ch->mu);
+            ch->result = g;
+            ch->done = true;
+            ch->cv.notify_all();
+        };
+        uint64_t request_id = 0;
+        try {
+            request_id = engine.submit(std::move(gp), std::move(cb));
+        } catch (const Error& e) {
+            return send_error(res, 400, e.what(), "invalid_request_error");
+        }
+        res.set_chunked_content_provider("text/event-stream", [this, r, id, ch, request_id](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
                 const std::string line = "data: " + dump(j) + "\n\n";
                 return sink.write(line.data(), line.size());
             };
-            try {
-                std::lock_guard<std::mutex> lock(engine);
-                bool first = true;
-                const GenerateResult g = generate(lm, ids, gp, opt.n_ctx, opt.kv, opt.forward, [&](const std::string& text) {
-                    return send(choice_object(r, id, text, nullptr, true, std::exchange(first, false)));
-                });
-                json last = choice_object(r, id, "", g.finish_reason, true);
-                last["usage"] = usage(g);
-                if (send(last)) {
-                    const std::string done = "data: [DONE]\n\n";
-                    sink.write(done.data(), done.size());
+            bool first = true, ok = true;
+            for (;;) {
+                std::unique_lock<std::mutex> lock(ch->mu);
+                ch->cv.wait(lock, [&] { return ch->done || !ch->texts.empty(); });
+                if (ch->texts.empty()) break;  // done, everything sent
+                const std::string text = std::move(ch->texts.front());
+                ch->texts.pop_front();
+                lock.unlock();
+                if (ok && !send(choice_object(r, id, text, nullptr, true, std::exchange(first, false)))) {
+                    ok = false;
+                    std::lock_guard<std::mutex> l2(ch->mu);
+                    ch->client_gone = true;
+                    engine.cancel(request_id);
                 }
-            } catch (const std::exception& e) {
-                send(error_body(e.what(), "server_error", ""));
+            }
+            const GenerationResult& g = ch->result;
+            if (ok) {
+                if (g.finish_reason == "error") {
+                    send(error_body(g.error, "server_error", ""));
+                } else {
+                    json last = choice_object(r, id, "", g.finish_reason, true);
+                    last["usage"] = usage(g);
+                    if (send(last)) {
+                        const std::string done = "data: [DONE]\n\n";
+                        sink.write(done.data(), done.size());
+                    }
+                }
             }
             sink.done();
             return true;
+        }, [this, ch, request_id](bool success) {
+            // The connection ended (or the client left before the first byte): stop the work.
+            if (!success) {
+                {
+                    std::lock_guard<std::mutex> lock(ch->mu);
+                    ch->client_gone = true;
+                }
+                engine.cancel(request_id);
+            }
         });
     }
 
     void routes() {
         http.set_payload_max_length(opt.max_body_bytes);
+        http.new_task_queue = [n = http_threads(engine)] { return new httplib::ThreadPool(size_t(n)); };
+        // cpp-httplib listens with a backlog of 5: a burst of clients (16 at once) overflows it
+        // and some connections die unanswered. Keep its socket options and remember the socket.
+        http.set_socket_options([this](socket_t sock) {
+            httplib::default_socket_options(sock);
+            listen_fd = int(sock);
+        });
         http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content(R"({"status":"ok"})", "application/json");
         });
         http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
             const json body = {{"object", "list"},
                                {"data", json::array({{{"id", opt.model_name}, {"object", "model"}, {"created", unix_time()},
-                                                      {"owned_by", "alloy"}, {"max_model_len", opt.n_ctx}}})}};
+                                                      {"owned_by", "alloy"}, {"max_model_len", n_ctx}}})}};
             res.set_content(dump(body), "application/json");
         });
         http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& s) { complete(q, s, false); });
@@ -182,8 +248,8 @@ struct Server::Impl {
     }
 };
 
-Server::Server(const LoadedModel& model, ServerOptions opt) : impl_(std::make_unique<Impl>(model, std::move(opt))) {
-    if (impl_->opt.n_ctx < 2) throw Error("serve: --ctx must be at least 2, got " + std::to_string(impl_->opt.n_ctx));
+Server::Server(Engine& engine, ServerOptions opt) : impl_(std::make_unique<Impl>(engine, std::move(opt))) {
+    if (!engine.has_tokenizer()) throw Error("serve: the model " + engine.options().model_path + " has no tokenizer");
     if (impl_->opt.model_name.empty()) impl_->opt.model_name = "alloy";
     impl_->routes();
 }
@@ -194,6 +260,7 @@ int Server::bind() {
     const ServerOptions& o = impl_->opt;
     const int port = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
     if (port < 0) throw Error("serve: cannot listen on " + o.host + ":" + std::to_string(o.port) + " (in use, or not an address here)");
+    if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);  // a second listen() sets the backlog
     return port;
 }
 

@@ -2,12 +2,13 @@
 // activations once, and splits the work over the thread pool.
 //
 // Work split:
-//  - streaming GEMVs (Q8_0, BF16 with T <= 4 on AVX-512 and AVX2): contiguous row ranges per
-//    item, several rows streamed side by side (matmul_q8_gemv_avx512.cpp,
-//    matmul_bf16_gemv_avx512.cpp, matmul_avx2.cpp).
+//  - streaming GEMVs (Q8_0, BF16, the K-quants, Q4_0/IQ4_NL/MXFP4 with T <= 16 on AVX-512 and
+//    AVX2): contiguous row ranges per item, several rows streamed side by side
+//    (matmul_q8_gemv_avx512.cpp, matmul_bf16_gemv_avx512.cpp, matmul_avx2.cpp, kquant rows);
+//    4 tokens per kernel call, runs of 32 rows per 4-token group past 4 tokens.
 //  - row-dot (F32/F16 T <= 4, every T on the scalar path): items of 64 rows x 32 tokens; the
 //    AVX-512 kernels read 16 rows side by side.
-//  - GEMM tiles (T > 4 on AVX-512 and AVX2): items of (token tile, row chunk), token-tile-major so both
+//  - GEMM tiles (T > 16, or T > 4 for types without a GEMV, on AVX-512 and AVX2): items of (token tile, row chunk), token-tile-major so both
 //    threads share one activation tile in L3 while each streams its own weight rows. Inside an
 //    item the inner dimension is cut into kc chunks, so the activation slice of the tile stays
 //    in L1 while every row group of the chunk passes over it.
@@ -117,7 +118,7 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
             return p;
         default:
             if (!mm::uses_q8k(type)) break;
-            if (T <= mm::kRowDotTokens) {  // decode / verification: packed blocks x Q8_K (matmul_kquant.cpp)
+            if (T <= mm::kGemvMaxTokens) {  // decode / verification: packed blocks x Q8_K (matmul_kquant.cpp)
                 p.act = ActKind::Q8K;
                 p.gemv = mm::kquant_gemv(type, isa);
                 p.name = std::string(isa_label) + " q8k";
@@ -137,7 +138,7 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
             // Decode: the packed blocks x Q8_0 activations (ggml's vec_dot_q4_0_q8_0 /
             // vec_dot_iq4_nl_q8_0), streamed as the Q8_0 GEMVs; prefill: below; scalar: dequantized
             // rows on Q8_0-rounded activations.
-            if (T <= mm::kRowDotTokens && avx2) {
+            if (T <= mm::kGemvMaxTokens && avx2) {
                 p.act = ActKind::Q8;
                 p.vector = avx512;
                 p.gemv = !(avx512 && mm::cpu_has_avx512_vnni()) ? mm::gemv_avx2(type)
@@ -191,7 +192,7 @@ bool mxfp4_fits_q8_0(const WeightView& W) {
 // make_plan for this weight's data: MXFP4 prefill takes the int8 Q8_0 tiles when its scales
 // allow an exact conversion (else fp32 rows, which compute the same function).
 Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
-    if (W.type == GgmlType::MXFP4 && T > mm::kRowDotTokens && std::min(isa, active_isa()) >= Isa::Avx2 &&
+    if (W.type == GgmlType::MXFP4 && T > mm::kGemvMaxTokens && std::min(isa, active_isa()) >= Isa::Avx2 &&
         mxfp4_fits_q8_0(W)) {
         Plan p = make_plan(GgmlType::Q8_0, isa, W.n_in, T);
         p.convert = true;
@@ -206,7 +207,9 @@ Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
 // The activation converters' path (all give the same bits; only their speed differs).
 Isa act_isa(const Plan& p) { return p.vector ? Isa::Avx512 : p.avx2_tiles ? Isa::Avx2 : Isa::Scalar; }
 
-bool use_gemm(const Plan& p, int64_t T) { return p.tile.fn != nullptr && T > mm::kRowDotTokens; }
+bool use_gemm(const Plan& p, int64_t T) {
+    return p.tile.fn != nullptr && T > (p.gemv ? mm::kGemvMaxTokens : mm::kRowDotTokens);
+}
 
 uint8_t* aligned(std::vector<uint8_t>& v, size_t bytes) {
     if (v.size() < bytes + 64) v.resize(bytes + 64);
@@ -404,10 +407,12 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
             gemm_range(p, W, panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tile, ldt, jb.y, N, stream_output(T, N));
         } else if (gemv) {
             const int64_t r0 = jb.bounds[it], nr = jb.bounds[it + 1] - r0;
-            for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
-                const int nt = int(std::min<int64_t>(mm::kRowDotTokens, T - t));
-                p.gemv(W, r0, nr, rows_act, t, nt, jb.y, N);
-            }
+            const int64_t run = T <= mm::kRowDotTokens ? nr : mm::kGemvRunRows;
+            for (int64_t r = r0; r < r0 + nr; r += run)
+                for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
+                    const int nt = int(std::min<int64_t>(mm::kRowDotTokens, T - t));
+                    p.gemv(W, r, std::min(run, r0 + nr - r), rows_act, t, nt, jb.y, N);
+                }
         } else {
             const int64_t t0 = (it / jb.n_chunks) * kRowDotTile, r0 = (it % jb.n_chunks) * kRowChunk;
             rowdot_range(p, W, rows_act, r0, std::min(kRowChunk, N - r0), t0, std::min(kRowDotTile, T - t0), jb.y,

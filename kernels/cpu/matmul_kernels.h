@@ -31,7 +31,16 @@ inline float load_f32(const void* p) { return load_as<float>(p); }
 
 constexpr int kGroup = 16;   // tokens per ActPanel group (one zmm of int32/fp32 lanes)
 constexpr int kQ8 = 32;      // Q8_0 block size
-constexpr int kRowDotTokens = 4;  // tokens per row-dot kernel call
+constexpr int kRowDotTokens = 4;  // tokens per row-dot / GEMV kernel call
+// Calls of up to this many tokens take a type's streaming GEMV when it has one (else the GEMM):
+// the GEMV computes each (row, token) output by the same fixed arithmetic whatever the other
+// tokens, so such calls give every row the bits of a one-row call. That makes decode steps of
+// up to 16 sequences batch-invariant (a request's tokens do not depend on what runs beside
+// it) and speculative verification of up to 16 tokens reproduce decode.
+constexpr int kGemvMaxTokens = 16;
+// Past 4 tokens the GEMV walks an item's rows in runs of this many, every 4-token group over
+// one run before the next, so the run's weights come from DRAM once and then from L1/L2.
+constexpr int kGemvRunRows = 32;
 
 // Token-major activations. Which members are set depends on the path:
 //   Q8_0: q, d, corr;  Q8_K (K-quant decode): q, d, bsums;  BF16 on AVX-512: bf;  else: f.

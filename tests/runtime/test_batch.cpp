@@ -1,12 +1,14 @@
 // Batches equal single runs (issue 17, must-show 2): sequences of different lengths decoded
 // together in one forward step (and mixed steps: some sequences prefilling a piece while others
-// decode) give each sequence the greedy tokens of running it alone. Bit-identical logits where
-// every kernel is batch-invariant: F32 matmuls for any number of rows, the Q8_0 / K-quant GEMVs
-// for up to 4 rows (a decode step of <= 4 sequences). Past 4 rows a quantized matmul is a GEMM
-// that sums each dot product in another order than the GEMV; with int8-rounded activations that
-// is not a 1e-7 difference but an occasional rounding flip, so those logits only agree to ~1e-2
-// (kQuantizedBatchTol). The GDN op and the norms are per sequence or per row; attention is per
-// sequence, with one kernel for T <= 4 queries and another for longer ones (mixed-step test).
+// decode) give each sequence the greedy tokens of running it alone.
+// Bit-identical logits where every kernel is batch-invariant: F32 matmuls for any number of
+// rows; the quantized and BF16 matmuls up to 16 rows (they take the streaming GEMV, whose
+// arithmetic per (row, token) is fixed: cpu/matmul_kernels.h kGemvMaxTokens), so decode steps of
+// up to 16 sequences. Past 16 rows a quantized matmul is a GEMM that sums each dot product in
+// another order; with int8-rounded activations that is not a 1e-7 difference but an occasional
+// rounding flip, and those logits agree only to ~1e-2 (kQuantizedBatchTol). The GDN op and the
+// norms are per sequence or per row; attention is per sequence, with one kernel for T <= 4
+// queries and another for longer ones (the mixed-step test).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -68,7 +70,7 @@ struct Run {
 
 Run run_alone(const Qwen35Model& m, const std::vector<int32_t>& prompt, int n_gen) {
     const int V = m.hparams().n_vocab;
-    ModelState st = m.new_state(512);
+    ModelState st = m.new_state(1024);
     Run r;
     r.logits.resize(size_t(1 + n_gen) * V);
     ForwardOptions fo;
@@ -86,7 +88,7 @@ Run run_alone(const Qwen35Model& m, const std::vector<int32_t>& prompt, int n_ge
 // decoded together: one batch of S tokens per step. The slots are used in a shuffled order.
 std::vector<Run> run_batched(const Qwen35Model& m, const std::vector<std::vector<int32_t>>& prompts, int n_gen) {
     const int V = m.hparams().n_vocab, S = int(prompts.size());
-    ModelState st = m.new_state(512, {}, S + 2);
+    ModelState st = m.new_state(1024, {}, S + 2);
     std::vector<int> slot(static_cast<size_t>(S + 2));
     for (int s = 0; s < S + 2; ++s) slot[size_t(s)] = s;
     std::shuffle(slot.begin(), slot.end(), std::mt19937(uint32_t(S)));
@@ -113,38 +115,46 @@ std::vector<Run> run_batched(const Qwen35Model& m, const std::vector<std::vector
     return r;
 }
 
-// Logits of a quantized model batched past the GEMV's 4 rows against its single run (max row
-// error seen: 1.5e-2 tiny Q8_0, 6.8e-3 moe-tiny; a sequence on the wrong slot or position is ~1).
+// Logits of a quantized model batched past the GEMV's 16 rows against its single run (max row
+// error seen with the GEMM from 5 rows on: 1.5e-2 tiny Q8_0, 6.8e-3 moe-tiny; a sequence on the
+// wrong slot or position is ~1).
 constexpr double kQuantizedBatchTol = 5e-2;
 
 void expect_batches_equal_single_runs(const Qwen35Model& m, bool invariant_any_rows) {
     const int n_gen = 6;
     const size_t V = size_t(m.hparams().n_vocab);
-    for (int S = 1; S <= 8; ++S) {
+    for (int S : {1, 2, 3, 4, 5, 6, 7, 8, 20}) {
         std::vector<std::vector<int32_t>> prompts;
         for (int s = 0; s < S; ++s) prompts.push_back(ids(3 + 7 * s, 100 + uint32_t(s)));
         const std::vector<Run> batched = run_batched(m, prompts, n_gen);
         for (int s = 0; s < S; ++s) {
             const Run alone = run_alone(m, prompts[size_t(s)], n_gen);
             SCOPED_TRACE("S=" + std::to_string(S) + " sequence " + std::to_string(s));
-            EXPECT_EQ(batched[size_t(s)].tokens, alone.tokens);
-            if (invariant_any_rows || S <= 4) {
+            if (invariant_any_rows || S <= 16) {
+                EXPECT_EQ(batched[size_t(s)].tokens, alone.tokens);
                 EXPECT_EQ(batched[size_t(s)].logits, alone.logits);
             } else {
                 // The GEMM's other summation order moves an activation across a Q8_0 rounding
-                // boundary now and then, and the random-weight model amplifies such a flip: this
-                // bound only says the sequence kept its own state and tokens.
-                EXPECT_LT(test::max_row_rel_error(batched[size_t(s)].logits, alone.logits, V), kQuantizedBatchTol);
+                // boundary now and then, and the random-weight model amplifies such a flip, so a
+                // near-tie may even pick another token. Compared: the logits rows up to the first
+                // token that differs (their inputs are the same); the bound only says the
+                // sequence kept its own state.
+                size_t same = 0;
+                while (same < alone.tokens.size() && batched[size_t(s)].tokens[same] == alone.tokens[same]) ++same;
+                const size_t rows = std::min(same + 1, alone.tokens.size() + 1);
+                const std::vector<float> a(batched[size_t(s)].logits.begin(), batched[size_t(s)].logits.begin() + rows * V);
+                const std::vector<float> b(alone.logits.begin(), alone.logits.begin() + rows * V);
+                EXPECT_LT(test::max_row_rel_error(a, b, V), kQuantizedBatchTol);
             }
         }
     }
 }
 
-TEST(Batch, DecodeStepsOfOneToEightSequencesEqualSingleRunsF32) {
+TEST(Batch, DecodeStepsOfOneTo8And20SequencesEqualSingleRunsF32) {
     expect_batches_equal_single_runs(model("tiny", GgmlType::F32), /*invariant_any_rows=*/true);
 }
 
-TEST(Batch, DecodeStepsOfOneToEightSequencesEqualSingleRunsQ8_0) {
+TEST(Batch, DecodeStepsOfOneTo8And20SequencesEqualSingleRunsQ8_0) {
     expect_batches_equal_single_runs(model("tiny", GgmlType::Q8_0), /*invariant_any_rows=*/false);
 }
 

@@ -27,8 +27,8 @@ TEST(Request, CompletionFieldsAndDefaults) {
     EXPECT_EQ(d.prompt, "hi");
     EXPECT_FALSE(d.chat);
     EXPECT_FALSE(d.max_tokens.has_value());
-    EXPECT_FLOAT_EQ(d.sampler.temp, SamplerParams{}.temp);  // llama.cpp server defaults
-    EXPECT_EQ(d.sampler.top_k, SamplerParams{}.top_k);
+    EXPECT_FLOAT_EQ(d.sampler.temperature, SamplingOptions{}.temperature);  // llama.cpp server defaults
+    EXPECT_EQ(d.sampler.top_k, SamplingOptions{}.top_k);
     EXPECT_FALSE(d.stream);
     const CompletionRequest r = parse(R"({"model": "m", "prompt": ["x y"], "max_tokens": 7, "temperature": 0,
         "top_p": 0.5, "top_k": 3, "min_p": 0.1, "seed": 9, "stop": ["a", "bc"], "stream": true, "n": 1,
@@ -36,7 +36,7 @@ TEST(Request, CompletionFieldsAndDefaults) {
     EXPECT_EQ(r.model, "m");
     EXPECT_EQ(r.prompt, "x y");
     EXPECT_EQ(*r.max_tokens, 7);
-    EXPECT_EQ(r.sampler.temp, 0.0f);
+    EXPECT_EQ(r.sampler.temperature, 0.0f);
     EXPECT_FLOAT_EQ(r.sampler.top_p, 0.5f);
     EXPECT_EQ(r.sampler.top_k, 3);
     EXPECT_FLOAT_EQ(r.sampler.min_p, 0.1f);

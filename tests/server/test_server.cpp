@@ -1,6 +1,6 @@
 // `alloy serve` end to end: the server on a free port in this process, a synthetic tiny model
 // with the real Qwen3 vocabulary, requests through cpp-httplib's client. Greedy completions
-// must equal the generation loop's own output (runtime/generate.h), a stream must add up to the
+// must equal a plain prefill + greedy decode loop over the model, a stream must add up to the
 // same text, stop strings must cut it, and every bad request must get a JSON error naming
 // what was wrong.
 #include <gtest/gtest.h>
@@ -13,8 +13,11 @@
 #include <thread>
 #include <unistd.h>
 
+#include <algorithm>
+#include <set>
+
+#include "alloy/engine.h"
 #include "model/synth.h"
-#include "runtime/generate.h"
 #include "runtime/loaded_model.h"
 #include "server/server.h"
 
@@ -36,12 +39,16 @@ protected:
         so.out_path = (dir / "tiny.gguf").string();
         synth_qwen35(so);
         lm = std::make_unique<LoadedModel>(load_model(so.out_path));
+        EngineOptions eo;
+        eo.model_path = so.out_path;
+        eo.n_ctx = 256;
+        eo.n_parallel = 8;
+        engine = std::make_unique<Engine>(eo);
         ServerOptions o;
         o.port = 0;
-        o.n_ctx = 256;
         o.model_name = "tiny";
         o.max_body_bytes = 1 << 16;
-        server = std::make_unique<Server>(*lm, o);
+        server = std::make_unique<Server>(*engine, o);
         port = server->bind();
         thread = std::thread([] { server->listen(); });
     }
@@ -49,6 +56,7 @@ protected:
         server->stop();
         thread.join();
         server.reset();
+        engine.reset();
         lm.reset();
         fs::remove_all(dir);
     }
@@ -57,13 +65,26 @@ protected:
         c.set_read_timeout(120);
         return c.Post(path, body, "application/json");
     }
-    // The greedy text the generation loop gives for `prompt` directly.
+    // The greedy text of `prompt` by a plain loop over the model: prefill, then argmax and one
+    // serial decode step per token, stopping at end-of-generation.
     static std::string direct(const std::string& prompt, int n) {
-        GenerateParams gp;
-        gp.max_tokens = n;
-        gp.sampler.temp = 0;
-        ForwardOptions fo;
-        return generate(*lm, lm->tokenizer->encode(prompt, true), gp, 256, {}, fo).text;
+        const Qwen35Model& m = *lm->model;
+        const std::vector<int32_t> ids = lm->tokenizer->encode(prompt, true);
+        const int V = m.hparams().n_vocab;
+        ModelState st = m.new_state(256);
+        std::vector<float> logits(static_cast<size_t>(V));
+        ForwardOptions fo, step;
+        step.gdn_mode = ref::GdnMode::Serial;
+        m.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+        StreamDecoder dec(*lm->tokenizer);
+        std::string text;
+        for (int i = 0; i < n; ++i) {
+            const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+            if (lm->tokenizer->is_end_of_generation(next)) break;
+            text += dec.push(next);
+            if (i + 1 < n) m.forward(st, &next, 1, step, logits.data());
+        }
+        return text + dec.flush();
     }
     static void expect_error(const httplib::Result& r, int status, const std::string& param, const std::string& needle) {
         ASSERT_TRUE(r);
@@ -78,6 +99,7 @@ protected:
 
     static inline fs::path dir;
     static inline std::unique_ptr<LoadedModel> lm;
+    static inline std::unique_ptr<Engine> engine;
     static inline std::unique_ptr<Server> server;
     static inline std::thread thread;
     static inline int port = 0;
@@ -186,6 +208,28 @@ TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {
     expect_error(post("/v1/completions", std::string("{\"prompt\": \"\xff\xfe") + "\"}"), 400, "", "not valid JSON");
     httplib::Client c("127.0.0.1", port);
     expect_error(c.Get("/v2/nothing"), 404, "", "/v2/nothing");
+}
+
+// Issue 17, must-show 2: 16 identical greedy requests at once through the engine's 8 slots
+// (8 decode together, 8 wait and join as slots free up) give exactly one distinct answer, the
+// one a plain loop gives.
+TEST_F(Serve, SixteenIdenticalGreedyRequestsInParallelGiveOneAnswer) {
+    const std::string prompt = "Once upon a time";
+    const std::string body = json{{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}}.dump();
+    std::vector<std::string> texts(16);
+    std::vector<std::thread> clients;
+    for (int i = 0; i < 16; ++i)
+        clients.emplace_back([&, i] {
+            auto r = post("/v1/completions", body);
+            if (r && r->status == 200) texts[size_t(i)] = json::parse(r->body)["choices"][0]["text"].get<std::string>();
+            else texts[size_t(i)] = r ? "<HTTP " + std::to_string(r->status) + ": " + r->body + ">"
+                                      : "<failed: " + httplib::to_string(r.error()) + ">";
+        });
+    for (auto& t : clients) t.join();
+    const std::set<std::string> distinct(texts.begin(), texts.end());
+    EXPECT_EQ(distinct.size(), 1u) << *distinct.begin() << " | " << *distinct.rbegin();
+    EXPECT_EQ(*distinct.begin(), direct(prompt, 24));
+    EXPECT_GT(engine->stats().max_batch_sequences, 4) << "the requests never ran together";
 }
 
 }  // namespace

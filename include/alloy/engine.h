@@ -1,0 +1,122 @@
+// The engine: one model, its state slots and a scheduler thread that serves many generation
+// requests at once (continuous batching). This is the API the front ends use (cli/run, server/):
+// no kernel, model or tensor types.
+//
+//   request -> Engine::submit -> scheduler (one thread owns the model and the slots):
+//     each step: new requests take free slots; one Batch = one token of every decoding request,
+//     or the next prompt piece (<= batch_size tokens) of the oldest prefilling one -> the
+//     model's forward -> a logits row per request that needs one -> its sampler -> the token
+//     streams back (on_token, on_text); finished or cancelled requests leave at once.
+//
+// Every request starts from an empty sequence (no prompt cache yet). With up to 16 requests at
+// once, a request's tokens are bit for bit those it would get alone (runtime/engine.cpp says
+// why and what breaks it past 16).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace alloy {
+
+struct EngineOptions {
+    std::string model_path;            // GGUF file; empty: the embedded default model
+    int n_parallel = 4;                // requests served at once (state slots), llama-server's --parallel
+    int n_ctx = 4096;                  // context of each request: prompt + generated tokens
+    int threads = 0;                   // 0: every core
+    int batch_size = 512;              // most prompt tokens per step (a multiple of gdn_chunk)
+    std::string gdn = "chunked";       // prompt GDN kernel: chunked | serial (decode is always serial)
+    int gdn_chunk = 64;
+    std::string cache_type_k = "f16";  // f32 | f16 | bf16
+    std::string cache_type_v = "f16";
+    bool mmap = false;                 // use the file mapping instead of reading the weights in
+};
+
+// llama.cpp's sampling: greedy at temperature 0, else top-k -> top-p -> min-p -> temperature ->
+// a draw seeded by `seed`.
+struct SamplingOptions {
+    float temperature = 0.8f;
+    int top_k = 40;        // 0: off
+    float top_p = 0.95f;   // 1: off
+    float min_p = 0.05f;   // 0: off
+    uint64_t seed = 0;
+};
+
+struct GenerationRequest {
+    std::vector<int32_t> prompt;     // token ids
+    int max_tokens = 64;             // < 0: up to the end of the context
+    SamplingOptions sampling;
+    std::vector<std::string> stop;   // the text ends before the first stop string
+    bool ignore_eos = false;         // keep going past end-of-generation tokens
+    bool text = true;                // detokenize (needs the model's tokenizer), else ids only
+};
+
+struct GenerationResult {
+    std::string text;                // generated text, stop string excluded
+    std::vector<int32_t> ids;        // generated token ids, as sampled
+    int n_prompt = 0;
+    // "stop" (end-of-generation token, stop string, or on_text returned false), "length",
+    // "cancelled" (Engine::cancel) or "error" (then `error` says what failed).
+    std::string finish_reason;
+    std::string error;
+    double queue_seconds = 0, prompt_seconds = 0, generate_seconds = 0;
+};
+
+// Called on the engine's thread, in order; keep them short (the whole batch waits).
+struct GenerationCallbacks {
+    std::function<bool(const std::string& text)> on_text;   // text as it becomes final; false: stop
+    std::function<void(int32_t id)> on_token;               // every sampled id
+    std::function<void(const GenerationResult&)> on_done;   // exactly once, last
+};
+
+struct ChatTurn {
+    std::string role;     // system | user | assistant | tool
+    std::string content;
+    std::string reasoning_content;  // assistant only, optional
+};
+
+struct EngineStats {
+    uint64_t steps = 0;               // forward steps run
+    uint64_t prompt_tokens = 0, generated_tokens = 0;
+    int max_batch_sequences = 0;      // most sequences one step has carried
+    int active = 0, queued = 0;       // now
+};
+
+class Engine {
+public:
+    // Loads the model and starts the scheduler; throws alloy::Error naming the file or the
+    // option that is wrong.
+    explicit Engine(const EngineOptions& options);
+    ~Engine();  // cancels what is queued or running, then joins the scheduler
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    // Queues a request; returns its id. Throws alloy::Error (naming the field) for a request
+    // that can never run: empty prompt, ids outside the vocabulary, prompt + max_tokens over
+    // n_ctx, text without a tokenizer.
+    uint64_t submit(GenerationRequest request, GenerationCallbacks callbacks = {});
+    // Stops a queued or running request at the next step (finish_reason "cancelled"); unknown
+    // or finished ids are ignored.
+    void cancel(uint64_t id);
+    // submit() and wait for the result.
+    GenerationResult generate(GenerationRequest request,
+                              std::function<bool(const std::string&)> on_text = nullptr,
+                              std::function<void(int32_t)> on_token = nullptr);
+
+    bool has_tokenizer() const;
+    // Throws alloy::Error naming the model file when it has no tokenizer.
+    std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
+    std::string chat_prompt(const std::vector<ChatTurn>& turns, bool add_generation_prompt,
+                            bool enable_thinking) const;
+
+    const EngineOptions& options() const;  // model_path resolved
+    int n_vocab() const;
+    EngineStats stats() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace alloy

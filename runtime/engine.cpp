@@ -1,0 +1,384 @@
+// The engine of include/alloy/engine.h: a scheduler thread that owns the model and its slot
+// state cache and runs continuous batching.
+//
+// One step: requests waiting in the queue take free slots (FIFO); then the step is either one
+// token of every decoding request (serial GDN) in one batch, or the next prompt piece of the
+// oldest prefilling request on its own (min(batch_size, rest) tokens from its start, the pieces
+// it would run alone); the two kinds alternate while both wait, so a long prompt delays the
+// others' next token by one piece at most.
+// Why prompts do not share steps with decodes (the forward could: Batch allows mixed steps):
+// batch invariance. A prompt piece alone runs exactly the single-sequence plan; a decode step
+// of up to 16 sequences takes the matmuls' GEMV (cpu/matmul_kernels.h kGemvMaxTokens), whose
+// bits per row do not depend on the other rows; the GDN op, attention and the norms are per
+// sequence or row. So with up to 16 requests at once a request's tokens are those it would get
+// alone. Mixed steps would put decode rows through the GEMM (another summation order: with
+// int8-rounded activations ~1e-2 on a logit) and prune no last layer for the prompt.
+#include "alloy/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_set>
+
+#include "alloy/error.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/qwen35.h"
+#include "runtime/loaded_model.h"
+#include "runtime/sampler.h"
+#include "runtime/slot_cache.h"
+#include "runtime/stop_filter.h"
+
+namespace alloy {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+GgmlType cache_type(const std::string& s, const char* what) {
+    if (s == "f32") return GgmlType::F32;
+    if (s == "f16") return GgmlType::F16;
+    if (s == "bf16") return GgmlType::BF16;
+    throw Error(std::string("engine: ") + what + " must be f32, f16 or bf16, got '" + s + "'");
+}
+
+// A request from submit() to on_done.
+struct Sequence {
+    uint64_t id = 0;
+    GenerationRequest req;
+    GenerationCallbacks cb;
+    int slot = -1;
+    size_t fed = 0;           // prompt tokens already run
+    int32_t next = -1;        // the sampled token the next step feeds (decoding)
+    bool decoding = false;
+    bool cancelled = false;
+    std::optional<Sampler> sampler;
+    std::optional<StreamDecoder> dec;
+    std::optional<StopFilter> filter;
+    GenerationResult r;
+    clock::time_point submitted, started, prompt_done;
+};
+
+}  // namespace
+
+struct Engine::Impl {
+    EngineOptions opt;
+    LoadedModel lm;
+    ForwardOptions fo;
+    std::optional<SlotStateCache> slots;
+
+    mutable std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::unique_ptr<Sequence>> queue;   // guarded by mu
+    std::unordered_set<uint64_t> cancels;          // guarded by mu
+    bool stopping = false;                         // guarded by mu
+    uint64_t next_id = 1;                          // guarded by mu
+    EngineStats st;                                // guarded by mu
+    std::vector<std::unique_ptr<Sequence>> active;  // scheduler thread only
+    std::vector<int> free_slots;                    // scheduler thread only
+    bool last_step_decoded = false;                 // scheduler thread only
+    std::thread thread;
+
+    void emit(Sequence& s, const std::string& text, bool& hit) {
+        s.r.text += text;
+        if (!text.empty() && s.cb.on_text && !s.cb.on_text(text)) hit = true;
+    }
+
+    void finish(Sequence& s, std::string reason) {
+        if (s.dec && reason != "error" && reason != "cancelled") {
+            bool hit = false;
+            std::string tail = s.filter->push(s.dec->flush(), hit);
+            if (!hit) tail += s.filter->flush();
+            else reason = "stop";
+            bool ignored = false;
+            emit(s, tail, ignored);
+        }
+        const auto now = clock::now();
+        s.r.finish_reason = std::move(reason);
+        if (s.started != clock::time_point{}) {
+            const auto pd = s.prompt_done == clock::time_point{} ? now : s.prompt_done;
+            s.r.prompt_seconds = seconds(s.started, pd);
+            s.r.generate_seconds = seconds(pd, now);
+        }
+        if (s.cb.on_done) s.cb.on_done(s.r);
+        if (s.slot >= 0) free_slots.push_back(s.slot);
+        s.slot = -1;
+    }
+
+    // The sampled token of a step: stream it, then decide whether the request goes on.
+    // Returns false when it finished. Same order of checks as a single run always had.
+    bool take_token(Sequence& s, int32_t token) {
+        s.r.ids.push_back(token);
+        if (s.cb.on_token) s.cb.on_token(token);
+        if (!s.req.ignore_eos && lm.tokenizer && lm.tokenizer->is_end_of_generation(token)) {
+            finish(s, "stop");
+            return false;
+        }
+        bool hit = false;
+        if (s.dec) emit(s, s.filter->push(s.dec->push(token), hit), hit);
+        if (hit) {
+            s.dec.reset();  // the rest is dropped
+            finish(s, "stop");
+            return false;
+        }
+        if (int(s.r.ids.size()) >= s.req.max_tokens) {
+            finish(s, "length");
+            return false;
+        }
+        s.next = token;
+        s.decoding = true;
+        return true;
+    }
+
+    void admit_and_cancel() {
+        std::vector<std::unique_ptr<Sequence>> dropped;  // finished outside the lock (on_done may submit)
+        std::unique_lock<std::mutex> lock(mu);
+        for (auto it = queue.begin(); it != queue.end();) {
+            if (cancels.erase((*it)->id)) {
+                dropped.push_back(std::move(*it));
+                it = queue.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        for (auto& s : active)
+            if (cancels.erase(s->id)) s->cancelled = true;
+        cancels.clear();  // ids that matched nothing (finished, unknown)
+        while (!queue.empty() && !free_slots.empty()) {
+            std::unique_ptr<Sequence> s = std::move(queue.front());
+            queue.pop_front();
+            s->slot = free_slots.back();
+            free_slots.pop_back();
+            active.push_back(std::move(s));
+        }
+        st.active = int(active.size());
+        st.queued = int(queue.size());
+        lock.unlock();
+        for (auto& s : dropped) finish(*s, "cancelled");
+    }
+
+    void start(Sequence& s) {
+        slots->reset(s.slot);
+        s.started = clock::now();
+        s.r.queue_seconds = seconds(s.submitted, s.started);
+        s.sampler.emplace(SamplerParams{s.req.sampling.temperature, s.req.sampling.top_k, s.req.sampling.top_p,
+                                        s.req.sampling.min_p, s.req.sampling.seed});
+        if (s.req.text) s.dec.emplace(*lm.tokenizer);
+        s.filter.emplace(s.req.stop);
+    }
+
+    void step() {
+        // Requests that leave before running: cancelled, or nothing to generate.
+        for (auto& s : active) {
+            if (s->started == clock::time_point{} && !s->cancelled) start(*s);
+            if (s->cancelled) finish(*s, "cancelled");
+            else if (s->req.max_tokens == 0) finish(*s, "length");
+        }
+        active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }), active.end());
+        if (active.empty()) return;
+
+        // Which step: every decoding request (one token each), or the next prompt piece of the
+        // oldest prefilling request on its own; the two alternate while both wait.
+        Batch batch;
+        std::vector<Sequence*> order;       // batch sequence i -> its request
+        std::vector<int> piece;             // prompt tokens of batch sequence i (0: decode)
+        Sequence* prefill = nullptr;
+        bool any_decoding = false;
+        for (auto& s : active) {
+            if (s->decoding) any_decoding = true;
+            else if (!prefill) prefill = s.get();
+        }
+        const bool any_prompt = prefill && (!any_decoding || last_step_decoded);
+        if (any_prompt) {
+            Sequence& s = *prefill;
+            const int n = int(std::min<size_t>(size_t(fo.max_batch), s.req.prompt.size() - s.fed));
+            const bool last = s.fed + size_t(n) == s.req.prompt.size();
+            batch.add(s.slot, s.req.prompt.data() + s.fed, n, last ? BatchLogits::Last : BatchLogits::None,
+                      fo.gdn_mode == ref::GdnMode::Serial);
+            order.push_back(&s);
+            piece.push_back(n);
+        } else {
+            for (auto& s : active)
+                if (s->decoding) {
+                    batch.add(s->slot, &s->next, 1, BatchLogits::Last, /*serial=*/true);
+                    order.push_back(s.get());
+                    piece.push_back(0);
+                }
+        }
+        last_step_decoded = !any_prompt;
+        ForwardOptions run = fo;
+        if (!any_prompt) run.gdn_mode = ref::GdnMode::Serial;  // a decode-only step: its plans and labels
+        const size_t V = size_t(lm.model->hparams().n_vocab);
+        std::vector<float> logits(size_t(batch.logit_rows()) * V);
+        try {
+            lm.model->forward(slots->state(), batch, run, logits.data());
+        } catch (const std::exception& e) {
+            // Nothing a request can send reaches here (submit checks ids and sizes); fail the
+            // step's requests rather than the engine.
+            for (Sequence* s : order) {
+                s->r.error = e.what();
+                finish(*s, "error");
+            }
+            active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }),
+                         active.end());
+            return;
+        }
+        size_t row = 0;
+        for (size_t i = 0; i < order.size(); ++i) {
+            Sequence& s = *order[i];
+            if (piece[i] > 0) {
+                s.fed += size_t(piece[i]);
+                if (s.fed < s.req.prompt.size()) continue;  // no logits yet
+                s.prompt_done = clock::now();
+            }
+            const int32_t token = s.sampler->sample(logits.data() + row * V, int(V));
+            ++row;
+            take_token(s, token);
+        }
+        active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }), active.end());
+        std::lock_guard<std::mutex> lock(mu);
+        ++st.steps;
+        st.max_batch_sequences = std::max(st.max_batch_sequences, int(batch.seqs.size()));
+        for (size_t i = 0; i < order.size(); ++i) {
+            if (piece[i] > 0) st.prompt_tokens += uint64_t(piece[i]);
+            else ++st.generated_tokens;
+        }
+        st.active = int(active.size());
+    }
+
+    void loop() {
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lock(mu);
+                cv.wait(lock, [&] { return stopping || !queue.empty() || !active.empty() || !cancels.empty(); });
+                if (stopping) {
+                    for (auto& s : queue) cancels.insert(s->id);
+                    for (auto& s : active) cancels.insert(s->id);
+                }
+            }
+            admit_and_cancel();
+            step();
+            std::lock_guard<std::mutex> lock(mu);
+            if (stopping && queue.empty() && active.empty()) return;
+        }
+    }
+};
+
+Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
+    Impl& m = *impl_;
+    m.opt = options;
+    EngineOptions& o = m.opt;
+    if (o.n_parallel < 1 || o.n_parallel > 256)
+        throw Error("engine: n_parallel must be in [1, 256], got " + std::to_string(o.n_parallel));
+    if (o.n_ctx < 2) throw Error("engine: n_ctx must be at least 2, got " + std::to_string(o.n_ctx));
+    if (o.threads < 0) throw Error("engine: threads must be >= 0, got " + std::to_string(o.threads));
+    if (o.gdn == "serial") m.fo.gdn_mode = ref::GdnMode::Serial;
+    else if (o.gdn == "chunked") m.fo.gdn_mode = ref::GdnMode::Chunked;
+    else throw Error("engine: gdn must be 'serial' or 'chunked', got '" + o.gdn + "'");
+    if (o.gdn_chunk < 1 || o.gdn_chunk > 1024) throw Error("engine: gdn_chunk must be in [1, 1024], got " + std::to_string(o.gdn_chunk));
+    if (o.batch_size < o.gdn_chunk)
+        throw Error("engine: batch_size must be >= gdn_chunk (" + std::to_string(o.gdn_chunk) + "), got " + std::to_string(o.batch_size));
+    m.fo.gdn_chunk = o.gdn_chunk;
+    m.fo.max_batch = o.batch_size / o.gdn_chunk * o.gdn_chunk;
+    const KvCacheTypes kv{cache_type(o.cache_type_k, "cache_type_k"), cache_type(o.cache_type_v, "cache_type_v")};
+    if (o.threads > 0) cpu::set_n_threads(o.threads);
+    if (o.model_path.empty()) o.model_path = default_model_path();
+    m.lm = load_model(o.model_path, o.mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident);
+    m.slots.emplace(*m.lm.model, o.n_parallel, o.n_ctx, kv);
+    for (int s = o.n_parallel - 1; s >= 0; --s) m.free_slots.push_back(s);  // slot 0 first
+    m.thread = std::thread([&m] { m.loop(); });
+}
+
+Engine::~Engine() {
+    {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        impl_->stopping = true;
+    }
+    impl_->cv.notify_all();
+    impl_->thread.join();
+}
+
+uint64_t Engine::submit(GenerationRequest request, GenerationCallbacks callbacks) {
+    Impl& m = *impl_;
+    const int V = m.lm.model->hparams().n_vocab, n_ctx = m.opt.n_ctx;
+    if (request.prompt.empty()) throw Error("request: the prompt is empty");
+    for (size_t i = 0; i < request.prompt.size(); ++i)
+        if (request.prompt[i] < 0 || request.prompt[i] >= V)
+            throw Error("request: prompt token " + std::to_string(i) + " is id " + std::to_string(request.prompt[i]) +
+                        ", outside the vocabulary [0, " + std::to_string(V) + ")");
+    const int64_t n = int64_t(request.prompt.size());
+    if (n >= n_ctx)
+        throw Error("request: the prompt is " + std::to_string(n) + " tokens, the context holds " + std::to_string(n_ctx));
+    if (request.max_tokens < 0) request.max_tokens = int(n_ctx - n);
+    if (n + request.max_tokens > n_ctx)
+        throw Error("request: prompt (" + std::to_string(n) + " tokens) + " + std::to_string(request.max_tokens) +
+                    " tokens to generate exceeds the context size of " + std::to_string(n_ctx));
+    if (request.text) m.lm.require_tokenizer();
+    auto s = std::make_unique<Sequence>();
+    s->req = std::move(request);
+    s->cb = std::move(callbacks);
+    s->r.n_prompt = int(n);
+    s->submitted = clock::now();
+    uint64_t id;
+    {
+        std::lock_guard<std::mutex> lock(m.mu);
+        if (m.stopping) throw Error("engine: shutting down");
+        id = s->id = m.next_id++;
+        m.queue.push_back(std::move(s));
+        m.st.queued = int(m.queue.size());
+    }
+    m.cv.notify_all();
+    return id;
+}
+
+void Engine::cancel(uint64_t id) {
+    {
+        std::lock_guard<std::mutex> lock(impl_->mu);
+        impl_->cancels.insert(id);
+    }
+    impl_->cv.notify_all();
+}
+
+GenerationResult Engine::generate(GenerationRequest request, std::function<bool(const std::string&)> on_text,
+                                  std::function<void(int32_t)> on_token) {
+    std::promise<GenerationResult> done;
+    std::future<GenerationResult> result = done.get_future();
+    GenerationCallbacks cb;
+    cb.on_text = std::move(on_text);
+    cb.on_token = std::move(on_token);
+    cb.on_done = [&done](const GenerationResult& r) { done.set_value(r); };
+    submit(std::move(request), std::move(cb));
+    GenerationResult r = result.get();
+    if (r.finish_reason == "error") throw Error("engine: " + r.error);
+    return r;
+}
+
+bool Engine::has_tokenizer() const { return impl_->lm.tokenizer.has_value(); }
+
+std::vector<int32_t> Engine::tokenize(const std::string& text, bool parse_special) const {
+    return impl_->lm.require_tokenizer().encode(text, parse_special);
+}
+
+std::string Engine::chat_prompt(const std::vector<ChatTurn>& turns, bool add_generation_prompt,
+                                bool enable_thinking) const {
+    std::vector<ChatMessage> msgs;
+    msgs.reserve(turns.size());
+    for (const ChatTurn& t : turns) msgs.push_back({t.role, t.content, t.reasoning_content});
+    return apply_chat_template(msgs, add_generation_prompt, enable_thinking);
+}
+
+const EngineOptions& Engine::options() const { return impl_->opt; }
+
+int Engine::n_vocab() const { return impl_->lm.model->hparams().n_vocab; }
+
+EngineStats Engine::stats() const {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    return impl_->st;
+}
+
+}  // namespace alloy

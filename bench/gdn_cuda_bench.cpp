@@ -357,8 +357,8 @@ namespace {
 
 void decode_table(double tbs, int only_hv, int only_b, int reps) {
     std::printf("| H_v | B | floor us | delta rule us | %% of floor | fused op us (conv + norms + gates + delta + gated "
-                "norm; the gate's path) | one launch us | three launches us |\n"
-                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "norm; the gate's path) | one launch us | three launches us | one launch, seq_slots us |\n"
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-0.1f, 0.1f);
@@ -457,6 +457,17 @@ void decode_table(double tbs, int only_hv, int only_b, int reps) {
             };
             const double fused_us = fused(GdnFusedPath::Auto), one_us = fused(GdnFusedPath::OneLaunch),
                          three_us = fused(GdnFusedPath::ThreeLaunches);
+            // The one launch with a seq_slots array on the device (sequence s on slot B-1-s): the
+            // slot is one more dependent load before the conv window and the state.
+            std::vector<int32_t> h_slots(static_cast<size_t>(B));
+            for (int s = 0; s < B; ++s) h_slots[size_t(s)] = B - 1 - s;
+            int32_t* dslots;
+            CHECK(cudaMalloc(&dslots, size_t(B) * 4));
+            CHECK(cudaMemcpy(dslots, h_slots.data(), size_t(B) * 4, cudaMemcpyHostToDevice));
+            const double slots_us = time_us([&] {
+                alloy::cuda::gdn_fused(gp, w, B, doffs, B, fq, fz, fa, fb, fcs, ds, fy, ws, st, GdnFusedPath::OneLaunch, dslots);
+            });
+            cudaFree(dslots);
             const double floor_us = 2.0 * double(state.size()) * 4 / (tbs * 1e12) * 1e6;
 #ifdef ALLOY_GDN_EXP_CLOCK
             {  // one-launch kernel, phase cycles of thread 0 (mean over blocks, max), and span
@@ -479,8 +490,8 @@ void decode_table(double tbs, int only_hv, int only_b, int reps) {
                 std::printf("\n");
             }
 #endif
-            std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n", H_v, B, floor_us, us, 100 * floor_us / us,
-                        fused_us, one_us, three_us);
+            std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f | %.2f |\n", H_v, B, floor_us, us,
+                        100 * floor_us / us, fused_us, one_us, three_us, slots_us);
             for (void* p : {(void*)fq, (void*)fz, (void*)fa, (void*)fb, (void*)fcw, (void*)fcs, (void*)fsa, (void*)fdt,
                             (void*)fn, (void*)fy, ws})
                 cudaFree(p);

@@ -114,6 +114,7 @@ struct DeltaArgs {
     float eps, q_scale;
     float* state;
     float* out;                                 // [T, H_v, d_v]
+    const int32_t* slots;                       // [n_seqs] state slot of each sequence (nullptr: slot = sequence)
 };
 
 __device__ __forceinline__ float sigmoidf_(float x) {  // never exponentiates a large positive number
@@ -236,7 +237,7 @@ __device__ __forceinline__ void delta_tokens(float (&s)[kC][kE], int j0, int h, 
         const float *__restrict__ Av, int qk_stride, int v_stride, const float *__restrict__ Ag,                      \
         const float *__restrict__ Abeta, const float *__restrict__ Aa, const float *__restrict__ Ab,                  \
         const float *__restrict__ ssm_a, const float *__restrict__ dt_bias, float eps, float q_scale,                 \
-        float *__restrict__ state, float *__restrict__ out
+        float *__restrict__ state, float *__restrict__ out, const int32_t *__restrict__ slots
 #define DELTA_INPUTS sh, Aq, Ak, Av, qk_stride, v_stride, Ag, Abeta, Aa, Ab, ssm_a, dt_bias, eps, q_scale, out
 
 // One wave: a warp per kC columns of a (sequence, head) (the grid's x: column blocks, y: head,
@@ -249,7 +250,8 @@ __global__ void __launch_bounds__(kWarps * 32, kC == 4 ? ALLOY_GDN_DELTA_MINB : 
     const int d_k = sh.d_k, d_v = sh.d_v, H_v = sh.H_v;
     if (j0 >= d_v) return;
     const int kh = sh.tiled ? h % sh.H_k : h / (H_v / sh.H_k);  // ref::GdnShape::key_head (host-only)
-    float* S = state + ((size_t)seq * H_v + h) * d_v * d_k;
+    const int slot = slots ? slots[seq] : seq;
+    float* S = state + ((size_t)slot * H_v + h) * d_v * d_k;
 
     // The state columns before the sequence's offsets: the offsets' load latency then overlaps
     // the long pole instead of preceding it (an empty sequence only reads its state).
@@ -278,12 +280,13 @@ constexpr int kMaxConvK = 8;
 // tokens in order): u = silu(sum over taps of w * input), taps oldest first as the reference
 // sums them; the last K-1 inputs become the new conv state.
 __global__ void conv_silu_kernel(const int32_t* __restrict__ offs, const float* __restrict__ qkv, int conv_dim, int K,
-                                 const float* __restrict__ w, float* __restrict__ conv_state, float* __restrict__ u) {
+                                 const float* __restrict__ w, float* __restrict__ conv_state, float* __restrict__ u,
+                                 const int32_t* __restrict__ slots) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x, seq = blockIdx.y;
     if (c >= conv_dim) return;
     const int t0 = offs[seq], t1 = offs[seq + 1];
     if (t0 == t1) return;
-    float* hist = conv_state + ((size_t)seq * conv_dim + c) * (K - 1);
+    float* hist = conv_state + ((size_t)(slots ? slots[seq] : seq) * conv_dim + c) * (K - 1);
     float win[kMaxConvK];
     for (int i = 0; i < K - 1; ++i) win[i] = hist[i];
     float wt[kMaxConvK];
@@ -350,6 +353,7 @@ struct FusedArgs {
     const float *qkv, *z, *a, *b;
     const float *conv_w, *ssm_a, *dt_bias, *norm;
     float *conv_state, *state, *y;
+    const int32_t* slots;  // [n_seqs] state slot of each sequence (nullptr: slot = sequence)
     int K;       // conv taps
     int n_tokens; // rows of qkv, z, a, b (the split kernel's speculative loads stay below it)
     int C;       // blocks per value head
@@ -414,6 +418,7 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
     const int seq = blockIdx.y, P = g * C;
     const int kh = blockIdx.x / P, rank = blockIdx.x % P, hi = rank / C, cb = rank % C;
     const int h = A.sh.tiled ? kh + H_k * hi : kh * g + hi;
+    const int slot = A.slots ? A.slots[seq] : seq;
     FCLK_START();
     const int t0 = A.offs[seq], t1 = A.offs[seq + 1];
     if (t0 == t1) return;  // the whole cluster (one sequence) leaves: no barrier is left waiting
@@ -437,7 +442,7 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
     float* win_s = part_s + size_t(C) * kTokTile;
 
     // The state columns first: their loads are the long pole, the conv's overlap them.
-    float* S = A.state + ((size_t)seq * H_v + h) * d_v * d_k;
+    float* S = A.state + ((size_t)slot * H_v + h) * d_v * d_k;
     float s[kColsPerWarp][kE];
 #pragma unroll
     for (int c = 0; c < kColsPerWarp; ++c) {
@@ -446,7 +451,7 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
 #pragma unroll
             for (int e = 0; e < kE; ++e) s[c][e] = 0.0f;
     }
-    float* hist = A.conv_state + (size_t)seq * conv_dim * Km1;
+    float* hist = A.conv_state + (size_t)slot * conv_dim * Km1;
 
     for (int tb = t0; tb < t1; tb += kTokTile) {
         const int nt = min(kTokTile, t1 - tb);
@@ -673,8 +678,9 @@ __device__ __forceinline__ float group8_sum(float x) {
 }
 
 // kP: 4-column passes per delta warp (cols <= 4 kP kSplitMaxWarps); kK: conv taps held (K <= kK);
-// kCh: conv channels per thread.
-template <bool kVec, int kP, int kK, int kCh>
+// kCh: conv channels per thread; kSlots: seq_slots given (else slot = sequence, and no load: a
+// dependent load there measured +0.26 us at H_v 48, B = 1).
+template <bool kVec, int kP, int kK, int kCh, bool kSlots>
 __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(const FusedArgs A) {
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
@@ -698,6 +704,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
     // correct), the conv weights and windows, the gate parameters, the norm weight, and last
     // the state columns (needed only after the conv).
     const int t0 = A.offs[seq], t1 = A.offs[seq + 1];
+    const int slot = kSlots ? A.slots[seq] : seq;
     size_t gcs[kCh];
 #pragma unroll
     for (int c = 0; c < kCh; ++c) {
@@ -717,7 +724,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
 #pragma unroll
     for (int c = 0; c < kCh; ++c) {
         const int l = tid + c * nthreads;
-        const float* hist = A.conv_state + (size_t)seq * conv_dim * Km1 + gcs[c] * Km1;
+        const float* hist = A.conv_state + (size_t)slot * conv_dim * Km1 + gcs[c] * Km1;
 #pragma unroll
         for (int i = 0; i < kK; ++i) {
             win[c][i] = l < nch && i < Km1 ? hist[i] : 0.0f;
@@ -726,7 +733,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
     }
     const float sa = A.ssm_a[h], dtb = A.dt_bias[h];
     const float nw = y_thread ? A.norm[col0 + tid] : 0.0f;
-    float* S = A.state + ((size_t)seq * H_v + h) * d_v * d_k;
+    float* S = A.state + ((size_t)slot * H_v + h) * d_v * d_k;
     float s[kP][16];
 #pragma unroll
     for (int p = 0; p < kP; ++p) {
@@ -850,7 +857,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
     for (int c = 0; c < kCh; ++c) {
         const int l = tid + c * nthreads;
         if (l < nch && (l >= 2 * d_k || rank == 0)) {
-            float* hist = A.conv_state + (size_t)seq * conv_dim * Km1 + gcs[c] * Km1;
+            float* hist = A.conv_state + (size_t)slot * conv_dim * Km1 + gcs[c] * Km1;
 #pragma unroll
             for (int i = 0; i < kK - 1; ++i)
                 if (i < Km1) hist[i] = win[c][i];
@@ -879,7 +886,7 @@ void launch_delta(const DeltaArgs& A, bool prep, int n_seqs, void* stream, const
     const dim3 grid((A.sh.d_v + cols_per_block - 1) / cols_per_block, A.sh.H_v, n_seqs);
     auto run = [&](auto kernel) {
         kernel<<<grid, kWarps * 32, 0, st>>>(A.sh, A.offs, A.q, A.k, A.v, int(A.qk_stride), int(A.v_stride), A.g, A.beta,
-                                             A.a, A.b, A.ssm_a, A.dt_bias, A.eps, A.q_scale, A.state, A.out);
+                                             A.a, A.b, A.ssm_a, A.dt_bias, A.eps, A.q_scale, A.state, A.out, A.slots);
     };
     auto pick = [&](auto prep_c) {
         constexpr bool P = decltype(prep_c)::value;
@@ -962,7 +969,7 @@ FusedPlan fused_plan(FusedKernel kernel, int g, int d_k, int d_v, int K) {
 // shape, so the occupancy query stays out of graph captures after the first call.
 struct SplitPlan {
     int C = 0, cols = 0, warps = 0, max_clusters = 0;
-    FusedKernel kernel = nullptr;
+    FusedKernel kernel = nullptr, kernel_slots = nullptr;  // without / with seq_slots
 };
 #ifndef ALLOY_GDN_SPLIT_GATE_WAVES
 #define ALLOY_GDN_SPLIT_GATE_WAVES 1
@@ -998,11 +1005,18 @@ SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
         const int cols = (sh.d_v + C - 1) / C, kP = cols > 64 ? 2 : 1;
         const int dwarps = (cols + 4 * kP - 1) / (4 * kP), nch = 2 * sh.d_k + cols;
         const int warps = std::max(dwarps, (nch + 31) / 32);
-        FusedKernel kern = nullptr;
-        if (K <= 4) kern = kP == 1 ? (vec ? fused_split_kernel<true, 1, 4, 1> : fused_split_kernel<false, 1, 4, 1>)
-                                   : (vec ? fused_split_kernel<true, 2, 4, 1> : fused_split_kernel<false, 2, 4, 1>);
-        else kern = kP == 1 ? (vec ? fused_split_kernel<true, 1, 8, 1> : fused_split_kernel<false, 1, 8, 1>)
-                            : (vec ? fused_split_kernel<true, 2, 8, 1> : fused_split_kernel<false, 2, 8, 1>);
+        FusedKernel kern = nullptr, kern_s = nullptr;
+        if (K <= 4) {
+            kern = kP == 1 ? (vec ? fused_split_kernel<true, 1, 4, 1, false> : fused_split_kernel<false, 1, 4, 1, false>)
+                           : (vec ? fused_split_kernel<true, 2, 4, 1, false> : fused_split_kernel<false, 2, 4, 1, false>);
+            kern_s = kP == 1 ? (vec ? fused_split_kernel<true, 1, 4, 1, true> : fused_split_kernel<false, 1, 4, 1, true>)
+                             : (vec ? fused_split_kernel<true, 2, 4, 1, true> : fused_split_kernel<false, 2, 4, 1, true>);
+        } else {
+            kern = kP == 1 ? (vec ? fused_split_kernel<true, 1, 8, 1, false> : fused_split_kernel<false, 1, 8, 1, false>)
+                           : (vec ? fused_split_kernel<true, 2, 8, 1, false> : fused_split_kernel<false, 2, 8, 1, false>);
+            kern_s = kP == 1 ? (vec ? fused_split_kernel<true, 1, 8, 1, true> : fused_split_kernel<false, 1, 8, 1, true>)
+                             : (vec ? fused_split_kernel<true, 2, 8, 1, true> : fused_split_kernel<false, 2, 8, 1, true>);
+        }
         if (warps <= kSplitMaxWarps) {
             cudaLaunchConfig_t cfg{};
             cfg.gridDim = dim3(unsigned(g * C), 1, 1);
@@ -1017,6 +1031,7 @@ SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
             int mc = 0;
             if (cudaOccupancyMaxActiveClusters(&mc, kern, &cfg) == cudaSuccess && mc > 0) {
                 pl.C = C, pl.cols = cols, pl.warps = warps, pl.max_clusters = mc, pl.kernel = kern;
+                pl.kernel_slots = kern_s;
             } else {
                 cudaGetLastError();
             }
@@ -1030,7 +1045,8 @@ SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
 // gates, the gated RMSNorm.
 void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                           int n_tokens, const float* qkv, const float* z, const float* a, const float* b,
-                          float* conv_state, float* state, float* y, void* workspace, void* stream, const char* op) {
+                          float* conv_state, float* state, float* y, void* workspace, void* stream,
+                          const int32_t* seq_slots, const char* op) {
     const ref::GdnShape& sh = p.shape;
     if (workspace == nullptr) throw Error(std::string(op) + ": workspace is null (gdn_fused_workspace_bytes)");
     const int key_dim = sh.H_k * sh.d_k, value_dim = sh.H_v * sh.d_v, conv_dim = 2 * key_dim + value_dim;
@@ -1039,10 +1055,10 @@ void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int
     float* o = u + size_t(n_tokens) * conv_dim;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
     conv_silu_kernel<<<dim3((conv_dim + 127) / 128, n_seqs), 128, 0, st>>>(seq_offsets, qkv, conv_dim, p.conv_kernel,
-                                                                           w.conv1d, conv_state, u);
+                                                                           w.conv1d, conv_state, u, seq_slots);
     check_launch(op);
     DeltaArgs A{sh, seq_offsets, u, u + key_dim, u + 2 * key_dim, conv_dim, conv_dim, nullptr, nullptr, a, b,
-                w.ssm_a, w.dt_bias, p.eps, 1.0f / sqrtf(float(sh.d_k)), state, o};
+                w.ssm_a, w.dt_bias, p.eps, 1.0f / sqrtf(float(sh.d_k)), state, o, seq_slots};
     launch_delta(A, true, n_seqs, stream, op);
     const int64_t pairs = int64_t(n_tokens) * sh.H_v;
     gated_norm_kernel<<<unsigned((pairs + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(seq_offsets, n_seqs, n_tokens,
@@ -1074,7 +1090,7 @@ void gdn_delta_serial(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
     check_shape(shape, n_seqs, op);
     if (n_seqs <= 0) return;
     DeltaArgs A{shape, seq_offsets, q, k, v, int64_t(shape.H_k) * shape.d_k, int64_t(shape.H_v) * shape.d_v,
-                g, beta, nullptr, nullptr, nullptr, nullptr, 0.0f, 1.0f, state, out};
+                g, beta, nullptr, nullptr, nullptr, nullptr, 0.0f, 1.0f, state, out, nullptr};
     launch_delta(A, false, n_seqs, stream, op);
 }
 
@@ -1086,7 +1102,7 @@ size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_tokens) {
 
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
-               float* y, void* workspace, void* stream, GdnFusedPath path) {
+               float* y, void* workspace, void* stream, GdnFusedPath path, const int32_t* seq_slots) {
     const char* op = "cuda::gdn_fused";
     const ref::GdnShape& sh = p.shape;
     check_shape(sh, n_seqs, op);
@@ -1103,7 +1119,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
     // through distributed shared memory).
     const SplitPlan sp = split_plan(sh, p.conv_kernel, vec);
     const bool split = sp.C > 0;
-    const FusedKernel kernel = split ? sp.kernel
+    const FusedKernel kernel = split ? (seq_slots ? sp.kernel_slots : sp.kernel)
                                : sh.d_k <= 128 ? (vec ? fused_serial_kernel<true, 4> : fused_serial_kernel<false, 4>)
                                                : (vec ? fused_serial_kernel<true, kElems> : fused_serial_kernel<false, kElems>);
     const FusedPlan plan = path == GdnFusedPath::ThreeLaunches || split ? FusedPlan{}
@@ -1120,7 +1136,8 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
                       (split ? int64_t(sh.H_k) * n_seqs <= int64_t(sp.max_clusters) * kSplitGateWaves
                              : plan.C > 0 && int64_t(sh.H_k) * n_seqs <= plan.max_clusters));
     if (!one) {
-        fused_three_launches(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream, op);
+        fused_three_launches(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream,
+                             seq_slots, op);
         return;
     }
     if (split) {
@@ -1130,6 +1147,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
         A.qkv = qkv, A.z = z, A.a = a, A.b = b;
         A.conv_w = w.conv1d, A.ssm_a = w.ssm_a, A.dt_bias = w.dt_bias, A.norm = w.norm;
         A.conv_state = conv_state, A.state = state, A.y = y;
+        A.slots = seq_slots;
         A.K = p.conv_kernel;
         A.C = sp.C;
         A.cols = sp.cols;
@@ -1158,6 +1176,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
     A.qkv = qkv, A.z = z, A.a = a, A.b = b;
     A.conv_w = w.conv1d, A.ssm_a = w.ssm_a, A.dt_bias = w.dt_bias, A.norm = w.norm;
     A.conv_state = conv_state, A.state = state, A.y = y;
+    A.slots = seq_slots;
     A.K = p.conv_kernel;
     A.C = plan.C;
     A.cols = plan.cols;

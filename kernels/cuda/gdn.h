@@ -29,6 +29,11 @@ void gdn_delta_serial(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
 // workspace: gdn_fused_workspace_bytes(p, n_tokens) bytes of device memory, 16-byte aligned
 // (the caller owns it, as a recorded plan owns its buffers; only the three-launch path reads
 // it). conv_kernel <= 8.
+// seq_slots: as in ref::gdn_fused (conv_state [slots, conv_dim, K-1], state [slots, H_v, d_v,
+// d_k]; sequence s updates slot seq_slots[s], the slots distinct), but a device pointer to
+// [n_seqs] int32, read by the kernels (a captured graph replays with whatever slots the array
+// holds then); nullptr: sequence s uses slot s. A sequence's bits depend neither on its slot
+// nor on the other sequences of the call.
 //
 // Two paths, the same contract (each token's bits are those of its sequence's decode calls
 // on either path; the two paths round differently in the last bits):
@@ -42,7 +47,8 @@ enum class GdnFusedPath { Auto, OneLaunch, ThreeLaunches };
 size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_tokens);
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
-               float* y, void* workspace, void* stream = nullptr, GdnFusedPath path = GdnFusedPath::Auto);
+               float* y, void* workspace, void* stream = nullptr, GdnFusedPath path = GdnFusedPath::Auto,
+               const int32_t* seq_slots = nullptr);
 
 // ref::gdn_delta_chunked on device arrays (chunk size 64, d_k = d_v = 128 only; other dims and
 // chunk sizes throw alloy::Error naming the field). Two stages with bf16 tensor-core products,

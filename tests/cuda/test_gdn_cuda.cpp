@@ -309,6 +309,75 @@ TEST(CudaGdn, FusedBatchGivesTheOneSequenceBits) {
     }
 }
 
+// A batch of sequences on a 5-slot state (seq_slots on the device, slot 2 unused): y and every
+// slot's conv and recurrent state are bit-identical to running each sequence alone on its slot
+// (nullptr slots, pointers offset to the slot), the unused slot stays untouched, and the
+// result is within the usual tolerance of ref::gdn_fused with the same slots. Every path: the
+// split one-launch kernel (d <= 128), the cluster kernel (d_k 256), the three launches.
+TEST(CudaGdn, FusedSlotsGiveEachSequenceItsOwnState) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const std::vector<int32_t> slots = {3, 0, 4, 1};
+    const int n_slots = 5;
+    struct Case { ref::GdnShape sh; std::vector<int32_t> offs; };
+    const std::vector<Case> cases = {
+        {{16, 16, 128, 128, true}, {0, 1, 2, 3, 4}},   // 0.8B decode batch (token s = sequence s)
+        {{16, 32, 128, 128, true}, {0, 5, 6, 6, 39}},  // ragged, an empty sequence, past a 16-token tile
+        {{2, 4, 256, 64, false}, {0, 5, 6, 6, 39}},    // d_k 256: the cluster kernel
+    };
+    uint32_t seed = 700;
+    for (const Case& c : cases) {
+        const ref::GdnShape& sh = c.sh;
+        const int n_tokens = c.offs.back(), n_seqs = int(c.offs.size()) - 1, K = 4;
+        const int conv_dim = 2 * sh.H_k * sh.d_k + sh.H_v * sh.d_v;
+        const size_t cs_n = size_t(conv_dim) * (K - 1), st_n = size_t(sh.H_v) * sh.d_v * sh.d_k;
+        // make_fused sizes the states for n_seqs slots; give it n_slots empty sequences' worth.
+        std::vector<int32_t> slot_offs(size_t(n_slots) + 1, 0);
+        FusedInputs in = make_fused(sh, K, slot_offs, n_tokens, seed++);
+        in.offs = c.offs;
+        std::vector<float> y_ref(in.z.size(), NAN), cs_ref = in.conv_state, st_ref = in.state;
+        const ref::GdnWeights rw{in.conv_w.data(), in.ssm_a.data(), in.dt_bias.data(), in.norm.data()};
+        ref::gdn_fused(in.p, rw, n_seqs, in.offs.data(), in.qkv.data(), in.z.data(), in.a.data(), in.b.data(),
+                       cs_ref.data(), st_ref.data(), y_ref.data(), slots.data());
+        for (const auto path : {cuda::GdnFusedPath::OneLaunch, cuda::GdnFusedPath::ThreeLaunches}) {
+            const std::string what = "H_v " + std::to_string(sh.H_v) + " d_k " + std::to_string(sh.d_k) + " T " +
+                                     std::to_string(n_tokens) + " path " + std::to_string(int(path));
+            DeviceArray<float> qkv(in.qkv), z(in.z), a(in.a), b(in.b), cw(in.conv_w), sa(in.ssm_a), dt(in.dt_bias),
+                norm(in.norm);
+            DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_fused_workspace_bytes(in.p, n_tokens)));
+            const ref::GdnWeights w{cw.p, sa.p, dt.p, norm.p};
+            // The batch on the slots.
+            DeviceArray<float> cs(in.conv_state), st(in.state), y(std::vector<float>(in.z.size(), NAN));
+            DeviceArray<int32_t> offs(in.offs), dslots(slots);
+            cuda::gdn_fused(in.p, w, n_seqs, offs.p, n_tokens, qkv.p, z.p, a.p, b.p, cs.p, st.p, y.p, ws.p, nullptr, path,
+                            dslots.p);
+            // Each sequence alone, on its slot.
+            DeviceArray<float> cs1(in.conv_state), st1(in.state), y1(std::vector<float>(in.z.size(), NAN));
+            for (int s = 0; s < n_seqs; ++s) {
+                DeviceArray<int32_t> o1(std::vector<int32_t>{in.offs[s], in.offs[s + 1]});
+                cuda::gdn_fused(in.p, w, 1, o1.p, n_tokens, qkv.p, z.p, a.p, b.p, cs1.p + size_t(slots[s]) * cs_n,
+                                st1.p + size_t(slots[s]) * st_n, y1.p, ws.p, nullptr, path);
+            }
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+            const std::vector<float> yb = y.host(), ya = y1.host(), csb = cs.host(), csa = cs1.host(), stb = st.host(),
+                                     sta = st1.host();
+            EXPECT_EQ(0, std::memcmp(yb.data(), ya.data(), yb.size() * 4)) << what << " (y)";
+            EXPECT_EQ(0, std::memcmp(csb.data(), csa.data(), csb.size() * 4)) << what << " (conv state)";
+            EXPECT_EQ(0, std::memcmp(stb.data(), sta.data(), stb.size() * 4)) << what << " (state)";
+            EXPECT_EQ(0, std::memcmp(stb.data() + 2 * st_n, in.state.data() + 2 * st_n, st_n * 4)) << what << " (unused slot)";
+            EXPECT_EQ(0, std::memcmp(csb.data() + 2 * cs_n, in.conv_state.data() + 2 * cs_n, cs_n * 4))
+                << what << " (unused slot's conv state)";
+            for (int s = 0; s < n_seqs; ++s)  // the slot of every non-empty sequence changed
+                if (in.offs[s + 1] > in.offs[s]) {
+                    EXPECT_NE(0, std::memcmp(stb.data() + slots[s] * st_n, in.state.data() + slots[s] * st_n, st_n * 4))
+                        << what << " slot " << slots[s];
+                }
+            EXPECT_LE(max_rel(yb, y_ref), 1e-4) << what << " (y against ref)";
+            EXPECT_LE(max_rel(csb, cs_ref), 0.0) << what << " (conv state against ref)";
+            EXPECT_LE(max_rel(stb, st_ref), 1e-4) << what << " (state against ref)";
+        }
+    }
+}
+
 TEST(CudaGdn, RejectsShapesItCannotRun) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     const int32_t* none = nullptr;

@@ -7,7 +7,7 @@
 // CUDA events, the median divided by `inner`. The weights of a GEMV rotate over as many
 // copies as make >= 256 MB, so L2 (50 MB) does not serve the repeats; the activations are
 // the model's, so at small T they may be L2-resident, as in the model.
-//   ops_cuda_bench [--quick] [--only matmul|small|embed|attention]
+//   ops_cuda_bench [--quick] [--only matmul|small|embed|attention|attn-decode] [--ctx N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -278,16 +278,69 @@ void bench_attention(bool quick) {
     }
 }
 
+// Decode and verification (T <= 4) at contexts 512..16384 on f16 and bf16 caches (K and V of
+// one type): the T tokens sit at depths ctx - T .. ctx - 1 (the last attends to ctx keys).
+// "cold": each call of the graph reads another copy of the caches, as many copies as make
+// >= 256 MB (up to 256), so L2 (60 MB) does not serve them, as in the model, where every
+// layer has its own cache and the weights stream through L2 between a layer's calls; "hot":
+// one copy, re-read (L2-resident up to ~8k keys). Bytes: the K and V rows read once.
+void bench_attention_decode(int64_t only_ctx) {
+    const int64_t max_ctx = 16384;
+    const size_t max_rows = size_t(max_ctx) * NKV * HD;  // elements of one cache copy at the largest context
+    const size_t region = size_t(256) << 20;            // bytes per cache (K or V) over all copies
+    Buf kbuf(region + max_rows * 2), vbuf(region + max_rows * 2);
+    for (GgmlType ty : {GgmlType::BF16, GgmlType::F16}) {
+        {  // one random copy at the largest size, replicated over the region (content is irrelevant to timing)
+            std::vector<uint16_t> h(max_rows);
+            for (Buf* b : {&kbuf, &vbuf}) {
+                for (auto& x : h) x = ty == GgmlType::BF16 ? fp32_to_bf16(uniform()) : fp32_to_fp16(uniform());
+                CHECK(cudaMemcpy(b->p, h.data(), max_rows * 2, cudaMemcpyHostToDevice));
+                for (size_t off = max_rows * 2; off + max_rows * 2 <= b->n; off += max_rows * 2)
+                    CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(b->p) + off, b->p, max_rows * 2, cudaMemcpyDeviceToDevice, g_stream));
+            }
+            CHECK(cudaStreamSynchronize(g_stream));
+        }
+        const ref::AttentionShape s{NH, NKV, HD, 1.0f / 16.0f, ty, ty};
+        for (int64_t ctx : {int64_t(512), int64_t(1024), int64_t(2048), int64_t(4096), int64_t(8192), int64_t(16384)})
+            for (int64_t T : {int64_t(1), int64_t(4)})
+                for (bool cold : {true, false}) {
+                    if (only_ctx && ctx != only_ctx) continue;
+                    const int64_t n_past = ctx - T;
+                    const size_t copy_bytes = size_t(ctx) * NKV * HD * 2;
+                    const int copies = cold ? int(std::min<size_t>(256, std::max<size_t>(1, region / copy_bytes))) : 1;
+                    Buf q(T * NH * HD * 4), out(T * NH * HD * 4), ws(cuda::attention_workspace_bytes(s, T, n_past));
+                    CHECK(cudaMemset(ws.p, 0, ws.n));
+                    fill_f32(q, size_t(T) * NH * HD, 1.0f);
+                    char what[96];
+                    std::snprintf(what, sizeof what, "attn decode %s ctx %lld T %lld %s", ty == GgmlType::BF16 ? "bf16" : "f16",
+                                  (long long)ctx, (long long)T, cold ? "cold" : "hot");
+                    const int inner = std::max(copies, 50);
+                    row_bw(what,
+                           time_us(
+                               [&](int i) {
+                                   const size_t off = size_t(i % copies) * copy_bytes;
+                                   cuda::attention(s, q.as<float>(), static_cast<uint8_t*>(kbuf.p) + off,
+                                                   static_cast<uint8_t*>(vbuf.p) + off, out.as<float>(), T, n_past, ws.p,
+                                                   g_stream);
+                               },
+                               inner),
+                           2.0 * double(ctx) * NKV * HD * 2);
+                }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     bool quick = false;
     std::string only;  // matmul, small, embed, attention (empty: all)
+    int64_t only_ctx = 0;  // attn-decode: one context only
     for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "--quick") == 0) quick = true;
         else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+        else if (std::strcmp(argv[i], "--ctx") == 0 && i + 1 < argc) only_ctx = std::atoll(argv[++i]);
         else {
-            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|small|embed|attention]\n");
+            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|small|embed|attention|attn-decode] [--ctx N]\n");
             return 2;
         }
     }
@@ -314,6 +367,7 @@ int main(int argc, char** argv) {
     }
     if (want("embed")) bench_embed_argmax();
     if (want("attention")) bench_attention(quick);
+    if (want("attention") || only == "attn-decode") bench_attention_decode(only_ctx);
     CHECK(cudaStreamDestroy(g_stream));
     return 0;
 }

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -78,11 +79,48 @@ bool use_tensor_cores(const ref::AttentionShape& s, int64_t T) {
     return T > kAttnDecodeMaxT && s.type_k == GgmlType::BF16 && s.type_v == GgmlType::BF16 && 64 % group == 0;
 }
 
+// The 16-bit decode kernel's constants (attn_decode_kernel below).
+#ifndef ALLOY_ATTN_DEC_WARPS
+#define ALLOY_ATTN_DEC_WARPS 4
+#endif
+constexpr int kDecWarps = ALLOY_ATTN_DEC_WARPS, kDecKeys = 8, kDecRows = 4;
+#ifndef ALLOY_ATTN_DEC_SPLITS
+#define ALLOY_ATTN_DEC_SPLITS 64
+#endif
+constexpr int kDecSplits = ALLOY_ATTN_DEC_SPLITS;
+constexpr int kDecMinChunk = kDecWarps * kDecKeys;  // one block step
+static_assert(kDecSplits <= 64 && kDecSplits <= kMaxSplits, "the merge block holds one split per thread");
+
+__host__ __device__ inline int64_t dec_chunk(int64_t n_keys) {
+    const int64_t want = (n_keys + kDecSplits - 1) / kDecSplits;
+    int64_t c = kDecMinChunk;
+    while (c < want) c <<= 1;
+    return c;
+}
+__host__ __device__ inline int dec_splits(int64_t n_keys) {
+    const int64_t c = dec_chunk(n_keys);
+    return int((n_keys + c - 1) / c);
+}
+
+// Query heads per decode block: the whole group when it fits in kDecRows rows.
+int dec_heads(int group) { return group <= kDecRows ? group : heads_per_block(group); }
+
+bool use_dec16(const ref::AttentionShape& s, int64_t T) {
+    auto b16 = [](GgmlType t) { return t == GgmlType::F16 || t == GgmlType::BF16; };
+    return T <= kAttnDecodeMaxT && b16(s.type_k) && b16(s.type_v);
+}
+
 Plan make_plan(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
     Plan p;
     if (use_tensor_cores(s, T)) return p;  // S = 1
     p.G = heads_per_block(s.n_head / s.n_head_kv);
     const int64_t max_keys = n_past + T;
+    if (use_dec16(s, T)) {  // attn_decode_kernel: splits by each token's key count
+        p.G = dec_heads(s.n_head / s.n_head_kv);
+        p.chunk = 0;
+        for (int64_t t = 0; t < T; ++t) p.S = std::max(p.S, dec_splits(n_past + t + 1));
+        return p;
+    }
     if (T <= kAttnDecodeMaxT) {
         // Decode is latency-bound: one head per block gives 4x the warps, each with a quarter
         // of the serial work; past 8k keys the group's shared K/V reads (HBM, not L2) win.
@@ -318,6 +356,282 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const Args a) {
         for (int s2 = 0; s2 < ns; ++s2) Os = fmaf(__ldcg(po + int64_t(s2) * HD), sm_w[g][s2], Os);
         a.out[th * HD + d] = Os / sm_L[g];  // with one split: O / L exactly, as the direct path
     }
+}
+
+// ---- decode on 16-bit caches (f16 / bf16 K and V, T <= kAttnDecodeMaxT) -------------------
+// A block of kDecWarps warps takes one token, one KV head and up to kDecRows of its query
+// heads (all 4 of the 0.8B's group: every K/V row fetched serves the whole group), over one
+// split of the token's keys. The splits are a function of the token's own key count n only
+// (dec_chunk: a power of two >= kDecMinChunk = 32 keys, so at most kDecSplits of them), so a
+// token's bits are those of a one-token call whatever T and n_past (verification = decode).
+// Warp w of 4 takes keys j0 + 32 i + 8 w .. + 8 (8 warps per block measured slower below 2k
+// keys and at T = 4: 213 registers give one block of 8 warps per SM): their K and V rows are loaded at once as raw 16-bit words (one
+// 16-byte load per lane per row at head_dim 256) and converted when used. The 8 keys x 4 rows
+// dot products are reduced with one reduce-scatter butterfly (31 shuffles for the 32 sums
+// instead of 5 per sum; each sum is still the xor-16, 8, 4, 2, 1 tree over the lanes), so lane
+// L ends with the score of key L / 4 and row L % 4; the online softmax keeps per-lane partial
+// sums of p (reduced over the row's lanes once at the end); p goes through shared memory as
+// one float4 per key for the PV step. The warps' (max, sum, o) merge in shared memory in warp
+// order; a token with one split writes out directly, else the partials go to the workspace
+// and attn_merge_kernel (launched with programmatic dependent launch, so it is resident and
+// waiting when this grid ends) merges them in split order, one block per (token, head, 64
+// dims). No counters, fences or atomics.
+struct DecArgs {
+    const float* q;
+    const void* k;
+    const void* v;
+    float* out;
+    float* part_o;   // [T, n_head, S, hd]
+    float* part_ml;  // [T, n_head, S, 2]
+    int64_t T, n_past;
+    int n_head, n_head_kv, group, G, S;
+    float scale;
+    bool k_bf, v_bf;  // bf16 (else f16)
+};
+
+template <int EPL>
+__device__ __forceinline__ void load_words(const void* base, int64_t idx, uint32_t (&w)[EPL / 2]) {
+    const unsigned short* p = static_cast<const unsigned short*>(base) + idx;
+    if constexpr (EPL == 8) {
+        const uint4 x = __ldg(reinterpret_cast<const uint4*>(p));
+        w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+    } else if constexpr (EPL == 4) {
+        const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+        w[0] = x.x, w[1] = x.y;
+    } else {
+        w[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
+    }
+}
+template <int EPL>
+__device__ __forceinline__ void words_to_f32(const uint32_t (&w)[EPL / 2], bool bf, float (&f)[EPL]) {
+    if (bf) {
+#pragma unroll
+        for (int i = 0; i < EPL / 2; ++i) f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+#pragma unroll
+        for (int i = 0; i < EPL / 2; ++i) {
+            f[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
+            f[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
+        }
+    }
+}
+
+// v[0..32): 32 partial sums per lane -> the full sum of slot `lane` (the xor 16, 8, 4, 2, 1
+// tree over the lanes, as a butterfly would give; fp32 addition commutes).
+__device__ __forceinline__ float reduce_scatter32(float (&v)[32], int lane) {
+#pragma unroll
+    for (int lvl = 0; lvl < 5; ++lvl) {
+        const int o = 16 >> lvl, h = o;
+        const bool up = lane & o;
+#pragma unroll
+        for (int i = 0; i < h; ++i) {
+            const float lo = v[i], hi = v[i + h];
+            const float keep = up ? hi : lo, send = up ? lo : hi;
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    return v[0];
+}
+
+template <int EPL>
+__global__ void __launch_bounds__(kDecWarps * 32, 1) attn_decode_kernel(const DecArgs a) {
+    constexpr int HD = EPL * 32, R = kDecRows;
+    static_assert(kDecKeys * R == 32, "one score per lane after the reduce-scatter");
+    __shared__ float sm_o[kDecWarps][R][HD];
+    __shared__ float sm_m[kDecWarps][R], sm_l[kDecWarps][R];
+    __shared__ __align__(16) float sm_p[kDecWarps][32];
+    // The merge kernel may be scheduled now: it waits for this grid's writes before reading.
+    asm volatile("griddepcontrol.launch_dependents;");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t t = a.T - 1 - blockIdx.z;  // the longest rows first
+    const int split = blockIdx.x;
+    const int tiles = a.group / a.G;
+    const int kvh = blockIdx.y / tiles, h0 = kvh * a.group + (blockIdx.y % tiles) * a.G;
+    const int64_t n_keys = a.n_past + t + 1;
+    const int64_t chunk = dec_chunk(n_keys);
+    const int64_t j0 = int64_t(split) * chunk;
+    if (j0 >= n_keys) return;  // this token has fewer splits
+    const int64_t j1 = min(j0 + chunk, n_keys);
+    const int ns = int((n_keys + chunk - 1) / chunk);
+    const int G = a.G;
+
+    float q[R][EPL];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r < G) {
+            const float* qh = a.q + (t * a.n_head + h0 + r) * HD + lane * EPL;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) q[r][e] = qh[e] * a.scale;
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) q[r][e] = 0.0f;
+        }
+    }
+    float m[R], acc[R][EPL], lpart = 0.0f;  // lpart: this lane's share of its row's sum of p
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        m[r] = -INFINITY;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[r][e] = 0.0f;
+    }
+    const int myrow = lane & 3, mykey = lane >> 2;
+    const int64_t kv_stride = int64_t(a.n_head_kv) * HD;
+    const int64_t col = int64_t(kvh) * HD + lane * EPL;
+    for (int64_t jb = j0 + int64_t(warp) * kDecKeys; jb < j1; jb += int64_t(kDecWarps) * kDecKeys) {
+        uint32_t kw[kDecKeys][EPL / 2], vw[kDecKeys][EPL / 2];
+#pragma unroll
+        for (int kk = 0; kk < kDecKeys; ++kk) {
+            if (jb + kk < j1) {
+                load_words<EPL>(a.k, (jb + kk) * kv_stride + col, kw[kk]);
+                load_words<EPL>(a.v, (jb + kk) * kv_stride + col, vw[kk]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < EPL / 2; ++i) kw[kk][i] = vw[kk][i] = 0u;
+            }
+        }
+        float sc[32];
+#pragma unroll
+        for (int kk = 0; kk < kDecKeys; ++kk) {
+            float kf[EPL];
+            words_to_f32<EPL>(kw[kk], a.k_bf, kf);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) d = fmaf(q[r][e], kf[e], d);
+                sc[kk * R + r] = d;
+            }
+        }
+        const float score = reduce_scatter32(sc, lane);  // key jb + mykey, row myrow
+        const bool valid = myrow < G && jb + mykey < j1;
+        const float sv = valid ? score : -INFINITY;
+        float mx = sv;
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        float mnew[R], corr[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            mnew[r] = fmaxf(m[r], __shfl_sync(0xffffffffu, mx, r));
+            corr[r] = mnew[r] == -INFINITY ? 1.0f : expf(m[r] - mnew[r]);  // 0 on a row's first keys
+        }
+        const float mown = myrow == 0 ? mnew[0] : myrow == 1 ? mnew[1] : myrow == 2 ? mnew[2] : mnew[3];
+        const float cown = myrow == 0 ? corr[0] : myrow == 1 ? corr[1] : myrow == 2 ? corr[2] : corr[3];
+        const float p = valid ? expf(sv - mown) : 0.0f;
+        lpart = fmaf(lpart, cown, p);
+        sm_p[warp][lane] = p;
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[r][e] *= corr[r];
+#pragma unroll
+        for (int kk = 0; kk < kDecKeys; ++kk) {
+            const float4 pk = *reinterpret_cast<const float4*>(&sm_p[warp][kk * R]);
+            float vf[EPL];
+            words_to_f32<EPL>(vw[kk], a.v_bf, vf);
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) {
+                acc[0][e] = fmaf(pk.x, vf[e], acc[0][e]);
+                acc[1][e] = fmaf(pk.y, vf[e], acc[1][e]);
+                acc[2][e] = fmaf(pk.z, vf[e], acc[2][e]);
+                acc[3][e] = fmaf(pk.w, vf[e], acc[3][e]);
+            }
+        }
+        __syncwarp();  // sm_p is read before the next step rewrites it
+#pragma unroll
+        for (int r = 0; r < R; ++r) m[r] = mnew[r];
+    }
+    // The row sums: the partial sums of the row's 8 lanes (key bits 2..4 of the lane).
+    lpart += __shfl_xor_sync(0xffffffffu, lpart, 4);
+    lpart += __shfl_xor_sync(0xffffffffu, lpart, 8);
+    lpart += __shfl_xor_sync(0xffffffffu, lpart, 16);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r < G) {
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) sm_o[warp][r][lane * EPL + e] = acc[r][e];
+        }
+        if (lane == 0) sm_m[warp][r] = m[r];
+    }
+    if (lane < R) sm_l[warp][lane] = lpart;
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * HD; idx += kDecWarps * 32) {
+        const int r = idx / HD, d = idx % HD;
+        float M = sm_m[0][r];  // warp 0 saw key j0: finite
+#pragma unroll
+        for (int w = 1; w < kDecWarps; ++w) M = fmaxf(M, sm_m[w][r]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) {
+            const float c = expf(sm_m[w][r] - M);  // 0 for a warp that saw no key
+            L = fmaf(sm_l[w][r], c, L);
+            O = fmaf(sm_o[w][r][d], c, O);
+        }
+        const int64_t th = t * a.n_head + h0 + r;
+        if (ns == 1) {
+            a.out[th * HD + d] = O / L;
+        } else {
+            a.part_o[(th * a.S + split) * HD + d] = O;
+            if (d == 0) a.part_ml[(th * a.S + split) * 2] = M, a.part_ml[(th * a.S + split) * 2 + 1] = L;
+        }
+    }
+}
+
+// The splits of one (token, head) merged in split order: block (token x head, 64 dims), a
+// thread per dimension. Skips tokens of one split (written directly).
+constexpr int kMergeThreads = 64;
+__global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(const DecArgs a, int hd) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials of the grid before are visible
+    const int64_t th = blockIdx.x, t = th / a.n_head;
+    const int64_t n_keys = a.n_past + t + 1;
+    const int ns = dec_splits(n_keys);
+    if (ns == 1) return;
+    __shared__ float sm_m[kMergeThreads], sm_l[kMergeThreads], sm_w[kMergeThreads];
+    const int tid = threadIdx.x;
+    const float* ml = a.part_ml + th * a.S * 2;
+    if (tid < ns) sm_m[tid] = __ldcg(ml + 2 * tid), sm_l[tid] = __ldcg(ml + 2 * tid + 1);
+    const int d = blockIdx.y * kMergeThreads + tid;
+    const float* po = a.part_o + th * a.S * hd + d;
+    __syncthreads();
+    float M = sm_m[0];
+    for (int s2 = 1; s2 < ns; ++s2) M = fmaxf(M, sm_m[s2]);
+    if (tid < ns) sm_w[tid] = expf(sm_m[tid] - M);
+    __syncthreads();
+    float L = 0.0f, O = 0.0f;
+#pragma unroll 16
+    for (int s2 = 0; s2 < ns; ++s2) {
+        L = fmaf(sm_l[s2], sm_w[s2], L);
+        O = fmaf(__ldcg(po + int64_t(s2) * hd), sm_w[s2], O);
+    }
+    a.out[th * hd + d] = O / L;
+}
+
+template <int EPL>
+void launch_dec16(const DecArgs& a, cudaStream_t st, const char* op) {
+    const dim3 grid(unsigned(a.S), unsigned(a.n_head_kv * (a.group / a.G)), unsigned(a.T));
+    attn_decode_kernel<EPL><<<grid, kDecWarps * 32, 0, st>>>(a);
+    ALLOY_CUDA_LAUNCHED(op);
+    if (a.S == 1) return;  // every token has one split: written directly
+#ifdef ALLOY_ATTN_EXP
+    static const int exp_mode = [] { const char* e = getenv("ALLOY_ATTN_EXP"); return e ? atoi(e) : 0; }();
+    if (exp_mode == 2) return;  // timing experiment: no merge
+    if (exp_mode == 1) {
+        attn_merge_kernel<<<dim3(unsigned(a.T * a.n_head), unsigned(EPL * 32 / kMergeThreads)), kMergeThreads, 0, st>>>(a, EPL * 32);
+        ALLOY_CUDA_LAUNCHED(op);
+        return;
+    }
+#endif
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(a.T * a.n_head), unsigned(EPL * 32 / kMergeThreads));
+    cfg.blockDim = dim3(kMergeThreads);
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    ALLOY_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, attn_merge_kernel, a, EPL * 32));
 }
 
 template <int EPL, int kKeys>
@@ -565,6 +879,15 @@ void attention(const ref::AttentionShape& s, const float* q, const void* k_cache
             case 128: launch_tc<128>(a, st); break;
             default: launch_tc<256>(a, st); break;
         }
+    } else if (use_dec16(s, T)) {
+        DecArgs d{q, k_cache, v_cache, out, a.part_o, a.part_ml, T, n_past, s.n_head, s.n_head_kv,
+                  s.n_head / s.n_head_kv, p.G, p.S, s.scale, s.type_k == GgmlType::BF16, s.type_v == GgmlType::BF16};
+        switch (s.head_dim) {
+            case 64: launch_dec16<2>(d, st, op); break;
+            case 128: launch_dec16<4>(d, st, op); break;
+            default: launch_dec16<8>(d, st, op); break;
+        }
+        return;
     } else if (T <= kAttnDecodeMaxT) {
         switch (s.head_dim) {
             case 64: launch_epl<2, kDecodeKeys>(a, p.G, grid, st); break;

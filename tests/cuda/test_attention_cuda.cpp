@@ -123,6 +123,35 @@ TEST(CudaAttention, VerificationReproducesDecodeBitForBit) {
     }
 }
 
+// Decode and verification of up to 4 tokens on 16-bit caches: every split of the same 4 tokens
+// into calls (4, 2 + 2, 1 + 3, 3 + 1, 1 x 4) gives the same bits, at depths where a token's
+// key split changes size (64 -> 128 keys past 4096 keys, 128 -> 256 past 8192) and at one split.
+TEST(CudaAttention, VerificationSplitsGiveTheSameBits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    for (GgmlType ty : {GgmlType::BF16, GgmlType::F16})
+        for (int64_t n_past : {int64_t(0), int64_t(61), int64_t(511), int64_t(4093), int64_t(8190), int64_t(16380)}) {
+            const int64_t K = 4;
+            const AttnCase x = make(8, 2, 256, ty, ty, K, n_past, uint32_t(n_past + 17 * int(ty)));
+            DeviceArray<float> q(x.q);
+            DeviceArray<uint8_t> k(x.k), v(x.v);
+            const size_t row = size_t(x.s.n_head) * x.s.head_dim;
+            const std::vector<float> all = run_cuda(x, q, k, v, 0, K);
+            std::vector<float> want(x.q.size());
+            ref::attention(x.s, x.q.data(), x.k.data(), x.v.data(), want.data(), K, n_past);
+            EXPECT_LE(max_abs(all, want), 2e-5) << "n_past " << n_past;
+            for (const std::vector<int64_t>& parts :
+                 {std::vector<int64_t>{2, 2}, {1, 3}, {3, 1}, {1, 1, 1, 1}}) {
+                int64_t t0 = 0;
+                for (int64_t n : parts) {
+                    const std::vector<float> got = run_cuda(x, q, k, v, t0, n);
+                    EXPECT_EQ(0, std::memcmp(got.data(), all.data() + t0 * row, size_t(n) * row * 4))
+                        << "type " << int(ty) << " n_past " << n_past << " tokens " << t0 << ".." << t0 + n - 1;
+                    t0 += n;
+                }
+            }
+        }
+}
+
 // The split counters in the workspace are left zeroed: one workspace serves call after call.
 TEST(CudaAttention, WorkspaceIsReusable) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

@@ -130,6 +130,12 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 p.name = "avx512-vnni q8k";
                 return p;
             }
+            if (avx2 && (p.tile = mm::kquant_tile_avx2(type)).fn) {  // the same tiles' arithmetic on AVX2
+                p.act = ActKind::Q8K;
+                p.avx2_tiles = true;
+                p.name = "avx2 q8k";
+                return p;
+            }
             p.round_input = InputRounding::Q8_K;
             break;
         case GgmlType::Q4_0:

@@ -2,6 +2,7 @@
 // Internal to kernels/cpu.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul_kernels.h"
@@ -36,8 +37,32 @@ GemvFn kquant_gemv(GgmlType type, Isa isa);
 GemvFn kquant_gemv_avx2(GgmlType type);  // matmul_kquant_avx2.cpp; nullptr if none
 GemvFn kquant_gemv_vnni(GgmlType type);  // matmul_kquant_vnni.cpp (AVX512-VNNI, VL)
 
-// Prefill GEMM tiles (matmul_kquant_avx512.cpp) on the Q8K activation panel; fn == nullptr
-// without AVX512-VNNI or for other types.
+// Prefill GEMM tiles on the Q8K activation panel (same arithmetic, same bits): VNNI
+// (matmul_kquant_avx512.cpp; fn == nullptr without AVX512-VNNI) and AVX2 (vpmaddubsw +
+// vpmaddwd, matmul_kquant_tile_avx2.cpp); fn == nullptr for other types.
 TileKernel kquant_tile_avx512(GgmlType type);
+TileKernel kquant_tile_avx2(GgmlType type);
+
+// The prefill tiles' shared pieces.
+// The 4 codes of quad `qd` (elements 4 qd .. 4 qd + 3 of a 256-element super-block), as bytes.
+inline uint32_t q4k_quad(const uint8_t* blk, int qd) {
+    const int e = 4 * qd, g = e / 64, l = e % 64;  // group of 64: low nibbles l < 32, high nibbles l >= 32
+    const uint32_t bytes = load_as<uint32_t>(blk + 16 + 32 * g + (l & 31));
+    return (l < 32 ? bytes : bytes >> 4) & 0x0F0F0F0Fu;
+}
+inline uint32_t q5k_quad(const uint8_t* blk, int qd) {
+    const int e = 4 * qd, g = e / 64, l = e % 64, hi = l >= 32;
+    const uint32_t bytes = load_as<uint32_t>(blk + 48 + 32 * g + (l & 31));
+    const uint32_t high = load_as<uint32_t>(blk + 16 + (l & 31));
+    return ((hi ? bytes >> 4 : bytes) & 0x0F0F0F0Fu) | (((high >> (2 * g + hi)) & 0x01010101u) << 4);
+}
+inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
+    const int e = 4 * qd, h = e / 128, k = (e % 128) / 32, l = e % 32;
+    const uint32_t lo = load_as<uint32_t>(blk + 64 * h + 32 * (k & 1) + l);
+    const uint32_t hi = load_as<uint32_t>(blk + 128 + 32 * h + l);
+    return (((k < 2 ? lo : lo >> 4) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4));
+}
+
+enum class KqKind { Q4, Q5, Q6 };
 
 }  // namespace alloy::cpu::mm

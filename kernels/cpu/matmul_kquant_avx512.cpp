@@ -25,27 +25,6 @@
 namespace alloy::cpu::mm {
 namespace {
 
-// The 4 codes of quad `qd` (elements 4 qd .. 4 qd + 3 of a 256-element super-block), as bytes.
-inline uint32_t q4k_quad(const uint8_t* blk, int qd) {
-    const int e = 4 * qd, g = e / 64, l = e % 64;  // group of 64: low nibbles l < 32, high nibbles l >= 32
-    const uint32_t bytes = load_as<uint32_t>(blk + 16 + 32 * g + (l & 31));
-    return (l < 32 ? bytes : bytes >> 4) & 0x0F0F0F0Fu;
-}
-inline uint32_t q5k_quad(const uint8_t* blk, int qd) {
-    const int e = 4 * qd, g = e / 64, l = e % 64, hi = l >= 32;
-    const uint32_t bytes = load_as<uint32_t>(blk + 48 + 32 * g + (l & 31));
-    const uint32_t high = load_as<uint32_t>(blk + 16 + (l & 31));
-    return ((hi ? bytes >> 4 : bytes) & 0x0F0F0F0Fu) | (((high >> (2 * g + hi)) & 0x01010101u) << 4);
-}
-inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
-    const int e = 4 * qd, h = e / 128, k = (e % 128) / 32, l = e % 32;
-    const uint32_t lo = load_as<uint32_t>(blk + 64 * h + 32 * (k & 1) + l);
-    const uint32_t hi = load_as<uint32_t>(blk + 128 + 32 * h + l);
-    return (((k < 2 ? lo : lo >> 4) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4));
-}
-
-enum class KqKind { Q4, Q5, Q6 };
-
 template <KqKind kKind, int R, int NV>
 ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                                 int64_t k1, float* tile, int ldt) {

@@ -288,7 +288,10 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                     ASSERT_EQ(0, std::memcmp(one.data(), all.data() + t * sh.n_out, one.size() * 4))
                         << type_traits(type).name << " " << cpu::isa_name(isa) << " n_in=" << sh.n_in << " t=" << t;
                 }
-                for (int64_t n : {2, 3}) {  // (4 and 1 are the calls above)
+                // (4 and 1 are the calls above; up to kGemvMaxTokens = 16 rows every type keeps
+                // the per-row bits: the batch invariance of decode steps of up to 16 sequences)
+                for (int64_t n : {2, 3, 9, 16}) {
+                    three.assign(size_t(n * sh.n_out), NAN);
                     cpu::matmul(W, x.data() + 5 * sh.n_in, three.data(), n, isa, scratch);
                     EXPECT_EQ(0, std::memcmp(three.data(), all.data() + 5 * sh.n_out, size_t(n * sh.n_out) * 4))
                         << type_traits(type).name << " " << cpu::isa_name(isa) << " T=" << n;
@@ -296,6 +299,28 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
             }
         }
     }
+}
+
+// The AVX2 K-quant prefill tiles do the VNNI tiles' arithmetic (vpmaddubsw + vpmaddwd for
+// vpdpbusd, the same fp32 steps): the same bits, on odd shapes and token counts past the GEMV's.
+TEST(Matmul, KQuantAvx2TilesGiveTheVnniTilesBits) {
+    if (cpu::active_isa() != cpu::Isa::Avx512 || !cpu::mm::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI here";
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    cpu::MatmulScratch scratch;
+    for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+        for (const Shape& sh : shapes_for(type))
+            for (int64_t T : {17, 37, 64}) {
+                const std::vector<uint8_t> bytes = random_weights(type, sh.n_in, sh.n_out, rng);
+                const WeightView W{type, sh.n_in, sh.n_out, bytes.data(), row_bytes(type, sh.n_in)};
+                std::vector<float> x(size_t(T * sh.n_in)), a(size_t(T * sh.n_out)), b(a.size());
+                for (auto& v : x) v = nd(rng);
+                ASSERT_NE(cpu::matmul_path(type, cpu::Isa::Avx2, sh.n_in, T).find("q8k"), std::string::npos);
+                cpu::matmul(W, x.data(), a.data(), T, cpu::Isa::Avx512, scratch);
+                cpu::matmul(W, x.data(), b.data(), T, cpu::Isa::Avx2, scratch);
+                EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+                    << type_traits(type).name << " n_in=" << sh.n_in << " n_out=" << sh.n_out << " T=" << T;
+            }
 }
 
 // matmul_multi gives each weight the bits matmul() gives it alone: shared activations and one

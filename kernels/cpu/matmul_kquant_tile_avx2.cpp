@@ -1,0 +1,219 @@
+// K-quant prefill (GEMM) tiles on AVX2: Q4_K / Q5_K / Q6_K weights x Q8_K activations in the
+// 16-token panel layout (matmul_kernels.h: q [G, K/4, 16, 4], d [G, K/256, 16], bsums
+// [G, K/16, 16] as int32), for CPUs without AVX-512 VNNI (Zen 1-3, older Intel). Before this,
+// those CPUs dequantized K-quant rows to fp32 for every prefill product.
+//
+// The arithmetic of matmul_kquant_avx512.cpp step for step, on two 8-lane halves per 16-token
+// group: vpdpbusd becomes vpmaddubsw (unsigned codes x signed int8 activations -> pairs of
+// int16: |2 * 63 * 128| < 2^15, no saturation) + vpmaddwd by ones + vpaddd, exact like it;
+// the integer sums, the scale and min terms and the fp32 steps are the same operations in the
+// same order, so both paths give the same bits.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/cpu/matmul_kquant.h"
+
+#define ALLOY_KQ2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+namespace alloy::cpu::mm {
+namespace {
+
+// 16 token lanes as two AVX2 halves.
+struct I16 {
+    __m256i lo, hi;
+};
+struct F16 {
+    __m256 lo, hi;
+};
+
+ALLOY_KQ2_TARGET inline I16 load_i16(const void* p) {
+    const auto* v = static_cast<const __m256i*>(p);
+    return {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
+}
+ALLOY_KQ2_TARGET inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {  // vpdpbusd without VNNI
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+
+// Values 32 v .. 32 v + 31 of a super-block's codes, one byte each in element order (the
+// layouts of q4k_quad / q5k_quad / q6k_quad, 32 at a time; 16-bit shifts: the bits a shift
+// carries across bytes are masked off).
+template <KqKind kKind>
+ALLOY_KQ2_TARGET inline __m256i code_vector(const uint8_t* blk, int v) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if constexpr (kKind == KqKind::Q6) {
+        const int h = v / 4, k = v % 4;
+        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (k & 1)));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+        const __m256i lo = _mm256_and_si256(k < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    } else {
+        const int g = v / 2, upper = v % 2;
+        const int qs = kKind == KqKind::Q5 ? 48 : 16;
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qs + 32 * g));
+        __m256i c = _mm256_and_si256(upper ? _mm256_srli_epi16(q, 4) : q, m4);
+        if constexpr (kKind == KqKind::Q5) {
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+            const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g + upper)), _mm256_set1_epi8(1));
+            c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
+        }
+        return c;
+    }
+}
+
+template <KqKind kKind, int R, int NV>
+ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
+                              int64_t k1, float* tile, int ldt) {
+    constexpr bool kQ6 = kKind == KqKind::Q6;
+    constexpr int kBytes = kQ6 ? kQ6KBytes : kKind == KqKind::Q5 ? kQ5KBytes : kQ4KBytes;
+    constexpr int kSub = kQ6 ? 16 : 32;  // elements per scale
+    constexpr int kSubs = kQK / kSub;
+    const int64_t K = p.K, nb = K / kQK;
+    const size_t rb = W.row_bytes;
+    const uint8_t* w = W.row(r0);
+    const int64_t gq = K * kGroup;         // bytes per group of q
+    const int64_t gd = nb * kGroup;        // floats per group of d
+    const int64_t gs = (K / 16) * kGroup;  // int32 per group of bsums
+    const int8_t* xq = p.q + g0 * gq;
+    const float* xd = p.d + g0 * gd;
+    const int32_t* xs = p.bsums + g0 * gs;
+    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));
+
+    F16 f[R * NV];
+    for (auto& v : f) v = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = k0 / kQK; b < k1 / kQK; ++b) {
+        for (int r = 0; r < next_rows; ++r)
+            for (int c = 0; c < kBytes; c += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + b * kBytes + c), _MM_HINT_T0);
+        uint8_t sc[R][16], mn[R][8];
+        int8_t sc6[R][16];
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = w + r * rb + b * kBytes;
+            if constexpr (kQ6) {
+                for (int s = 0; s < 16; ++s) sc6[r][s] = int8_t(blk[192 + s]);
+            } else {
+                q4k_unpack_scales(blk + 4, sc[r], mn[r]);
+            }
+        }
+        I16 tot[R * NV];
+        for (auto& v : tot) v = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        const int8_t* xb = xq + b * (kQK / 4) * 64;
+        for (int s = 0; s < kSubs; ++s) {
+            // Each row's codes of sub-block s, unpacked 32 at a time in element order (dword
+            // lane q = quad q), as the decode kernels unpack them; each quad is then broadcast
+            // from its lane. (Q6_K: a vector holds two 16-value sub-blocks.)
+            __m256i codes[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) codes[r] = code_vector<kKind>(w + r * rb + b * kBytes, kQ6 ? s / 2 : s);
+            I16 acc[R * NV];
+            for (auto& v : acc) v = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+            for (int j = 0; j < kSub / 4; ++j) {
+                const int qd = s * (kSub / 4) + j;
+                const __m256i lane = _mm256_set1_epi32(kQ6 ? (s % 2) * 4 + j : j);
+                I16 xv[NV];
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; ++v) xv[v] = load_i16(xb + v * gq + qd * 64);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; ++r) {
+                    const __m256i wv = _mm256_permutevar8x32_epi32(codes[r], lane);
+#pragma GCC unroll 4
+                    for (int v = 0; v < NV; ++v) {
+                        acc[r * NV + v].lo = dot4(acc[r * NV + v].lo, wv, xv[v].lo);
+                        acc[r * NV + v].hi = dot4(acc[r * NV + v].hi, wv, xv[v].hi);
+                    }
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) {
+                const __m256i scale = _mm256_set1_epi32(kQ6 ? int(sc6[r][s]) : int(sc[r][s]));
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; ++v) {
+                    I16& t = tot[r * NV + v];
+                    t.lo = _mm256_add_epi32(t.lo, _mm256_mullo_epi32(acc[r * NV + v].lo, scale));
+                    t.hi = _mm256_add_epi32(t.hi, _mm256_mullo_epi32(acc[r * NV + v].hi, scale));
+                }
+            }
+        }
+        // The block-sum terms: Q6_K's -32 sum sc_s bsums_s, Q4_K's mins (kept apart for dmin).
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = w + r * rb + b * kBytes;
+            const float d = _cvtsh_ss(load_u16(blk + (kQ6 ? 208 : 0)));
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; ++v) {
+                const int32_t* bs = xs + v * gs + b * 16 * kGroup;
+                I16 corr = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+                if constexpr (kQ6) {
+                    for (int s = 0; s < 16; ++s) {
+                        const I16 x = load_i16(bs + s * kGroup);
+                        const __m256i m = _mm256_set1_epi32(sc6[r][s]);
+                        corr.lo = _mm256_add_epi32(corr.lo, _mm256_mullo_epi32(x.lo, m));
+                        corr.hi = _mm256_add_epi32(corr.hi, _mm256_mullo_epi32(x.hi, m));
+                    }
+                } else {
+                    for (int j = 0; j < 8; ++j) {
+                        const I16 a = load_i16(bs + 2 * j * kGroup), c = load_i16(bs + (2 * j + 1) * kGroup);
+                        const __m256i m = _mm256_set1_epi32(mn[r][j]);
+                        corr.lo = _mm256_add_epi32(corr.lo, _mm256_mullo_epi32(_mm256_add_epi32(a.lo, c.lo), m));
+                        corr.hi = _mm256_add_epi32(corr.hi, _mm256_mullo_epi32(_mm256_add_epi32(a.hi, c.hi), m));
+                    }
+                }
+                const float* dxp = xd + v * gd + b * kGroup;
+                const __m256 dx[2] = {_mm256_loadu_ps(dxp), _mm256_loadu_ps(dxp + 8)};
+                const __m256i tv[2] = {tot[r * NV + v].lo, tot[r * NV + v].hi};
+                const __m256i cv[2] = {corr.lo, corr.hi};
+                __m256* fv[2] = {&f[r * NV + v].lo, &f[r * NV + v].hi};
+                for (int h = 0; h < 2; ++h) {
+                    __m256 blockf;
+                    if constexpr (kQ6) {
+                        blockf = _mm256_mul_ps(_mm256_set1_ps(d),
+                                               _mm256_cvtepi32_ps(_mm256_sub_epi32(tv[h], _mm256_slli_epi32(cv[h], 5))));
+                    } else {
+                        const float dmin = _cvtsh_ss(load_u16(blk + 2));
+                        blockf = _mm256_fmsub_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tv[h]),
+                                                 _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(cv[h])));
+                    }
+                    *fv[h] = _mm256_fmadd_ps(dx[h], blockf, *fv[h]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v) {
+            float* o = tile + r * ldt + v * kGroup;
+            const __m256 prev_lo = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o);
+            const __m256 prev_hi = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8);
+            _mm256_storeu_ps(o, _mm256_add_ps(prev_lo, f[r * NV + v].lo));
+            _mm256_storeu_ps(o + 8, _mm256_add_ps(prev_hi, f[r * NV + v].hi));
+        }
+}
+
+// 16 ymm registers: 2 rows x 1 group keeps acc, tot and f (4 each) and the activations in them.
+constexpr int kRows = 2, kGroups = 1;
+
+using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
+const TileImpl kTables[3][kRows] = {{&kq_tile<KqKind::Q4, 1, 1>, &kq_tile<KqKind::Q4, 2, 1>},
+                                    {&kq_tile<KqKind::Q5, 1, 1>, &kq_tile<KqKind::Q5, 2, 1>},
+                                    {&kq_tile<KqKind::Q6, 1, 1>, &kq_tile<KqKind::Q6, 2, 1>}};
+
+template <KqKind kKind>
+void tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0, int64_t k1,
+              float* tile, int ldt) {
+    (void)nv;  // always 1 (kGroups)
+    kTables[int(kKind)][nr - 1](W, r0, p, g0, k0, k1, tile, ldt);
+}
+
+}  // namespace
+
+TileKernel kquant_tile_avx2(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q4_K: return {tile_any<KqKind::Q4>, kRows, kGroups, kQ8Kc};
+        case GgmlType::Q5_K: return {tile_any<KqKind::Q5>, kRows, kGroups, kQ8Kc};
+        case GgmlType::Q6_K: return {tile_any<KqKind::Q6>, kRows, kGroups, kQ8Kc};
+        default: return {};
+    }
+}
+
+}  // namespace alloy::cpu::mm

@@ -6,9 +6,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "alloy/engine.h"
 #include "alloy/error.h"
 #include "cli/common.h"
-#include "runtime/loaded_model.h"
 
 namespace alloy::cli {
 
@@ -22,16 +22,14 @@ void add_perplexity_command(CLI::App& app) {
     cmd->add_option("-f,--file", file, "text file")->required();
     cmd->add_option("--chunks", max_chunks, "stop after this many chunks (-1 = all)");
     cmd->callback([] {
-        ForwardOptions fo = eo.forward_options();
-        fo.all_logits = true;
         std::ifstream in(file, std::ios::binary);
         if (!in) throw Error(file + ": cannot open");
         std::stringstream ss;
         ss << in.rdbuf();
-        LoadedModel lm = load_model(eo.model_path(), eo.tensor_data());
-        const std::vector<int32_t> tokens = lm.require_tokenizer().encode(ss.str(), false);
         const int n_ctx = eo.ctx;
         if (n_ctx < 4) throw Error("-c must be at least 4 for perplexity");
+        Engine engine(eo.engine_options(1));
+        const std::vector<int32_t> tokens = engine.tokenize(ss.str(), false);
         if (int64_t(tokens.size()) < 2 * int64_t(n_ctx))
             throw Error(file + ": " + std::to_string(tokens.size()) + " tokens; need at least " +
                         std::to_string(2 * n_ctx) + " (2 * context) to compute perplexity");
@@ -39,16 +37,13 @@ void add_perplexity_command(CLI::App& app) {
         if (max_chunks > 0 && max_chunks < n_chunk) n_chunk = max_chunks;
         std::fprintf(stderr, "perplexity: calculating perplexity over %d chunks, n_ctx=%d\n", n_chunk, n_ctx);
 
-        const int V = lm.model->hparams().n_vocab;
+        const int V = engine.n_vocab();
         const int first = n_ctx / 2;
-        std::vector<float> logits(size_t(n_ctx) * size_t(V));
-        ModelState st = lm.model->new_state(n_ctx, eo.kv_types());
         double nll = 0, nll2 = 0;
         int64_t count = 0;
         for (int c = 0; c < n_chunk; ++c) {
-            st.reset();
             const int32_t* chunk = tokens.data() + size_t(c) * size_t(n_ctx);
-            lm.model->forward(st, chunk, n_ctx, fo, logits.data());
+            const std::vector<float> logits = engine.evaluate(std::vector<int32_t>(chunk, chunk + n_ctx));
             for (int i = first; i < n_ctx - 1; ++i) {
                 const float* row = logits.data() + size_t(i) * size_t(V);
                 float mx = row[0];

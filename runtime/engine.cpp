@@ -19,6 +19,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -76,6 +77,7 @@ struct Engine::Impl {
     std::condition_variable cv;
     std::deque<std::unique_ptr<Sequence>> queue;   // guarded by mu
     std::unordered_set<uint64_t> cancels;          // guarded by mu
+    std::deque<std::function<void()>> jobs;        // guarded by mu: evaluate() calls, run between steps
     bool stopping = false;                         // guarded by mu
     uint64_t next_id = 1;                          // guarded by mu
     EngineStats st;                                // guarded by mu
@@ -255,16 +257,28 @@ struct Engine::Impl {
         for (;;) {
             {
                 std::unique_lock<std::mutex> lock(mu);
-                cv.wait(lock, [&] { return stopping || !queue.empty() || !active.empty() || !cancels.empty(); });
+                cv.wait(lock, [&] {
+                    return stopping || !queue.empty() || !active.empty() || !cancels.empty() || !jobs.empty();
+                });
                 if (stopping) {
                     for (auto& s : queue) cancels.insert(s->id);
                     for (auto& s : active) cancels.insert(s->id);
                 }
             }
+            for (;;) {  // evaluate() jobs: the model is this thread's between steps
+                std::function<void()> job;
+                {
+                    std::lock_guard<std::mutex> lock(mu);
+                    if (jobs.empty()) break;
+                    job = std::move(jobs.front());
+                    jobs.pop_front();
+                }
+                job();
+            }
             admit_and_cancel();
             step();
             std::lock_guard<std::mutex> lock(mu);
-            if (stopping && queue.empty() && active.empty()) return;
+            if (stopping && queue.empty() && active.empty() && jobs.empty()) return;
         }
     }
 };
@@ -356,6 +370,46 @@ GenerationResult Engine::generate(GenerationRequest request, std::function<bool(
     GenerationResult r = result.get();
     if (r.finish_reason == "error") throw Error("engine: " + r.error);
     return r;
+}
+
+std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode_steps) {
+    Impl& m = *impl_;
+    const Qwen35Model& model = *m.lm.model;
+    const int V = model.hparams().n_vocab;
+    if (ids.empty()) throw Error("evaluate: no token ids given");
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] < 0 || ids[i] >= V)
+            throw Error("evaluate: token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
+                        ", outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (int64_t(ids.size()) > m.opt.n_ctx)
+        throw Error("evaluate: " + std::to_string(ids.size()) + " tokens exceed the context size of " +
+                    std::to_string(m.opt.n_ctx) + " (raise --ctx)");
+    std::vector<float> logits(ids.size() * size_t(V));
+    std::promise<void> done;
+    auto job = [&] {
+        try {
+            ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
+            ForwardOptions fo = m.fo;
+            if (decode_steps) {
+                fo.gdn_mode = ref::GdnMode::Serial;  // decode is the serial kernel by construction
+                for (size_t t = 0; t < ids.size(); ++t) model.forward(st, &ids[t], 1, fo, logits.data() + t * size_t(V));
+            } else {
+                fo.all_logits = true;
+                model.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+            }
+            done.set_value();
+        } catch (...) {
+            done.set_exception(std::current_exception());
+        }
+    };
+    {
+        std::lock_guard<std::mutex> lock(m.mu);
+        if (m.stopping) throw Error("engine: shutting down");
+        m.jobs.push_back(job);
+    }
+    m.cv.notify_all();
+    done.get_future().get();
+    return logits;
 }
 
 bool Engine::has_tokenizer() const { return impl_->lm.tokenizer.has_value(); }

@@ -32,8 +32,6 @@ KNOWN = {
     ("cli/common.cpp", "kernels/"): "issue 17: include/alloy",
     ("cli/common.cpp", "runtime/"): "issue 17: include/alloy",
     ("cli/convert.cpp", "model/"): "issue 17: include/alloy",
-    ("cli/logits.cpp", "runtime/"): "issue 17: include/alloy",
-    ("cli/perplexity.cpp", "runtime/"): "issue 17: include/alloy",
     ("cli/profile.cpp", "kernels/"): "issue 17: include/alloy",
     ("cli/profile.cpp", "runtime/"): "issue 17: include/alloy",
     ("cli/tokenize.cpp", "tokenizer/"): "issue 17: include/alloy",

@@ -104,6 +104,13 @@ public:
                               std::function<bool(const std::string&)> on_text = nullptr,
                               std::function<void(int32_t)> on_token = nullptr);
 
+    // The logits of every position of `ids` ([ids.size(), n_vocab], row-major), from an empty
+    // sequence of its own (not a slot: requests keep running around it), as one prefill in
+    // pieces of batch_size, or with decode_steps one token per step through the decode path.
+    // Runs on the scheduler's thread between steps. Throws alloy::Error naming the ids or the
+    // context size when they cannot run.
+    std::vector<float> evaluate(const std::vector<int32_t>& ids, bool decode_steps = false);
+
     bool has_tokenizer() const;
     // Throws alloy::Error naming the model file when it has no tokenizer.
     std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;

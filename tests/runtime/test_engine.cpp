@@ -161,6 +161,35 @@ TEST_F(EngineTest, StopAndZeroTokens) {
     EXPECT_LT(stopped.ids.size(), 50u);
 }
 
+// evaluate(): every position's logits, as a plain prefill (or decode steps) over the model,
+// while a generation runs beside it.
+TEST_F(EngineTest, EvaluateGivesThePlainForwardsLogits) {
+    Engine e(options(1));
+    const auto seq = ids(70, 21);
+    const size_t V = size_t(model_->hparams().n_vocab);
+    std::vector<float> want(seq.size() * V), want_dec(seq.size() * V);
+    {
+        ModelState st = model_->new_state(256);
+        ForwardOptions fo;
+        fo.all_logits = true;
+        model_->forward(st, seq.data(), int(seq.size()), fo, want.data());
+        ModelState sd = model_->new_state(256);
+        ForwardOptions dec;
+        dec.gdn_mode = ref::GdnMode::Serial;
+        for (size_t t = 0; t < seq.size(); ++t) model_->forward(sd, &seq[t], 1, dec, want_dec.data() + t * V);
+    }
+    std::promise<GenerationResult> done;
+    GenerationCallbacks cb;
+    cb.on_done = [&](const GenerationResult& r) { done.set_value(r); };
+    const auto prompt = ids(9, 22);
+    e.submit(greedy(prompt, 40), cb);
+    EXPECT_EQ(e.evaluate(seq), want);
+    EXPECT_EQ(e.evaluate(seq, /*decode_steps=*/true), want_dec);
+    EXPECT_EQ(done.get_future().get().ids, plain_loop(prompt, 40));  // undisturbed
+    EXPECT_THROW(e.evaluate(ids(300, 23)), Error);
+    EXPECT_THROW(e.evaluate({}), Error);
+}
+
 TEST_F(EngineTest, BadRequestsAndOptionsNameWhatIsWrong) {
     Engine e(options(1));
     auto expect_error = [](auto&& f, const std::string& part) {

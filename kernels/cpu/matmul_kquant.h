@@ -1,6 +1,9 @@
 // K-quant weights x Q8_K activations (matmul_kquant.cpp): the quantizer and the decode GEMVs.
 // Internal to kernels/cpu.
 #pragma once
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -64,5 +67,41 @@ inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
 }
 
 enum class KqKind { Q4, Q5, Q6 };
+
+// What a prefill tile of R rows (from r0) reads: the weight rows and the Q8_K panel from group
+// g0 (layout in matmul_kernels.h), the same for the VNNI and the AVX2 tiles.
+template <KqKind kKind>
+struct KqTileIn {
+    static constexpr bool kQ6 = kKind == KqKind::Q6;
+    static constexpr int kBytes = kQ6 ? kQ6KBytes : kKind == KqKind::Q5 ? kQ5KBytes : kQ4KBytes;
+    static constexpr int kSub = kQ6 ? 16 : 32;  // elements per scale
+    static constexpr int kSubs = kQK / kSub;
+    const uint8_t* w;       // row r0
+    size_t rb;              // bytes per row
+    int64_t gq, gd, gs;     // per panel group: bytes of q, floats of d, int32 of bsums
+    const int8_t* xq;
+    const float* xd;
+    const int32_t* xs;
+    int next_rows;          // rows of the next tile (<= 0: none), whose blocks are prefetched
+
+    KqTileIn(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int R)
+        : w(W.row(r0)), rb(W.row_bytes), gq(p.K * kGroup), gd(p.K / kQK * kGroup), gs(p.K / 16 * kGroup),
+          xq(p.q + g0 * gq), xd(p.d + g0 * gd), xs(p.bsums + g0 * gs),
+          next_rows(int(std::min<int64_t>(R, W.n_out - r0 - R))) {}
+    const uint8_t* block(int r, int64_t b) const { return w + r * rb + b * kBytes; }
+    void prefetch_next(int R, int64_t b) const {
+        for (int r = 0; r < next_rows; ++r)
+            for (int c = 0; c < kBytes; c += 64) _mm_prefetch(reinterpret_cast<const char*>(block(R + r, b) + c), _MM_HINT_T0);
+    }
+    // Row r's scales of block b: Q6_K's 16 int8 ones, or Q4_K/Q5_K's 8 scales and 8 mins.
+    void scales(int r, int64_t b, uint8_t* sc, uint8_t* mn, int8_t* sc6) const {
+        const uint8_t* blk = block(r, b);
+        if constexpr (kQ6) {
+            for (int s = 0; s < 16; ++s) sc6[s] = int8_t(blk[192 + s]);
+        } else {
+            q4k_unpack_scales(blk + 4, sc, mn);
+        }
+    }
+};
 
 }  // namespace alloy::cpu::mm

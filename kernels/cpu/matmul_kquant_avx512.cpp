@@ -28,38 +28,23 @@ namespace {
 template <KqKind kKind, int R, int NV>
 ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                                 int64_t k1, float* tile, int ldt) {
-    constexpr bool kQ6 = kKind == KqKind::Q6;
-    constexpr int kBytes = kQ6 ? kQ6KBytes : kKind == KqKind::Q5 ? kQ5KBytes : kQ4KBytes;
-    constexpr int kSub = kQ6 ? 16 : 32;  // elements per scale
-    constexpr int kSubs = kQK / kSub;
-    const int64_t K = p.K, nb = K / kQK;
-    const size_t rb = W.row_bytes;
-    const uint8_t* w = W.row(r0);
-    const int64_t gq = K * kGroup;              // bytes per group of q
-    const int64_t gd = nb * kGroup;             // floats per group of d
-    const int64_t gs = (K / 16) * kGroup;       // int32 per group of bsums
-    const int8_t* xq = p.q + g0 * gq;
-    const float* xd = p.d + g0 * gd;
-    const int32_t* xs = p.bsums + g0 * gs;
-    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));
+    using In = KqTileIn<kKind>;
+    constexpr bool kQ6 = In::kQ6;
+    constexpr int kSub = In::kSub, kSubs = In::kSubs;
+    const In in(W, r0, p, g0, R);
+    const int64_t gq = in.gq, gd = in.gd, gs = in.gs;
+    const int8_t* xq = in.xq;
+    const float* xd = in.xd;
+    const int32_t* xs = in.xs;
 
     __m512 f[R * NV];
 #pragma GCC unroll 16
     for (int i = 0; i < R * NV; ++i) f[i] = _mm512_setzero_ps();
     for (int64_t b = k0 / kQK; b < k1 / kQK; ++b) {
-        for (int r = 0; r < next_rows; ++r)
-            for (int c = 0; c < kBytes; c += 64)
-                _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + b * kBytes + c), _MM_HINT_T0);
+        in.prefetch_next(R, b);
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
-        for (int r = 0; r < R; ++r) {
-            const uint8_t* blk = w + r * rb + b * kBytes;
-            if constexpr (kQ6) {
-                for (int s = 0; s < 16; ++s) sc6[r][s] = int8_t(blk[192 + s]);
-            } else {
-                q4k_unpack_scales(blk + 4, sc[r], mn[r]);
-            }
-        }
+        for (int r = 0; r < R; ++r) in.scales(r, b, sc[r], mn[r], sc6[r]);
         __m512i tot[R * NV];
 #pragma GCC unroll 16
         for (int i = 0; i < R * NV; ++i) tot[i] = _mm512_setzero_si512();
@@ -76,7 +61,7 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
                 for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_si512(xb + v * gq + qd * 64);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; ++r) {
-                    const uint8_t* blk = w + r * rb + b * kBytes;
+                    const uint8_t* blk = in.block(r, b);
                     const __m512i wv = _mm512_set1_epi32(
                         int(kQ6 ? q6k_quad(blk, qd) : kKind == KqKind::Q5 ? q5k_quad(blk, qd) : q4k_quad(blk, qd)));
 #pragma GCC unroll 4
@@ -94,7 +79,7 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
         // The block-sum terms: Q6_K's -32 sum sc_s bsums_s, Q4_K's mins (kept apart for dmin).
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-            const uint8_t* blk = w + r * rb + b * kBytes;
+            const uint8_t* blk = in.block(r, b);
             const float d = _cvtsh_ss(load_u16(blk + (kQ6 ? 208 : 0)));
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {

@@ -240,7 +240,13 @@ struct Engine::Impl {
             }
             const int32_t token = s.sampler->sample(logits.data() + row * V, int(V));
             ++row;
-            take_token(s, token);
+            try {
+                take_token(s, token);
+            } catch (const std::exception& e) {  // a callback threw: that request fails, not the engine
+                s.dec.reset();
+                s.r.error = std::string("a callback of the request threw: ") + e.what();
+                if (s.slot >= 0) finish(s, "error");
+            }
         }
         active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }), active.end());
         std::lock_guard<std::mutex> lock(mu);

@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -188,6 +189,21 @@ TEST_F(EngineTest, EvaluateGivesThePlainForwardsLogits) {
     EXPECT_EQ(done.get_future().get().ids, plain_loop(prompt, 40));  // undisturbed
     EXPECT_THROW(e.evaluate(ids(300, 23)), Error);
     EXPECT_THROW(e.evaluate({}), Error);
+}
+
+// A callback that throws fails its own request ("error", the message kept), not the engine.
+TEST_F(EngineTest, AThrowingCallbackFailsOnlyItsRequest) {
+    Engine e(options(2));
+    std::promise<GenerationResult> done;
+    GenerationCallbacks cb;
+    cb.on_token = [](int32_t) { throw std::runtime_error("client code failed"); };
+    cb.on_done = [&](const GenerationResult& r) { done.set_value(r); };
+    e.submit(greedy(ids(6, 30), 10), cb);
+    const GenerationResult r = done.get_future().get();
+    EXPECT_EQ(r.finish_reason, "error");
+    EXPECT_NE(r.error.find("client code failed"), std::string::npos) << r.error;
+    const auto prompt = ids(6, 31);
+    EXPECT_EQ(e.generate(greedy(prompt, 8)).ids, plain_loop(prompt, 8));
 }
 
 TEST_F(EngineTest, BadRequestsAndOptionsNameWhatIsWrong) {

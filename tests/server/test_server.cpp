@@ -7,6 +7,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -168,6 +169,39 @@ TEST_F(Serve, StreamAddsUpToTheSameText) {
         EXPECT_EQ(text, want) << (chat ? "chat" : "completion");
         EXPECT_EQ(finish, w["choices"][0]["finish_reason"]);
     }
+}
+
+// A streaming client that goes away cancels its request: the engine stops generating for it
+// (well before max_tokens) and its slot is free again.
+TEST_F(Serve, AStreamingClientThatLeavesCancelsItsRequest) {
+    // Unhindered, this request runs all 220 tokens (no end-of-generation token comes first).
+    auto full = post("/v1/completions", json{{"prompt", "Once upon a time"}, {"max_tokens", 220}, {"temperature", 0}}.dump());
+    ASSERT_TRUE(full && full->status == 200);
+    ASSERT_EQ(json::parse(full->body)["usage"]["completion_tokens"], 220);
+    const EngineStats before = engine->stats();
+    {
+        httplib::Client c("127.0.0.1", port);
+        c.set_read_timeout(60);
+        int chunks = 0;
+        const std::string body =
+            json{{"prompt", "Once upon a time"}, {"max_tokens", 220}, {"temperature", 0}, {"stream", true}, {"stop", json::array()}}
+                .dump();
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/completions";
+        req.headers = {{"Content-Type", "application/json"}};
+        req.body = body;
+        req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 2; };  // leave
+        c.send(req);
+        EXPECT_GE(chunks, 1);
+    }
+    EngineStats now = engine->stats();
+    for (int i = 0; i < 200 && (now.active > 0 || now.queued > 0); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        now = engine->stats();
+    }
+    EXPECT_EQ(now.active, 0);
+    EXPECT_LT(now.generated_tokens - before.generated_tokens, 200u) << "the request ran on after its client left";
 }
 
 TEST_F(Serve, StopStringsCutTheTextEvenAcrossTokens) {

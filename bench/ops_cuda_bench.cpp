@@ -7,7 +7,10 @@
 // CUDA events, the median divided by `inner`. The weights of a GEMV rotate over as many
 // copies as make >= 256 MB, so L2 (50 MB) does not serve the repeats; the activations are
 // the model's, so at small T they may be L2-resident, as in the model.
-//   ops_cuda_bench [--quick] [--only matmul|small|embed|attention|attn-decode] [--ctx N]
+// `--only gemv`: the decode GEMVs (Q8_0 and BF16) at the 0.8B decode shapes (D = 1024: qkv
+// 6144, 2048, ffn 3584 / 7168, 1024, down 1024 x 3584, LM head 151936), T 1, 4, 8, 16, "cold"
+// (weights rotated over >= 256 MB) and "hot" (one copy, re-read: L2-resident below ~50 MB).
+//   ops_cuda_bench [--quick] [--only matmul|gemv|small|embed|attention|attn-decode] [--ctx N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -167,6 +170,42 @@ void bench_matmul(GgmlType t, int64_t n_out, int64_t n_in, const std::vector<int
             row_flops(what, us, 2.0 * T * n_in * n_out, t == GgmlType::F32 ? kFp32 : kBf16,
                       t == GgmlType::F32 ? "fp32" : "bf16");
     }
+}
+
+// The decode GEMVs, cold and hot: one line per (type, shape, T, cold|hot).
+void bench_gemv() {
+    const int64_t shapes[][2] = {{6144, D}, {2048, D}, {3584, D}, {7168, D}, {1024, D}, {1024, FFN}, {151936, D}};
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16})
+        for (const auto& sh : shapes) {
+            const int64_t n_out = sh[0], n_in = sh[1];
+            const size_t rb = t == GgmlType::Q8_0 ? size_t(n_in / 32) * 34 : size_t(n_in) * 2;
+            const size_t wbytes = rb * size_t(n_out);
+            const int copies = int(std::min<size_t>(64, std::max<size_t>(1, (size_t(256) << 20) / wbytes + 1)));
+            std::vector<std::unique_ptr<Buf>> w;
+            for (int c = 0; c < copies; ++c) {
+                w.push_back(std::make_unique<Buf>(wbytes));
+                if (c == 0) fill_weight(*w[0], t, size_t(n_out), size_t(n_in));
+                else CHECK(cudaMemcpy(w[size_t(c)]->p, w[0]->p, wbytes, cudaMemcpyDeviceToDevice));
+            }
+            for (int64_t T : {int64_t(1), int64_t(4), int64_t(8), int64_t(16)})
+                for (bool cold : {true, false}) {
+                    const int nc = cold ? copies : 1;
+                    Buf x(size_t(T * n_in) * 4), y(size_t(T * n_out) * 4);
+                    fill_f32(x, size_t(T * n_in), 1.0f);
+                    const WeightView W0{t, n_in, n_out, w[0]->as<uint8_t>(), rb};
+                    Buf ws(cuda::matmul_workspace_bytes(W0, T));
+                    const double us = time_us(
+                        [&](int i) {
+                            const WeightView W{t, n_in, n_out, w[size_t(i % nc)]->as<uint8_t>(), rb};
+                            cuda::matmul(W, x.as<float>(), y.as<float>(), T, ws.p, g_stream);
+                        },
+                        std::max(copies, 40));
+                    char what[96];
+                    std::snprintf(what, sizeof what, "gemv %s %lldx%lld T=%lld %s", type_name(t), (long long)n_out,
+                                  (long long)n_in, (long long)T, cold ? "cold" : "hot");
+                    row_bw(what, us, double(wbytes) + double(T) * (n_in + n_out) * 4);
+                }
+        }
 }
 
 void bench_small(int64_t T) {
@@ -340,7 +379,7 @@ int main(int argc, char** argv) {
         else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
         else if (std::strcmp(argv[i], "--ctx") == 0 && i + 1 < argc) only_ctx = std::atoll(argv[++i]);
         else {
-            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|small|embed|attention|attn-decode] [--ctx N]\n");
+            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|gemv|small|embed|attention|attn-decode] [--ctx N]\n");
             return 2;
         }
     }
@@ -361,6 +400,7 @@ int main(int argc, char** argv) {
         }
         bench_matmul(GgmlType::F32, FFN, D, {1, 512});
     }
+    if (only == "gemv") bench_gemv();
     if (want("small")) {
         bench_small(1);
         bench_small(4096);

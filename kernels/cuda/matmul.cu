@@ -12,8 +12,9 @@
 // neighbouring lanes read neighbouring words and every load instruction is coalesced. x is
 // quantized to int8 per 32 (an fp32 scale each) once per call, so a lane's 16 products per
 // token are 4 dp4a and one scaled FMA, and x costs 1 byte per weight of L1 traffic, not 4.
-// Small matrices (n_out below ~6k rows) split each row's blocks over several warps of a
-// block, reduced through shared memory in a fixed order, so enough bytes are in flight.
+// Small matrices split each row's blocks over several warps of a block (from the shape alone),
+// reduced through shared memory in a fixed order, so enough bytes are in flight. Both GEMVs
+// take T <= 16 (the CPU's kGemvMaxTokens) with per-row bits that do not depend on T (below).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
@@ -35,7 +37,7 @@ using detail::ceil_div;
 constexpr int kQ8Block = 32, kQ8Bytes = 34;
 constexpr int kGemvThreads = 256;  // 8 warps
 constexpr int kGemvUnroll = 2;     // 16-block steps whose loads a lane issues before using them
-constexpr int64_t kGemvMaxT = kQ8GemvMaxT;  // the BF16 GEMV's limit too
+constexpr int64_t kGemvMaxT = kQ8GemvMaxT;  // the BF16 GEMV's limit too (16: the CPU's kGemvMaxTokens)
 
 const char* cublas_status(cublasStatus_t s) {
     switch (s) {
@@ -100,6 +102,9 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restric
     // The GEMV after this kernel (launched with programmatic serialization) may start now:
     // it streams its first weights while x is quantized, and waits before reading xq.
     asm volatile("griddepcontrol.launch_dependents;");
+    // Launched with programmatic serialization too: x is the previous kernel's output, and xq
+    // may still be read by the previous GEMV.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
@@ -121,11 +126,12 @@ __device__ __forceinline__ uint32_t ld_u32(const uint32_t* p) { return __ldg(p);
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 template <class... Params, class... Args>
-void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t st, Args... args) {
+void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, size_t smem, cudaStream_t st,
+                Args... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -135,198 +141,302 @@ void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, cudaSt
     ALLOY_CUDA_CHECK("cuda::matmul", cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-// The end of both GEMVs: each lane's partial sums of its row reduced over the warp, then over
-// the row's kWpr warps (through red [warps][kT] in shared memory, in warp order, so the bits do
-// not depend on timing); lane 0 of the row's first warp stores y[t * n_out + row].
-template <int kT, int kWpr>
-__device__ __forceinline__ void store_row_sums(float (&acc)[kT], float (*red)[kT], int warp, int wir, int lane,
-                                               int64_t row, int64_t n_out, float* y) {
+// Batch invariance (T <= kGemvMaxT = 16): a row's arithmetic is fixed by (n_out, n_in) alone:
+// which lane takes which weights (kWpr, from the shape only), the order of each lane's FMAs per
+// token, the butterfly over the warp and the warps' sum in warp order. T only sets how many
+// tokens ride along (each token its own accumulators, the same operations on it) and how many
+// rows a warp takes (kR rows share each load of x, which changes nothing per row), so every
+// row's bits are those of a T = 1 call, whatever T and the token's position (test
+// GemvRowsDoNotDependOnTheBatch). One instance per T (no run-time token count in the loops,
+// which kept the compiler from hoisting the x loads: 2-4x slower at T 8-16).
+
+// The end of both GEMVs: each lane's partial sums of its kR rows reduced over the warp, then
+// over the row's kWpr warps (through red in shared memory, in warp order, so the bits do not
+// depend on timing); the row's first warp stores y[t * n_out + row].
+template <int kT, int kWpr, int kR>
+__device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
+                                               int lane, int64_t row0, int64_t n_out, float* y) {
 #pragma unroll
-    for (int t = 0; t < kT; ++t) acc[t] = detail::warp_sum_all(acc[t]);
+    for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int t = 0; t < kT; ++t) acc[r][t] = detail::warp_sum_all(acc[r][t]);
     if constexpr (kWpr == 1) {
-        if (lane == 0 && row < n_out)
-            for (int t = 0; t < kT; ++t) y[t * n_out + row] = acc[t];
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < kR; ++r)
+#pragma unroll
+                for (int t = 0; t < kT; ++t)
+                    if (row0 + r < n_out) y[t * n_out + row0 + r] = acc[r][t];
     } else {
         if (lane == 0)
-            for (int t = 0; t < kT; ++t) red[warp][t] = acc[t];
+#pragma unroll
+            for (int r = 0; r < kR; ++r)
+#pragma unroll
+                for (int t = 0; t < kT; ++t) red[warp][r][t] = acc[r][t];
         __syncthreads();
-        if (lane == 0 && wir == 0 && row < n_out) {
-            for (int t = 0; t < kT; ++t) {
-                float s = red[warp][t];
-                for (int i = 1; i < kWpr; ++i) s += red[warp + i][t];
-                y[t * n_out + row] = s;
+        // Lane (r kT + t) of the row's first warp adds the kWpr partials of (row r, token t)
+        // in warp order.
+        if (wir == 0) {
+            for (int i = lane; i < kR * kT; i += 32) {
+                const int r = i / kT, t = i % kT;
+                if (row0 + r >= n_out) continue;
+                float s = red[warp][r][t];
+                for (int j = 1; j < kWpr; ++j) s += red[warp + j][r][t];
+                y[t * n_out + row0 + r] = s;
             }
         }
     }
 }
 
-// The Q8_0 GEMV: y [T, n_out] = W [n_out, nb blocks] x. kWpr warps per row (1, 2, 4 or 8), so
-// a block of 8 warps covers 8 / kWpr rows. data must be 4-byte aligned; rows may start at
-// any even offset (row_bytes = 34 nb).
-template <int kT, int kWpr>
+// Lets the next kernel of the stream, when launched with programmatic serialization, start
+// (and stream its weights) once every block of this one has started; it still waits for this
+// kernel's completion (griddepcontrol.wait) before it reads what this kernel writes.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+
+// The Q8_0 GEMV: y [kT, n_out] = W [n_out, nb blocks] x. kWpr warps per row (1, 2, 4 or 8), so
+// a block of 8 warps covers 8 / kWpr rows. data must be 4-byte aligned; rows may start at any
+// even offset (row_bytes = 34 nb). xq / xd: x quantized by quantize_x_kernel.
+template <int kT, int kWpr, int kR>
 __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __restrict__ W, int64_t n_out,
                                                                 int64_t nb, const int8_t* __restrict__ xq,
-                                                                const float* __restrict__ xd, float* __restrict__ y) {
-    constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr;
-    __shared__ float red[kGemvThreads / 32][kT];
+                                                                const float* __restrict__ xd, float* __restrict__ y,
+                                                                int trig) {
+    // trig: 1 = trigger the next PDL kernel at once (pdl_trigger); 0 measured the same in a
+    // chain of GEMVs (bench/RESULTS.md), kept for neighbours that are PDL-aware.
+    constexpr int kU = kR == 1 ? kGemvUnroll : 1;  // 16-block steps in flight per row
+    constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr * kR;
+    __shared__ float red[kGemvThreads / 32][kR][kT];
+    if (trig) pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + warp / kWpr;
+    const int64_t row0 = blockIdx.x * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
     const int wir = warp % kWpr;  // this warp's share of the row
     const int half = lane & 1;    // which 16 quants of the block
     const int64_t n_in = nb * kQ8Block;
-    float acc[kT];
+    float acc[kR][kT];
 #pragma unroll
-    for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
-    bool waited = false;
-    if (row < n_out) {
-        const int64_t row_off = row * nb * kQ8Bytes;
-        for (int64_t b0 = int64_t(wir) * 16; b0 < nb; b0 += int64_t(kWpr) * 16 * kGemvUnroll) {
-            uint32_t w[kGemvUnroll][5];
-            uint16_t sc[kGemvUnroll];
-            int shift[kGemvUnroll];
-            bool ok[kGemvUnroll];
-            // Issue every load of the unrolled steps before the first use.
+    for (int r = 0; r < kR; ++r)
 #pragma unroll
-            for (int u = 0; u < kGemvUnroll; ++u) {
-                const int64_t b = b0 + int64_t(u) * kWpr * 16 + (lane >> 1);
-                ok[u] = b < nb;
+        for (int t = 0; t < kT; ++t) acc[r][t] = 0.0f;
+    constexpr int64_t kStep = int64_t(kWpr) * 16;
+    const int64_t row_bytes = nb * kQ8Bytes;
+    uint32_t w[kR][kU][5];
+    uint16_t sc[kR][kU];
+    bool ok[kR][kU];
+    auto load = [&](int64_t b0) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int64_t b = b0 + u * kStep + (lane >> 1);
+#pragma unroll
+            for (int r = 0; r < kR; ++r) {
+                const int64_t row_off = (row0 + r) * row_bytes;
+                ok[r][u] = b < nb && row0 + r < n_out;
                 const int64_t p = row_off + b * kQ8Bytes + 2 + 16 * half;  // first quant byte
-                shift[u] = int(p & 3) * 8;
-                if (ok[u]) {
+                if (ok[r][u]) {
                     const uint32_t* wp = reinterpret_cast<const uint32_t*>(W + (p & ~int64_t(3)));
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) w[u][i] = ld_u32(wp + i);
+                    for (int i = 0; i < 4; ++i) w[r][u][i] = ld_u32(wp + i);
                     // The fifth word only when misaligned: aligned, it may lie past the matrix.
-                    w[u][4] = shift[u] ? ld_u32(wp + 4) : 0u;
-                    sc[u] = __ldg(reinterpret_cast<const unsigned short*>(W + row_off + b * kQ8Bytes));
+                    w[r][u][4] = (p & 3) ? ld_u32(wp + 4) : 0u;
+                    sc[r][u] = __ldg(reinterpret_cast<const unsigned short*>(W + row_off + b * kQ8Bytes));
                 } else {
-                    for (int i = 0; i < 5; ++i) w[u][i] = 0u;
-                    sc[u] = 0;
-                }
-            }
-            if (!waited) {  // x is the previous kernel's output: wait for it after the first loads
-                pdl_wait();
-                waited = true;
-            }
-#pragma unroll
-            for (int u = 0; u < kGemvUnroll; ++u) {
-                if (!ok[u]) continue;
-                const int64_t b = b0 + int64_t(u) * kWpr * 16 + (lane >> 1);
-                int q[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) q[i] = int(__funnelshift_r(w[u][i], w[u][i + 1], shift[u]));
-                const float dw = __half2float(__ushort_as_half(sc[u]));
-#pragma unroll
-                for (int t = 0; t < kT; ++t) {
-                    const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + t * n_in + b * kQ8Block + 16 * half));
-                    int s = __dp4a(q[0], xv.x, 0);
-                    s = __dp4a(q[1], xv.y, s);
-                    s = __dp4a(q[2], xv.z, s);
-                    s = __dp4a(q[3], xv.w, s);
-                    acc[t] = fmaf(dw * __ldg(xd + t * nb + b), float(s), acc[t]);
+                    for (int i = 0; i < 5; ++i) w[r][u][i] = 0u;
+                    sc[r][u] = 0;
                 }
             }
         }
+    };
+    int64_t b0 = int64_t(wir) * 16;
+    load(b0);  // the first weights depend on nothing: in flight before the wait
+    pdl_wait();
+    while (b0 < nb) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int64_t b = b0 + u * kStep + (lane >> 1);
+            if (b >= nb) continue;
+            int q[kR][4];
+            float dw[kR];
+#pragma unroll
+            for (int r = 0; r < kR; ++r) {
+                const int sh = int(((row0 + r) * row_bytes + b * kQ8Bytes + 2 + 16 * half) & 3) * 8;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) q[r][i] = int(__funnelshift_r(w[r][u][i], w[r][u][i + 1], sh));
+                dw[r] = __half2float(__ushort_as_half(sc[r][u]));
+            }
+#pragma unroll
+            for (int t = 0; t < kT; ++t) {
+                const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + t * n_in + b * kQ8Block + 16 * half));
+                const float xs = __ldg(xd + t * nb + b);
+#pragma unroll
+                for (int r = 0; r < kR; ++r) {
+                    int s = __dp4a(q[r][0], xv.x, 0);
+                    s = __dp4a(q[r][1], xv.y, s);
+                    s = __dp4a(q[r][2], xv.z, s);
+                    s = __dp4a(q[r][3], xv.w, s);
+                    acc[r][t] = fmaf(dw[r] * xs, float(s), acc[r][t]);
+                }
+            }
+        }
+        b0 += kStep * kU;
+        if (b0 < nb) load(b0);
     }
-    store_row_sums<kT, kWpr>(acc, red, warp, wir, lane, row, n_out, y);
+    store_row_sums<kT, kWpr, kR>(acc, red, warp, wir, lane, row0, n_out, y);
 }
+
+template <int kT, int kR>
+void launch_q8_gemv_r(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const int8_t* xq, const float* xd,
+                      float* y, int trig, cudaStream_t st) {
+    const int64_t rows_per_block = (kGemvThreads / 32) / wpr * kR;
+    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
+    switch (wpr) {
+        case 1: launch_pdl(q8_gemv_kernel<kT, 1, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
+        case 2: launch_pdl(q8_gemv_kernel<kT, 2, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
+        case 4: launch_pdl(q8_gemv_kernel<kT, 4, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
+        default: launch_pdl(q8_gemv_kernel<kT, 8, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
+    }
+}
+
+// Rows per warp (kR): a choice of speed only (each row's arithmetic is the same for any kR),
+// so it may follow T and the shape; measured on the H200 (bench/RESULTS.md, 2026-12-01).
+// Q8_0: 1 at T 1; at T 2-4 2 when the matrix has >= 6144 row-warps (n_out x warps per row),
+// else 1; 4 at T 5-16, 2 for >= 64k row-warps at T >= 12 (the LM head: registers).
+// BF16: 2 at T 1, 4 above (fp32 x costs 4 bytes of L1 per weight and token; kR rows share it).
+int q8_rows_per_warp(int64_t T, int64_t row_warps) {
+    if (T == 1) return 1;
+    if (T <= 4) return row_warps >= 6144 ? 2 : 1;
+    return T >= 12 && row_warps >= 65536 ? 2 : 4;
+}
+int bf16_rows_per_warp(int64_t T) { return T == 1 ? 2 : 4; }
 
 template <int kT>
 void launch_q8_gemv(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const int8_t* xq, const float* xd,
-                    float* y, cudaStream_t st) {
-    const int64_t rows_per_block = (kGemvThreads / 32) / wpr;
-    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
-    switch (wpr) {
-        case 1: launch_pdl(q8_gemv_kernel<kT, 1>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
-        case 2: launch_pdl(q8_gemv_kernel<kT, 2>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
-        case 4: launch_pdl(q8_gemv_kernel<kT, 4>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
-        default: launch_pdl(q8_gemv_kernel<kT, 8>, grid, kGemvThreads, st, W, n_out, nb, xq, xd, y); break;
+                    float* y, int trig, cudaStream_t st) {
+    switch (q8_rows_per_warp(kT, n_out * wpr)) {
+        case 4: launch_q8_gemv_r<kT, 4>(wpr, W, n_out, nb, xq, xd, y, trig, st); break;
+        case 2: launch_q8_gemv_r<kT, 2>(wpr, W, n_out, nb, xq, xd, y, trig, st); break;
+        default: launch_q8_gemv_r<kT, 1>(wpr, W, n_out, nb, xq, xd, y, trig, st); break;
     }
 }
 
-// The BF16 GEMV (T <= kQ8GemvMaxT, n_in % 8 == 0): y [T, n_out] = W [n_out, n_in] x with x
+// The BF16 GEMV (T <= kGemvMaxT, n_in % 8 == 0): y [kT, n_out] = W [n_out, n_in] x with x
 // in fp32 as given (no rounding of x, no conversion kernel). Lane l of a warp reads 16 bytes
-// (8 weights) at chunk (32 step + l) of its row, kBf16Unroll steps in flight; kWpr warps per
-// row as the Q8_0 GEMV; x is read through L1 (2 float4 per token per chunk).
+// (8 weights) at chunk (32 step + l) of each of its kR rows, kBf16Unroll / kR steps in
+// flight; kWpr warps per row as the Q8_0 GEMV; x is read through L1 (2 float4 per token per
+// chunk, shared by the kR rows).
 constexpr int kBf16Unroll = 4;
 
-template <int kT, int kWpr>
+template <int kT, int kWpr, int kR>
 __global__ void __launch_bounds__(kGemvThreads) bf16_gemv_kernel(const uint16_t* __restrict__ W, int64_t n_out,
                                                                   int64_t n_in, const float* __restrict__ x,
-                                                                  float* __restrict__ y) {
-    constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr;
-    __shared__ float red[kGemvThreads / 32][kT];
+                                                                  float* __restrict__ y, int trig) {
+    constexpr int kU = kBf16Unroll / kR;
+    constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr * kR;
+    __shared__ float red[kGemvThreads / 32][kR][kT];
+    if (trig) pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + warp / kWpr;
+    const int64_t row0 = blockIdx.x * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
     const int wir = warp % kWpr;
     const int64_t nc = n_in / 8;  // 16-byte chunks per row
-    float acc[kT];
+    constexpr int64_t kStep = int64_t(kWpr) * 32;
+    float acc[kR][kT];
 #pragma unroll
-    for (int t = 0; t < kT; ++t) acc[t] = 0.0f;
-    bool waited = false;
-    if (row < n_out) {
-        const uint4* wr = reinterpret_cast<const uint4*>(W + row * n_in);
-        for (int64_t c0 = int64_t(wir) * 32; c0 < nc; c0 += int64_t(kWpr) * 32 * kBf16Unroll) {
-            uint4 w[kBf16Unroll];
+    for (int r = 0; r < kR; ++r)
 #pragma unroll
-            for (int u = 0; u < kBf16Unroll; ++u) {
-                const int64_t c = c0 + int64_t(u) * kWpr * 32 + lane;
-                w[u] = c < nc ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
-            }
-            if (!waited) {
-                pdl_wait();
-                waited = true;
-            }
+        for (int t = 0; t < kT; ++t) acc[r][t] = 0.0f;
+    uint4 w[kR][kU];
+    auto load = [&](int64_t c0) {
 #pragma unroll
-            for (int u = 0; u < kBf16Unroll; ++u) {
-                const int64_t c = c0 + int64_t(u) * kWpr * 32 + lane;
-                if (c >= nc) continue;
-                // bf16 -> fp32 is the high half of a word: low element << 16, high element & mask.
-                const uint32_t ws[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
-                float wf[8];
+        for (int u = 0; u < kU; ++u) {
+            const int64_t c = c0 + u * kStep + lane;
+#pragma unroll
+            for (int r = 0; r < kR; ++r)
+                w[r][u] = (c < nc && row0 + r < n_out) ? __ldg(reinterpret_cast<const uint4*>(W + (row0 + r) * n_in) + c)
+                                                        : make_uint4(0, 0, 0, 0);
+        }
+    };
+    int64_t c0 = int64_t(wir) * 32;
+    load(c0);
+    pdl_wait();
+    while (c0 < nc) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+            const int64_t c = c0 + u * kStep + lane;
+            if (c >= nc) continue;
+            // bf16 -> fp32 is the high half of a word: low element << 16, high element & mask.
+            float wf[kR][8];
+#pragma unroll
+            for (int r = 0; r < kR; ++r) {
+                const uint32_t ws[4] = {w[r][u].x, w[r][u].y, w[r][u].z, w[r][u].w};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    wf[2 * i] = __uint_as_float(ws[i] << 16);
-                    wf[2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+                    wf[r][2 * i] = __uint_as_float(ws[i] << 16);
+                    wf[r][2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
                 }
+            }
 #pragma unroll
-                for (int t = 0; t < kT; ++t) {
-                    const float4* xp = reinterpret_cast<const float4*>(x + t * n_in + c * 8);
-                    const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                    float s = acc[t];
-                    s = fmaf(wf[0], a.x, s);
-                    s = fmaf(wf[1], a.y, s);
-                    s = fmaf(wf[2], a.z, s);
-                    s = fmaf(wf[3], a.w, s);
-                    s = fmaf(wf[4], b.x, s);
-                    s = fmaf(wf[5], b.y, s);
-                    s = fmaf(wf[6], b.z, s);
-                    s = fmaf(wf[7], b.w, s);
-                    acc[t] = s;
+            for (int t = 0; t < kT; ++t) {
+                const float4* xp = reinterpret_cast<const float4*>(x + t * n_in + c * 8);
+                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+                for (int r = 0; r < kR; ++r) {
+                    float s = acc[r][t];
+                    s = fmaf(wf[r][0], a.x, s);
+                    s = fmaf(wf[r][1], a.y, s);
+                    s = fmaf(wf[r][2], a.z, s);
+                    s = fmaf(wf[r][3], a.w, s);
+                    s = fmaf(wf[r][4], b.x, s);
+                    s = fmaf(wf[r][5], b.y, s);
+                    s = fmaf(wf[r][6], b.z, s);
+                    s = fmaf(wf[r][7], b.w, s);
+                    acc[r][t] = s;
                 }
             }
         }
+        c0 += kStep * kU;
+        if (c0 < nc) load(c0);
     }
-    store_row_sums<kT, kWpr>(acc, red, warp, wir, lane, row, n_out, y);
+    store_row_sums<kT, kWpr, kR>(acc, red, warp, wir, lane, row0, n_out, y);
+}
+
+template <int kT, int kR>
+void launch_bf16_gemv_r(int wpr, const uint16_t* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
+                        cudaStream_t st) {
+    const int64_t rows_per_block = (kGemvThreads / 32) / wpr * kR;
+    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
+    switch (wpr) {
+        case 1: launch_pdl(bf16_gemv_kernel<kT, 1, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        case 2: launch_pdl(bf16_gemv_kernel<kT, 2, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        case 4: launch_pdl(bf16_gemv_kernel<kT, 4, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        default: launch_pdl(bf16_gemv_kernel<kT, 8, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+    }
 }
 
 template <int kT>
-void launch_bf16_gemv(int wpr, const uint16_t* W, int64_t n_out, int64_t n_in, const float* x, float* y,
+void launch_bf16_gemv(int wpr, const uint16_t* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
                       cudaStream_t st) {
-    const int64_t rows_per_block = (kGemvThreads / 32) / wpr;
-    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
-    switch (wpr) {
-        case 1: launch_pdl(bf16_gemv_kernel<kT, 1>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
-        case 2: launch_pdl(bf16_gemv_kernel<kT, 2>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
-        case 4: launch_pdl(bf16_gemv_kernel<kT, 4>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
-        default: launch_pdl(bf16_gemv_kernel<kT, 8>, grid, kGemvThreads, st, W, n_out, n_in, x, y); break;
+    switch (bf16_rows_per_warp(kT)) {
+        case 4: launch_bf16_gemv_r<kT, 4>(wpr, W, n_out, n_in, x, y, trig, st); break;
+        case 2: launch_bf16_gemv_r<kT, 2>(wpr, W, n_out, n_in, x, y, trig, st); break;
+        default: launch_bf16_gemv_r<kT, 1>(wpr, W, n_out, n_in, x, y, trig, st); break;
     }
 }
 
-// Warps per row: enough warps in all (~48 per SM) for the bytes in flight that HBM needs,
-// but no more than the row has 16-block steps.
-int q8_warps_per_row(int64_t n_out, int64_t nb) {
-    const int64_t want = int64_t(detail::sm_count()) * 48;
+// Calls f(std::integral_constant<int, T>) for T in 1..16: one kernel instance per token count.
+template <class F> void with_tokens(int64_t T, F&& f) {
+    switch (T) {
+#define ALLOY_T(n) case n: f(std::integral_constant<int, n>{}); break;
+        ALLOY_T(1) ALLOY_T(2) ALLOY_T(3) ALLOY_T(4) ALLOY_T(5) ALLOY_T(6) ALLOY_T(7) ALLOY_T(8)
+        ALLOY_T(9) ALLOY_T(10) ALLOY_T(11) ALLOY_T(12) ALLOY_T(13) ALLOY_T(14) ALLOY_T(15) ALLOY_T(16)
+#undef ALLOY_T
+        default: break;
+    }
+}
+
+// Warps per row: enough warps in all (24 per SM for Q8_0, 48 for BF16: measured, 48 for both
+// before; 24 lets most Q8_0 matrices of the 0.8B take one warp per row, with no shared-memory
+// reduction) for the bytes in flight that HBM needs, but no more than the row has 16-block
+// steps. From the shape alone: it sets each row's order of summation (batch invariance).
+int q8_warps_per_row(int64_t n_out, int64_t nb, bool q8) {
+    const int64_t want = int64_t(detail::sm_count()) * (q8 ? 24 : 48);
     int wpr = 1;
     while (wpr < 8 && n_out * wpr < want && int64_t(wpr) * 2 * 16 <= nb) wpr *= 2;
     return wpr;
@@ -406,14 +516,10 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
         case GgmlType::BF16:
             if (T <= kGemvMaxT && W.n_in % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0) {
                 // 16-byte chunks per lane; warps per row as the Q8_0 GEMV with 8 weights a lane-step.
-                const int wpr = q8_warps_per_row(W.n_out, W.n_in / 16);
+                const int wpr = q8_warps_per_row(W.n_out, W.n_in / 16, false);
                 const auto* w16 = reinterpret_cast<const uint16_t*>(W.data);
-                switch (T) {
-                    case 1: launch_bf16_gemv<1>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
-                    case 2: launch_bf16_gemv<2>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
-                    case 3: launch_bf16_gemv<3>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
-                    default: launch_bf16_gemv<4>(wpr, w16, W.n_out, W.n_in, x, y, st); break;
-                }
+                with_tokens(T, [&](auto kt) { launch_bf16_gemv<kt.value>(wpr, w16, W.n_out, W.n_in, x, y, 1, st); });
+                ALLOY_CUDA_LAUNCHED(op);
                 return;
             }
             to_bf16(x, ws, T * W.n_in, st, op);
@@ -421,19 +527,14 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
             return;
         case GgmlType::Q8_0: {
             const int64_t nb = W.n_in / kQ8Block;
-            if (T <= kQ8GemvMaxT) {
+            if (T <= kGemvMaxT) {
                 int8_t* xq = reinterpret_cast<int8_t*>(ws);
                 float* xd = reinterpret_cast<float*>(ws + align256(size_t(T * W.n_in)));
                 const int64_t blocks = T * nb;
-                quantize_x_kernel<<<unsigned(ceil_div(blocks * 32, 256)), 256, 0, st>>>(x, xq, xd, blocks);
-                ALLOY_CUDA_LAUNCHED(op);
-                const int wpr = q8_warps_per_row(W.n_out, nb);
-                switch (T) {
-                    case 1: launch_q8_gemv<1>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
-                    case 2: launch_q8_gemv<2>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
-                    case 3: launch_q8_gemv<3>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
-                    default: launch_q8_gemv<4>(wpr, W.data, W.n_out, nb, xq, xd, y, st); break;
-                }
+                // PDL-chained too: it waits for the kernel before it inside (griddepcontrol.wait).
+                launch_pdl(quantize_x_kernel, unsigned(ceil_div(blocks * 32, 256)), 256, 0, st, x, xq, xd, blocks);
+                const int wpr = q8_warps_per_row(W.n_out, nb, true);
+                with_tokens(T, [&](auto kt) { launch_q8_gemv<kt.value>(wpr, W.data, W.n_out, nb, xq, xd, y, 1, st); });
                 ALLOY_CUDA_LAUNCHED(op);
                 return;
             }

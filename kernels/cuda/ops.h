@@ -35,8 +35,11 @@ namespace alloy::cuda {
 //  * Q8_0 weights, T > kQ8GemvMaxT: panels of up to kQ8PanelRows rows dequantized to a bf16
 //    scratch (exact: int8 * f16 scale fits bf16's 8 bits only approximately, so ~4e-3
 //    relative), then the BF16 path's GEMM.
+//  Batch invariance (the CPU's contract, kGemvMaxTokens = 16): for T <= kQ8GemvMaxT each row
+//  of y has the bits of a T = 1 call on that row of x, whatever T and the row's position (the
+//  GEMVs' order of summation per (row, token) depends on the weight's shape only).
 // Other weight types throw alloy::Error. cuBLAS runs on a per-thread handle bound to `stream`.
-constexpr int64_t kQ8GemvMaxT = 4;
+constexpr int64_t kQ8GemvMaxT = 16;  // both GEMVs (the name is historical)
 constexpr int64_t kQ8PanelRows = 8192;
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr);

@@ -1,7 +1,9 @@
 // cuda::matmul against ref::matmul on random weights and inputs, for every weight type and
-// path (F32 cuBLAS, BF16 cuBLAS, Q8_0 GEMV at T <= 4, Q8_0 dequantized panels + cuBLAS above),
-// odd sizes (k = 96 and 160: Q8_0 rows of 3 and 5 blocks, so rows start 2 bytes off a word;
-// rows 37; T 1, 2, 3, 4, 5, 17), and a matrix taller than one Q8_0 panel. Each path is checked
+// path (F32 cuBLAS, BF16 and Q8_0 GEMVs at T <= 16, BF16 cuBLAS and Q8_0 dequantized panels +
+// cuBLAS above), odd sizes (k = 96 and 160: Q8_0 rows of 3 and 5 blocks, so rows start 2 bytes
+// off a word; rows 37; T 1, 2, 3, 4, 5, 9, 16, 17), and a matrix taller than one Q8_0 panel.
+// Batch invariance of the GEMVs: every row of a T = 1..16 call, the token at any position,
+// has the bits of a T = 1 call (GemvRowsDoNotDependOnTheBatch). Each path is checked
 // twice: tightly against ref run on the same rounded operands the path computes with (x in
 // bf16, x quantized to int8 as the GEMV does it, the Q8_0 weight in bf16), so an indexing or
 // scaling bug cannot hide in the rounding; and loosely against ref on the original fp32 x, the
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -95,7 +98,7 @@ struct Case {
     int64_t n_out, n_in;
 };
 const std::vector<Case> kCases = {{37, 96}, {64, 160}, {300, 1024}, {129, 3584}};
-const std::vector<int64_t> kTs = {1, 2, 3, 4, 5, 17};
+const std::vector<int64_t> kTs = {1, 2, 3, 4, 5, 9, 16, 17};
 
 // Runs every case and T for weight type t; `exact_x` maps x to the operand the path uses,
 // `exact_w` the weight (null: the weight's own bytes). Tolerances: tight vs the rounded
@@ -168,12 +171,73 @@ TEST(CudaMatmul, Q8_0TallMatrix) {
     std::vector<float> wf;
     const int64_t n_out = cuda::kQ8PanelRows + 37, n_in = 64;
     const HostWeight w = make_weight(GgmlType::Q8_0, n_out, n_in, wf, 3);
-    for (int64_t T : {int64_t(1), int64_t(9)}) {
+    for (int64_t T : {int64_t(1), int64_t(9), int64_t(17)}) {
         std::mt19937 rng(static_cast<unsigned>(T));
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> x(size_t(T * n_in));
         for (auto& v : x) v = nd(rng);
         EXPECT_LE(max_rel(run_cuda(w, x, T), run_ref(w.view(w.bytes.data()), x, T)), 2e-2) << "T " << T;
+    }
+}
+
+// The CPU's contract (NOTES "Core"), on the device: calls of up to 16 rows take the GEMV, whose
+// arithmetic per (row, token) is fixed, so each output row's bits do not depend on how many
+// rows the call has nor on the token's position in it. 16 random tokens; every window
+// [o, o + T) of them (T = 1..16, o = 0..16 - T) is one call, each of its rows compared bit for
+// bit with that token's T = 1 call. Shapes: odd n_in (Q8_0 rows of 3 and 5 blocks), n_in 3584
+// (whose x is quantized in the GEMV blocks up to T = 9 and by a kernel before above: the same
+// bits), and row counts that give 1..8 warps per row.
+TEST(CudaMatmul, GemvRowsDoNotDependOnTheBatch) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    constexpr int64_t kMaxT = 16;
+    static_assert(kMaxT == cuda::kQ8GemvMaxT, "the GEMV's limit");
+    const std::vector<Case> cases = {{37, 96}, {129, 160}, {300, 1024}, {1031, 3584}, {5000, 1024}};
+    uint32_t seed = 101;
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16}) {
+        for (const Case& c : cases) {
+            std::vector<float> wf;
+            const HostWeight w = make_weight(t, c.n_out, c.n_in, wf, seed++);
+            std::mt19937 rng(seed++);
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            std::vector<float> x(size_t(kMaxT * c.n_in));
+            for (auto& v : x) v = nd(rng);
+            DeviceArray<uint8_t> dw(w.bytes);
+            DeviceArray<float> dx(x), dy(std::vector<float>(size_t(kMaxT * c.n_out)));
+            const WeightView W = w.view(dw.p);
+            DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_workspace_bytes(W, kMaxT)));
+            auto run = [&](int64_t o, int64_t T) {
+                EXPECT_EQ(cudaMemset(dy.p, 0xff, dy.n * sizeof(float)), cudaSuccess);  // NaN poison
+                cuda::matmul(W, dx.p + o * c.n_in, dy.p, T, ws.p);
+                EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                std::vector<float> y = dy.host();
+                y.resize(size_t(T * c.n_out));
+                return y;
+            };
+            std::vector<std::vector<float>> alone(kMaxT);
+            for (int64_t j = 0; j < kMaxT; ++j) {
+                alone[size_t(j)] = run(j, 1);
+                for (float v : alone[size_t(j)]) ASSERT_TRUE(std::isfinite(v)) << "unwritten row";
+            }
+            // The rows must differ between tokens, or the comparison proves nothing.
+            EXPECT_NE(std::memcmp(alone[0].data(), alone[1].data(), alone[0].size() * 4), 0);
+            int bad = 0;
+            for (int64_t T = 1; T <= kMaxT; ++T)
+                for (int64_t o = 0; o + T <= kMaxT; ++o) {
+                    const std::vector<float> y = run(o, T);
+                    for (int64_t r = 0; r < T; ++r) {
+                        const float* got = y.data() + r * c.n_out;
+                        const std::vector<float>& want = alone[size_t(o + r)];
+                        if (std::memcmp(got, want.data(), size_t(c.n_out) * 4) != 0 && bad++ < 5) {
+                            int64_t i = 0;
+                            while (i < c.n_out && std::memcmp(got + i, &want[size_t(i)], 4) == 0) ++i;
+                            ADD_FAILURE() << (t == GgmlType::Q8_0 ? "Q8_0 " : "BF16 ") << c.n_out << "x" << c.n_in
+                                          << " T " << T << " token " << o + r << " at position " << r
+                                          << ": output " << i << " is " << got[i] << ", alone " << want[size_t(i)];
+                        }
+                    }
+                }
+            EXPECT_EQ(bad, 0) << "rows whose bits depend on the batch";
+        }
     }
 }
 

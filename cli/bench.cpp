@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "alloy/error.h"
-#include "cli/common.h"
+#include "cli/internal_options.h"
 #include "kernels/cpu/read_bandwidth.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/loaded_model.h"

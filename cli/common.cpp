@@ -1,13 +1,10 @@
 #include "cli/common.h"
 
-#include "kernels/cpu/thread_pool.h"
-
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
 
 #include "alloy/error.h"
-#include "runtime/loaded_model.h"
 
 namespace alloy::cli {
 
@@ -26,28 +23,18 @@ void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
                                    "(faster start; slower decode)");
 }
 
-KvCacheTypes ModelOptions::kv_types() const {
-    return {parse_cache_type(cache_type_k, kCacheTypeKFlag), parse_cache_type(cache_type_v, kCacheTypeVFlag)};
-}
-
-ForwardOptions ModelOptions::forward_options() const {
-    ForwardOptions o;
-    if (gdn == "serial") o.gdn_mode = ref::GdnMode::Serial;
-    else if (gdn == "chunked") o.gdn_mode = ref::GdnMode::Chunked;
-    else throw Error("--gdn must be 'serial' or 'chunked', got '" + gdn + "'");
+void ModelOptions::validate() const {
+    if (gdn != "serial" && gdn != "chunked") throw Error("--gdn must be 'serial' or 'chunked', got '" + gdn + "'");
     if (chunk < 1 || chunk > 1024) throw Error("--chunk must be in [1, 1024], got " + std::to_string(chunk));
-    o.gdn_chunk = chunk;
     if (batch < chunk) throw Error("--batch-size must be >= --chunk (" + std::to_string(chunk) + ")");
-    o.max_batch = batch / chunk * chunk;
     if (ctx < 1) throw Error("--ctx must be positive, got " + std::to_string(ctx));
     if (threads < 0) throw Error("--threads must be >= 0");
-    (void)kv_types();  // a bad -ctk/-ctv fails before the model is loaded
-    if (threads > 0) cpu::set_n_threads(threads);
-    return o;
+    check_cache_type(cache_type_k, kCacheTypeKFlag);  // a bad -ctk/-ctv fails before the model is loaded
+    check_cache_type(cache_type_v, kCacheTypeVFlag);
 }
 
 alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
-    (void)forward_options();  // the same checks and messages as every other command
+    validate();
     alloy::EngineOptions e;
     e.model_path = model_path();
     e.n_parallel = n_parallel;
@@ -98,22 +85,12 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     return ids;
 }
 
-GgmlType parse_dtype(const std::string& s) {
-    if (s == "f32") return GgmlType::F32;
-    if (s == "f16") return GgmlType::F16;
-    if (s == "bf16") return GgmlType::BF16;
-    if (s == "q8_0") return GgmlType::Q8_0;
-    throw Error("--dtype must be f32, f16, bf16 or q8_0, got '" + s + "'");
-}
-
 const char* const kCacheTypeKFlag = "-ctk/--cache-type-k";
 const char* const kCacheTypeVFlag = "-ctv/--cache-type-v";
 
-GgmlType parse_cache_type(const std::string& s, const char* flag) {
-    if (s == "f32") return GgmlType::F32;
-    if (s == "f16") return GgmlType::F16;
-    if (s == "bf16") return GgmlType::BF16;
-    throw Error(std::string(flag) + " must be f32, f16 or bf16, got '" + s + "'");
+void check_cache_type(const std::string& s, const char* flag) {
+    if (s != "f32" && s != "f16" && s != "bf16")
+        throw Error(std::string(flag) + " must be f32, f16 or bf16, got '" + s + "'");
 }
 
 void rewrite_llama_style_flags(std::vector<std::string>& args) {

@@ -1,13 +1,11 @@
-// Options and small helpers shared by several subcommands.
+// Options and small helpers shared by several subcommands (include/alloy only; the benchmarks'
+// and convert's internal options are in cli/internal_options.h).
 #pragma once
 #include <string>
 #include <vector>
 
 #include "alloy/engine.h"
 #include "cli/commands.h"
-#include "format/ggml_types.h"
-#include "format/gguf.h"
-#include "model/qwen35.h"
 
 namespace alloy::cli {
 
@@ -22,22 +20,20 @@ struct ModelOptions {
     std::string cache_type_k = "f16", cache_type_v = "f16";  // -ctk / -ctv, llama.cpp's defaults
     bool mmap = false;       // use the file mapping instead of reading the weights into memory
     void add_to(CLI::App* cmd, bool model_required);
-    ForwardOptions forward_options() const;  // validates every option; sets the thread count
-    KvCacheTypes kv_types() const;           // throws naming -ctk/-ctv and the bad value
+    // Throws naming the flag (--gdn, --chunk, -b, -c, -t, -ctk/-ctv) whose value is wrong.
+    void validate() const;
     std::string model_path() const;          // resolves the default model
     // The same options for include/alloy's Engine, n_parallel sequences at once (validated).
     alloy::EngineOptions engine_options(int n_parallel) const;
-    gguf::TensorData tensor_data() const { return mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident; }
 };
 
 // "1,2,3" -> integers >= min_value; throws naming the flag and the bad entry.
 std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value);
 // "1 2 3" or "1,2,3" -> ids; throws naming the bad entry.
 std::vector<int32_t> parse_ids(const std::string& text);
-// f32 | f16 | bf16 | q8_0
-GgmlType parse_dtype(const std::string& s);
-// KV cache type of flag `flag` (e.g. "-ctk/--cache-type-k"): f32 | f16; throws naming both.
-GgmlType parse_cache_type(const std::string& s, const char* flag);
+// A KV cache type name of flag `flag` (e.g. "-ctk/--cache-type-k"): f32 | f16 | bf16; throws
+// naming both.
+void check_cache_type(const std::string& s, const char* flag);
 extern const char* const kCacheTypeKFlag;  // "-ctk/--cache-type-k"
 extern const char* const kCacheTypeVFlag;  // "-ctv/--cache-type-v"
 

@@ -6,7 +6,7 @@
 #include "alloy/engine.h"
 #include "alloy/error.h"
 #include "cli/common.h"
-#include "server/server.h"
+#include "alloy/server.h"
 
 namespace alloy::cli {
 

@@ -7,9 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "alloy/convert.h"
 #include "alloy/error.h"
 #include "format/gguf.h"
 #include "format/safetensors.h"
+#include "model/synth.h"
 #include "tokenizer/tokenizer.h"
 
 namespace alloy {
@@ -380,6 +382,16 @@ std::string convert_hf_qwen35(const ConvertOptions& opt) {
     w.write(opt.out_path);
     return "wrote " + opt.out_path + ": " + std::to_string(n_tensors) + " tensors, " +
            std::to_string(c.n_layer) + " layers" + (n_mtp ? " + MTP block" : "");
+}
+
+std::string convert_model(const ConvertRequest& r) {
+    ConvertOptions opt;
+    opt.hf_dir = r.hf_dir;
+    opt.out_path = r.out_path;
+    opt.dtype = matrix_dtype(r.dtype, "convert: --dtype");
+    opt.tokenizer_json = r.tokenizer_json;
+    opt.keep_mtp = r.keep_mtp;
+    return convert_hf_qwen35(opt);
 }
 
 }  // namespace alloy

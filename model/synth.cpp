@@ -188,14 +188,18 @@ std::string synth_qwen35(const SynthOptions& opt) {
            " layers, vocab " + std::to_string(n_vocab) + ")";
 }
 
+GgmlType matrix_dtype(const std::string& name, const std::string& what) {
+    if (name == "f32") return GgmlType::F32;
+    if (name == "f16") return GgmlType::F16;
+    if (name == "bf16") return GgmlType::BF16;
+    if (name == "q8_0") return GgmlType::Q8_0;
+    throw Error(what + " must be f32, f16, bf16 or q8_0, got '" + name + "'");
+}
+
 std::string synth_model(const SynthRequest& r) {
     SynthOptions opt;
     opt.preset = r.preset;
-    if (r.dtype == "f32") opt.dtype = GgmlType::F32;
-    else if (r.dtype == "f16") opt.dtype = GgmlType::F16;
-    else if (r.dtype == "bf16") opt.dtype = GgmlType::BF16;
-    else if (r.dtype == "q8_0") opt.dtype = GgmlType::Q8_0;
-    else throw Error("synth: --dtype must be f32, f16, bf16 or q8_0, got '" + r.dtype + "'");
+    opt.dtype = matrix_dtype(r.dtype, "synth: --dtype");
     opt.tokenizer_json = r.tokenizer_json.empty() ? std::string(ALLOY_ASSETS_DIR) + "/qwen3-tokenizer/tokenizer.json"
                                                   : r.tokenizer_json;
     opt.out_path = r.out_path;

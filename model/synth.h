@@ -21,4 +21,7 @@ struct SynthOptions {
 
 std::string synth_qwen35(const SynthOptions& opt);  // returns a one-line summary
 
+// "f32" | "f16" | "bf16" | "q8_0" -> the matrix type of synth and convert; throws naming `what`.
+GgmlType matrix_dtype(const std::string& name, const std::string& what);
+
 }  // namespace alloy

@@ -1,4 +1,4 @@
-#include "server/server.h"
+#include "alloy/server.h"
 
 #include <httplib.h>
 #include <sys/socket.h>

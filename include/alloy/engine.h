@@ -20,6 +20,10 @@
 
 namespace alloy {
 
+// The embedded default model: a tiny synthetic Qwen3.5 with a real vocabulary, written on first
+// use to $ALLOY_HOME or ~/.cache/alloy (no download). Returns its path.
+std::string default_model_path();
+
 struct EngineOptions {
     std::string model_path;            // GGUF file; empty: the embedded default model
     int n_parallel = 4;                // requests served at once (state slots), llama-server's --parallel

@@ -20,7 +20,7 @@
 #include "alloy/engine.h"
 #include "model/synth.h"
 #include "runtime/loaded_model.h"
-#include "server/server.h"
+#include "alloy/server.h"
 
 namespace alloy::server {
 namespace {

@@ -1,5 +1,5 @@
-// `alloy serve`: an OpenAI-compatible HTTP server over one loaded model, as llama.cpp's
-// llama-server and vLLM offer it:
+// Public API of `alloy serve` (implemented in server/): an OpenAI-compatible HTTP server over
+// one Engine, as llama.cpp's llama-server and vLLM offer it:
 //   GET  /health                 {"status": "ok"}
 //   GET  /v1/models              the one model
 //   POST /v1/completions         {"prompt": ...} -> text_completion (or SSE chunks with "stream": true)

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "alloy/error.h"
+#include "alloy/tokenize.h"
 #include "cli/commands.h"
-#include "tokenizer/tokenizer.h"
 
 namespace alloy::cli {
 
@@ -23,13 +23,12 @@ void add_tokenize_command(CLI::App& app) {
     cmd->add_option("-m,--model", opt->model, "GGUF model, or a Hugging Face tokenizer.json")->required();
     cmd->add_flag("--special", opt->special, "parse special tokens such as <|im_start|> in the input");
     cmd->callback([opt] {
-        const Tokenizer tok = Tokenizer::from_path(opt->model);
         std::ios::sync_with_stdio(false);
         std::cin >> std::noskipws;
         const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
         if (std::cin.bad()) throw Error("tokenize: cannot read stdin");
         std::string line;
-        for (int32_t id : tok.encode(text, opt->special)) {
+        for (int32_t id : tokenize_text(opt->model, text, opt->special)) {
             if (!line.empty()) line += ' ';
             line += std::to_string(id);
         }

@@ -89,6 +89,10 @@ struct KqTileIn {
           xq(p.q + g0 * gq), xd(p.d + g0 * gd), xs(p.bsums + g0 * gs),
           next_rows(int(std::min<int64_t>(R, W.n_out - r0 - R))) {}
     const uint8_t* block(int r, int64_t b) const { return w + r * rb + b * kBytes; }
+    // Token group v of block b: its 64 k-quads of 64 bytes, its 16 bsums vectors, its d_x.
+    const int8_t* quads(int v, int64_t b) const { return xq + v * gq + b * (kQK / 4) * 64; }
+    const int32_t* bsums(int v, int64_t b) const { return xs + v * gs + b * 16 * kGroup; }
+    const float* dx(int v, int64_t b) const { return xd + v * gd + b * kGroup; }
     void prefetch_next(int R, int64_t b) const {
         for (int r = 0; r < next_rows; ++r)
             for (int c = 0; c < kBytes; c += 64) _mm_prefetch(reinterpret_cast<const char*>(block(R + r, b) + c), _MM_HINT_T0);

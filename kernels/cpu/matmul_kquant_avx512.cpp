@@ -32,10 +32,6 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
     constexpr bool kQ6 = In::kQ6;
     constexpr int kSub = In::kSub, kSubs = In::kSubs;
     const In in(W, r0, p, g0, R);
-    const int64_t gq = in.gq, gd = in.gd, gs = in.gs;
-    const int8_t* xq = in.xq;
-    const float* xd = in.xd;
-    const int32_t* xs = in.xs;
 
     __m512 f[R * NV];
 #pragma GCC unroll 16
@@ -48,7 +44,6 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
         __m512i tot[R * NV];
 #pragma GCC unroll 16
         for (int i = 0; i < R * NV; ++i) tot[i] = _mm512_setzero_si512();
-        const int8_t* xb = xq + b * (kQK / 4) * 64;
         for (int s = 0; s < kSubs; ++s) {
             __m512i acc[R * NV];
 #pragma GCC unroll 16
@@ -58,7 +53,7 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
                 const int qd = s * (kSub / 4) + j;
                 __m512i xv[NV];
 #pragma GCC unroll 4
-                for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_si512(xb + v * gq + qd * 64);
+                for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_si512(in.quads(v, b) + qd * 64);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; ++r) {
                     const uint8_t* blk = in.block(r, b);
@@ -83,7 +78,7 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
             const float d = _cvtsh_ss(load_u16(blk + (kQ6 ? 208 : 0)));
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {
-                const int32_t* bs = xs + v * gs + b * 16 * kGroup;
+                const int32_t* bs = in.bsums(v, b);
                 __m512i corr = _mm512_setzero_si512();
                 if constexpr (kQ6) {
                     for (int s = 0; s < 16; ++s)
@@ -96,7 +91,7 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
                         corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(pair, _mm512_set1_epi32(mn[r][j])));
                     }
                 }
-                const __m512 dx = _mm512_load_ps(xd + v * gd + b * kGroup);
+                const __m512 dx = _mm512_load_ps(in.dx(v, b));
                 __m512 blockf;
                 if constexpr (kQ6) {
                     blockf = _mm512_mul_ps(_mm512_set1_ps(d),

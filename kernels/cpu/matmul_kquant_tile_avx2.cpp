@@ -69,10 +69,6 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
     constexpr bool kQ6 = In::kQ6;
     constexpr int kSub = In::kSub, kSubs = In::kSubs;
     const In in(W, r0, p, g0, R);
-    const int64_t gq = in.gq, gd = in.gd, gs = in.gs;
-    const int8_t* xq = in.xq;
-    const float* xd = in.xd;
-    const int32_t* xs = in.xs;
 
     F16 f[R * NV];
     for (auto& v : f) v = {_mm256_setzero_ps(), _mm256_setzero_ps()};
@@ -83,7 +79,6 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
         for (int r = 0; r < R; ++r) in.scales(r, b, sc[r], mn[r], sc6[r]);
         I16 tot[R * NV];
         for (auto& v : tot) v = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        const int8_t* xb = xq + b * (kQK / 4) * 64;
         for (int s = 0; s < kSubs; ++s) {
             // Each row's codes of sub-block s, unpacked 32 at a time in element order (dword
             // lane q = quad q), as the decode kernels unpack them; each quad is then broadcast
@@ -99,7 +94,7 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
                 const __m256i lane = _mm256_set1_epi32(kQ6 ? (s % 2) * 4 + j : j);
                 I16 xv[NV];
 #pragma GCC unroll 4
-                for (int v = 0; v < NV; ++v) xv[v] = load_i16(xb + v * gq + qd * 64);
+                for (int v = 0; v < NV; ++v) xv[v] = load_i16(in.quads(v, b) + qd * 64);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; ++r) {
                     const __m256i wv = _mm256_permutevar8x32_epi32(codes[r], lane);
@@ -128,7 +123,7 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
             const float d = _cvtsh_ss(load_u16(blk + (kQ6 ? 208 : 0)));
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {
-                const int32_t* bs = xs + v * gs + b * 16 * kGroup;
+                const int32_t* bs = in.bsums(v, b);
                 I16 corr = {_mm256_setzero_si256(), _mm256_setzero_si256()};
                 if constexpr (kQ6) {
                     for (int s = 0; s < 16; ++s) {
@@ -145,7 +140,7 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
                         corr.hi = _mm256_add_epi32(corr.hi, _mm256_mullo_epi32(_mm256_add_epi32(a.hi, c.hi), m));
                     }
                 }
-                const float* dxp = xd + v * gd + b * kGroup;
+                const float* dxp = in.dx(v, b);
                 const __m256 dx[2] = {_mm256_loadu_ps(dxp), _mm256_loadu_ps(dxp + 8)};
                 const __m256i tv[2] = {tot[r * NV + v].lo, tot[r * NV + v].hi};
                 const __m256i cv[2] = {corr.lo, corr.hi};

@@ -9,7 +9,8 @@
 #include <random>
 
 #include "alloy/error.h"
-#include "cli/internal_options.h"
+#include "cli/common.h"
+#include "runtime/engine_options.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/loaded_model.h"
 
@@ -27,17 +28,18 @@ void add_batched_bench_command(CLI::App& app) {
     cmd->add_flag("--profile", profile, "after each row, the decode steps' time per kernel (per step)");
     cmd->add_flag("--output-format-jsonl", json_lines, "also print one JSON line per row (as llama-batched-bench -ojsonl)");
     cmd->callback([] {
-        const ForwardOptions fo = forward_options(eo);
+        const EngineOptions e = eo.engine_options(1);  // validated, flags named
+        const ForwardOptions fo = forward_options(e);
         const auto pps = parse_int_list(npp, "-npp", 1), tgs = parse_int_list(ntg, "-ntg", 0),
                    pls = parse_int_list(npl, "-npl", 1);
-        LoadedModel lm = load_model(eo.model_path(), tensor_data(eo));
+        LoadedModel lm = load_model(e.model_path, tensor_placement(e));
         const Qwen35Model& m = *lm.model;
         const int V = m.hparams().n_vocab;
         int max_pl = 0, max_ctx = 0;
         for (int pl : pls) max_pl = std::max(max_pl, pl);
         for (int pp : pps)
             for (int tg : tgs) max_ctx = std::max(max_ctx, pp + tg);
-        ModelState st = m.new_state(max_ctx, kv_types(eo), max_pl);
+        ModelState st = m.new_state(max_ctx, kv_cache_types(e), max_pl);
         std::mt19937 rng(1);
         std::vector<int32_t> prompt;
         std::vector<float> logits;

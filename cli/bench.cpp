@@ -14,7 +14,8 @@
 #include <sstream>
 
 #include "alloy/error.h"
-#include "cli/internal_options.h"
+#include "cli/common.h"
+#include "runtime/engine_options.h"
 #include "kernels/cpu/read_bandwidth.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/loaded_model.h"
@@ -30,10 +31,10 @@ std::vector<std::string> parse_cache_types(const std::string& s, const char* fla
     std::stringstream ss(s);
     std::string item;
     while (std::getline(ss, item, ',')) {
-        (void)parse_cache_type(item, flag);  // throws naming the flag and the value
+        check_cache_type(item, flag);  // throws naming the flag and the value
         out.push_back(item);
     }
-    if (out.empty()) (void)parse_cache_type(s, flag);
+    if (out.empty()) check_cache_type(s, flag);
     return out;
 }
 
@@ -170,8 +171,8 @@ void add_bench_command(CLI::App& app) {
             auto it = states.find({t.type_k, t.type_v});
             if (it == states.end())
                 it = states.emplace(std::pair{t.type_k, t.type_v},
-                                    m.new_state(max_ctx, {parse_cache_type(t.type_k, kCacheTypeKFlag),
-                                                          parse_cache_type(t.type_v, kCacheTypeVFlag)}))
+                                    m.new_state(max_ctx, {kv_cache_type(t.type_k, kCacheTypeKFlag),
+                                                          kv_cache_type(t.type_v, kCacheTypeVFlag)}))
                          .first;
             ModelState& st = it->second;
             st.reset();

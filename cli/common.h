@@ -1,5 +1,5 @@
-// Options and small helpers shared by several subcommands (include/alloy only; the benchmarks'
-// and convert's internal options are in cli/internal_options.h).
+// Options and small helpers shared by several subcommands (include/alloy only; the benchmarks
+// turn engine_options() into the forward's own with runtime/engine_options.h).
 #pragma once
 #include <string>
 #include <vector>

@@ -7,7 +7,8 @@
 #include <random>
 
 #include "alloy/error.h"
-#include "cli/internal_options.h"
+#include "cli/common.h"
+#include "runtime/engine_options.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/loaded_model.h"
 
@@ -39,13 +40,14 @@ void add_profile_command(CLI::App& app) {
     cmd->add_option("-d,--n-depth", depth, "context before the profiled prefill")->capture_default_str();
     cmd->add_option("--trace", trace, "write a Chrome trace JSON of every kernel launch");
     cmd->callback([] {
-        ForwardOptions fo = forward_options(eo);
+        const EngineOptions e = eo.engine_options(1);  // validated, flags named
+        ForwardOptions fo = forward_options(e);
         if (n_prompt < 1) throw Error("-p must be >= 1");
         if (n_gen < 1) throw Error("-n must be >= 1");
-        LoadedModel lm = load_model(eo.model_path(), tensor_data(eo));
+        LoadedModel lm = load_model(e.model_path, tensor_placement(e));
         const Qwen35Model& m = *lm.model;
         const int V = m.hparams().n_vocab;
-        ModelState st = m.new_state(depth + n_prompt + n_gen + 1, kv_types(eo));
+        ModelState st = m.new_state(depth + n_prompt + n_gen + 1, kv_cache_types(e));
         std::vector<float> logits(static_cast<size_t>(V));
         std::mt19937 rng(7);
         std::vector<int32_t> ids(size_t(depth + n_prompt + n_gen));

@@ -31,6 +31,7 @@
 #include "model/qwen35.h"
 #include "runtime/loaded_model.h"
 #include "runtime/sampler.h"
+#include "runtime/engine_options.h"
 #include "runtime/slot_cache.h"
 #include "runtime/stop_filter.h"
 
@@ -40,13 +41,6 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 double seconds(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-GgmlType cache_type(const std::string& s, const char* what) {
-    if (s == "f32") return GgmlType::F32;
-    if (s == "f16") return GgmlType::F16;
-    if (s == "bf16") return GgmlType::BF16;
-    throw Error(std::string("engine: ") + what + " must be f32, f16 or bf16, got '" + s + "'");
-}
 
 // A request from submit() to on_done.
 struct Sequence {
@@ -84,6 +78,7 @@ struct Engine::Impl {
     std::vector<std::unique_ptr<Sequence>> active;  // scheduler thread only
     std::vector<int> free_slots;                    // scheduler thread only
     bool last_step_decoded = false;                 // scheduler thread only
+    std::vector<float> logits;                      // scheduler thread only: the step's rows, kept (grows only)
     std::thread thread;
 
     void emit(Sequence& s, const std::string& text, bool& hit) {
@@ -174,6 +169,11 @@ struct Engine::Impl {
         s.filter.emplace(s.req.stop);
     }
 
+    // Requests that finish() released (slot -1) leave the active list.
+    void drop_finished() {
+        active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }), active.end());
+    }
+
     void step() {
         // Requests that leave before running: cancelled, or nothing to generate.
         for (auto& s : active) {
@@ -181,7 +181,7 @@ struct Engine::Impl {
             if (s->cancelled) finish(*s, "cancelled");
             else if (s->req.max_tokens == 0) finish(*s, "length");
         }
-        active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }), active.end());
+        drop_finished();
         if (active.empty()) return;
 
         // Which step: every decoding request (one token each), or the next prompt piece of the
@@ -216,7 +216,9 @@ struct Engine::Impl {
         ForwardOptions run = fo;
         if (!any_prompt) run.gdn_mode = ref::GdnMode::Serial;  // a decode-only step: its plans and labels
         const size_t V = size_t(lm.model->hparams().n_vocab);
-        std::vector<float> logits(size_t(batch.logit_rows()) * V);
+        // Kept between steps: 32 decoding requests need 19 MB of rows, not worth allocating and
+        // zeroing every token.
+        if (logits.size() < size_t(batch.logit_rows()) * V) logits.resize(size_t(batch.logit_rows()) * V);
         try {
             lm.model->forward(slots->state(), batch, run, logits.data());
         } catch (const std::exception& e) {
@@ -226,8 +228,7 @@ struct Engine::Impl {
                 s->r.error = e.what();
                 finish(*s, "error");
             }
-            active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }),
-                         active.end());
+            drop_finished();
             return;
         }
         size_t row = 0;
@@ -248,7 +249,7 @@ struct Engine::Impl {
                 if (s.slot >= 0) finish(s, "error");
             }
         }
-        active.erase(std::remove_if(active.begin(), active.end(), [](const auto& s) { return s->slot < 0; }), active.end());
+        drop_finished();
         std::lock_guard<std::mutex> lock(mu);
         ++st.steps;
         st.max_batch_sequences = std::max(st.max_batch_sequences, int(batch.seqs.size()));
@@ -296,19 +297,10 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (o.n_parallel < 1 || o.n_parallel > 256)
         throw Error("engine: n_parallel must be in [1, 256], got " + std::to_string(o.n_parallel));
     if (o.n_ctx < 2) throw Error("engine: n_ctx must be at least 2, got " + std::to_string(o.n_ctx));
-    if (o.threads < 0) throw Error("engine: threads must be >= 0, got " + std::to_string(o.threads));
-    if (o.gdn == "serial") m.fo.gdn_mode = ref::GdnMode::Serial;
-    else if (o.gdn == "chunked") m.fo.gdn_mode = ref::GdnMode::Chunked;
-    else throw Error("engine: gdn must be 'serial' or 'chunked', got '" + o.gdn + "'");
-    if (o.gdn_chunk < 1 || o.gdn_chunk > 1024) throw Error("engine: gdn_chunk must be in [1, 1024], got " + std::to_string(o.gdn_chunk));
-    if (o.batch_size < o.gdn_chunk)
-        throw Error("engine: batch_size must be >= gdn_chunk (" + std::to_string(o.gdn_chunk) + "), got " + std::to_string(o.batch_size));
-    m.fo.gdn_chunk = o.gdn_chunk;
-    m.fo.max_batch = o.batch_size / o.gdn_chunk * o.gdn_chunk;
-    const KvCacheTypes kv{cache_type(o.cache_type_k, "cache_type_k"), cache_type(o.cache_type_v, "cache_type_v")};
-    if (o.threads > 0) cpu::set_n_threads(o.threads);
+    m.fo = forward_options(o);
+    const KvCacheTypes kv = kv_cache_types(o);
     if (o.model_path.empty()) o.model_path = default_model_path();
-    m.lm = load_model(o.model_path, o.mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident);
+    m.lm = load_model(o.model_path, tensor_placement(o));
     m.slots.emplace(*m.lm.model, o.n_parallel, o.n_ctx, kv);
     for (int s = o.n_parallel - 1; s >= 0; --s) m.free_slots.push_back(s);  // slot 0 first
     m.thread = std::thread([&m] { m.loop(); });

@@ -118,8 +118,8 @@ void add_bench_command(CLI::App& app) {
         }
         const std::string path = model.empty() ? default_model_path() : model;
         LoadedModel lm = load_model(path, use_mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident);
-        const Qwen35Model& m = *lm.model;
-        const ModelInfo info = model_info(m);
+        const ModelRunner& m = *lm.runner;
+        const ModelInfo info = model_info(m.model());
         const int V = m.hparams().n_vocab;
         int max_ctx = 1;
         for (int d : dd) for (int p : pp) for (int n : tg) max_ctx = std::max(max_ctx, d + std::max(p, n) + 1);
@@ -292,7 +292,7 @@ void add_bench_command(CLI::App& app) {
             j["model_type"] = info.description;
             j["model_size"] = info.file_bytes;
             j["model_n_params"] = info.n_params;
-            j["n_batch"] = Qwen35Model::bucket_for(std::clamp(t.n_prompt, 1, ForwardOptions{}.max_batch), {});
+            j["n_batch"] = ModelRunner::bucket_for(std::clamp(t.n_prompt, 1, ForwardOptions{}.max_batch), {});
             j["n_ubatch"] = j["n_batch"];
             j["n_threads"] = t.threads;
             j["type_k"] = t.type_k;

@@ -45,7 +45,7 @@ void add_profile_command(CLI::App& app) {
         if (n_prompt < 1) throw Error("-p must be >= 1");
         if (n_gen < 1) throw Error("-n must be >= 1");
         LoadedModel lm = load_model(e.model_path, tensor_placement(e));
-        const Qwen35Model& m = *lm.model;
+        const ModelRunner& m = *lm.runner;
         const int V = m.hparams().n_vocab;
         ModelState st = m.new_state(depth + n_prompt + n_gen + 1, kv_cache_types(e));
         std::vector<float> logits(static_cast<size_t>(V));
@@ -77,7 +77,7 @@ void add_profile_command(CLI::App& app) {
         std::printf("model %s, %d threads, gdn %s (chunk %d), depth %d, KV cache %s/%s\n", eo.model_path().c_str(),
                     cpu::n_threads(), eo.gdn.c_str(), eo.chunk, depth, eo.cache_type_k.c_str(), eo.cache_type_v.c_str());
         const std::string t1 = "prefill of " + std::to_string(n_prompt) + " tokens (bucket " +
-                               std::to_string(Qwen35Model::bucket_for(std::min(n_prompt, fo.max_batch), fo)) + "): " +
+                               std::to_string(ModelRunner::bucket_for(std::min(n_prompt, fo.max_batch), fo)) + "): " +
                                std::to_string(1000.0 * n_prompt / pp_ms) + " tok/s";
         print_table(t1.c_str(), prefill, pp_ms);
         const std::string t2 = (n_gen == 1 ? std::string("decode step") : std::to_string(n_gen) + " decode steps") +

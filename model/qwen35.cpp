@@ -82,32 +82,6 @@ Qwen35HParams Qwen35HParams::from_gguf(const gguf::File& f) {
     return hp;
 }
 
-void ModelState::check_slot(int slot) const {
-    if (slot < 0 || slot >= n_slots)
-        throw Error("state slot " + std::to_string(slot) + " out of range (0.." + std::to_string(n_slots - 1) + ")");
-}
-
-void ModelState::reset(int slot) {
-    check_slot(slot);
-    n_past[size_t(slot)] = 0;
-    for (size_t l = 0; l < conv_state.size(); ++l) {
-        if (conv_state[l].empty()) continue;
-        std::fill_n(conv(int(l), slot), conv_elems, 0.0f);
-        std::fill_n(ssm(int(l), slot), ssm_elems, 0.0f);
-    }
-}
-
-void ModelState::reset() {
-    for (int s = 0; s < n_slots; ++s) reset(s);
-}
-
-int64_t Batch::logit_rows() const {
-    int64_t r = 0;
-    for (const BatchSeq& q : seqs) r += q.logits == BatchLogits::All ? q.n_tokens : q.logits == BatchLogits::Last ? 1 : 0;
-    return r;
-}
-
-// ---------------------------------------------------------------- weight binding
 namespace {
 
 struct Binder {
@@ -266,388 +240,136 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
     return m;
 }
 
-ModelState Qwen35Model::new_state(int n_ctx, KvCacheTypes kv_types, int n_slots) const {
-    if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
-    if (n_slots <= 0 || n_slots > 4096)
-        throw Error("the number of sequence slots must be in [1, 4096], got " + std::to_string(n_slots));
-    for (GgmlType t : {kv_types.k, kv_types.v})
-        if (!ref::kv_type_supported(t))
-            throw Error(std::string("KV cache type must be f32, f16 or bf16, got ") + type_traits(t).name);
-    ModelState s;
-    s.n_slots = n_slots;
-    s.n_ctx = n_ctx;
-    s.kv_types = kv_types;
-    s.n_past.assign(size_t(n_slots), 0);
-    s.conv_elems = size_t(hp_.conv_dim()) * size_t(hp_.conv_kernel - 1);
-    s.ssm_elems = size_t(hp_.ssm_H_v) * hp_.ssm_d_v * hp_.ssm_d_k;
-    const size_t L = size_t(hp_.n_layer);
-    s.k_cache.resize(L);
-    s.v_cache.resize(L);
-    s.conv_state.resize(L);
-    s.ssm_state.resize(L);
-    const size_t kv = size_t(n_ctx) * size_t(hp_.n_head_kv) * size_t(hp_.head_dim);
-    for (int l = 0; l < hp_.n_layer; ++l) {
-        if (hp_.is_recurrent(l)) {
-            s.conv_state[size_t(l)].assign(s.conv_elems * size_t(n_slots), 0.0f);
-            s.ssm_state[size_t(l)].assign(s.ssm_elems * size_t(n_slots), 0.0f);
-        } else {
-            for (int slot = 0; slot < n_slots; ++slot) {
-                s.k_cache[size_t(l)].emplace_back(kv * ref::kv_elem_bytes(kv_types.k));
-                s.v_cache[size_t(l)].emplace_back(kv * ref::kv_elem_bytes(kv_types.v));
-            }
-        }
-    }
-    return s;
-}
 
-// ---------------------------------------------------------------- forward
+// ---------------------------------------------------------------- forward, as a graph
+// Written as spec/MODEL.md section 1 reads: h the residual stream, x a block's normed input,
+// a its output, y the MLP's normed input. Every node works on every row here; which rows each
+// needs (the last layer's, for the last token's logits), the fusions and the buffers are the
+// passes' and the backend's business (runtime/graph_passes.h, runtime/backend.h).
 namespace {
-std::string matmul_kernel(const WeightView& w) { return std::string("matmul_") + type_traits(w.type).name; }
+
+struct GraphBuilder {
+    const Qwen35HParams& hp;
+    graph::Graph& g;
+
+    int tensor(const std::string& name, int64_t cols) { return g.add_tensor(name, cols); }
+    int matmul(const WeightView& w, int in, const std::string& out, const std::string& label) {
+        const int t = tensor(out, w.n_out);
+        g.add(graph::Op::Matmul, label, {in}, {t}).weights = {&w};
+        return t;
+    }
+    int rms_norm(int in, const float* w, const std::string& out, const std::string& label) {
+        const int t = tensor(out, g.tensors[size_t(in)].cols);
+        graph::Node& n = g.add(graph::Op::RmsNorm, label, {in}, {t});
+        n.norm = w;
+        n.eps = hp.eps;
+        return t;
+    }
+    int add(int a, int b, const std::string& out, const std::string& label) {  // a + b, over a
+        const int t = tensor(out, g.tensors[size_t(a)].cols);
+        g.add(graph::Op::Add, label, {a, b}, {t}).inplace = 0;
+        return t;
+    }
+    // Per-head RMSNorm + partial RoPE of `heads` heads of head_dim read at `stride` floats apart.
+    int norm_rope(int in, const float* w, int heads, int64_t stride, const std::string& out, const std::string& label,
+                  bool in_place) {
+        const int t = tensor(out, int64_t(heads) * hp.head_dim);
+        graph::Node& n = g.add(graph::Op::RmsNormRope, label, {in}, {t});
+        n.norm = w;
+        n.eps = hp.eps;
+        n.heads = heads;
+        n.head_dim = hp.head_dim;
+        n.head_stride = stride;
+        n.n_rot = hp.n_rot;
+        n.rope_base = hp.rope_base;
+        if (in_place) n.inplace = 0;
+        return t;
+    }
+
+    // Gated DeltaNet (spec 3): projections, the fused op (conv, q/k norms, gates, delta rule,
+    // gated RMSNorm; the layer's states updated in place), the output projection.
+    int gdn_block(int l, const Qwen35Layer& L, int x) {
+        const std::string p = "blk." + std::to_string(l) + ".", q = p + "gdn.";
+        const int qkv = matmul(L.ssm_qkv, x, q + "mixed_qkv", p + "attn_qkv");
+        const int z = matmul(L.ssm_gate, x, q + "z", p + "attn_gate");
+        const int b = matmul(L.ssm_beta, x, q + "b", p + "ssm_beta");
+        const int a = matmul(L.ssm_alpha, x, q + "a", p + "ssm_alpha");
+        const int y = tensor(q + "y", hp.value_dim());
+        graph::Node& n = g.add(graph::Op::GdnFused, p + "gdn", {qkv, z, b, a}, {y});
+        n.layer = l;
+        n.gdn.shape = {hp.ssm_H_k, hp.ssm_H_v, hp.ssm_d_k, hp.ssm_d_v, /*tiled=*/true};
+        n.gdn.conv_kernel = hp.conv_kernel;
+        n.gdn.eps = hp.eps;
+        n.gdn.mode = g.spec.gdn_mode;
+        n.gdn.chunk_size = g.spec.gdn_chunk;
+        n.gdn_w = {L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
+        return matmul(L.ssm_out, y, p + "a", p + "ssm_out");
+    }
+
+    // Gated attention (spec 4): q and its gate interleaved per head, q/k RMSNorm + partial RoPE,
+    // K/V stored into the layer's cache in its type, causal GQA, the sigmoid gate, the output
+    // projection.
+    int attn_block(int l, const Qwen35Layer& L, int x) {
+        const std::string p = "blk." + std::to_string(l) + ".", q = p + "attn.";
+        const int nh = hp.n_head, nkv = hp.n_head_kv, hd = hp.head_dim;
+        const int qg = matmul(L.wq, x, q + "qg", p + "attn_q");  // [T, n_h, 2, hd]: per head [q | gate]
+        const int k = matmul(L.wk, x, q + "k", p + "attn_k");
+        const int v = matmul(L.wv, x, q + "v", p + "attn_v");
+        const int kr = norm_rope(k, L.k_norm, nkv, hd, q + "k_rope", p + "attn_k_norm+rope_k", /*in_place=*/true);
+        g.add(graph::Op::KvStore, p + "kv_store", {kr, v}, {}).layer = l;
+        const int qr = norm_rope(qg, L.q_norm, nh, 2 * int64_t(hd), q + "q_rope", p + "attn_q_norm+rope_q", false);
+        const int o = tensor(q + "o", int64_t(nh) * hd);
+        graph::Node& n = g.add(graph::Op::Attention, p + "attention", {qr}, {o});
+        n.layer = l;
+        n.attn = {nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
+        const int gated = tensor(q + "gated", int64_t(nh) * hd);
+        graph::Node& gm = g.add(graph::Op::SigmoidGateMul, p + "attn_gate", {o, qg}, {gated});
+        gm.inplace = 0;
+        gm.heads = nh;
+        gm.head_dim = hd;
+        gm.head_stride = 2 * int64_t(hd);  // the gate halves of qg, read in place
+        gm.in_offset = hd;
+        return matmul(L.wo, gated, p + "a", p + "attn_output");
+    }
+
+    // SwiGLU MLP (spec 6) or the MoE block (spec 7, one op: router, experts, shared expert).
+    int ffn(int l, const Qwen35Layer& L, int y) {
+        const std::string p = "blk." + std::to_string(l) + ".", q = p + "ffn.";
+        if (hp.moe()) {
+            const int f = tensor(p + "ffn_out", hp.n_embd);
+            g.add(graph::Op::MoeFfn, p + "ffn_moe", {y}, {f}).moe = &L.moe;
+            return f;
+        }
+        const int gate = matmul(L.ffn_gate, y, q + "gate", p + "ffn_gate");
+        const int up = matmul(L.ffn_up, y, q + "up", p + "ffn_up");
+        const int act = tensor(q + "act", hp.n_ff);
+        g.add(graph::Op::Swiglu, p + "swiglu", {gate, up}, {act});
+        return matmul(L.ffn_down, act, p + "ffn_out", p + "ffn_down");
+    }
+};
+
 }  // namespace
 
-void Qwen35Model::drop_plans() const {
-    plans_.clear();
-    plan_arena_ = std::make_shared<PlanArena>();
-}
-
-int Qwen35Model::bucket_for(int n, const ForwardOptions& opts) {
-    if (n == 1) return 1;  // decode has its own plan
-    const int c = std::max(1, opts.gdn_chunk);
-    return (n + c - 1) / c * c;
-}
-
-std::unique_ptr<Plan> Qwen35Model::build_plan(int bucket, const ForwardOptions& opts, int logits_mode) const {
-    const Qwen35HParams& hp = hp_;
-    auto plan = std::make_unique<Plan>(bucket, plan_arena_);
-    const int64_t B = bucket, D = hp.n_embd;
-    const float eps = hp.eps;
-    // Buffers for the largest call of this bucket; every step uses only the first ctx.n rows.
-    float* x = plan->buffer(size_t(B * D));   // [B, D] residual stream, fp32
-    float* h = plan->buffer(size_t(B * D));   // [B, D] normed block input
-    float* o = plan->buffer(size_t(B * D));   // [B, D] block output
-    const int64_t cd = hp.conv_dim(), vd = hp.value_dim(), H_v = hp.ssm_H_v;
-    const int nh = hp.n_head, nkv = hp.n_head_kv, hd = hp.head_dim;
-    // The buffers of a GDN block, of an attention block and of the MLP are never live at the
-    // same time (a layer is one block type, and the MLP starts after the block's output is in
-    // o), so the three sets share one region: the plan's scratch is the largest set, not
-    // their sum (-35 MB at the 0.8B shapes and a 512 bucket).
-    struct Carve {
-        float* p;
-        float* take(int64_t n) { return std::exchange(p, p + n); }
-    };
-    const int64_t gdn_set = B * (cd + 2 * vd + 2 * H_v);
-    const int64_t attn_set = B * (int64_t(nh) * hd * 5 + int64_t(nkv) * hd * 2);
-    const int64_t mlp_set = hp.moe() ? 0 : B * 2 * hp.n_ff;  // moe_ffn keeps its own scratch
-    float* shared = plan->buffer(size_t(std::max({gdn_set, attn_set, mlp_set})));
-    Carve g{shared}, at{shared}, mlp{shared};
-    float* qkv = g.take(B * cd);                      // [B, conv_dim]
-    float* z = g.take(B * vd);                        // [B, value_dim]
-    float* a = g.take(B * H_v);                       // [B, H_v]
-    float* b = g.take(B * H_v);                       // [B, H_v]
-    float* y = g.take(B * vd);                        // [B, value_dim]
-    float* qg = at.take(B * nh * 2 * hd);             // [B, n_head, 2, hd]
-    float* q = at.take(B * nh * hd);                  // [B, n_head, hd] normed, rotated
-    float* att = at.take(B * nh * hd);                // [B, n_head, hd]
-    float* kx = at.take(B * nkv * hd);                // [B, n_head_kv, hd] K before the cache
-    float* vx = at.take(B * nkv * hd);                // [B, n_head_kv, hd] V before the cache
-    float* ffg = mlp.take(B * hp.n_ff);               // [B, n_ff]
-    float* ffu = mlp.take(B * hp.n_ff);               // [B, n_ff]
-    int32_t* pos = reinterpret_cast<int32_t*>(plan->buffer(size_t(B)));  // [B] absolute positions
-    // cos/sin of every (position, frequency) of this call, built once and shared by all layers.
-    auto rope = std::make_shared<cpu::RopeTable>();
-
-    ref::GdnParams gp;
-    gp.shape = {hp.ssm_H_k, hp.ssm_H_v, hp.ssm_d_k, hp.ssm_d_v, /*tiled=*/true};
-    gp.conv_kernel = hp.conv_kernel;
-    gp.eps = eps;
-    gp.mode = opts.gdn_mode;
-    gp.chunk_size = opts.gdn_chunk;
-    const std::string gdn_kernel = opts.gdn_mode == ref::GdnMode::Serial ? "gdn_fused_serial" : "gdn_fused_chunked";
-
-    // Rows a step works on. Every layer works on all rows, except the last one of a pass that
-    // returns only the last token's logits (Rows::Last) or none (Rows::None: an inner piece of a
-    // long prompt): past the part that writes state (K/V rows into the cache, the GDN states),
-    // only the last row feeds the output norm, so that layer's q, attention, output projection
-    // and MLP run on that row alone, or not at all, as llama.cpp does with its output ids. At
-    // the 0.8B shapes that is 3.5% of the weight products and 1/6 of the attention.
-    // Such a step writes row 0 of its scratch output; it reads row n - 1 of an input that still
-    // has every row (h, y: `from_last`) and of the residual stream x, whose row n - 1 is the
-    // one the output norm reads.
-    enum class Rows { All, Last, None };
-    auto n_rows = [](Rows r, const StepContext& c) -> int64_t { return r == Rows::All ? c.n : r == Rows::Last ? 1 : 0; };
-    auto row0 = [](Rows r, const StepContext& c) -> int64_t { return r == Rows::Last ? c.n - 1 : 0; };
-
-    auto mm = [&](const WeightView& w, const float* in, float* out, const std::string& label, Rows r = Rows::All,
-                  bool from_last = false) {
-        plan->add(matmul_kernel(w), label, [&w, in, out, r, from_last, n_rows, row0](const StepContext& c) {
-            cpu::matmul(w, from_last ? in + row0(r, c) * w.n_in : in, out, n_rows(r, c));
-        });
-    };
-    // Weights that read the same input run as one call (activations prepared once, one pool
-    // region); the profile shows such a step under the first weight's label.
-    auto mm_multi = [&](std::vector<cpu::MatmulOut> outs, const float* in, const std::string& label, Rows r = Rows::All) {
-        const std::string kernel = matmul_kernel(*outs[0].W);  // before outs is moved from
-        plan->add(kernel, label, [outs = std::move(outs), in, r, n_rows](const StepContext& c) {
-            cpu::matmul_multi(outs.data(), int(outs.size()), in, n_rows(r, c));
-        });
-    };
-    // Rows [row0, row0 + n) of `in` (the residual stream x) -> rows [0, n) of `out` (h).
-    auto norm = [&](const float* in, const float* w, float* out, const std::string& label, Rows r = Rows::All) {
-        plan->add("rms_norm", label, [=](const StepContext& c) {
-            cpu::rms_norm(in + row0(r, c) * D, w, out, n_rows(r, c), D, eps);
-        });
-    };
-    auto add_residual = [&](const std::string& label, Rows r = Rows::All) {
-        plan->add("add", label, [=](const StepContext& c) { cpu::add(x + row0(r, c) * D, o, n_rows(r, c) * D); });
-    };
-    // The residual add and the norm that follows it, in one pass: x += o, h = rms_norm(x) w.
-    auto add_norm = [&](const float* w, const std::string& label, Rows r = Rows::All) {
-        plan->add("add_rms_norm", label, [=](const StepContext& c) {
-            cpu::add_rms_norm(x + row0(r, c) * D, o, w, h, n_rows(r, c), D, eps);
-        });
-    };
-
-    plan->add("embed", "token_embd", [this, x, pos, D](const StepContext& c) {
-        for (int t = 0; t < c.n; ++t) {
-            if (c.ids[t] < 0 || c.ids[t] >= hp_.n_vocab)
-                throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
-                            " is outside the vocabulary [0, " + std::to_string(hp_.n_vocab) + ")");
-            dequantize_row(tok_embd.type, tok_embd.row(c.ids[t]), x + int64_t(t) * D, D);
-        }
-        for (int s = 0; s < c.n_seqs; ++s)  // each sequence continues its slot
-            for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) pos[t] = c.n_past[s] + t - c.offsets[s];
-    });
-    // The last row's own table serves the pruned last layer's single query; built only by
-    // plans that have one (not decode, where the last layer runs its one row as it is).
-    const bool last_query_only = logits_mode == 1 && bucket > 1 && !hp.is_recurrent(hp.n_layer - 1);
-    auto rope_last = std::make_shared<cpu::RopeTable>();
-    plan->add("rope_table", "rope", [=, this](const StepContext& c) {
-        *rope = cpu::rope_table(pos, c.n, hp_.n_rot, hp_.rope_base);
-        if (last_query_only) *rope_last = cpu::rope_table(pos + c.n - 1, 1, hp_.n_rot, hp_.rope_base);
-    });
-
-    for (int l = 0; l < hp.n_layer; ++l) {
+graph::Graph Qwen35Model::build_graph(const graph::GraphSpec& spec) const {
+    graph::Graph g;
+    g.spec = spec;
+    GraphBuilder b{hp_, g};
+    int h = b.tensor("h0", hp_.n_embd);
+    g.add(graph::Op::Embed, "token_embd", {}, {h}).weights = {&tok_embd};
+    for (int l = 0; l < hp_.n_layer; ++l) {
         const Qwen35Layer& L = layers_[size_t(l)];
         const std::string p = "blk." + std::to_string(l) + ".";
-        // decode: one row anyway; a batch of several sequences (mode 3) keeps every row.
-        const bool every_row = l + 1 < hp.n_layer || logits_mode >= 2 || bucket == 1;
-        const Rows out = every_row ? Rows::All : logits_mode == 1 ? Rows::Last : Rows::None;
-        if (l == 0) norm(x, L.attn_norm, h, p + "attn_norm");  // later layers': fused into the residual add before
-        if (hp.is_recurrent(l)) {
-            // Gated DeltaNet: projections, the fused op (conv, norms, gates, delta rule, gated
-            // RMSNorm; states updated in place), the output projection.
-            mm_multi({{&L.ssm_qkv, qkv}, {&L.ssm_gate, z}, {&L.ssm_beta, b}, {&L.ssm_alpha, a}}, h,
-                     p + "attn_qkv+attn_gate+ssm_beta+ssm_alpha");
-            plan->add(gdn_kernel, p + "gdn", [=, &L](const StepContext& c) {
-                ref::GdnWeights gw{L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
-                float* conv = c.state->conv_state[size_t(l)].data();  // [slots, conv_dim, K-1]
-                float* ssm = c.state->ssm_state[size_t(l)].data();    // [slots, H_v, d_v, d_k]
-                // One call per run of sequences with the same kernel (a mixed step: decoding
-                // sequences serial, prefilling ones chunked), each on its slots.
-                for (int s0 = 0; s0 < c.n_seqs;) {
-                    int s1 = s0 + 1;
-                    while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
-                    ref::GdnParams run = gp;
-                    if (c.serial[s0]) run.mode = ref::GdnMode::Serial;
-                    cpu::gdn_fused(run, gw, s1 - s0, c.offsets + s0, qkv, z, a, b, conv, ssm, y, c.slots + s0);
-                    s0 = s1;
-                }
-            });
-            if (out == Rows::None) continue;
-            mm(L.ssm_out, y, o, p + "ssm_out", out, /*from_last=*/true);
-        } else {
-            // Gated attention: q/gate interleaved per head, q/k RMSNorm, partial RoPE, GQA.
-            // K and V of this call in fp32 (projection, k_norm, RoPE), then stored into the
-            // cache rows [n_past, n_past + n) in the cache's type.
-            const int64_t kvw = int64_t(nkv) * hd;
-            if (out == Rows::All) {
-                mm_multi({{&L.wq, qg}, {&L.wk, kx}, {&L.wv, vx}}, h, p + "attn_q+attn_k+attn_v");
-            } else {
-                mm_multi({{&L.wk, kx}, {&L.wv, vx}}, h, p + "attn_k+attn_v");
-                if (out == Rows::Last) mm(L.wq, h, qg, p + "attn_q", Rows::Last, /*from_last=*/true);
-            }
-            plan->add("rms_norm_rope", p + "attn_k_norm+rope_k", [=, &L](const StepContext& c) {
-                cpu::rms_norm_rope(*rope, kx, hd, L.k_norm, kx, nkv, hd, eps);
-            });
-            plan->add("kv_store", p + "kv_store", [=](const StepContext& c) {
-                const KvCacheTypes& t = c.state->kv_types;
-                for (int s = 0; s < c.n_seqs; ++s) {  // rows of sequence s -> its slot's rows [n_past, ...)
-                    const size_t row0 = size_t(c.n_past[s]) * size_t(kvw), first = size_t(c.offsets[s]) * size_t(kvw);
-                    const int64_t n = int64_t(c.offsets[s + 1] - c.offsets[s]) * kvw;
-                    auto* kc = static_cast<char*>(c.state->k_cache[size_t(l)][size_t(c.slots[s])].data()) + row0 * ref::kv_elem_bytes(t.k);
-                    auto* vc = static_cast<char*>(c.state->v_cache[size_t(l)][size_t(c.slots[s])].data()) + row0 * ref::kv_elem_bytes(t.v);
-                    cpu::kv_store(kx + first, kc, t.k, n);
-                    cpu::kv_store(vx + first, vc, t.v, n);
-                }
-            });
-            if (out == Rows::None) continue;
-            // The queries: all rows, or the last one alone (at position n_past + n - 1), read
-            // in place from the interleaved [query | gate] heads of the projection.
-            plan->add("rms_norm_rope", p + "attn_q_norm+rope_q", [=, &L](const StepContext& c) {
-                cpu::rms_norm_rope(out == Rows::All ? *rope : *rope_last, qg, 2 * hd, L.q_norm, q, nh, hd, eps);
-            });
-            const ref::AttentionShape as{nh, nkv, hd, 1.0f / std::sqrt(float(hd))};
-            const bool one_query = bucket == 1 || out == Rows::Last;
-            const char* attn_kernel = one_query ? "attention_decode" : logits_mode == 3 ? "attention" : "attention_prefill";
-            plan->add(attn_kernel, p + "attention", [=](const StepContext& c) {
-                ref::AttentionShape s = as;
-                s.type_k = c.state->kv_types.k;
-                s.type_v = c.state->kv_types.v;
-                const auto& kc = c.state->k_cache[size_t(l)];
-                const auto& vc = c.state->v_cache[size_t(l)];
-                if (out != Rows::All) {  // the pruned last layer of a one-sequence pass
-                    cpu::attention(s, q, kc[size_t(c.slots[0])].data(), vc[size_t(c.slots[0])].data(), att, n_rows(out, c),
-                                   c.n_past[0] + row0(out, c));
-                    return;
-                }
-                for (int i = 0; i < c.n_seqs; ++i) {  // each sequence against its own cache
-                    const int64_t first = int64_t(c.offsets[i]) * nh * hd;
-                    cpu::attention(s, q + first, kc[size_t(c.slots[i])].data(), vc[size_t(c.slots[i])].data(), att + first,
-                                   c.offsets[i + 1] - c.offsets[i], c.n_past[i]);
-                }
-            });
-            plan->add("sigmoid_gate_mul", p + "attn_gate", [=](const StepContext& c) {
-                cpu::sigmoid_gate_mul(att, qg + hd, n_rows(out, c) * nh, hd, 2 * hd);
-            });
-            mm(L.wo, att, o, p + "attn_output", out);
-        }
-        // SwiGLU MLP, or the MoE block (one op: router, experts, shared expert).
-        add_norm(L.post_attn_norm, p + "residual+post_attention_norm", out);
-        if (hp.moe()) {
-            plan->add("moe_ffn", p + "ffn_moe", [=, &L](const StepContext& c) {
-                cpu::moe_ffn(L.moe, h, o, n_rows(out, c));
-            });
-        } else {
-            // gate and up products and their SwiGLU in one step (the profile counts it as a matmul).
-            plan->add(matmul_kernel(L.ffn_gate), p + "ffn_gate+ffn_up+swiglu", [=, &L](const StepContext& c) {
-                cpu::matmul_swiglu(L.ffn_gate, L.ffn_up, h, ffg, ffu, n_rows(out, c));
-            });
-            mm(L.ffn_down, ffg, o, p + "ffn_down", out);
-        }
-        if (l + 1 < hp.n_layer)  // every row: only the last layer has fewer
-            add_norm(layers_[size_t(l) + 1].attn_norm, p + "residual+blk." + std::to_string(l + 1) + ".attn_norm");
-        else
-            add_residual(p + "residual", out);
+        const int x = b.rms_norm(h, L.attn_norm, p + "x", p + "attn_norm");
+        const int a = hp_.is_recurrent(l) ? b.gdn_block(l, L, x) : b.attn_block(l, L, x);
+        h = b.add(h, a, p + "h_mid", p + "residual");
+        const int y = b.rms_norm(h, L.post_attn_norm, p + "y", p + "post_attention_norm");
+        h = b.add(h, b.ffn(l, L, y), p + "h", p + "residual");
     }
-
-    // Final norm and LM head, for every token or only the last (or none for an inner piece),
-    // or (mode 3, a batch) the rows the context lists.
-    if (logits_mode == 0) return plan;
-    if (logits_mode == 3) {
-        plan->add("rms_norm", "output_norm", [=, this](const StepContext& c) {
-            for (int i = 0; i < c.n_out; ++i) cpu::rms_norm(x + int64_t(c.out_rows[i]) * D, output_norm, h + int64_t(i) * D, 1, D, eps);
-        });
-        plan->add(matmul_kernel(output), "output", [=, this](const StepContext& c) {
-            cpu::matmul(output, h, c.logits, c.n_out);
-        });
-        return plan;
-    }
-    const bool all = logits_mode == 2;
-    plan->add("rms_norm", "output_norm", [=, this](const StepContext& c) {
-        const int64_t first = all ? 0 : c.n - 1;
-        cpu::rms_norm(x + first * D, output_norm, h, c.n - first, D, eps);
-    });
-    plan->add(matmul_kernel(output), "output", [=, this](const StepContext& c) {
-        cpu::matmul(output, h, c.logits, all ? c.n : 1);
-    });
-    return plan;
-}
-
-void Qwen35Model::forward(ModelState& st, const int32_t* ids, int n, const ForwardOptions& opts, float* logits,
-                          Profiler* prof, int slot) const {
-    if (n <= 0) throw Error("forward: no tokens to process");
-    Batch b;
-    b.add(slot, ids, n, opts.all_logits ? BatchLogits::All : BatchLogits::Last, opts.gdn_mode == ref::GdnMode::Serial);
-    forward(st, b, opts, logits, prof);
-}
-
-void Qwen35Model::forward(ModelState& st, const Batch& batch, const ForwardOptions& opts, float* logits,
-                          Profiler* prof) const {
-    const int n_seqs = int(batch.seqs.size());
-    if (n_seqs == 0) throw Error("forward: the batch has no sequences");
-    int64_t total = 0;
-    std::vector<uint8_t> used(size_t(st.n_slots), 0);
-    for (int i = 0; i < n_seqs; ++i) {
-        const BatchSeq& q = batch.seqs[size_t(i)];
-        const std::string who = "forward: batch sequence " + std::to_string(i) + " (slot " + std::to_string(q.slot) + ")";
-        if (q.slot < 0 || q.slot >= st.n_slots)
-            throw Error(who + ": slot out of range (0.." + std::to_string(st.n_slots - 1) + ")");
-        if (used[size_t(q.slot)]++) throw Error(who + ": the slot appears twice in one batch");
-        if (q.n_tokens <= 0) throw Error(who + ": no tokens to process");
-        if (int64_t(st.n_past[size_t(q.slot)]) + q.n_tokens > st.n_ctx)
-            throw Error(who + ": sequence of " + std::to_string(int64_t(st.n_past[size_t(q.slot)]) + q.n_tokens) +
-                        " tokens exceeds the context size of " + std::to_string(st.n_ctx) + " (raise --ctx)");
-        total += q.n_tokens;
-    }
-    if (total != int64_t(batch.ids.size()))
-        throw Error("forward: the batch has " + std::to_string(batch.ids.size()) + " token ids but its sequences count " +
-                    std::to_string(total));
-    const size_t V = size_t(hp_.n_vocab);
-    StepContext ctx;
-    ctx.state = &st;
-    if (n_seqs == 1) {
-        // One sequence: consecutive pieces of at most max_batch tokens (the states carry over).
-        const BatchSeq& q = batch.seqs[0];
-        const int c = std::max(1, opts.gdn_chunk);
-        const int piece = std::max(c, opts.max_batch / c * c);
-        const int32_t slot = q.slot;
-        const uint8_t serial = q.serial;
-        for (int done = 0; done < q.n_tokens;) {
-            const int len = std::min(piece, q.n_tokens - done);
-            const bool last = done + len == q.n_tokens;
-            const int mode = q.logits == BatchLogits::All ? 2 : q.logits == BatchLogits::Last && last ? 1 : 0;
-            const int32_t offsets[2] = {0, len}, n_past = st.n_past[size_t(slot)];
-            ctx.ids = batch.ids.data() + done;
-            ctx.n = len;
-            ctx.n_seqs = 1;
-            ctx.offsets = offsets;
-            ctx.slots = &slot;
-            ctx.n_past = &n_past;
-            ctx.serial = &serial;
-            ctx.logits = q.logits == BatchLogits::All ? logits + size_t(done) * V : logits;
-            run_plan(ctx, bucket_for(len, opts), opts, mode, prof);
-            st.n_past[size_t(slot)] += len;
-            done += len;
-        }
-        return;
-    }
-    // Several sequences: one step over all their tokens.
-    const size_t ns = size_t(n_seqs);
-    std::vector<int32_t> offsets(ns + 1, 0), slots(ns, 0), n_past(ns, 0), out_rows;
-    std::vector<uint8_t> serial(ns, 0);
-    for (int i = 0; i < n_seqs; ++i) {
-        const BatchSeq& q = batch.seqs[size_t(i)];
-        offsets[size_t(i) + 1] = offsets[size_t(i)] + q.n_tokens;
-        slots[size_t(i)] = q.slot;
-        n_past[size_t(i)] = st.n_past[size_t(q.slot)];
-        serial[size_t(i)] = q.serial;
-        if (q.logits == BatchLogits::Last) out_rows.push_back(offsets[size_t(i) + 1] - 1);
-        if (q.logits == BatchLogits::All)
-            for (int t = offsets[size_t(i)]; t < offsets[size_t(i) + 1]; ++t) out_rows.push_back(t);
-    }
-    ctx.ids = batch.ids.data();
-    ctx.n = int(total);
-    ctx.n_seqs = n_seqs;
-    ctx.offsets = offsets.data();
-    ctx.slots = slots.data();
-    ctx.n_past = n_past.data();
-    ctx.serial = serial.data();
-    ctx.out_rows = out_rows.data();
-    ctx.n_out = int(out_rows.size());
-    ctx.logits = logits;
-    run_plan(ctx, bucket_for(int(total), opts), opts, out_rows.empty() ? 0 : 3, prof);
-    for (const BatchSeq& q : batch.seqs) st.n_past[size_t(q.slot)] += q.n_tokens;
-}
-
-void Qwen35Model::run_plan(const StepContext& ctx, int bucket, const ForwardOptions& opts, int logits_mode,
-                           Profiler* prof) const {
-    auto key = std::make_tuple(bucket, logits_mode, int(opts.gdn_mode), opts.gdn_chunk);
-    auto it = plans_.find(key);
-    if (it == plans_.end()) {
-        if (plans_.size() >= 6) plans_.clear();  // bound the memory held by old buckets
-        it = plans_.emplace(key, build_plan(bucket, opts, logits_mode)).first;
-    }
-    it->second->replay(ctx, prof);
+    if (spec.logits == graph::Rows::None) return g;  // an inner piece of a long prompt: states only
+    const int hf = b.rms_norm(h, output_norm, "hf", "output_norm");
+    const int logits = b.matmul(output, hf, "logits", "output");
+    g.tensors[size_t(logits)].logits = true;
+    return g;
 }
 
 }  // namespace alloy

@@ -28,7 +28,7 @@
 
 #include "alloy/error.h"
 #include "kernels/cpu/thread_pool.h"
-#include "model/qwen35.h"
+#include "runtime/model_runner.h"
 #include "runtime/loaded_model.h"
 #include "runtime/sampler.h"
 #include "runtime/engine_options.h"
@@ -220,7 +220,7 @@ struct Engine::Impl {
         // zeroing every token.
         if (logits.size() < size_t(batch.logit_rows()) * V) logits.resize(size_t(batch.logit_rows()) * V);
         try {
-            lm.model->forward(slots->state(), batch, run, logits.data());
+            lm.runner->forward(slots->state(), batch, run, logits.data());
         } catch (const std::exception& e) {
             // Nothing a request can send reaches here (submit checks ids and sizes); fail the
             // step's requests rather than the engine.
@@ -301,7 +301,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     const KvCacheTypes kv = kv_cache_types(o);
     if (o.model_path.empty()) o.model_path = default_model_path();
     m.lm = load_model(o.model_path, tensor_placement(o));
-    m.slots.emplace(*m.lm.model, o.n_parallel, o.n_ctx, kv);
+    m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
     for (int s = o.n_parallel - 1; s >= 0; --s) m.free_slots.push_back(s);  // slot 0 first
     m.thread = std::thread([&m] { m.loop(); });
 }
@@ -372,7 +372,7 @@ GenerationResult Engine::generate(GenerationRequest request, std::function<bool(
 
 std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode_steps) {
     Impl& m = *impl_;
-    const Qwen35Model& model = *m.lm.model;
+    const ModelRunner& model = *m.lm.runner;
     const int V = model.hparams().n_vocab;
     if (ids.empty()) throw Error("evaluate: no token ids given");
     for (size_t i = 0; i < ids.size(); ++i)

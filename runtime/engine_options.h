@@ -6,7 +6,8 @@
 
 #include "alloy/engine.h"
 #include "format/gguf.h"
-#include "model/qwen35.h"
+#include "runtime/batch.h"
+#include "runtime/model_state.h"
 
 namespace alloy {
 

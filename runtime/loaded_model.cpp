@@ -26,6 +26,7 @@ LoadedModel load_model(const std::string& path, gguf::TensorData where) {
         std::fprintf(stderr, "note: %s: the weights do not fit in the memory available now; using the file "
                              "mapping instead (as --mmap)\n", path.c_str());
     m.model = Qwen35Model::load(m.file);
+    m.runner = std::make_unique<ModelRunner>(*m.model);
     if (m.file->has("tokenizer.ggml.model")) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
     return m;
 }

@@ -7,6 +7,7 @@
 
 #include "format/gguf.h"
 #include "model/qwen35.h"
+#include "runtime/model_runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace alloy {
@@ -14,6 +15,7 @@ namespace alloy {
 struct LoadedModel {
     std::shared_ptr<gguf::File> file;
     std::unique_ptr<Qwen35Model> model;
+    std::unique_ptr<ModelRunner> runner;  // the forward of `model` on the CPU backend
     std::optional<Tokenizer> tokenizer;  // absent when the GGUF has no tokenizer.ggml.* keys
 
     const Tokenizer& require_tokenizer() const;  // throws naming the file

@@ -18,6 +18,11 @@ namespace alloy {
 
 struct ModelState;
 
+// Receives a dumped tensor after the node that wrote it: its name, the token its first row
+// belongs to (the step's index), rows [n_rows, cols] (alloy logits --dump).
+using TensorSink = std::function<void(const std::string& name, int64_t first_token, const float* rows, int64_t n_rows,
+                                      int64_t cols)>;
+
 // What changes between replays of the same plan: the tokens of one or more sequences.
 struct StepContext {
     ModelState* state = nullptr;
@@ -31,6 +36,7 @@ struct StepContext {
     const int32_t* out_rows = nullptr; // [n_out] rows whose logits a rows plan returns, ascending
     int n_out = 0;
     float* logits = nullptr;
+    const TensorSink* dump = nullptr;  // where the plan's dumped tensors go (nullptr: nowhere)
 };
 
 struct PlanStep {

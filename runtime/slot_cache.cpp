@@ -16,9 +16,9 @@ size_t StateSnapshot::bytes() const {
     return b;
 }
 
-SlotStateCache::SlotStateCache(const Qwen35Model& model, int n_slots, int n_ctx, KvCacheTypes kv_types) {
+SlotStateCache::SlotStateCache(const ModelRunner& runner, int n_slots, int n_ctx, KvCacheTypes kv_types) {
     if (n_slots < 1) throw Error("slot state cache: needs at least one slot, got " + std::to_string(n_slots));
-    state_ = model.new_state(n_ctx, kv_types, n_slots);
+    state_ = runner.new_state(n_ctx, kv_types, n_slots);
 }
 
 int SlotStateCache::n_past(int slot) const {

@@ -1,4 +1,4 @@
-// The slot state cache: the sequence states of one model by slot (model/qwen35.h ModelState),
+// The slot state cache: the sequence states of one model by slot (runtime/model_state.h ModelState),
 // and the operations on them that the scheduler, the prefix cache and speculative rollback use.
 // Layout (the GDN op's contract, kernels' seq_slots):
 //   attention layer l: K, V per slot, contiguous [n_ctx, n_head_kv * head_dim] of the KV types
@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "model/qwen35.h"
+#include "runtime/model_runner.h"
 
 namespace alloy {
 
@@ -26,10 +26,10 @@ struct StateSnapshot {
 class SlotStateCache {
 public:
     // n_slots fresh states of n_ctx tokens each; throws alloy::Error for n_slots < 1.
-    SlotStateCache(const Qwen35Model& model, int n_slots, int n_ctx, KvCacheTypes kv_types = {});
+    SlotStateCache(const ModelRunner& runner, int n_slots, int n_ctx, KvCacheTypes kv_types = {});
 
     int size() const { return state_.n_slots; }
-    // The memory the forward reads and writes (Qwen35Model::forward with a slot or a Batch).
+    // The memory the forward reads and writes (ModelRunner::forward with a slot or a Batch).
     ModelState& state() { return state_; }
     const ModelState& state() const { return state_; }
     int n_past(int slot) const;  // throws naming the slot when out of range

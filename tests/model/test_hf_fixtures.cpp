@@ -20,6 +20,7 @@
 #include "format/gguf.h"
 #include "model/convert_qwen35.h"
 #include "model/qwen35.h"
+#include "runtime/model_runner.h"
 #include "model/synth.h"
 #include "runtime/sampler.h"
 #include "tests/logits_error.h"
@@ -33,6 +34,7 @@ const std::string kFixtures = std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/"
 struct Fixture {
     nlohmann::json ref;
     std::unique_ptr<Qwen35Model> model;
+    std::unique_ptr<ModelRunner> runner;  // the model's forward on the CPU backend
 };
 
 // Converts once per (fixture, dtype) and keeps the model for all tests.
@@ -51,6 +53,7 @@ Fixture& fixture(const std::string& name, GgmlType dtype = GgmlType::F32) {
     Fixture f;
     f.ref = nlohmann::json::parse(std::ifstream(kFixtures + name + "/reference.json"));
     f.model = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(opt.out_path)));
+    f.runner = std::make_unique<ModelRunner>(*f.model);
     fs::remove(opt.out_path);
     return cache.emplace(key, std::move(f)).first->second;
 }
@@ -70,7 +73,7 @@ enum class Path { Serial, Chunked64, Chunked16, Decode };
 
 constexpr KvCacheTypes kF32Cache{GgmlType::F32, GgmlType::F32};
 
-std::vector<float> run_logits(const Qwen35Model& m, const std::vector<int32_t>& ids, Path path,
+std::vector<float> run_logits(const ModelRunner& m, const std::vector<int32_t>& ids, Path path,
                               KvCacheTypes kv = kF32Cache) {
     const size_t V = size_t(m.hparams().n_vocab);
     ModelState st = m.new_state(256, kv);
@@ -98,7 +101,7 @@ TEST_P(HfFixture, LogitsAgreeInEveryPath) {
         const auto want = read_f32(kFixtures + GetParam() + "/" + seq["file"].get<std::string>());
         ASSERT_EQ(want.size(), ids.size() * V);
         for (Path p : {Path::Serial, Path::Chunked64, Path::Chunked16, Path::Decode}) {
-            const double err = max_row_rel_error(run_logits(*f.model, ids, p), want, V);
+            const double err = max_row_rel_error(run_logits(*f.runner, ids, p), want, V);
             EXPECT_LT(err, 1e-4) << GetParam() << " T=" << ids.size() << " path=" << int(p);
         }
     }
@@ -117,7 +120,7 @@ TEST_P(HfFixture, LogitsAgreeWithTheDefaultF16Cache) {
         const auto ids = seq["ids"].get<std::vector<int32_t>>();
         const auto want = read_f32(kFixtures + GetParam() + "/" + seq["file"].get<std::string>());
         for (Path p : {Path::Serial, Path::Chunked64, Path::Decode}) {
-            const double err = max_row_rel_error(run_logits(*f.model, ids, p, KvCacheTypes{}), want, V);
+            const double err = max_row_rel_error(run_logits(*f.runner, ids, p, KvCacheTypes{}), want, V);
             worst = std::max(worst, err);
             EXPECT_LT(err, 1e-3) << GetParam() << " T=" << ids.size() << " path=" << int(p);
         }
@@ -134,7 +137,7 @@ TEST_P(HfFixture, LogitsAgreeWithTheDefaultF16Cache) {
 // attention_avx512.cpp), which sums each score in another order: close, not the same bits.
 TEST_P(HfFixture, VerificationReproducesDecodeBitForBit) {
     Fixture& f = fixture(GetParam());
-    const Qwen35Model& m = *f.model;
+    const ModelRunner& m = *f.runner;
     const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
     const size_t V = size_t(m.hparams().n_vocab);
     for (KvCacheTypes kv : {KvCacheTypes{}, kF32Cache}) {
@@ -162,7 +165,7 @@ TEST_P(HfFixture, VerificationReproducesDecodeBitForBit) {
 // Also with the default f16 cache: its 2-3e-4 logit error does not flip a greedy choice here.
 TEST_P(HfFixture, GreedyContinuationIsIdentical) {
     Fixture& f = fixture(GetParam());
-    const Qwen35Model& m = *f.model;
+    const ModelRunner& m = *f.runner;
     for (KvCacheTypes kv : {kF32Cache, KvCacheTypes{}})
         for (const auto& g : f.ref["greedy"]) {
             const auto prompt = g["prompt"].get<std::vector<int32_t>>();
@@ -196,7 +199,7 @@ TEST_P(HfFixture, F16AndBf16Files) {
         const auto& seq = f.ref["sequences"][0];
         const auto ids = seq["ids"].get<std::vector<int32_t>>();
         const auto want = read_f32(kFixtures + GetParam() + "/" + seq["file"].get<std::string>());
-        EXPECT_LT(max_row_rel_error(run_logits(*f.model, ids, Path::Chunked64), want, V), tol)
+        EXPECT_LT(max_row_rel_error(run_logits(*f.runner, ids, Path::Chunked64), want, V), tol)
             << GetParam() << " dtype " << int(dtype);
     }
 }
@@ -209,7 +212,7 @@ INSTANTIATE_TEST_SUITE_P(Qwen35, HfFixture,
 // one-piece result (the states carry over exactly as in one call).
 TEST(HfFixturePieces, PiecesEqualOneCall) {
     Fixture& f = fixture("r2_untied");
-    const Qwen35Model& m = *f.model;
+    const ModelRunner& m = *f.runner;
     const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();  // 80 tokens
     const size_t V = size_t(m.hparams().n_vocab);
     for (int chunk : {16, 64}) {
@@ -233,7 +236,7 @@ TEST(HfFixturePieces, PiecesEqualOneCall) {
 // it), then one decode step, which reads the K/V the pruned prompt pass stored.
 TEST_P(HfFixture, LastTokenLogitsSkipTheUnusedRows) {
     Fixture& f = fixture(GetParam());
-    const Qwen35Model& m = *f.model;
+    const ModelRunner& m = *f.runner;
     const size_t V = f.ref["vocab"].get<size_t>();
     for (const auto& seq : f.ref["sequences"]) {
         const auto ids = seq["ids"].get<std::vector<int32_t>>();
@@ -269,7 +272,8 @@ TEST(LastTokenLogits, GdnLastLayerGivesTheAllRowsBits) {
         so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
         so.out_path = (dir / ("gdn_last_" + std::to_string(layers) + ".gguf")).string();
         synth_qwen35(so);
-        auto m = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+        auto model = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+        auto m = std::make_unique<ModelRunner>(*model);
         fs::remove(so.out_path);
         ASSERT_TRUE(m->hparams().is_recurrent(layers - 1));
         const size_t V = size_t(m->hparams().n_vocab);
@@ -303,7 +307,7 @@ TEST(LastTokenLogits, GdnLastLayerGivesTheAllRowsBits) {
 // boundary (kernels/cpu/attention.cpp), with both cache types.
 TEST(HfFixtureDeep, VerificationReproducesDecodeAcrossKeyCells) {
     Fixture& f = fixture("r1_tied");
-    const Qwen35Model& m = *f.model;
+    const ModelRunner& m = *f.runner;
     const size_t V = size_t(m.hparams().n_vocab);
     std::mt19937 rng(5);
     std::vector<int32_t> ids(262);
@@ -330,7 +334,7 @@ TEST(HfFixtureDeep, VerificationReproducesDecodeAcrossKeyCells) {
 // give the bits it gives with clean scratch (odd lengths, so buckets have padding rows).
 TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {
     Fixture& f = fixture("r2_untied");
-    const Qwen35Model& m = *f.model;
+    const ModelRunner& m = *f.runner;
     const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
     const size_t V = size_t(m.hparams().n_vocab);
     // 37 tokens, then 9 more in a second call, then one decode step: the states carried from
@@ -366,7 +370,7 @@ TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {
 // (+ the partial page at each end) are resident, in f16 half the bytes of f32.
 TEST(ModelStateMemory, UntouchedCacheRowsStayUnbacked) {
     Fixture& f = fixture("r2_untied");
-    const Qwen35Model& m = *f.model;
+    const ModelRunner& m = *f.runner;
     const Qwen35HParams& hp = m.hparams();
     const size_t row = size_t(hp.n_head_kv) * size_t(hp.head_dim);
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
@@ -395,7 +399,7 @@ TEST(ModelStateMemory, UntouchedCacheRowsStayUnbacked) {
 }
 
 TEST(ModelStateMemory, RejectsOtherCacheTypes) {
-    const Qwen35Model& m = *fixture("r2_untied").model;
+    const ModelRunner& m = *fixture("r2_untied").runner;
     EXPECT_THROW(m.new_state(16, {GgmlType::Q8_0, GgmlType::F16}), Error);
     EXPECT_THROW(m.new_state(16, {GgmlType::F16, GgmlType::Q4_0}), Error);
 }

@@ -23,6 +23,7 @@
 #include "alloy/error.h"
 #include "format/gguf.h"
 #include "model/qwen35.h"
+#include "runtime/model_runner.h"
 #include "model/synth.h"
 #include "tests/logits_error.h"
 
@@ -45,11 +46,15 @@ std::unique_ptr<Qwen35Model> make_model(const std::string& preset, GgmlType dtyp
     return m;
 }
 
-const Qwen35Model& model(const std::string& preset, GgmlType dtype) {
-    static std::map<std::pair<std::string, int>, std::unique_ptr<Qwen35Model>> models;
+// The model's forward on the CPU backend (the runner keeps a reference: both live to the end).
+const ModelRunner& model(const std::string& preset, GgmlType dtype) {
+    static std::map<std::pair<std::string, int>, std::pair<std::unique_ptr<Qwen35Model>, std::unique_ptr<ModelRunner>>> models;
     auto& m = models[{preset, int(dtype)}];
-    if (!m) m = make_model(preset, dtype);
-    return *m;
+    if (!m.first) {
+        m.first = make_model(preset, dtype);
+        m.second = std::make_unique<ModelRunner>(*m.first);
+    }
+    return *m.second;
 }
 
 std::vector<int32_t> ids(int n, uint32_t seed) {
@@ -68,7 +73,7 @@ struct Run {
     std::vector<float> logits;    // [1 + n_gen, V]
 };
 
-Run run_alone(const Qwen35Model& m, const std::vector<int32_t>& prompt, int n_gen) {
+Run run_alone(const ModelRunner& m, const std::vector<int32_t>& prompt, int n_gen) {
     const int V = m.hparams().n_vocab;
     ModelState st = m.new_state(1024);
     Run r;
@@ -86,7 +91,7 @@ Run run_alone(const Qwen35Model& m, const std::vector<int32_t>& prompt, int n_ge
 
 // S sequences (prompt lengths 3 + 7 s) prefilled one by one into slots of one state, then
 // decoded together: one batch of S tokens per step. The slots are used in a shuffled order.
-std::vector<Run> run_batched(const Qwen35Model& m, const std::vector<std::vector<int32_t>>& prompts, int n_gen) {
+std::vector<Run> run_batched(const ModelRunner& m, const std::vector<std::vector<int32_t>>& prompts, int n_gen) {
     const int V = m.hparams().n_vocab, S = int(prompts.size());
     ModelState st = m.new_state(1024, {}, S + 2);
     std::vector<int> slot(static_cast<size_t>(S + 2));
@@ -120,7 +125,7 @@ std::vector<Run> run_batched(const Qwen35Model& m, const std::vector<std::vector
 // wrong slot or position is ~1).
 constexpr double kQuantizedBatchTol = 5e-2;
 
-void expect_batches_equal_single_runs(const Qwen35Model& m, bool invariant_any_rows) {
+void expect_batches_equal_single_runs(const ModelRunner& m, bool invariant_any_rows) {
     const int n_gen = 6;
     const size_t V = size_t(m.hparams().n_vocab);
     for (int S : {1, 2, 3, 4, 5, 6, 7, 8, 20}) {
@@ -166,7 +171,7 @@ TEST(Batch, DecodeStepsEqualSingleRunsMoE) {
 // 9-token one (all logits of C), in one forward; each equals its own run.
 TEST(Batch, MixedPrefillAndDecodeStepEqualsSingleRuns) {
     for (GgmlType t : {GgmlType::F32, GgmlType::Q8_0}) {
-        const Qwen35Model& m = model("tiny", t);
+        const ModelRunner& m = model("tiny", t);
         const size_t V = size_t(m.hparams().n_vocab);
         const std::vector<int32_t> a = ids(21, 1), b = ids(40, 2), c = ids(9, 3);
         ForwardOptions fo;
@@ -219,7 +224,7 @@ TEST(Batch, MixedPrefillAndDecodeStepEqualsSingleRuns) {
 }
 
 TEST(Batch, BadBatchesNameTheSequence) {
-    const Qwen35Model& m = model("tiny", GgmlType::Q8_0);
+    const ModelRunner& m = model("tiny", GgmlType::Q8_0);
     ModelState st = m.new_state(16, {}, 2);
     std::vector<float> logits(size_t(4) * m.hparams().n_vocab);
     const std::vector<int32_t> t = ids(20, 4);

@@ -19,6 +19,7 @@
 #include "alloy/error.h"
 #include "format/gguf.h"
 #include "model/qwen35.h"
+#include "runtime/model_runner.h"
 #include "model/synth.h"
 
 namespace alloy {
@@ -37,8 +38,10 @@ protected:
         synth_qwen35(so);
         path_ = so.out_path;
         model_ = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path_)));
+        runner_ = std::make_unique<ModelRunner>(*model_);
     }
     static void TearDownTestSuite() {
+        runner_.reset();
         model_.reset();
         fs::remove_all(dir_);
     }
@@ -58,15 +61,15 @@ protected:
     // Greedy ids by a plain loop over the model (no end-of-generation stop: ignore_eos).
     static std::vector<int32_t> plain_loop(const std::vector<int32_t>& prompt, int n) {
         const int V = model_->hparams().n_vocab;
-        ModelState st = model_->new_state(256);
+        ModelState st = runner_->new_state(256);
         std::vector<float> logits(static_cast<size_t>(V));
         ForwardOptions fo, step;
         step.gdn_mode = ref::GdnMode::Serial;
-        model_->forward(st, prompt.data(), int(prompt.size()), fo, logits.data());
+        runner_->forward(st, prompt.data(), int(prompt.size()), fo, logits.data());
         std::vector<int32_t> out;
         for (int i = 0; i < n; ++i) {
             out.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-            if (i + 1 < n) model_->forward(st, &out.back(), 1, step, logits.data());
+            if (i + 1 < n) runner_->forward(st, &out.back(), 1, step, logits.data());
         }
         return out;
     }
@@ -82,6 +85,7 @@ protected:
     static inline fs::path dir_;
     static inline std::string path_;
     static inline std::unique_ptr<Qwen35Model> model_;
+    static inline std::unique_ptr<ModelRunner> runner_;  // model_'s forward on the CPU backend
 };
 
 TEST_F(EngineTest, OneRequestEqualsThePlainLoop) {
@@ -170,14 +174,14 @@ TEST_F(EngineTest, EvaluateGivesThePlainForwardsLogits) {
     const size_t V = size_t(model_->hparams().n_vocab);
     std::vector<float> want(seq.size() * V), want_dec(seq.size() * V);
     {
-        ModelState st = model_->new_state(256);
+        ModelState st = runner_->new_state(256);
         ForwardOptions fo;
         fo.all_logits = true;
-        model_->forward(st, seq.data(), int(seq.size()), fo, want.data());
-        ModelState sd = model_->new_state(256);
+        runner_->forward(st, seq.data(), int(seq.size()), fo, want.data());
+        ModelState sd = runner_->new_state(256);
         ForwardOptions dec;
         dec.gdn_mode = ref::GdnMode::Serial;
-        for (size_t t = 0; t < seq.size(); ++t) model_->forward(sd, &seq[t], 1, dec, want_dec.data() + t * V);
+        for (size_t t = 0; t < seq.size(); ++t) runner_->forward(sd, &seq[t], 1, dec, want_dec.data() + t * V);
     }
     std::promise<GenerationResult> done;
     GenerationCallbacks cb;

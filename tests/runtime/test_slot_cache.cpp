@@ -32,9 +32,13 @@ protected:
         so.out_path = (dir / "tiny.gguf").string();
         synth_qwen35(so);
         model_ = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+        runner_ = std::make_unique<ModelRunner>(*model_);
         fs::remove_all(dir);
     }
-    static void TearDownTestSuite() { model_.reset(); }
+    static void TearDownTestSuite() {
+        runner_.reset();
+        model_.reset();
+    }
 
     static std::vector<int32_t> ids(int n, uint32_t seed) {
         std::mt19937 rng(seed);
@@ -51,19 +55,21 @@ protected:
         std::vector<float> out;
         if (prefill) {
             out.resize(V);
-            model_->forward(s, v.data(), int(v.size()), fo, out.data(), nullptr, slot);
+            runner_->forward(s, v.data(), int(v.size()), fo, out.data(), nullptr, slot);
             return out;
         }
         out.resize(V * v.size());
-        for (size_t t = 0; t < v.size(); ++t) model_->forward(s, &v[t], 1, fo, out.data() + t * V, nullptr, slot);
+        for (size_t t = 0; t < v.size(); ++t) runner_->forward(s, &v[t], 1, fo, out.data() + t * V, nullptr, slot);
         return out;
     }
     static std::unique_ptr<Qwen35Model> model_;
+    static std::unique_ptr<ModelRunner> runner_;  // model_'s forward on the CPU backend
 };
 std::unique_ptr<Qwen35Model> SlotCache::model_;
+std::unique_ptr<ModelRunner> SlotCache::runner_;
 
 TEST_F(SlotCache, SnapshotRunRestoreRunGivesTheSameBits) {
-    SlotStateCache cache(*model_, 1, 256);
+    SlotStateCache cache(*runner_, 1, 256);
     feed(cache, 0, ids(20, 1), true);
     const StateSnapshot snap = cache.snapshot(0);
     EXPECT_EQ(snap.n_past, 20);
@@ -77,7 +83,7 @@ TEST_F(SlotCache, SnapshotRunRestoreRunGivesTheSameBits) {
 }
 
 TEST_F(SlotCache, CopiedSlotsContinueIdentically) {
-    SlotStateCache cache(*model_, 3, 256);
+    SlotStateCache cache(*runner_, 3, 256);
     feed(cache, 0, ids(37, 3), true);
     feed(cache, 0, ids(5, 4), false);
     feed(cache, 2, ids(50, 9), true);  // a longer, different history the copy must replace
@@ -92,7 +98,7 @@ TEST_F(SlotCache, CopiedSlotsContinueIdentically) {
 }
 
 TEST_F(SlotCache, TruncateThenRefeedEqualsNeverHavingGoneFurther) {
-    SlotStateCache cache(*model_, 2, 256);
+    SlotStateCache cache(*runner_, 2, 256);
     const std::vector<int32_t> prompt = ids(10, 7), went_on = ids(15, 8), instead = ids(12, 9);
     feed(cache, 0, prompt, true);
     const StateSnapshot at10 = cache.snapshot(0);
@@ -104,7 +110,7 @@ TEST_F(SlotCache, TruncateThenRefeedEqualsNeverHavingGoneFurther) {
 }
 
 TEST_F(SlotCache, BadOperationsNameWhatIsWrong) {
-    SlotStateCache cache(*model_, 2, 64);
+    SlotStateCache cache(*runner_, 2, 64);
     feed(cache, 0, ids(8, 10), true);
     const StateSnapshot at8 = cache.snapshot(0);
     auto expect_error = [](auto&& f, const std::vector<std::string>& parts) {
@@ -118,7 +124,7 @@ TEST_F(SlotCache, BadOperationsNameWhatIsWrong) {
     expect_error([&] { cache.n_past(2); }, {"slot 2", "0..1"});
     expect_error([&] { cache.truncate(0, 5, at8); }, {"5", "8"});
     expect_error([&] { cache.truncate(0, 9, at8); }, {"9", "holds 8"});
-    expect_error([&] { SlotStateCache(*model_, 0, 64); }, {"at least one slot"});
+    expect_error([&] { SlotStateCache(*runner_, 0, 64); }, {"at least one slot"});
     StateSnapshot wrong = at8;
     wrong.ssm_state.pop_back();
     expect_error([&] { cache.restore(1, wrong); }, {"another model"});

@@ -69,7 +69,7 @@ protected:
     // The greedy text of `prompt` by a plain loop over the model: prefill, then argmax and one
     // serial decode step per token, stopping at end-of-generation.
     static std::string direct(const std::string& prompt, int n) {
-        const Qwen35Model& m = *lm->model;
+        const ModelRunner& m = *lm->runner;
         const std::vector<int32_t> ids = lm->tokenizer->encode(prompt, true);
         const int V = m.hparams().n_vocab;
         ModelState st = m.new_state(256);

@@ -1,0 +1,43 @@
+// What runs a model's graph: the CPU now (runtime/cpu_backend.h), CUDA next. The model builds a
+// backend-neutral graph per step kind (model/graph.h); the runner (runtime/model_runner.h)
+// asks the backend to rewrite it (its fusions), to compile it for a token bucket into a plan
+// (closures over preallocated buffers on the CPU; a captured CUDA graph on the GPU), and
+// replays that plan with each step's tokens. Weights: a backend reads them where the model
+// bound them (host memory) and uploads what it needs on first compile, keyed by the
+// WeightView; state: it allocates the slot state memory its plans read and write.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/graph.h"
+#include "runtime/model_state.h"
+#include "runtime/plan.h"
+
+namespace alloy {
+
+struct CompileOptions {
+    // Tensors whose rows each replay hands to StepContext::dump after the node that writes them
+    // (alloy logits --dump NAME): names, or prefixes ending in '*'.
+    std::vector<std::string> dump;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    // The rewrites this backend's kernels want (runtime/graph_passes.h), after prune_rows.
+    virtual void optimize(graph::Graph& g) const = 0;
+    // A plan for steps of up to `bucket` tokens of `g` (already optimized). Scratch buffers
+    // come from the backend and may be shared by its plans: only one plan runs at a time.
+    virtual std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) = 0;
+    // The state of n_slots sequences of up to n_ctx tokens each, in this backend's memory.
+    virtual ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) = 0;
+    // Frees the scratch the plans compiled so far share (call after dropping them).
+    virtual void drop_scratch() = 0;
+};
+
+// The backend a name selects: "cpu" (the only one today); throws naming the name otherwise.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+}  // namespace alloy

@@ -1,0 +1,368 @@
+#include "runtime/cpu_backend.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "alloy/error.h"
+#include "format/quant.h"
+#include "kernels/cpu/add.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gate.h"
+#include "kernels/cpu/gdn.h"
+#include "kernels/cpu/kv_store.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cpu/rms_norm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/ref/kv_store.h"
+#include "runtime/graph_passes.h"
+
+namespace alloy {
+
+using graph::Node;
+using graph::Op;
+using graph::Rows;
+
+namespace {
+
+int64_t first_row(Rows r, const StepContext& c) { return r == Rows::Last ? c.n - 1 : 0; }
+int64_t n_rows(Rows r, const StepContext& c) {
+    return r == Rows::All ? c.n : r == Rows::Last ? 1 : r == Rows::Listed ? c.n_out : 0;
+}
+
+// Where a tensor's rows are: token-indexed (row t at base + t cols, also when it holds only
+// the last row) or compact (Listed rows, and the logits: row i at base + i cols); the logits
+// live in the caller's array.
+struct Ref {
+    float* base = nullptr;
+    int64_t cols = 0;
+    bool compact = false, logits = false;
+    // The first row a node over `r` rows reads or writes.
+    float* at(const StepContext& c, Rows r) const {
+        float* b = logits ? c.logits : base;
+        return compact ? b : b + first_row(r, c) * cols;
+    }
+};
+
+std::string matmul_kernel(const WeightView& w) { return std::string("matmul_") + type_traits(w.type).name; }
+
+// Offsets in one scratch region for every tensor the graph writes: a tensor stored in place
+// over an input shares that input's storage; storages whose lifetimes (first write .. last
+// read, in node order) overlap get disjoint ranges, placed largest first at the lowest fit.
+struct Layout {
+    std::vector<int64_t> offset;  // [tensor] in floats (-1: not stored: never written, or the logits)
+    int64_t total = 0;
+};
+
+Layout plan_storage(const graph::Graph& g, int bucket) {
+    const size_t nt = g.tensors.size();
+    std::vector<int> root(nt);
+    std::iota(root.begin(), root.end(), 0);
+    auto find = [&](int t) {
+        while (root[size_t(t)] != t) t = root[size_t(t)] = root[size_t(root[size_t(t)])];
+        return t;
+    };
+    for (const Node& n : g.nodes)
+        if (n.inplace >= 0) {
+            const int a = n.out[0], b = n.in[size_t(n.inplace)];
+            if (g.tensors[size_t(a)].cols != g.tensors[size_t(b)].cols)
+                throw Error("cpu backend: node '" + n.label + "' stores in place over a tensor of another width");
+            root[size_t(find(a))] = find(b);
+        }
+    std::vector<int> first(nt, -1), last(nt, -1);
+    std::vector<int64_t> size(nt, 0);
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+        const Node& n = g.nodes[i];
+        auto touch = [&](int t) {
+            if (g.tensors[size_t(t)].logits) return;
+            const int r = find(t);
+            if (first[size_t(r)] < 0) first[size_t(r)] = int(i);
+            last[size_t(r)] = int(i);
+            // Rows of `bucket` tokens, rounded up to whole 64-byte lines so tensors start aligned.
+            size[size_t(r)] = std::max(size[size_t(r)], (int64_t(bucket) * g.tensors[size_t(t)].cols + 15) / 16 * 16);
+        };
+        for (int t : n.out) touch(t);
+        for (int t : n.in) touch(t);
+    }
+    std::vector<int> order;
+    for (size_t t = 0; t < nt; ++t)
+        if (find(int(t)) == int(t) && first[t] >= 0) order.push_back(int(t));
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return size[size_t(a)] > size[size_t(b)]; });
+    Layout L;
+    L.offset.assign(nt, -1);
+    std::vector<int> placed;
+    for (int s : order) {
+        std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of overlapping lifetimes
+        for (int p : placed)
+            if (first[size_t(p)] <= last[size_t(s)] && first[size_t(s)] <= last[size_t(p)])
+                busy.emplace_back(L.offset[size_t(p)], L.offset[size_t(p)] + size[size_t(p)]);
+        std::sort(busy.begin(), busy.end());
+        int64_t at = 0;
+        for (const auto& [b, e] : busy) {
+            if (at + size[size_t(s)] <= b) break;
+            at = std::max(at, e);
+        }
+        L.offset[size_t(s)] = at;
+        L.total = std::max(L.total, at + size[size_t(s)]);
+        placed.push_back(s);
+    }
+    for (size_t t = 0; t < nt; ++t) L.offset[t] = L.offset[size_t(find(int(t)))];
+    return L;
+}
+
+bool wanted(const std::vector<std::string>& dump, const std::string& name) {
+    for (const std::string& d : dump) {
+        if (d == name) return true;
+        if (!d.empty() && d.back() == '*' && name.compare(0, d.size() - 1, d, 0, d.size() - 1) == 0) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+void CpuBackend::optimize(graph::Graph& g) const {
+    graph::fuse_add_norm(g);
+    graph::fuse_matmul_swiglu(g);
+    graph::group_matmuls(g);
+}
+
+ModelState CpuBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+    return new_model_state(hp, n_ctx, kv_types, n_slots);
+}
+
+std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, const CompileOptions& opt) {
+    graph::check(g);
+    auto plan = std::make_unique<Plan>(bucket, arena_);
+    const Layout layout = plan_storage(g, bucket);
+    float* scratch = plan->buffer(size_t(std::max<int64_t>(layout.total, 1)));
+    int32_t* pos = reinterpret_cast<int32_t*>(plan->buffer(size_t(bucket)));  // [bucket] absolute positions
+    std::vector<Ref> refs(g.tensors.size());
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+        const graph::Tensor& x = g.tensors[t];
+        refs[t] = {layout.offset[t] >= 0 ? scratch + layout.offset[t] : nullptr, x.cols, x.rows == Rows::Listed || x.logits,
+                   x.logits};
+    }
+    auto in = [&](const Node& n, size_t i) { return refs[size_t(n.in[i])]; };
+    auto out = [&](const Node& n, size_t i) { return refs[size_t(n.out[i])]; };
+
+    // cos/sin of every (position, frequency) of a step, built once and shared by all layers;
+    // the last row's own table serves a pruned last layer's single query (not in decode, where
+    // that row is the step).
+    auto rope = std::make_shared<cpu::RopeTable>();
+    auto rope_last = std::make_shared<cpu::RopeTable>();
+    const Node* any_rope = nullptr;
+    bool last_rope = false;
+    for (const Node& n : g.nodes)
+        if (n.op == Op::RmsNormRope) {
+            any_rope = &n;
+            last_rope = last_rope || (n.rows == Rows::Last && bucket > 1);
+        }
+
+    for (const Node& n : g.nodes) {
+        const Rows r = n.rows;
+        switch (n.op) {
+            case Op::Embed: {
+                const WeightView* tab = n.weights[0];
+                const Ref o = out(n, 0);
+                plan->add("embed", n.label, [tab, o, pos](const StepContext& c) {
+                    for (int t = 0; t < c.n; ++t) {
+                        if (c.ids[t] < 0 || c.ids[t] >= tab->n_out)
+                            throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
+                                        " is outside the vocabulary [0, " + std::to_string(tab->n_out) + ")");
+                        dequantize_row(tab->type, tab->row(c.ids[t]), o.base + int64_t(t) * o.cols, o.cols);
+                    }
+                    for (int s = 0; s < c.n_seqs; ++s)  // each sequence continues its slot
+                        for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) pos[t] = c.n_past[s] + t - c.offsets[s];
+                });
+                if (any_rope) {
+                    const int n_rot = any_rope->n_rot;
+                    const float base = any_rope->rope_base;
+                    plan->add("rope_table", "rope", [=](const StepContext& c) {
+                        *rope = cpu::rope_table(pos, c.n, n_rot, base);
+                        if (last_rope) *rope_last = cpu::rope_table(pos + c.n - 1, 1, n_rot, base);
+                    });
+                }
+                break;
+            }
+            case Op::RmsNorm: {
+                const Ref a = in(n, 0), o = out(n, 0);
+                const float* w = n.norm;
+                const float eps = n.eps;
+                if (r == Rows::Listed) {  // the batch's logits rows, gathered
+                    plan->add("rms_norm", n.label, [=](const StepContext& c) {
+                        for (int i = 0; i < c.n_out; ++i)
+                            cpu::rms_norm(a.base + int64_t(c.out_rows[i]) * a.cols, w, o.base + int64_t(i) * o.cols, 1, a.cols, eps);
+                    });
+                } else {
+                    plan->add("rms_norm", n.label, [=](const StepContext& c) {
+                        cpu::rms_norm(a.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps);
+                    });
+                }
+                break;
+            }
+            case Op::Add: {
+                const Ref a = in(n, 0), b = in(n, 1);
+                plan->add("add", n.label, [=](const StepContext& c) { cpu::add(a.at(c, r), b.at(c, r), n_rows(r, c) * a.cols); });
+                break;
+            }
+            case Op::AddRmsNorm: {
+                const Ref a = in(n, 0), b = in(n, 1), o = out(n, 1);
+                const float* w = n.norm;
+                const float eps = n.eps;
+                plan->add("add_rms_norm", n.label, [=](const StepContext& c) {
+                    cpu::add_rms_norm(a.at(c, r), b.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps);
+                });
+                break;
+            }
+            case Op::Matmul: {
+                const WeightView* w = n.weights[0];
+                const Ref x = in(n, 0), y = out(n, 0);
+                plan->add(matmul_kernel(*w), n.label,
+                          [=](const StepContext& c) { cpu::matmul(*w, x.at(c, r), y.at(c, r), n_rows(r, c)); });
+                break;
+            }
+            case Op::MatmulMulti: {
+                const Ref x = in(n, 0);
+                std::vector<std::pair<const WeightView*, Ref>> outs;
+                for (size_t i = 0; i < n.weights.size(); ++i) outs.emplace_back(n.weights[i], out(n, i));
+                plan->add(matmul_kernel(*n.weights[0]), n.label, [=](const StepContext& c) {
+                    cpu::MatmulOut mo[16];
+                    int k = 0;
+                    for (const auto& [w, y] : outs) mo[k++] = {w, y.at(c, r)};
+                    cpu::matmul_multi(mo, k, x.at(c, r), n_rows(r, c));
+                });
+                if (outs.size() > 16) throw Error("cpu backend: node '" + n.label + "' groups more than 16 matmuls");
+                break;
+            }
+            case Op::MatmulSwiglu: {
+                const WeightView *wg = n.weights[0], *wu = n.weights[1];
+                const Ref x = in(n, 0), act = out(n, 0), up = out(n, 1);
+                // The profile counts the step as a matmul (its gate and up products).
+                plan->add(matmul_kernel(*wg), n.label, [=](const StepContext& c) {
+                    cpu::matmul_swiglu(*wg, *wu, x.at(c, r), act.at(c, r), up.at(c, r), n_rows(r, c));
+                });
+                break;
+            }
+            case Op::Swiglu: {
+                const Ref a = in(n, 0), b = in(n, 1), o = out(n, 0);
+                plan->add("swiglu", n.label,
+                          [=](const StepContext& c) { cpu::swiglu(a.at(c, r), b.at(c, r), o.at(c, r), n_rows(r, c) * o.cols); });
+                break;
+            }
+            case Op::RmsNormRope: {
+                const Ref x = in(n, 0), o = out(n, 0);
+                const float* w = n.norm;
+                const float eps = n.eps;
+                const int heads = n.heads, hd = n.head_dim;
+                const int64_t stride = n.head_stride;
+                const bool own_table = r == Rows::Last && bucket > 1;
+                plan->add("rms_norm_rope", n.label, [=](const StepContext& c) {
+                    cpu::rms_norm_rope(own_table ? *rope_last : *rope, x.at(c, r), stride, w, o.at(c, r), heads, hd, eps);
+                });
+                break;
+            }
+            case Op::KvStore: {
+                const Ref k = in(n, 0), v = in(n, 1);
+                const int l = n.layer;
+                plan->add("kv_store", n.label, [=](const StepContext& c) {
+                    const KvCacheTypes& t = c.state->kv_types;
+                    const int64_t kvw = k.cols;
+                    for (int s = 0; s < c.n_seqs; ++s) {  // rows of sequence s -> its slot's rows [n_past, ...)
+                        const size_t row0 = size_t(c.n_past[s]) * size_t(kvw), first = size_t(c.offsets[s]) * size_t(kvw);
+                        const int64_t cnt = int64_t(c.offsets[s + 1] - c.offsets[s]) * kvw;
+                        auto* kc = static_cast<char*>(c.state->k_cache[size_t(l)][size_t(c.slots[s])].data()) +
+                                   row0 * ref::kv_elem_bytes(t.k);
+                        auto* vc = static_cast<char*>(c.state->v_cache[size_t(l)][size_t(c.slots[s])].data()) +
+                                   row0 * ref::kv_elem_bytes(t.v);
+                        cpu::kv_store(k.base + first, kc, t.k, cnt);
+                        cpu::kv_store(v.base + first, vc, t.v, cnt);
+                    }
+                });
+                break;
+            }
+            case Op::Attention: {
+                const Ref q = in(n, 0), o = out(n, 0);
+                const int l = n.layer;
+                const ref::AttentionShape as = n.attn;
+                const bool one_query = bucket == 1 || r == Rows::Last;
+                const char* kernel = one_query ? "attention_decode"
+                                     : g.spec.logits == Rows::Listed ? "attention"
+                                                                     : "attention_prefill";
+                plan->add(kernel, n.label, [=](const StepContext& c) {
+                    ref::AttentionShape s = as;
+                    s.type_k = c.state->kv_types.k;
+                    s.type_v = c.state->kv_types.v;
+                    const auto& kc = c.state->k_cache[size_t(l)];
+                    const auto& vc = c.state->v_cache[size_t(l)];
+                    if (r == Rows::Last) {  // the pruned last layer of a one-sequence pass: its last query
+                        cpu::attention(s, q.at(c, r), kc[size_t(c.slots[0])].data(), vc[size_t(c.slots[0])].data(),
+                                       o.at(c, r), 1, c.n_past[0] + first_row(r, c));
+                        return;
+                    }
+                    for (int i = 0; i < c.n_seqs; ++i) {  // each sequence against its own cache
+                        const int64_t first = int64_t(c.offsets[i]) * q.cols;
+                        cpu::attention(s, q.base + first, kc[size_t(c.slots[i])].data(), vc[size_t(c.slots[i])].data(),
+                                       o.base + first, c.offsets[i + 1] - c.offsets[i], c.n_past[i]);
+                    }
+                });
+                break;
+            }
+            case Op::SigmoidGateMul: {
+                const Ref x = in(n, 0), gate = in(n, 1);
+                const int heads = n.heads, hd = n.head_dim;
+                const int64_t stride = n.head_stride, off = n.in_offset;
+                plan->add("sigmoid_gate_mul", n.label, [=](const StepContext& c) {
+                    cpu::sigmoid_gate_mul(x.at(c, r), gate.at(c, r) + off, n_rows(r, c) * heads, hd, stride);
+                });
+                break;
+            }
+            case Op::GdnFused: {
+                const float *qkv = in(n, 0).base, *z = in(n, 1).base, *b = in(n, 2).base, *a = in(n, 3).base;
+                float* y = out(n, 0).base;
+                const int l = n.layer;
+                const ref::GdnParams gp = n.gdn;
+                const ref::GdnWeights gw = n.gdn_w;
+                const char* kernel = gp.mode == ref::GdnMode::Serial ? "gdn_fused_serial" : "gdn_fused_chunked";
+                plan->add(kernel, n.label, [=](const StepContext& c) {
+                    float* conv = c.state->conv_state[size_t(l)].data();  // [slots, conv_dim, K-1]
+                    float* ssm = c.state->ssm_state[size_t(l)].data();    // [slots, H_v, d_v, d_k]
+                    // One call per run of sequences with the same kernel (a mixed step: decoding
+                    // sequences serial, prefilling ones chunked), each on its slots.
+                    for (int s0 = 0; s0 < c.n_seqs;) {
+                        int s1 = s0 + 1;
+                        while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
+                        ref::GdnParams run = gp;
+                        if (c.serial[s0]) run.mode = ref::GdnMode::Serial;
+                        cpu::gdn_fused(run, gw, s1 - s0, c.offsets + s0, qkv, z, a, b, conv, ssm, y, c.slots + s0);
+                        s0 = s1;
+                    }
+                });
+                break;
+            }
+            case Op::MoeFfn: {
+                const ref::MoeWeights* moe = n.moe;
+                const Ref x = in(n, 0), y = out(n, 0);
+                plan->add("moe_ffn", n.label, [=](const StepContext& c) { cpu::moe_ffn(*moe, x.at(c, r), y.at(c, r), n_rows(r, c)); });
+                break;
+            }
+        }
+        for (int t : n.out) {
+            const graph::Tensor& x = g.tensors[size_t(t)];
+            if (opt.dump.empty() || !wanted(opt.dump, x.name)) continue;
+            const Ref ref = refs[size_t(t)];
+            const std::string name = x.name;
+            plan->add("dump", name, [=](const StepContext& c) {
+                if (c.dump) (*c.dump)(name, first_row(r, c), ref.at(c, r), n_rows(r, c), ref.cols);
+            });
+        }
+    }
+    return plan;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+    if (name == "cpu" || name.empty()) return std::make_unique<CpuBackend>();
+    throw Error("unknown backend '" + name + "' (this build has: cpu)");
+}
+
+}  // namespace alloy

@@ -1,0 +1,140 @@
+#include "runtime/model_runner.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "alloy/error.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/graph_passes.h"
+
+namespace alloy {
+
+ModelRunner::ModelRunner(const Qwen35Model& model, std::unique_ptr<Backend> backend)
+    : model_(model), backend_(backend ? std::move(backend) : std::make_unique<CpuBackend>()) {}
+
+ModelState ModelRunner::new_state(int n_ctx, KvCacheTypes kv_types, int n_slots) const {
+    return backend_->new_state(hparams(), n_ctx, kv_types, n_slots);
+}
+
+int ModelRunner::bucket_for(int n, const ForwardOptions& opts) {
+    if (n == 1) return 1;  // decode has its own plan
+    const int c = std::max(1, opts.gdn_chunk);
+    return (n + c - 1) / c * c;
+}
+
+graph::Graph ModelRunner::step_graph(const graph::GraphSpec& spec) const {
+    graph::Graph g = model_.build_graph(spec);
+    graph::prune_rows(g);
+    backend_->optimize(g);
+    return g;
+}
+
+void ModelRunner::drop_plans() const {
+    plans_.clear();
+    backend_->drop_scratch();
+}
+
+void ModelRunner::forward(ModelState& st, const int32_t* ids, int n, const ForwardOptions& opts, float* logits,
+                          Profiler* prof, int slot) const {
+    if (n <= 0) throw Error("forward: no tokens to process");
+    Batch b;
+    b.add(slot, ids, n, opts.all_logits ? BatchLogits::All : BatchLogits::Last, opts.gdn_mode == ref::GdnMode::Serial);
+    forward(st, b, opts, logits, prof);
+}
+
+void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptions& opts, float* logits,
+                          Profiler* prof) const {
+    const int n_seqs = int(batch.seqs.size());
+    if (n_seqs == 0) throw Error("forward: the batch has no sequences");
+    int64_t total = 0;
+    std::vector<uint8_t> used(size_t(st.n_slots), 0);
+    for (int i = 0; i < n_seqs; ++i) {
+        const BatchSeq& q = batch.seqs[size_t(i)];
+        const std::string who = "forward: batch sequence " + std::to_string(i) + " (slot " + std::to_string(q.slot) + ")";
+        if (q.slot < 0 || q.slot >= st.n_slots)
+            throw Error(who + ": slot out of range (0.." + std::to_string(st.n_slots - 1) + ")");
+        if (used[size_t(q.slot)]++) throw Error(who + ": the slot appears twice in one batch");
+        if (q.n_tokens <= 0) throw Error(who + ": no tokens to process");
+        if (int64_t(st.n_past[size_t(q.slot)]) + q.n_tokens > st.n_ctx)
+            throw Error(who + ": sequence of " + std::to_string(int64_t(st.n_past[size_t(q.slot)]) + q.n_tokens) +
+                        " tokens exceeds the context size of " + std::to_string(st.n_ctx) + " (raise --ctx)");
+        total += q.n_tokens;
+    }
+    if (total != int64_t(batch.ids.size()))
+        throw Error("forward: the batch has " + std::to_string(batch.ids.size()) + " token ids but its sequences count " +
+                    std::to_string(total));
+    const size_t V = size_t(hparams().n_vocab);
+    StepContext ctx;
+    ctx.state = &st;
+    if (!opts.dump.empty()) ctx.dump = &opts.dump_sink;
+    if (n_seqs == 1) {
+        // One sequence: consecutive pieces of at most max_batch tokens (the states carry over).
+        const BatchSeq& q = batch.seqs[0];
+        const int c = std::max(1, opts.gdn_chunk);
+        const int piece = std::max(c, opts.max_batch / c * c);
+        const int32_t slot = q.slot;
+        const uint8_t serial = q.serial;
+        for (int done = 0; done < q.n_tokens;) {
+            const int len = std::min(piece, q.n_tokens - done);
+            const bool last = done + len == q.n_tokens;
+            const graph::Rows rows = q.logits == BatchLogits::All                ? graph::Rows::All
+                                     : q.logits == BatchLogits::Last && last ? graph::Rows::Last
+                                                                             : graph::Rows::None;
+            const int32_t offsets[2] = {0, len}, n_past = st.n_past[size_t(slot)];
+            ctx.ids = batch.ids.data() + done;
+            ctx.n = len;
+            ctx.n_seqs = 1;
+            ctx.offsets = offsets;
+            ctx.slots = &slot;
+            ctx.n_past = &n_past;
+            ctx.serial = &serial;
+            ctx.logits = q.logits == BatchLogits::All ? logits + size_t(done) * V : logits;
+            run_plan(ctx, bucket_for(len, opts), opts, rows, prof);
+            st.n_past[size_t(slot)] += len;
+            done += len;
+        }
+        return;
+    }
+    // Several sequences: one step over all their tokens.
+    const size_t ns = size_t(n_seqs);
+    std::vector<int32_t> offsets(ns + 1, 0), slots(ns, 0), n_past(ns, 0), out_rows;
+    std::vector<uint8_t> serial(ns, 0);
+    for (int i = 0; i < n_seqs; ++i) {
+        const BatchSeq& q = batch.seqs[size_t(i)];
+        offsets[size_t(i) + 1] = offsets[size_t(i)] + q.n_tokens;
+        slots[size_t(i)] = q.slot;
+        n_past[size_t(i)] = st.n_past[size_t(q.slot)];
+        serial[size_t(i)] = q.serial;
+        if (q.logits == BatchLogits::Last) out_rows.push_back(offsets[size_t(i) + 1] - 1);
+        if (q.logits == BatchLogits::All)
+            for (int t = offsets[size_t(i)]; t < offsets[size_t(i) + 1]; ++t) out_rows.push_back(t);
+    }
+    ctx.ids = batch.ids.data();
+    ctx.n = int(total);
+    ctx.n_seqs = n_seqs;
+    ctx.offsets = offsets.data();
+    ctx.slots = slots.data();
+    ctx.n_past = n_past.data();
+    ctx.serial = serial.data();
+    ctx.out_rows = out_rows.data();
+    ctx.n_out = int(out_rows.size());
+    ctx.logits = logits;
+    run_plan(ctx, bucket_for(int(total), opts), opts, out_rows.empty() ? graph::Rows::None : graph::Rows::Listed, prof);
+    for (const BatchSeq& q : batch.seqs) st.n_past[size_t(q.slot)] += q.n_tokens;
+}
+
+void ModelRunner::run_plan(StepContext& ctx, int bucket, const ForwardOptions& opts, graph::Rows logits,
+                           Profiler* prof) const {
+    std::string dumped;
+    for (const std::string& d : opts.dump) dumped += d + "\n";
+    auto key = std::make_tuple(bucket, int(logits), int(opts.gdn_mode), opts.gdn_chunk, dumped);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+        if (plans_.size() >= 6) plans_.clear();  // bound the memory held by old buckets
+        graph::Graph g = step_graph({logits, opts.gdn_mode, opts.gdn_chunk});
+        it = plans_.emplace(key, backend_->compile(g, bucket, CompileOptions{opts.dump})).first;
+    }
+    it->second->replay(ctx, prof);
+}
+
+}  // namespace alloy

@@ -1,0 +1,58 @@
+// Runs a model's forward pass on a backend: builds the model's graph for a step kind (logits
+// mode, GDN mode), prunes its rows, lets the backend rewrite and compile it per token bucket,
+// caches the plans, and replays them with each step's tokens, slots and positions.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "model/qwen35.h"
+#include "runtime/backend.h"
+#include "runtime/batch.h"
+#include "runtime/model_state.h"
+#include "runtime/plan.h"
+
+namespace alloy {
+
+class ModelRunner {
+public:
+    // backend: nullptr = the CPU backend. The model must outlive the runner.
+    explicit ModelRunner(const Qwen35Model& model, std::unique_ptr<Backend> backend = nullptr);
+
+    const Qwen35Model& model() const { return model_; }
+    const Qwen35HParams& hparams() const { return model_.hparams(); }
+    // Fresh states of n_slots sequences of up to n_ctx tokens each, in the backend's memory;
+    // throws for n_ctx <= 0, n_slots <= 0 or a cache type other than F32/F16/BF16.
+    ModelState new_state(int n_ctx, KvCacheTypes kv_types = {}, int n_slots = 1) const;
+    // Runs n tokens of one sequence (slot) at positions n_past[slot].. and advances it, by
+    // replaying the recorded plan of the bucket n falls in (built on first use).
+    // logits: [n, n_vocab] if opts.all_logits else [n_vocab] (the last token's).
+    // prof: if given, every kernel launch is timed into it.
+    void forward(ModelState& state, const int32_t* ids, int n, const ForwardOptions& opts, float* logits,
+                 Profiler* prof = nullptr, int slot = 0) const;
+    // One step over a batch of sequences (distinct slots): the matmuls see every token of the
+    // batch as one [T, D] input, the GDN op its sequences ragged on their slots, attention each
+    // sequence against its own cache. logits: [batch.logit_rows(), n_vocab]. opts.all_logits is
+    // ignored (each sequence says what it returns). A batch of one sequence runs exactly as
+    // the call above (pieces of opts.max_batch); a batch of several runs as one piece (the
+    // caller bounds its size). Throws naming the sequence for a bad slot, an empty sequence or
+    // one that would overflow its slot's context.
+    void forward(ModelState& state, const Batch& batch, const ForwardOptions& opts, float* logits,
+                 Profiler* prof = nullptr) const;
+    // The bucket a call of n tokens runs in: 1 for decode, else n rounded up to the GDN chunk.
+    static int bucket_for(int n, const ForwardOptions& opts);
+    // The graph a step of this kind runs, after prune_rows and the backend's rewrites.
+    graph::Graph step_graph(const graph::GraphSpec& spec) const;
+    // Frees every recorded plan and its scratch (the next call of each bucket records anew).
+    void drop_plans() const;
+
+private:
+    const Qwen35Model& model_;
+    std::unique_ptr<Backend> backend_;
+    // Plans by (bucket, logits rows, gdn mode, chunk, dumped names); built lazily, reused.
+    mutable std::map<std::tuple<int, int, int, int, std::string>, std::unique_ptr<Plan>> plans_;
+    void run_plan(StepContext& ctx, int bucket, const ForwardOptions& opts, graph::Rows logits, Profiler* prof) const;
+};
+
+}  // namespace alloy

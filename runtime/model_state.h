@@ -1,0 +1,51 @@
+// The mutable state of a model's sequences, by slot: what the forward reads and writes besides
+// its scratch (runtime/slot_cache.h adds copy / snapshot / restore / truncate on it). Host
+// memory: the CPU backend's; a device backend keeps its own copy of this layout.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "format/ggml_types.h"
+#include "model/qwen35.h"
+#include "runtime/zero_pages.h"
+
+namespace alloy {
+
+// Element types of the KV cache (llama.cpp's -ctk / -ctv): F32, F16 or BF16, f16 by default as in
+// llama.cpp. K and V are computed in fp32 and rounded to the cache type when stored
+// (kernels/ref/kv_store.h); attention reads the rounded values.
+struct KvCacheTypes {
+    GgmlType k = GgmlType::F16, v = GgmlType::F16;
+};
+
+// The mutable state of n_slots sequences (runtime/slot_cache.h adds copy / snapshot / restore /
+// truncate): per attention layer a KV cache per slot, per GDN layer the conv and recurrent
+// states of every slot in one array, so the GDN op of a batch updates its sequences' slots in
+// place (kernels' seq_slots). Sized once for n_ctx positions per slot; the KV pages past the
+// rows written so far are never touched (runtime/zero_pages.h), so they cost no resident memory.
+struct ModelState {
+    int n_slots = 0;
+    int n_ctx = 0;                               // positions per slot
+    KvCacheTypes kv_types;
+    std::vector<int> n_past;                     // [n_slots] tokens each slot holds
+    std::vector<std::vector<ZeroPages>> k_cache, v_cache;  // [layer][slot] (empty for GDN layers):
+                                                 // [n_ctx, n_head_kv*head_dim] of kv_types.k / .v
+    std::vector<std::vector<float>> conv_state;  // per layer: [n_slots, conv_dim, K-1]
+    std::vector<std::vector<float>> ssm_state;   // per layer: [n_slots, H_v, d_v, d_k]
+    size_t conv_elems = 0, ssm_elems = 0;        // per slot: conv_dim*(K-1), H_v*d_v*d_k
+
+    float* conv(int layer, int slot) { return conv_state[size_t(layer)].data() + size_t(slot) * conv_elems; }
+    float* ssm(int layer, int slot) { return ssm_state[size_t(layer)].data() + size_t(slot) * ssm_elems; }
+    const float* conv(int layer, int slot) const { return conv_state[size_t(layer)].data() + size_t(slot) * conv_elems; }
+    const float* ssm(int layer, int slot) const { return ssm_state[size_t(layer)].data() + size_t(slot) * ssm_elems; }
+    void check_slot(int slot) const;  // throws naming the slot and the range
+    void reset(int slot);  // back to an empty sequence (cache rows are overwritten before they are read)
+    void reset();          // every slot
+};
+
+// Fresh states of n_slots sequences of up to n_ctx tokens each for a model of these
+// hyperparameters; throws for n_ctx <= 0, n_slots outside [1, 4096] or a cache type other than
+// F32/F16/BF16.
+ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types = {}, int n_slots = 1);
+
+}  // namespace alloy

@@ -353,7 +353,9 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
             const Ref ref = refs[size_t(t)];
             const std::string name = x.name;
             plan->add("dump", name, [=](const StepContext& c) {
-                if (c.dump) (*c.dump)(name, first_row(r, c), ref.at(c, r), n_rows(r, c), ref.cols);
+                // Positions in the sequence for a one-sequence step; a batch's rows by step index.
+                const int64_t pos0 = first_row(r, c) + (c.n_seqs == 1 ? c.n_past[0] : 0);
+                if (c.dump) (*c.dump)(name, pos0, ref.at(c, r), n_rows(r, c), ref.cols);
             });
         }
     }

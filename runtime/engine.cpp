@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -371,7 +372,20 @@ GenerationResult Engine::generate(GenerationRequest request, std::function<bool(
 }
 
 std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode_steps) {
+    std::vector<TensorDump> none;
+    return evaluate(ids, decode_steps, {}, none);
+}
+
+std::string Engine::describe_forward() const {
+    const ForwardOptions& fo = impl_->fo;
+    return impl_->lm.runner->step_graph({graph::Rows::All, fo.gdn_mode, fo.gdn_chunk}).describe();
+}
+
+std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode_steps, const std::vector<std::string>& dump,
+                                    std::vector<TensorDump>& dumped) {
     Impl& m = *impl_;
+    dumped.clear();
+    std::map<std::string, size_t> index;  // name -> its entry in dumped
     const ModelRunner& model = *m.lm.runner;
     const int V = model.hparams().n_vocab;
     if (ids.empty()) throw Error("evaluate: no token ids given");
@@ -388,6 +402,14 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode
         try {
             ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
             ForwardOptions fo = m.fo;
+            fo.dump = dump;
+            fo.dump_sink = [&](const std::string& name, int64_t pos, const float* rows, int64_t n_rows, int64_t cols) {
+                auto [it, fresh] = index.emplace(name, dumped.size());
+                if (fresh) dumped.push_back({name, cols, {}, {}});
+                TensorDump& d = dumped[it->second];
+                for (int64_t r = 0; r < n_rows; ++r) d.positions.push_back(pos + r);
+                d.data.insert(d.data.end(), rows, rows + n_rows * cols);
+            };
             if (decode_steps) {
                 fo.gdn_mode = ref::GdnMode::Serial;  // decode is the serial kernel by construction
                 for (size_t t = 0; t < ids.size(); ++t) model.forward(st, &ids[t], 1, fo, logits.data() + t * size_t(V));
@@ -407,6 +429,13 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode
     }
     m.cv.notify_all();
     done.get_future().get();
+    for (const std::string& d : dump) {
+        bool hit = false;
+        for (const TensorDump& t : dumped)
+            hit = hit || t.name == d || (!d.empty() && d.back() == '*' && t.name.compare(0, d.size() - 1, d, 0, d.size() - 1) == 0);
+        if (!hit)
+            throw Error("dump: the forward has no tensor named '" + d + "' (alloy logits --dump list prints them)");
+    }
     return logits;
 }
 

@@ -18,8 +18,9 @@ namespace alloy {
 
 struct ModelState;
 
-// Receives a dumped tensor after the node that wrote it: its name, the token its first row
-// belongs to (the step's index), rows [n_rows, cols] (alloy logits --dump).
+// Receives a dumped tensor after the node that wrote it: its name, the position of its first row
+// (in the sequence for a one-sequence step, else the step's row index), rows [n_rows, cols]
+// (alloy logits --dump).
 using TensorSink = std::function<void(const std::string& name, int64_t first_token, const float* rows, int64_t n_rows,
                                       int64_t cols)>;
 

@@ -114,6 +114,20 @@ public:
     // Runs on the scheduler's thread between steps. Throws alloy::Error naming the ids or the
     // context size when they cannot run.
     std::vector<float> evaluate(const std::vector<int32_t>& ids, bool decode_steps = false);
+    // The same, also handing back intermediate tensors of the forward by name (model/graph.h
+    // names, e.g. "blk.3.attn.q_rope"; a trailing '*' matches a prefix) to diff against
+    // transformers: each name's rows in the order the steps computed them. Throws alloy::Error
+    // naming a requested name that no tensor of the forward has.
+    struct TensorDump {
+        std::string name;
+        int64_t cols = 0;
+        std::vector<int64_t> positions;  // [rows] the sequence position of each row
+        std::vector<float> data;         // [rows, cols] fp32
+    };
+    std::vector<float> evaluate(const std::vector<int32_t>& ids, bool decode_steps, const std::vector<std::string>& dump,
+                                std::vector<TensorDump>& dumped);
+    // The forward's ops and tensors, one line per op (alloy logits --dump list).
+    std::string describe_forward() const;
 
     bool has_tokenizer() const;
     // Throws alloy::Error naming the model file when it has no tokenizer.

@@ -140,6 +140,26 @@ TEST_F(Cli, LogitsFileHasEveryPosition) {
     EXPECT_EQ(fs::file_size(out), size_t(5 * 384 * 4));
 }
 
+// --dump: the graph's names listed; a dumped tensor in its own file, [positions, cols]; a name
+// the forward does not have refused by name.
+TEST_F(Cli, LogitsDumpsNamedTensors) {
+    Result list = run("logits -m " + model + " --dump list", false);
+    ASSERT_EQ(list.code, 0) << list.output;
+    EXPECT_NE(list.output.find("blk.0.gdn  gdn_fused"), std::string::npos) << list.output;
+    EXPECT_NE(list.output.find(" hf [T, "), std::string::npos) << list.output;
+    const std::string out = (dir / "dump.f32").string();
+    Result r = run("logits -m " + model + " --ids \"1 2 3 4 5\" -o " + out + " --dump blk.0.x --dump hf");
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* name : {"blk.0.x", "hf"}) {
+        const auto path = out + "." + name + ".f32";
+        ASSERT_TRUE(fs::exists(path)) << path;
+        EXPECT_EQ(fs::file_size(path) % (5 * 4), 0u) << path;
+        EXPECT_GT(fs::file_size(path), 0u) << path;
+    }
+    expect_error(run("logits -m " + model + " --ids 1 -o " + out + " --dump blk.0.nothing"), "'blk.0.nothing'");
+    expect_error(run("logits -m " + model + " --dump hf"), "--ids");
+}
+
 TEST_F(Cli, UnknownFlag) { expect_error(run("run -m " + model + " --bogus-flag 3"), "bogus-flag"); }
 TEST_F(Cli, UnknownSubcommand) { EXPECT_NE(run("frobnicate").code, 0); }
 TEST_F(Cli, MissingModelFile) { expect_error(run("logits -m /nonexistent.gguf --ids 1 -o /dev/null"), "/nonexistent.gguf"); }

@@ -330,6 +330,53 @@ TEST(HfFixtureDeep, VerificationReproducesDecodeAcrossKeyCells) {
 }
 
 // Plans keep their scratch uninitialised and shared between plans; every kernel must mask the
+
+// The graph's named tensors against transformers' residual stream (forward hooks on its modules:
+// scripts/fixture_hidden_states.py): the embedding (h0), every layer's output (blk.N.h) and the
+// final norm (hf), dumped through ForwardOptions::dump as alloy logits --dump does, on the
+// serial, chunked and decode paths; and dumping changes no logit.
+TEST(HfFixtureDump, ResidualStreamAgreesWithTransformersLayerByLayer) {
+    for (const char* name : {"r2_untied", "r3_deep_mtp"}) {
+        SCOPED_TRACE(name);
+        Fixture& f = fixture(name);
+        const ModelRunner& m = *f.runner;
+        const auto& seq = f.ref["sequences"][0];
+        const auto ids = seq["ids"].get<std::vector<int32_t>>();
+        const auto names = seq["hidden"]["tensors"].get<std::vector<std::string>>();
+        const std::vector<float> hidden = read_f32(kFixtures + name + "/" + seq["hidden"]["file"].get<std::string>());
+        const size_t T = ids.size(), D = size_t(m.hparams().n_embd), V = size_t(m.hparams().n_vocab);
+        ASSERT_EQ(names.size(), size_t(m.hparams().n_layer) + 2);
+        ASSERT_EQ(hidden.size(), names.size() * T * D);
+        for (Path path : {Path::Serial, Path::Chunked16, Path::Decode}) {
+            SCOPED_TRACE(int(path));
+            std::map<std::string, std::vector<float>> got;
+            ForwardOptions fo;
+            fo.all_logits = true;
+            fo.gdn_mode = path == Path::Chunked16 ? ref::GdnMode::Chunked : ref::GdnMode::Serial;
+            fo.gdn_chunk = 16;
+            fo.dump = names;
+            fo.dump_sink = [&](const std::string& n, int64_t pos, const float* rows, int64_t n_rows, int64_t cols) {
+                ASSERT_EQ(size_t(cols), D) << n;
+                ASSERT_EQ(size_t(pos) * D, got[n].size()) << n << ": rows out of order";
+                got[n].insert(got[n].end(), rows, rows + n_rows * cols);
+            };
+            ModelState st = m.new_state(256, kF32Cache);
+            std::vector<float> logits(T * V);
+            if (path == Path::Decode) {
+                for (size_t t = 0; t < T; ++t) m.forward(st, &ids[t], 1, fo, logits.data() + t * V);
+            } else {
+                m.forward(st, ids.data(), int(T), fo, logits.data());
+            }
+            for (size_t k = 0; k < names.size(); ++k) {
+                const std::vector<float> want(hidden.begin() + long(k * T * D), hidden.begin() + long((k + 1) * T * D));
+                ASSERT_EQ(got[names[k]].size(), T * D) << names[k];
+                EXPECT_LT(max_row_rel_error(got[names[k]], want, D), 2e-5) << names[k];
+            }
+            EXPECT_EQ(logits, run_logits(m, ids, path == Path::Chunked16 ? Path::Chunked16 : path)) << "dumping changed the logits";
+        }
+    }
+}
+
 // rows past the tokens of its call. With every scratch block filled with NaN, each path must
 // give the bits it gives with clean scratch (odd lengths, so buckets have padding rows).
 TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {

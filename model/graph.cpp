@@ -36,6 +36,14 @@ const char* rows_name(Rows r) {
     return "?";
 }
 
+bool name_matches(const std::vector<std::string>& patterns, const std::string& name) {
+    for (const std::string& d : patterns) {
+        if (d == name) return true;
+        if (!d.empty() && d.back() == '*' && name.compare(0, d.size() - 1, d, 0, d.size() - 1) == 0) return true;
+    }
+    return false;
+}
+
 int Graph::add_tensor(std::string name, int64_t cols) {
     if (find(name) >= 0) throw Error("graph: tensor '" + name + "' defined twice");
     if (cols <= 0) throw Error("graph: tensor '" + name + "' has " + std::to_string(cols) + " columns");

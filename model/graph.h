@@ -44,6 +44,8 @@ const char* op_name(Op op);
 
 enum class Rows : uint8_t { All, Last, Listed, None };
 const char* rows_name(Rows r);
+// Whether `name` is one of `patterns`: exact names, or prefixes ending in '*' (the dump list).
+bool name_matches(const std::vector<std::string>& patterns, const std::string& name);
 
 struct Tensor {
     std::string name;        // e.g. "blk.3.attn.q", "h0", "logits"

@@ -17,6 +17,7 @@
 #include "kernels/cpu/swiglu.h"
 #include "kernels/ref/kv_store.h"
 #include "runtime/graph_passes.h"
+#include "runtime/graph_storage.h"
 
 namespace alloy {
 
@@ -26,98 +27,7 @@ using graph::Rows;
 
 namespace {
 
-int64_t first_row(Rows r, const StepContext& c) { return r == Rows::Last ? c.n - 1 : 0; }
-int64_t n_rows(Rows r, const StepContext& c) {
-    return r == Rows::All ? c.n : r == Rows::Last ? 1 : r == Rows::Listed ? c.n_out : 0;
-}
-
-// Where a tensor's rows are: token-indexed (row t at base + t cols, also when it holds only
-// the last row) or compact (Listed rows, and the logits: row i at base + i cols); the logits
-// live in the caller's array.
-struct Ref {
-    float* base = nullptr;
-    int64_t cols = 0;
-    bool compact = false, logits = false;
-    // The first row a node over `r` rows reads or writes.
-    float* at(const StepContext& c, Rows r) const {
-        float* b = logits ? c.logits : base;
-        return compact ? b : b + first_row(r, c) * cols;
-    }
-};
-
 std::string matmul_kernel(const WeightView& w) { return std::string("matmul_") + type_traits(w.type).name; }
-
-// Offsets in one scratch region for every tensor the graph writes: a tensor stored in place
-// over an input shares that input's storage; storages whose lifetimes (first write .. last
-// read, in node order) overlap get disjoint ranges, placed largest first at the lowest fit.
-struct Layout {
-    std::vector<int64_t> offset;  // [tensor] in floats (-1: not stored: never written, or the logits)
-    int64_t total = 0;
-};
-
-Layout plan_storage(const graph::Graph& g, int bucket) {
-    const size_t nt = g.tensors.size();
-    std::vector<int> root(nt);
-    std::iota(root.begin(), root.end(), 0);
-    auto find = [&](int t) {
-        while (root[size_t(t)] != t) t = root[size_t(t)] = root[size_t(root[size_t(t)])];
-        return t;
-    };
-    for (const Node& n : g.nodes)
-        if (n.inplace >= 0) {
-            const int a = n.out[0], b = n.in[size_t(n.inplace)];
-            if (g.tensors[size_t(a)].cols != g.tensors[size_t(b)].cols)
-                throw Error("cpu backend: node '" + n.label + "' stores in place over a tensor of another width");
-            root[size_t(find(a))] = find(b);
-        }
-    std::vector<int> first(nt, -1), last(nt, -1);
-    std::vector<int64_t> size(nt, 0);
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
-        const Node& n = g.nodes[i];
-        auto touch = [&](int t) {
-            if (g.tensors[size_t(t)].logits) return;
-            const int r = find(t);
-            if (first[size_t(r)] < 0) first[size_t(r)] = int(i);
-            last[size_t(r)] = int(i);
-            // Rows of `bucket` tokens, rounded up to whole 64-byte lines so tensors start aligned.
-            size[size_t(r)] = std::max(size[size_t(r)], (int64_t(bucket) * g.tensors[size_t(t)].cols + 15) / 16 * 16);
-        };
-        for (int t : n.out) touch(t);
-        for (int t : n.in) touch(t);
-    }
-    std::vector<int> order;
-    for (size_t t = 0; t < nt; ++t)
-        if (find(int(t)) == int(t) && first[t] >= 0) order.push_back(int(t));
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return size[size_t(a)] > size[size_t(b)]; });
-    Layout L;
-    L.offset.assign(nt, -1);
-    std::vector<int> placed;
-    for (int s : order) {
-        std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of overlapping lifetimes
-        for (int p : placed)
-            if (first[size_t(p)] <= last[size_t(s)] && first[size_t(s)] <= last[size_t(p)])
-                busy.emplace_back(L.offset[size_t(p)], L.offset[size_t(p)] + size[size_t(p)]);
-        std::sort(busy.begin(), busy.end());
-        int64_t at = 0;
-        for (const auto& [b, e] : busy) {
-            if (at + size[size_t(s)] <= b) break;
-            at = std::max(at, e);
-        }
-        L.offset[size_t(s)] = at;
-        L.total = std::max(L.total, at + size[size_t(s)]);
-        placed.push_back(s);
-    }
-    for (size_t t = 0; t < nt; ++t) L.offset[t] = L.offset[size_t(find(int(t)))];
-    return L;
-}
-
-bool wanted(const std::vector<std::string>& dump, const std::string& name) {
-    for (const std::string& d : dump) {
-        if (d == name) return true;
-        if (!d.empty() && d.back() == '*' && name.compare(0, d.size() - 1, d, 0, d.size() - 1) == 0) return true;
-    }
-    return false;
-}
 
 }  // namespace
 
@@ -134,10 +44,10 @@ ModelState CpuBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheType
 std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, const CompileOptions& opt) {
     graph::check(g);
     auto plan = std::make_unique<Plan>(bucket, arena_);
-    const Layout layout = plan_storage(g, bucket);
+    const GraphLayout layout = plan_storage(g, bucket);
     float* scratch = plan->buffer(size_t(std::max<int64_t>(layout.total, 1)));
     int32_t* pos = reinterpret_cast<int32_t*>(plan->buffer(size_t(bucket)));  // [bucket] absolute positions
-    std::vector<Ref> refs(g.tensors.size());
+    std::vector<TensorRef> refs(g.tensors.size());
     for (size_t t = 0; t < g.tensors.size(); ++t) {
         const graph::Tensor& x = g.tensors[t];
         refs[t] = {layout.offset[t] >= 0 ? scratch + layout.offset[t] : nullptr, x.cols, x.rows == Rows::Listed || x.logits,
@@ -164,7 +74,7 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
         switch (n.op) {
             case Op::Embed: {
                 const WeightView* tab = n.weights[0];
-                const Ref o = out(n, 0);
+                const TensorRef o = out(n, 0);
                 plan->add("embed", n.label, [tab, o, pos](const StepContext& c) {
                     for (int t = 0; t < c.n; ++t) {
                         if (c.ids[t] < 0 || c.ids[t] >= tab->n_out)
@@ -186,7 +96,7 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 break;
             }
             case Op::RmsNorm: {
-                const Ref a = in(n, 0), o = out(n, 0);
+                const TensorRef a = in(n, 0), o = out(n, 0);
                 const float* w = n.norm;
                 const float eps = n.eps;
                 if (r == Rows::Listed) {  // the batch's logits rows, gathered
@@ -202,12 +112,12 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 break;
             }
             case Op::Add: {
-                const Ref a = in(n, 0), b = in(n, 1);
+                const TensorRef a = in(n, 0), b = in(n, 1);
                 plan->add("add", n.label, [=](const StepContext& c) { cpu::add(a.at(c, r), b.at(c, r), n_rows(r, c) * a.cols); });
                 break;
             }
             case Op::AddRmsNorm: {
-                const Ref a = in(n, 0), b = in(n, 1), o = out(n, 1);
+                const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 1);
                 const float* w = n.norm;
                 const float eps = n.eps;
                 plan->add("add_rms_norm", n.label, [=](const StepContext& c) {
@@ -217,14 +127,14 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
             }
             case Op::Matmul: {
                 const WeightView* w = n.weights[0];
-                const Ref x = in(n, 0), y = out(n, 0);
+                const TensorRef x = in(n, 0), y = out(n, 0);
                 plan->add(matmul_kernel(*w), n.label,
                           [=](const StepContext& c) { cpu::matmul(*w, x.at(c, r), y.at(c, r), n_rows(r, c)); });
                 break;
             }
             case Op::MatmulMulti: {
-                const Ref x = in(n, 0);
-                std::vector<std::pair<const WeightView*, Ref>> outs;
+                const TensorRef x = in(n, 0);
+                std::vector<std::pair<const WeightView*, TensorRef>> outs;
                 for (size_t i = 0; i < n.weights.size(); ++i) outs.emplace_back(n.weights[i], out(n, i));
                 plan->add(matmul_kernel(*n.weights[0]), n.label, [=](const StepContext& c) {
                     cpu::MatmulOut mo[16];
@@ -237,7 +147,7 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
             }
             case Op::MatmulSwiglu: {
                 const WeightView *wg = n.weights[0], *wu = n.weights[1];
-                const Ref x = in(n, 0), act = out(n, 0), up = out(n, 1);
+                const TensorRef x = in(n, 0), act = out(n, 0), up = out(n, 1);
                 // The profile counts the step as a matmul (its gate and up products).
                 plan->add(matmul_kernel(*wg), n.label, [=](const StepContext& c) {
                     cpu::matmul_swiglu(*wg, *wu, x.at(c, r), act.at(c, r), up.at(c, r), n_rows(r, c));
@@ -245,13 +155,13 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 break;
             }
             case Op::Swiglu: {
-                const Ref a = in(n, 0), b = in(n, 1), o = out(n, 0);
+                const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 0);
                 plan->add("swiglu", n.label,
                           [=](const StepContext& c) { cpu::swiglu(a.at(c, r), b.at(c, r), o.at(c, r), n_rows(r, c) * o.cols); });
                 break;
             }
             case Op::RmsNormRope: {
-                const Ref x = in(n, 0), o = out(n, 0);
+                const TensorRef x = in(n, 0), o = out(n, 0);
                 const float* w = n.norm;
                 const float eps = n.eps;
                 const int heads = n.heads, hd = n.head_dim;
@@ -263,7 +173,7 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 break;
             }
             case Op::KvStore: {
-                const Ref k = in(n, 0), v = in(n, 1);
+                const TensorRef k = in(n, 0), v = in(n, 1);
                 const int l = n.layer;
                 plan->add("kv_store", n.label, [=](const StepContext& c) {
                     const KvCacheTypes& t = c.state->kv_types;
@@ -282,7 +192,7 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 break;
             }
             case Op::Attention: {
-                const Ref q = in(n, 0), o = out(n, 0);
+                const TensorRef q = in(n, 0), o = out(n, 0);
                 const int l = n.layer;
                 const ref::AttentionShape as = n.attn;
                 const bool one_query = bucket == 1 || r == Rows::Last;
@@ -309,7 +219,7 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 break;
             }
             case Op::SigmoidGateMul: {
-                const Ref x = in(n, 0), gate = in(n, 1);
+                const TensorRef x = in(n, 0), gate = in(n, 1);
                 const int heads = n.heads, hd = n.head_dim;
                 const int64_t stride = n.head_stride, off = n.in_offset;
                 plan->add("sigmoid_gate_mul", n.label, [=](const StepContext& c) {
@@ -342,15 +252,15 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
             }
             case Op::MoeFfn: {
                 const ref::MoeWeights* moe = n.moe;
-                const Ref x = in(n, 0), y = out(n, 0);
+                const TensorRef x = in(n, 0), y = out(n, 0);
                 plan->add("moe_ffn", n.label, [=](const StepContext& c) { cpu::moe_ffn(*moe, x.at(c, r), y.at(c, r), n_rows(r, c)); });
                 break;
             }
         }
         for (int t : n.out) {
             const graph::Tensor& x = g.tensors[size_t(t)];
-            if (opt.dump.empty() || !wanted(opt.dump, x.name)) continue;
-            const Ref ref = refs[size_t(t)];
+            if (!graph::name_matches(opt.dump, x.name)) continue;
+            const TensorRef ref = refs[size_t(t)];
             const std::string name = x.name;
             plan->add("dump", name, [=](const StepContext& c) {
                 // Positions in the sequence for a one-sequence step; a batch's rows by step index.

@@ -431,8 +431,7 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode
     done.get_future().get();
     for (const std::string& d : dump) {
         bool hit = false;
-        for (const TensorDump& t : dumped)
-            hit = hit || t.name == d || (!d.empty() && d.back() == '*' && t.name.compare(0, d.size() - 1, d, 0, d.size() - 1) == 0);
+        for (const TensorDump& t : dumped) hit = hit || graph::name_matches({d}, t.name);
         if (!hit)
             throw Error("dump: the forward has no tensor named '" + d + "' (alloy logits --dump list prints them)");
     }

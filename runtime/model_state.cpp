@@ -16,6 +16,7 @@ void ModelState::check_slot(int slot) const {
 void ModelState::reset(int slot) {
     check_slot(slot);
     n_past[size_t(slot)] = 0;
+    if (device) device->reset(slot);
     for (size_t l = 0; l < conv_state.size(); ++l) {
         if (conv_state[l].empty()) continue;
         std::fill_n(conv(int(l), slot), conv_elems, 0.0f);

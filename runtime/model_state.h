@@ -3,6 +3,7 @@
 // memory: the CPU backend's; a device backend keeps its own copy of this layout.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "format/ggml_types.h"
@@ -23,6 +24,13 @@ struct KvCacheTypes {
 // states of every slot in one array, so the GDN op of a batch updates its sequences' slots in
 // place (kernels' seq_slots). Sized once for n_ctx positions per slot; the KV pages past the
 // rows written so far are never touched (runtime/zero_pages.h), so they cost no resident memory.
+// A device backend's copy of the state (its own memory, the same layout per slot): the backend
+// that made the state reads and writes it; reset clears one slot's part.
+struct DeviceState {
+    virtual ~DeviceState() = default;
+    virtual void reset(int slot) = 0;
+};
+
 struct ModelState {
     int n_slots = 0;
     int n_ctx = 0;                               // positions per slot
@@ -33,6 +41,7 @@ struct ModelState {
     std::vector<std::vector<float>> conv_state;  // per layer: [n_slots, conv_dim, K-1]
     std::vector<std::vector<float>> ssm_state;   // per layer: [n_slots, H_v, d_v, d_k]
     size_t conv_elems = 0, ssm_elems = 0;        // per slot: conv_dim*(K-1), H_v*d_v*d_k
+    std::shared_ptr<DeviceState> device;         // a device backend's state (the host arrays above are then empty)
 
     float* conv(int layer, int slot) { return conv_state[size_t(layer)].data() + size_t(slot) * conv_elems; }
     float* ssm(int layer, int slot) { return ssm_state[size_t(layer)].data() + size_t(slot) * ssm_elems; }

@@ -91,9 +91,12 @@ private:
     std::vector<size_t> sizes_;
 };
 
+// The CPU backend's plans are this class as it is; a device backend's plan derives from it and
+// replays its own way (launches on a stream), keeping the steps for their names.
 class Plan {
 public:
     explicit Plan(int bucket, std::shared_ptr<PlanArena> arena = nullptr) : bucket_(bucket), arena_(std::move(arena)) {}
+    virtual ~Plan() = default;
     int bucket() const { return bucket_; }
     void add(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
         steps_.push_back({std::move(kernel), std::move(label), std::move(run)});
@@ -101,7 +104,7 @@ public:
     // Scratch: a float buffer of n elements (uninitialised) that lives as long as the plan;
     // from the shared arena when the plan has one.
     float* buffer(size_t n);
-    void replay(const StepContext& ctx, Profiler* prof = nullptr) const;
+    virtual void replay(const StepContext& ctx, Profiler* prof = nullptr) const;
     const std::vector<PlanStep>& steps() const { return steps_; }
 
 private:

@@ -28,7 +28,14 @@ int SlotStateCache::n_past(int slot) const {
 
 void SlotStateCache::reset(int slot) { state_.reset(slot); }
 
+// The operations below work on host memory; a device backend's state (ModelState::device) needs
+// its own copies, not written yet: refuse rather than copy nothing.
+static void require_host(const ModelState& s, const char* op) {
+    if (s.device) throw Error(std::string("slot state cache: ") + op + " is not supported on a device backend's state yet");
+}
+
 void SlotStateCache::copy(int from, int to) {
+    require_host(state_, "copy");
     state_.check_slot(from);
     state_.check_slot(to);
     if (from == to) return;
@@ -50,6 +57,7 @@ void SlotStateCache::copy(int from, int to) {
 }
 
 StateSnapshot SlotStateCache::snapshot(int i) const {
+    require_host(state_, "snapshot");
     state_.check_slot(i);
     const ModelState& s = state_;
     StateSnapshot snap;
@@ -80,6 +88,7 @@ void SlotStateCache::check_shapes(int i, const StateSnapshot& snap, const char* 
 }
 
 void SlotStateCache::restore(int i, const StateSnapshot& snap) {
+    require_host(state_, "restore");
     check_shapes(i, snap, "restore");
     ModelState& s = state_;
     for (size_t l = 0; l < s.conv_state.size(); ++l) {

@@ -11,7 +11,13 @@
 // ~256 MB, up to 8, so that L2 does not serve the repeats), for the launch gate's choice and
 // for each value split; floor = max(181,589 FLOP per token and head / 679 TFLOP/s, minimal
 // bf16 bytes / 4234 GB/s) as shared/anchors/gpu-h200.md derives it.
-//   gdn_cuda_bench [--bw TB/s] [--decode | --prefill] [--tmax T] [--hv H_v] [--t T]
+// Fused prefill (--fused-prefill, or with no mode flag): cuda::gdn_fused in the chunked mode
+// (conv + SiLU, norms, gates, bf16 rounding, gdn_delta_chunked, gated RMSNorm) at B = 1,
+// H_k = 16, d = 128, H_v in {16, 32, 48}, T in {512, 4096, 16384}, against the serial mode
+// (the launch gate's path) at T 512 and 4096; fp32 qkv/z/a/b/y, K = 4; median over replays of
+// a CUDA graph rotating over input sets as above; floor = max(the delta rule's FLOP floor
+// above, the fp32 qkv, z, a, b read + y written + state read and written / 4234 GB/s).
+//   gdn_cuda_bench [--bw TB/s] [--decode | --prefill | --fused-prefill] [--tmax T] [--hv H_v] [--t T]
 //   gdn_cuda_bench --check DIR   (outputs of transformers' recurrent rule written by
 //                                 scripts/gdn_gpu_peer.py: run the kernel on the same inputs
 //                                 and compare; exits 1 above 1e-4)
@@ -320,6 +326,90 @@ int check_chunked(const std::filesystem::path& dir) {
 void decode_table(double tbs, int only_hv, int only_b, int reps);
 void prefill_table(int sms, int tmax, int only_hv, int only_t);
 
+// cuda::gdn_fused at prefill: the chunked mode at T 512 / 4096 / 16384, the serial mode at
+// 512 / 4096 (B = 1, H_k 16, d 128, grouped heads, K = 4).
+void fused_prefill_table(int tmax, int only_hv, int only_t) {
+    std::printf("\nfused prefill, cuda::gdn_fused (fp32 qkv/z/a/b/y, K = 4), B = 1, H_k = 16, d = 128\n\n"
+                "| H_v | T | floor us | chunked us | %% of floor | Mtok/s | serial us (gate's path) | serial / chunked | "
+                "input sets |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    const int d = 128, H_k = 16, K = 4;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> pool(size_t(1) << 22);
+    for (auto& x : pool) x = nd(rng);
+    auto fill = [&](std::vector<float>& x, size_t seed, float scale, float shift) {
+        for (size_t i = 0; i < x.size();) {
+            const size_t off = (seed * 7919 + i * 31) % (pool.size() / 2), n = std::min(x.size() - i, pool.size() / 2);
+            for (size_t j = 0; j < n; ++j) x[i + j] = shift + scale * pool[off + j];
+            i += n;
+        }
+    };
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st));
+    for (int H_v : {16, 32, 48})
+        for (int T : {512, 4096, 16384}) {
+            if (T > tmax || (only_hv && H_v != only_hv) || (only_t && T != only_t)) continue;
+            const alloy::ref::GdnShape sh{H_k, H_v, d, d, false};
+            const int conv_dim = 2 * H_k * d + H_v * d;
+            const size_t nqkv = size_t(T) * conv_dim, nz = size_t(T) * H_v * d, nab = size_t(T) * H_v;
+            const size_t set_bytes = (nqkv + nz + 2 * nab) * 4;
+            const int sets = int(std::clamp<size_t>((size_t(256) << 20) / set_bytes, 1, 8));
+            struct Set { float *qkv, *z, *a, *b; };
+            std::vector<Set> in(sets);
+            for (int s = 0; s < sets; ++s) {
+                std::vector<float> qkv(nqkv), z(nz), a(nab), b(nab);
+                fill(qkv, 4 * s + 1, 1.0f, 0.0f);
+                fill(z, 4 * s + 2, 1.0f, 0.0f);
+                fill(a, 4 * s + 3, 1.0f, 0.0f);
+                fill(b, 4 * s + 4, 1.0f, 0.0f);
+                in[size_t(s)] = {to_device(qkv), to_device(z), to_device(a), to_device(b)};
+            }
+            std::vector<float> cw(size_t(conv_dim) * K), sa(static_cast<size_t>(H_v)), dt(static_cast<size_t>(H_v)),
+                norm(static_cast<size_t>(d)), cs(size_t(conv_dim) * (K - 1)), state(size_t(H_v) * d * d);
+            fill(cw, 91, 0.5f, 0.0f);
+            fill(dt, 92, 1.0f, -2.0f);
+            fill(norm, 93, 0.1f, 1.0f);
+            fill(cs, 94, 1.0f, 0.0f);
+            fill(state, 95, 0.1f, 0.0f);
+            for (int h = 0; h < H_v; ++h) sa[size_t(h)] = -(1.0f + 0.3f * float(h % 16));
+            float *dcw = to_device(cw), *dsa = to_device(sa), *ddt = to_device(dt), *dnorm = to_device(norm),
+                  *dcs = to_device(cs), *dstate = to_device(state), *y = nullptr;
+            CHECK(cudaMalloc(&y, nz * 4));
+            int32_t* offs = to_device(std::vector<int32_t>{0, T});
+            const alloy::ref::GdnWeights w{dcw, dsa, ddt, dnorm};
+            alloy::ref::GdnParams gp;
+            gp.shape = sh;
+            gp.conv_kernel = K;
+            gp.mode = alloy::ref::GdnMode::Chunked;
+            gp.chunk_size = 64;
+            alloy::ref::GdnParams sp = gp;
+            sp.mode = alloy::ref::GdnMode::Serial;
+            void* ws = nullptr;
+            CHECK(cudaMalloc(&ws, std::max(alloy::cuda::gdn_fused_workspace_bytes(gp, 1, T),
+                                           alloy::cuda::gdn_fused_workspace_bytes(sp, 1, T))));
+            auto time_mode = [&](const alloy::ref::GdnParams& p, int reps) {
+                return graph_median_us(st, reps, [&](int i) {
+                    const Set& s = in[size_t(i % sets)];
+                    alloy::cuda::gdn_fused(p, w, 1, offs, T, s.qkv, s.z, s.a, s.b, dcs, dstate, y, ws, st);
+                });
+            };
+            const double us_chunked = time_mode(gp, std::max(sets, T <= 4096 ? 16 : 4));
+            const double us_serial = T <= 4096 ? time_mode(sp, std::max(sets, T <= 512 ? 8 : 2)) : NAN;
+            const double flop = 181589.0 * T * H_v;
+            const double bytes = double(set_bytes) + double(nz) * 4 + 2.0 * H_v * d * d * 4;
+            const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
+            std::printf("| %d | %d | %.1f | %.1f | %.0f%% | %.1f | %.1f | %.2fx | %d |\n", H_v, T, floor_us, us_chunked,
+                        100.0 * floor_us / us_chunked, T / us_chunked, us_serial, us_serial / us_chunked, sets);
+            std::fflush(stdout);
+            for (const Set& s : in)
+                for (void* p : {(void*)s.qkv, (void*)s.z, (void*)s.a, (void*)s.b}) cudaFree(p);
+            for (void* p : {(void*)dcw, (void*)dsa, (void*)ddt, (void*)dnorm, (void*)dcs, (void*)dstate, (void*)y,
+                            (void*)offs, ws})
+                cudaFree(p);
+        }
+    cudaStreamDestroy(st);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -337,11 +427,12 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
-    bool decode = true, prefill = true;
+    bool decode = true, prefill = true, fused_prefill = true;
     int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200;
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--decode")) prefill = false;
-        if (!std::strcmp(argv[i], "--prefill")) decode = false;
+        if (!std::strcmp(argv[i], "--decode")) prefill = fused_prefill = false;
+        if (!std::strcmp(argv[i], "--prefill")) decode = fused_prefill = false;
+        if (!std::strcmp(argv[i], "--fused-prefill")) decode = prefill = false;
         if (!std::strcmp(argv[i], "--tmax") && i + 1 < argc) tmax = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--hv") && i + 1 < argc) only_hv = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--t") && i + 1 < argc) only_t = std::atoi(argv[i + 1]);
@@ -350,6 +441,7 @@ int main(int argc, char** argv) {
     }
     if (decode) decode_table(tbs, only_hv, only_b, reps);
     if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t);
+    if (fused_prefill) fused_prefill_table(tmax, only_hv, only_t);
     return 0;
 }
 
@@ -449,7 +541,7 @@ void decode_table(double tbs, int only_hv, int only_b, int reps) {
             up(&fdt, h_dt);
             up(&fn, h_norm);
             CHECK(cudaMalloc(&fy, v.size() * 4));
-            CHECK(cudaMalloc(&ws, alloy::cuda::gdn_fused_workspace_bytes(gp, B)));
+            CHECK(cudaMalloc(&ws, alloy::cuda::gdn_fused_workspace_bytes(gp, B, B)));
             const alloy::ref::GdnWeights w{fcw, fsa, fdt, fn};
             using alloy::cuda::GdnFusedPath;
             auto fused = [&](GdnFusedPath path) {

@@ -2,7 +2,10 @@
 // alone or inside the fused layer op, which runs either as one kernel (fused_serial_kernel:
 // conv + SiLU, the q/k L2 norms and the gates, the delta rule, the gated RMSNorm, a cluster
 // per key head) or as three (conv + SiLU; the delta rule with the norms and gates; the gated
-// RMSNorm), the launch gate picking by batch size (gdn_fused).
+// RMSNorm), the launch gate picking by batch size (gdn_fused). The fused op's chunked mode
+// (prefill): conv + SiLU, norms, gates and bf16 rounding with tokens in parallel
+// (chunked_prep_kernel), the new conv state, gdn_delta_chunked (gdn_chunked.cu), the gated
+// RMSNorm.
 //
 // Serial delta rule. Math: spec/GDN.md section 1, in
 // the state layout of kernels/ref/gdn.h ([seq, H_v, d_v, d_k]: value column j of a head is
@@ -17,6 +20,7 @@
 // tree and lane 0's sum is broadcast, so every lane updates with the same delta and the bits
 // never depend on the call's token count.
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -276,9 +280,30 @@ __global__ void __launch_bounds__(kWarps * 32, kC == 4 ? ALLOY_GDN_DELTA_MINB : 
 
 constexpr int kMaxConvK = 8;
 
+// One token of a channel's causal conv + SiLU: u = silu(sum over taps of w * input), taps oldest
+// first as the reference sums them (the window win[0..Km1), then the token's own input x), and
+// the window slides by one. Compile-time indices only, so win and wt stay in registers. Shared
+// by the three-launch path (conv_silu_kernel) and the chunked mode (chunked_prep_kernel). N:
+// taps held (K <= N); the arithmetic does not depend on it.
+template <int N>
+__device__ __forceinline__ float conv_silu_token(const float (&wt)[N], float (&win)[N], float x, int Km1) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N - 1; ++i)
+        if (i < Km1) acc += wt[i] * win[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        if (i == Km1) acc += wt[i] * x;
+#pragma unroll
+    for (int i = 0; i < N - 1; ++i) {
+        if (i + 1 < Km1) win[i] = win[i + 1];
+        else if (i + 1 == Km1) win[i] = x;
+    }
+    return acc * sigmoidf_(acc);
+}
+
 // Causal depthwise conv1d + SiLU of every channel of one sequence (a thread per channel, its
-// tokens in order): u = silu(sum over taps of w * input), taps oldest first as the reference
-// sums them; the last K-1 inputs become the new conv state.
+// tokens in order); the last K-1 inputs become the new conv state.
 __global__ void conv_silu_kernel(const int32_t* __restrict__ offs, const float* __restrict__ qkv, int conv_dim, int K,
                                  const float* __restrict__ w, float* __restrict__ conv_state, float* __restrict__ u,
                                  const int32_t* __restrict__ slots) {
@@ -286,27 +311,32 @@ __global__ void conv_silu_kernel(const int32_t* __restrict__ offs, const float* 
     if (c >= conv_dim) return;
     const int t0 = offs[seq], t1 = offs[seq + 1];
     if (t0 == t1) return;
-    float* hist = conv_state + ((size_t)(slots ? slots[seq] : seq) * conv_dim + c) * (K - 1);
-    float win[kMaxConvK];
-    for (int i = 0; i < K - 1; ++i) win[i] = hist[i];
-    float wt[kMaxConvK];
-    for (int i = 0; i < K; ++i) wt[i] = w[(size_t)c * K + i];
-    for (int t = t0; t < t1; ++t) {
-        const float x = qkv[(size_t)t * conv_dim + c];
-        float acc = 0.0f;
-        for (int i = 0; i < K - 1; ++i) acc += wt[i] * win[i];
-        acc += wt[K - 1] * x;
-        u[(size_t)t * conv_dim + c] = acc * sigmoidf_(acc);
-        for (int i = 0; i + 1 < K - 1; ++i) win[i] = win[i + 1];
-        if (K > 1) win[K - 2] = x;
+    const int Km1 = K - 1;
+    float* hist = conv_state + ((size_t)(slots ? slots[seq] : seq) * conv_dim + c) * Km1;
+    float win[kMaxConvK], wt[kMaxConvK];
+#pragma unroll
+    for (int i = 0; i < kMaxConvK; ++i) {
+        win[i] = i < Km1 ? hist[i] : 0.0f;
+        wt[i] = i < K ? w[(size_t)c * K + i] : 0.0f;
     }
-    for (int i = 0; i < K - 1; ++i) hist[i] = win[i];
+    for (int t = t0; t < t1; ++t) u[(size_t)t * conv_dim + c] = conv_silu_token(wt, win, qkv[(size_t)t * conv_dim + c], Km1);
+#pragma unroll
+    for (int i = 0; i < kMaxConvK - 1; ++i)
+        if (i < Km1) hist[i] = win[i];
 }
 
+// o as fp32: the serial delta rule's fp32 rows, or the chunked kernel's bf16 ones (raw bits).
+__device__ __forceinline__ float o_value(float x) { return x; }
+__device__ __forceinline__ float o_value(uint16_t x) { return __uint_as_float(uint32_t(x) << 16); }
+
 // y = o * rsqrt(mean(o^2) + eps) * norm * silu(z) per (token, value head): a warp per pair,
-// only for tokens of the call ([offs[0], offs[n_seqs])).
+// only for tokens of the call ([offs[0], offs[n_seqs])). OT: float or bf16 bits (uint16_t).
+// Lane l holds columns l + 32 e. kJ > 0: d_v = 32 kJ, the loop unrolled so that every load of
+// the row is in flight at once (a runtime-length loop issued them one round trip at a time);
+// kJ = 0: any d_v. The sums run in the same order either way (same bits).
+template <typename OT, int kJ>
 __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, int n_tokens, int H_v, int d_v,
-                                  const float* __restrict__ o, const float* __restrict__ z,
+                                  const OT* __restrict__ o, const float* __restrict__ z,
                                   const float* __restrict__ norm, float eps, float* __restrict__ y) {
     const int lane = threadIdx.x & 31;
     const int64_t pair = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -314,13 +344,189 @@ __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, 
     const int t = int(pair / H_v);
     if (t < offs[0] || t >= offs[n_seqs]) return;
     const size_t row = size_t(pair) * d_v;
-    float ss = 0.0f;
-    for (int j = lane; j < d_v; j += 32) ss += o[row + j] * o[row + j];
-    const float inv = 1.0f / sqrtf(warp_sum(ss) / float(d_v) + eps);
-    for (int j = lane; j < d_v; j += 32) {
-        const float zz = z[row + j];
-        y[row + j] = o[row + j] * inv * norm[j] * (zz * sigmoidf_(zz));
+    if constexpr (kJ > 0) {
+        float ov[kJ], zv[kJ], nv[kJ];
+#pragma unroll
+        for (int e = 0; e < kJ; ++e) {
+            ov[e] = o_value(o[row + lane + 32 * e]);
+            zv[e] = z[row + lane + 32 * e];
+            nv[e] = norm[lane + 32 * e];
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kJ; ++e) ss += ov[e] * ov[e];
+        const float inv = 1.0f / sqrtf(warp_sum(ss) / float(d_v) + eps);
+#pragma unroll
+        for (int e = 0; e < kJ; ++e) y[row + lane + 32 * e] = ov[e] * inv * nv[e] * (zv[e] * sigmoidf_(zv[e]));
+    } else {
+        float ss = 0.0f;
+        for (int j = lane; j < d_v; j += 32) {
+            const float oj = o_value(o[row + j]);
+            ss += oj * oj;
+        }
+        const float inv = 1.0f / sqrtf(warp_sum(ss) / float(d_v) + eps);
+        for (int j = lane; j < d_v; j += 32) {
+            const float zz = z[row + j];
+            y[row + j] = o_value(o[row + j]) * inv * norm[j] * (zz * sigmoidf_(zz));
+        }
     }
+}
+
+// The gated RMSNorm over the call's rows (unrolled for d_v = 128).
+template <typename OT>
+void launch_gated_norm(const int32_t* offs, int n_seqs, int n_tokens, int H_v, int d_v, const OT* o, const float* z,
+                       const float* norm, float eps, float* y, cudaStream_t st) {
+    const int64_t pairs = int64_t(n_tokens) * H_v;
+    const unsigned grid = unsigned((pairs + kWarps - 1) / kWarps);
+    if (d_v == 128) gated_norm_kernel<OT, 4><<<grid, kWarps * 32, 0, st>>>(offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
+    else gated_norm_kernel<OT, 0><<<grid, kWarps * 32, 0, st>>>(offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
+}
+
+// ---- fused layer op, chunked mode (prefill, d_k = d_v = 128): conv + SiLU, the q/k norms,
+// the gates and the bf16 rounding in one kernel with tokens in parallel; the new conv state;
+// gdn_delta_chunked; the gated RMSNorm (gated_norm_kernel<uint16_t>) ----
+
+constexpr int kPrepD = 128;    // channels per head (d_k = d_v)
+constexpr int kPrepWarpTok = 16;                   // tokens per warp
+constexpr int kPrepTok = 4 * kPrepWarpTok;          // tokens per block (4 warps)
+
+struct PrepArgs {
+    const int32_t* offs;
+    int n_seqs, H_k, H_v, conv_dim, K;
+    const float *qkv, *conv_w, *a, *b, *ssm_a, *dt_bias;
+    const float* conv_state;   // read only: the new state is written by conv_state_kernel after
+    const int32_t* slots;
+    float eps, q_scale;
+    uint16_t *q, *k, *v;       // bf16 [n_tokens, H_k, 128], [n_tokens, H_k, 128], [n_tokens, H_v, 128]
+    float *g, *beta;           // [n_tokens, H_v]: log decay ssm_a softplus(a + dt_bias), sigmoid(b)
+};
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // round to nearest even
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// A block per (head of 128 conv channels, tile of kPrepTok tokens of the call): the grid's x is
+// q head kh (< H_k), k head (H_k + kh) or v head (2 H_k + h). Warp w takes kPrepWarpTok tokens
+// of the tile, lane l the channels 4 l .. 4 l + 3 (16-byte loads of qkv). Each lane runs its
+// channels' conv over the warp's tokens: the window from the inputs before them, or from the
+// sequence's conv state for tokens within K-1 of the sequence's start (a warp's tokens may span
+// sequences). q/k: the warp holds each token's 128 values, L2-normalises them (x / sqrt(sum x^2
+// + eps), q also * q_scale) and stores bf16; v: bf16, and the gates of value head h for the
+// warp's tokens. Tokens outside [offs[0], offs[n_seqs]) are neither read as data nor written.
+// The conv state is only read. kK: conv taps held (K <= kK).
+// H200, H_v 16, T 4096 (ncu): 156 us for ~150 MB (DRAM 18%, SM 46%; a first version, a thread
+// per channel with 4-byte loads and the norms through shared memory: 165 us). Neither ceiling
+// is near; the lead is the instruction count per element (sigmoidf_'s two branches with IEEE
+// divisions, the runtime-K window guards). Next: a fast SiLU (__fdividef(x, 1 + __expf(-x)):
+// the result is rounded to bf16 next) and K = 4 at compile time.
+template <int kK>
+__global__ void __launch_bounds__(128, 4) chunked_prep_kernel(const PrepArgs A) {
+    const int role = blockIdx.x, lane = threadIdx.x & 31;
+    const int tw = blockIdx.y * kPrepTok + (threadIdx.x >> 5) * kPrepWarpTok;  // the warp's first token
+    const int lo = max(tw, A.offs[0]), hi = min(tw + kPrepWarpTok, A.offs[A.n_seqs]);
+    if (lo >= hi) return;
+    const int key_dim = A.H_k * kPrepD;
+    const int kind = role < A.H_k ? 0 : role < 2 * A.H_k ? 1 : 2;  // q, k, v
+    const int head = kind == 0 ? role : kind == 1 ? role - A.H_k : role - 2 * A.H_k;
+    const int gc = (kind == 0 ? head * kPrepD : kind == 1 ? key_dim + head * kPrepD : 2 * key_dim + head * kPrepD) + 4 * lane;
+    const int conv_dim = A.conv_dim, K = A.K, Km1 = K - 1;
+    // The tokens' inputs first (independent 16-byte loads in flight).
+    float4 xs[kPrepWarpTok];
+    const float* col = A.qkv + gc;
+#pragma unroll
+    for (int i = 0; i < kPrepWarpTok; ++i)
+        xs[i] = tw + i >= lo && tw + i < hi ? *reinterpret_cast<const float4*>(col + size_t(tw + i) * conv_dim)
+                                            : make_float4(0, 0, 0, 0);
+    // The sequence of token lo: the largest s < n_seqs with offs[s] <= lo (skips empty ones).
+    int s = 0;
+    {
+        int l = 0, r = A.n_seqs - 1;
+        while (l < r) {
+            const int mid = (l + r + 1) >> 1;
+            if (A.offs[mid] <= lo) l = mid;
+            else r = mid - 1;
+        }
+        s = l;
+    }
+    const int t0 = A.offs[s];
+    int t1 = A.offs[s + 1];
+    float wt[4][kK], win[4][kK];
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int i = 0; i < kK; ++i) wt[c][i] = i < K ? A.conv_w[size_t(gc + c) * K + i] : 0.0f;
+    {
+        const float* hist = A.conv_state + (size_t(A.slots ? A.slots[s] : s) * conv_dim + gc) * Km1;  // 4 channels
+#pragma unroll
+        for (int i = 0; i < kK; ++i) {
+            const int tau = lo - Km1 + i;  // >= t0 - Km1
+            float4 x = make_float4(0, 0, 0, 0);
+            if (i < Km1) {
+                if (tau >= t0) {
+                    x = *reinterpret_cast<const float4*>(col + size_t(tau) * conv_dim);
+                } else {
+                    const int j = Km1 + tau - t0;
+                    x = make_float4(hist[j], hist[Km1 + j], hist[2 * Km1 + j], hist[3 * Km1 + j]);
+                }
+            }
+            win[0][i] = x.x, win[1][i] = x.y, win[2][i] = x.z, win[3][i] = x.w;
+        }
+    }
+    uint16_t* out = kind == 0 ? A.q : kind == 1 ? A.k : A.v;
+    const int heads = kind == 2 ? A.H_v : A.H_k;
+#pragma unroll
+    for (int i = 0; i < kPrepWarpTok; ++i) {
+        const int t = tw + i;
+        if (t < lo || t >= hi) continue;
+        if (t == t1) {  // the next non-empty sequence starts here: its window is its conv state
+            do ++s;
+            while (A.offs[s + 1] <= t);
+            t1 = A.offs[s + 1];
+            const float* hist = A.conv_state + (size_t(A.slots ? A.slots[s] : s) * conv_dim + gc) * Km1;
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+#pragma unroll
+                for (int j = 0; j < kK; ++j) win[c][j] = j < Km1 ? hist[c * Km1 + j] : 0.0f;
+        }
+        float u[4] = {conv_silu_token(wt[0], win[0], xs[i].x, Km1), conv_silu_token(wt[1], win[1], xs[i].y, Km1),
+                      conv_silu_token(wt[2], win[2], xs[i].z, Km1), conv_silu_token(wt[3], win[3], xs[i].w, Km1)};
+        if (kind != 2) {
+            const float ss = warp_sum(u[0] * u[0] + u[1] * u[1] + u[2] * u[2] + u[3] * u[3]);
+            float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, A.eps)));
+            if (kind == 0) inv = __fmul_rn(inv, A.q_scale);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) u[c] *= inv;
+        }
+        *reinterpret_cast<uint2*>(out + (size_t(t) * heads + head) * kPrepD + 4 * lane) =
+            make_uint2(bf16x2_bits(u[0], u[1]), bf16x2_bits(u[2], u[3]));
+    }
+    if (kind == 2 && lane < kPrepWarpTok && tw + lane >= lo && tw + lane < hi) {
+        const size_t th = size_t(tw + lane) * A.H_v + head;
+        A.g[th] = A.ssm_a[head] * softplusf_(A.a[th] + A.dt_bias[head]);
+        A.beta[th] = sigmoidf_(A.b[th]);
+    }
+}
+
+// The new conv state of every sequence of the call (a thread per channel, the grid's y the
+// sequence): the last K-1 inputs of concat(old state, the sequence's qkv rows), as ref. Runs
+// after chunked_prep_kernel, which reads the old state.
+__global__ void conv_state_kernel(const int32_t* __restrict__ offs, const float* __restrict__ qkv, int conv_dim, int K,
+                                  float* __restrict__ conv_state, const int32_t* __restrict__ slots) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x, seq = blockIdx.y;
+    if (c >= conv_dim) return;
+    const int t0 = offs[seq], n = offs[seq + 1] - t0, Km1 = K - 1;
+    if (n == 0) return;
+    float* hist = conv_state + ((size_t)(slots ? slots[seq] : seq) * conv_dim + c) * Km1;
+    float fresh[kMaxConvK];
+#pragma unroll
+    for (int i = 0; i < kMaxConvK - 1; ++i) {
+        const int tau = n - Km1 + i;  // time in the sequence; < 0: still in the old state
+        fresh[i] = i < Km1 ? (tau >= 0 ? qkv[size_t(t0 + tau) * conv_dim + c] : hist[Km1 + tau]) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxConvK - 1; ++i)
+        if (i < Km1) hist[i] = fresh[i];
 }
 
 // ---- fused layer op (serial): one launch for conv + SiLU, the norms and gates, the delta
@@ -1060,10 +1266,77 @@ void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int
     DeltaArgs A{sh, seq_offsets, u, u + key_dim, u + 2 * key_dim, conv_dim, conv_dim, nullptr, nullptr, a, b,
                 w.ssm_a, w.dt_bias, p.eps, 1.0f / sqrtf(float(sh.d_k)), state, o, seq_slots};
     launch_delta(A, true, n_seqs, stream, op);
-    const int64_t pairs = int64_t(n_tokens) * sh.H_v;
-    gated_norm_kernel<<<unsigned((pairs + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(seq_offsets, n_seqs, n_tokens,
-                                                                                       sh.H_v, sh.d_v, o, z, w.norm,
-                                                                                       p.eps, y);
+    launch_gated_norm(seq_offsets, n_seqs, n_tokens, sh.H_v, sh.d_v, static_cast<const float*>(o), z, w.norm, p.eps, y, st);
+    check_launch(op);
+}
+
+// The chunked mode runs on gdn_delta_chunked's shapes only; other shapes take the serial mode.
+bool chunked_runs(const ref::GdnParams& p) {
+    return p.mode == ref::GdnMode::Chunked && p.shape.d_k == kPrepD && p.shape.d_v == kPrepD && p.chunk_size == 64;
+}
+
+// The chunked mode's workspace: bf16 q, k, v, o, fp32 g and beta, then gdn_delta_chunked's own
+// (each piece 256-byte aligned). Returns the bytes; fills `ws` when base is not null.
+struct ChunkedWs {
+    uint16_t *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;
+    float *g = nullptr, *beta = nullptr;
+    void* delta = nullptr;
+};
+size_t chunked_layout(const ref::GdnShape& sh, int n_seqs, int n_tokens, void* base, ChunkedWs* ws) {
+    const size_t T = size_t(std::max(n_tokens, 0));
+    auto up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    const size_t qk = up(T * sh.H_k * kPrepD * 2), vo = up(T * sh.H_v * kPrepD * 2), gb = up(T * sh.H_v * 4);
+    const size_t offs[6] = {0, qk, 2 * qk, 2 * qk + vo, 2 * qk + 2 * vo, 2 * qk + 2 * vo + gb};
+    const size_t delta_at = 2 * qk + 2 * vo + 2 * gb;
+    if (base != nullptr) {
+        char* p = static_cast<char*>(base);
+        ws->q = reinterpret_cast<uint16_t*>(p + offs[0]);
+        ws->k = reinterpret_cast<uint16_t*>(p + offs[1]);
+        ws->v = reinterpret_cast<uint16_t*>(p + offs[2]);
+        ws->o = reinterpret_cast<uint16_t*>(p + offs[3]);
+        ws->g = reinterpret_cast<float*>(p + offs[4]);
+        ws->beta = reinterpret_cast<float*>(p + offs[5]);
+        ws->delta = p + delta_at;
+    }
+    return delta_at + gdn_delta_chunked_workspace_bytes(sh, std::max(n_seqs, 0), int(T));
+}
+
+// The chunked mode (kernels above, then gdn_delta_chunked, then the gated RMSNorm).
+void fused_chunked(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+                   int n_tokens, const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
+                   float* state, float* y, void* workspace, void* stream, const int32_t* seq_slots, const char* op) {
+    const ref::GdnShape& sh = p.shape;
+    if (workspace == nullptr) throw Error(std::string(op) + ": workspace is null (gdn_fused_workspace_bytes)");
+    if (!aligned16(workspace)) throw Error(std::string(op) + ": workspace is not 16-byte aligned");
+    if (!aligned16(qkv)) throw Error(std::string(op) + ": qkv is not 16-byte aligned (chunked mode)");
+    const int64_t tiles = (int64_t(n_tokens) + kPrepTok - 1) / kPrepTok;
+    if (tiles > 65535)
+        throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " > " + std::to_string(65535 * kPrepTok) +
+                    " in the chunked mode (split the call)");
+    ChunkedWs ws;
+    chunked_layout(sh, n_seqs, n_tokens, workspace, &ws);
+    const int key_dim = sh.H_k * kPrepD, conv_dim = 2 * key_dim + sh.H_v * kPrepD, K = p.conv_kernel;
+    const cudaStream_t st = static_cast<cudaStream_t>(stream);
+    PrepArgs A{};
+    A.offs = seq_offsets;
+    A.n_seqs = n_seqs, A.H_k = sh.H_k, A.H_v = sh.H_v, A.conv_dim = conv_dim, A.K = K;
+    A.qkv = qkv, A.conv_w = w.conv1d, A.a = a, A.b = b, A.ssm_a = w.ssm_a, A.dt_bias = w.dt_bias;
+    A.conv_state = conv_state, A.slots = seq_slots;
+    A.eps = p.eps, A.q_scale = 1.0f / sqrtf(float(sh.d_k));
+    A.q = ws.q, A.k = ws.k, A.v = ws.v, A.g = ws.g, A.beta = ws.beta;
+    const dim3 grid(unsigned(2 * sh.H_k + sh.H_v), unsigned(tiles));
+    if (K <= 4) chunked_prep_kernel<4><<<grid, 128, 0, st>>>(A);
+    else chunked_prep_kernel<kMaxConvK><<<grid, 128, 0, st>>>(A);
+    check_launch(op);
+    if (K > 1) {
+        conv_state_kernel<<<dim3((conv_dim + 127) / 128, n_seqs), 128, 0, st>>>(seq_offsets, qkv, conv_dim, K, conv_state,
+                                                                                seq_slots);
+        check_launch(op);
+    }
+    gdn_delta_chunked(sh, n_seqs, seq_offsets, n_tokens, ws.q, ws.k, ws.v, ws.g, ws.beta, state, ws.o, ws.delta, stream,
+                      0, seq_slots);
+    launch_gated_norm(seq_offsets, n_seqs, n_tokens, sh.H_v, sh.d_v, static_cast<const uint16_t*>(ws.o), z, w.norm, p.eps,
+                      y, st);
     check_launch(op);
 }
 
@@ -1094,8 +1367,9 @@ void gdn_delta_serial(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
     launch_delta(A, false, n_seqs, stream, op);
 }
 
-size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_tokens) {
+size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_seqs, int n_tokens) {
     const ref::GdnShape& sh = p.shape;
+    if (chunked_runs(p)) return chunked_layout(sh, n_seqs, n_tokens, nullptr, nullptr);
     const size_t conv_dim = size_t(2) * sh.H_k * sh.d_k + size_t(sh.H_v) * sh.d_v;
     return size_t(n_tokens) * (conv_dim + size_t(sh.H_v) * sh.d_v) * sizeof(float) + 256;
 }
@@ -1106,12 +1380,18 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
     const char* op = "cuda::gdn_fused";
     const ref::GdnShape& sh = p.shape;
     check_shape(sh, n_seqs, op);
-    if (p.mode != ref::GdnMode::Serial)
-        throw Error(std::string(op) + ": only the serial mode runs on CUDA so far (the chunked prefill kernel is not built)");
+    if (p.mode == ref::GdnMode::Chunked && p.chunk_size < 1)
+        throw Error(std::string(op) + ": chunk_size=" + std::to_string(p.chunk_size) + " must be >= 1");
     if (p.conv_kernel < 1 || p.conv_kernel > kMaxConvK)
         throw Error(std::string(op) + ": conv_kernel " + std::to_string(p.conv_kernel) + " not in [1, " +
                     std::to_string(kMaxConvK) + "]");
     if (n_tokens < 0) throw Error(std::string(op) + ": n_tokens must be >= 0");
+    if (chunked_runs(p)) {
+        if (n_seqs <= 0 || n_tokens == 0) return;
+        fused_chunked(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream, seq_slots,
+                      op);
+        return;
+    }
     const int g = sh.H_v / sh.H_k;
     const bool vec = sh.d_k % 4 == 0 && aligned16(state);
     // The split kernel where its registers hold the shape (d_k, d_v <= 128, a key head's blocks

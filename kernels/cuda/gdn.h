@@ -22,29 +22,44 @@ void gdn_delta_serial(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
                       const float* k, const float* v, const float* g, const float* beta, float* state, float* out,
                       void* stream = nullptr);
 
-// ref::gdn_fused in the serial mode (decode, verification; the fused op's chunked mode is not
-// wired to gdn_delta_chunked yet) on device arrays: qkv [n_tokens, conv_dim], z [n_tokens, H_v d_v], a, b
+// ref::gdn_fused on device arrays: qkv [n_tokens, conv_dim], z [n_tokens, H_v d_v], a, b
 // [n_tokens, H_v], conv_state, state and y as in ref::gdn_fused, seq_offsets [n_seqs + 1]
 // (device) with seq_offsets[n_seqs] <= n_tokens; weights (GdnWeights) on the device too.
-// workspace: gdn_fused_workspace_bytes(p, n_tokens) bytes of device memory, 16-byte aligned
-// (the caller owns it, as a recorded plan owns its buffers; only the three-launch path reads
-// it). conv_kernel <= 8.
+// workspace: gdn_fused_workspace_bytes(p, n_seqs, n_tokens) bytes of device memory, 16-byte
+// aligned (the caller owns it, as a recorded plan owns its buffers; the three-launch path and
+// the chunked mode use it; its size depends on p.mode and on n_seqs: size it for the call's
+// largest n_seqs and n_tokens). conv_kernel <= 8. Asynchronous on `stream` (a cudaStream_t),
+// no host synchronization, graph-capturable (every call of a shape after the first).
 // seq_slots: as in ref::gdn_fused (conv_state [slots, conv_dim, K-1], state [slots, H_v, d_v,
 // d_k]; sequence s updates slot seq_slots[s], the slots distinct), but a device pointer to
 // [n_seqs] int32, read by the kernels (a captured graph replays with whatever slots the array
 // holds then); nullptr: sequence s uses slot s. A sequence's bits depend neither on its slot
-// nor on the other sequences of the call.
+// nor on the other sequences of the call (both modes).
 //
-// Two paths, the same contract (each token's bits are those of its sequence's decode calls
-// on either path; the two paths round differently in the last bits):
-//  * OneLaunch (kernels/cuda/gdn.cu, fused_serial_kernel): a thread-block cluster per
-//    (sequence, key head) does conv + SiLU, the q/k L2 norms, the gates, the delta rule and the
-//    gated RMSNorm in one kernel; H_v / H_k <= 8 (else alloy::Error);
+// p.mode == Serial (decode, verification): three paths, the same contract (each token's bits
+// are those of its sequence's decode calls on either path; the paths round differently in the
+// last bits from ref, ~1e-6 relative):
+//  * OneLaunch (kernels/cuda/gdn.cu, fused_split_kernel / fused_serial_kernel): a thread-block
+//    cluster per (sequence, key head) does conv + SiLU, the q/k L2 norms, the gates, the delta
+//    rule and the gated RMSNorm in one kernel; H_v / H_k <= 8 (else alloy::Error);
 //  * ThreeLaunches: conv + SiLU, the delta rule with norms and gates, the gated RMSNorm;
 //  * Auto: one launch while its clusters fit on the device at once (small batches: decode at
 //    B = 1), else three (their short blocks overlap better in waves).
+// p.mode == Chunked (prefill) with d_k = d_v = 128 and chunk_size = 64: one path (`path` is
+// ignored), six launches: conv + SiLU with the q/k L2 norms (q scaled by 1/sqrt(d_k)) and the
+// gates, q/k/v rounded to bf16 into the workspace (chunked_prep_kernel, tokens in parallel;
+// qkv must be 16-byte aligned, else alloy::Error); the new conv state; gdn_delta_chunked
+// (three launches: bf16 tensor cores, fp32 state, o in bf16 into the workspace); the gated
+// RMSNorm into y (fp32). n_tokens <= 65535 * 64. Error against ref::gdn_fused in the chunked
+// mode (fp32): ~3-4e-3 relative (Frobenius) for y and the state (measured on the H200:
+// 2.9-3.6e-3 per sequence for y, 3.2e-3 for the state; <= 7e-3 for any one token's row), from
+// the bf16 rounding of q, k, v and o; tests/cuda bound it by 1e-2 per sequence and slot and
+// 5e-2 per token. The conv state is exact (copies of inputs). Any other d_k, d_v or
+// chunk_size in the chunked mode runs the serial mode instead (same function, fp32
+// throughout, its bits; `path` then picks as above), so a model of any shape runs: no error
+// is thrown for them.
 enum class GdnFusedPath { Auto, OneLaunch, ThreeLaunches };
-size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_tokens);
+size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_seqs, int n_tokens);
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
                float* y, void* workspace, void* stream = nullptr, GdnFusedPath path = GdnFusedPath::Auto,
@@ -62,14 +77,16 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // written). workspace: gdn_delta_chunked_workspace_bytes(shape, n_seqs, n_tokens) bytes of
 // device memory, 16-byte aligned, owned by the caller. Asynchronous on `stream` (a
 // cudaStream_t), graph-capturable. block_v: value columns per scan block (16, 32 or 64; 0 picks
-// by the launch gate, gdn_delta_chunked_block_v).
+// by the launch gate, gdn_delta_chunked_block_v; the bits do not depend on it). seq_slots: as
+// in gdn_fused (device [n_seqs] int32, state [slots, H_v, 128, 128]; nullptr: slot = sequence).
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens);
 // The launch gate's value split (16, 32 or 64 columns per scan block) for H_v n_seqs heads on
 // `sms` multiprocessors: the fewest waves of blocks, weighted by the cost of a chunk step.
 int gdn_delta_chunked_block_v(int heads, int sms);
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
-                       float* state, uint16_t* out, void* workspace, void* stream = nullptr, int block_v = 0);
+                       float* state, uint16_t* out, void* workspace, void* stream = nullptr, int block_v = 0,
+                       const int32_t* seq_slots = nullptr);
 // ref's signature on device arrays, all fp32: q, k, v are rounded to bf16 on the device (into a
 // workspace this call allocates), out is fp32. It reads seq_offsets[0] and [n_seqs] back, so it
 // synchronizes `stream`: for tests and one-off calls, not for graphs.

@@ -427,7 +427,8 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
                                                         const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                         const bf16* __restrict__ v,
                                                         const ChunkRecord* __restrict__ rec,
-                                                        float* __restrict__ state, OutT* __restrict__ out) {
+                                                        float* __restrict__ state, OutT* __restrict__ out,
+                                                        const int32_t* __restrict__ slots) {
     constexpr int MT = BV / 16;  // m-tiles of value columns
     constexpr int kNBuf = nbuf<BV>();
     constexpr int kW2 = scan_warps<BV>(), kT2 = 32 * kW2;
@@ -444,7 +445,8 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
     const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int r_w = kRW * w, i_w = kIW * w;  // this warp's first chunk row and state column
-    float* Sg = state + ((size_t)seq * H_v + h) * kD * kD;  // [d_v][d_k]: row j = S^T[j]
+    // [d_v][d_k]: row j = S^T[j]; sequence seq's state is slot slots[seq] (nullptr: slot seq).
+    float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
 
     // S^T[j][i], j = 16 mt + gq (+8), i = i_w + 8 nt + 2 tq (+1): the accumulator layout.
     float S[MT][kNI][4];
@@ -776,7 +778,8 @@ void check_chunked_shape(const ref::GdnShape& shape, int n_seqs, const char* op)
 
 template <int BV, typename OutT>
 void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
-                   const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out, cudaStream_t st) {
+                   const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out, const int32_t* slots,
+                   cudaStream_t st) {
     const size_t smem = sizeof(Stage2Smem<BV>);
     static bool configured = false;  // the attribute is per function, set once per process
     if (!configured) {
@@ -784,7 +787,7 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
         configured = true;
     }
     stage2_kernel<BV, OutT><<<dim3(kD / BV, sh.H_v, n_seqs), 32 * scan_warps<BV>(), smem, st>>>(sh, offs, cstart, q, k, v, rec,
-                                                                                    state, out);
+                                                                                    state, out, slots);
 }
 
 int num_sms() {
@@ -822,24 +825,24 @@ namespace {
 template <typename OutT>
 void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n_tokens, const bf16* q, const bf16* k,
                  const bf16* v, const float* g, const float* beta, float* state, OutT* out, void* workspace,
-                 cudaStream_t st, int block_v, const char* op) {
+                 cudaStream_t st, int block_v, const char* op, const int32_t* slots = nullptr) {
     if (n_seqs == 0 || n_tokens == 0) return;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
     chunk_table_kernel<<<1, 32, 0, st>>>(offs, n_seqs, cstart);
     check_launch(op);
-    const size_t slots = chunk_slots(n_seqs, n_tokens);
-    if (slots > 0x7fffffff) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " too large");
-    stage1_kernel<<<dim3(unsigned(slots), sh.H_v), kThreads, 0, st>>>(sh, offs, cstart, n_seqs, q, k, g, beta, rec);
+    const size_t chunks = chunk_slots(n_seqs, n_tokens);
+    if (chunks > 0x7fffffff) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " too large");
+    stage1_kernel<<<dim3(unsigned(chunks), sh.H_v), kThreads, 0, st>>>(sh, offs, cstart, n_seqs, q, k, g, beta, rec);
     check_launch(op);
     // Launch gate: 32-column slices unless they would leave a quarter of the SMs idle
     // (H_v n_seqs 4 blocks < 3/4 SMs), then 16-column slices (twice the blocks, each chunk step
     // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
     // of 32) and 48 prefer 32.
     if (block_v == 0) block_v = gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms());
-    if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
-    else if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
-    else if (block_v == 16) launch_stage2<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, st);
+    if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+    else if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+    else if (block_v == 16) launch_stage2<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
     else throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32, 64}");
     check_launch(op);
 }
@@ -861,7 +864,8 @@ size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs,
 
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
-                       float* state, uint16_t* out, void* workspace, void* stream, int block_v) {
+                       float* state, uint16_t* out, void* workspace, void* stream, int block_v,
+                       const int32_t* seq_slots) {
     const char* op = "cuda::gdn_delta_chunked";
     check_chunked_shape(shape, n_seqs, op);
     if (n_tokens < 0) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " is negative");
@@ -875,7 +879,7 @@ void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* se
     }
     run_chunked(shape, n_seqs, seq_offsets, n_tokens, reinterpret_cast<const bf16*>(q),
                 reinterpret_cast<const bf16*>(k), reinterpret_cast<const bf16*>(v), g, beta, state,
-                reinterpret_cast<bf16*>(out), workspace, static_cast<cudaStream_t>(stream), block_v, op);
+                reinterpret_cast<bf16*>(out), workspace, static_cast<cudaStream_t>(stream), block_v, op, seq_slots);
 }
 
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,

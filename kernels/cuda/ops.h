@@ -1,7 +1,7 @@
 // The model's non-GDN ops on NVIDIA GPUs, with kernels/ref's names and contracts and every
 // array in device memory: matmul (cuBLAS for BF16/F32 weights, own kernels for Q8_0),
 // RMSNorm (+ residual), partial RoPE, SwiGLU, the attention output gate, the residual add,
-// the embedding gather, greedy sampling and causal GQA attention.
+// the embedding gather, greedy sampling, causal GQA attention and the KV cache store.
 //
 // Common rules: pointers are device pointers (16-byte aligned, as cudaMalloc gives) unless
 // said otherwise; `stream` is a cudaStream_t (nullptr: the default stream); every call is
@@ -108,5 +108,13 @@ constexpr int64_t kAttnDecodeSplits = 128;
 size_t attention_workspace_bytes(const ref::AttentionShape& s, int64_t T, int64_t n_past);
 void attention(const ref::AttentionShape& s, const float* q, const void* k_cache, const void* v_cache, float* out,
                int64_t T, int64_t n_past, void* workspace, void* stream = nullptr);
+
+// ---- KV cache store (kernels/cuda/kv_store.cu) ----------------------------------------------
+// ref::kv_store on device arrays, bit for bit: dst[0..n) = src[0..n) (fp32) stored as `type`:
+// F32 copied (cudaMemcpyAsync), F16 / BF16 rounded to nearest even by alloy::fp32_to_fp16 /
+// fp32_to_bf16's integer algorithms (subnormal halves, overflow to inf, NaN kept NaN with its
+// sign and top payload bits, quieted); other types throw alloy::Error. src 4-byte and dst
+// 2-byte aligned (16 / 8 for the vector path). One launch, graph-capturable.
+void kv_store(const float* src, void* dst, GgmlType type, int64_t n, void* stream = nullptr);
 
 }  // namespace alloy::cuda

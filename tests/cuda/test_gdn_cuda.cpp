@@ -190,7 +190,7 @@ std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width,
     const int n_seqs = int(in.offs.size()) - 1, conv_dim = 2 * sh.H_k * sh.d_k + sh.H_v * sh.d_v, K = in.p.conv_kernel;
     DeviceArray<float> qkv(in.qkv), z(in.z), a(in.a), b(in.b), cw(in.conv_w), sa(in.ssm_a), dt(in.dt_bias),
         norm(in.norm), cs(in.conv_state), st(in.state), y(std::vector<float>(in.z.size(), NAN));
-    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_fused_workspace_bytes(in.p, in.n_tokens)));
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_fused_workspace_bytes(in.p, n_seqs, in.n_tokens)));
     const ref::GdnWeights w{cw.p, sa.p, dt.p, norm.p};
     if (width == 0) {
         DeviceArray<int32_t> offs(in.offs);
@@ -343,7 +343,7 @@ TEST(CudaGdn, FusedSlotsGiveEachSequenceItsOwnState) {
                                      std::to_string(n_tokens) + " path " + std::to_string(int(path));
             DeviceArray<float> qkv(in.qkv), z(in.z), a(in.a), b(in.b), cw(in.conv_w), sa(in.ssm_a), dt(in.dt_bias),
                 norm(in.norm);
-            DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_fused_workspace_bytes(in.p, n_tokens)));
+            DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_fused_workspace_bytes(in.p, n_seqs, n_tokens)));
             const ref::GdnWeights w{cw.p, sa.p, dt.p, norm.p};
             // The batch on the slots.
             DeviceArray<float> cs(in.conv_state), st(in.state), y(std::vector<float>(in.z.size(), NAN));

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Every GPU test and GPU benchmark of a CUDA build, in one command, on the device machine, from
+# the repository root:
+#
+#   scripts/gpu_check.sh [BUILD_DIR]      (default build-gpu)
+#
+# Runs the GPU test binaries (tests/cuda/*.cpp build into test_cuda; each test skips without a
+# device, so here a skipped test counts as a failure: the device was not seen), then
+# ops_cuda_bench and gdn_cuda_bench with their default tables. LD_LIBRARY_PATH gets
+# /usr/local/cuda/lib64 (the binaries link cudart statically and cuBLAS dynamically). Where $OUT
+# is set (the device tool's output folder), each binary's full output is also written there
+# (test_cuda.log, ops_cuda_bench.log, gdn_cuda_bench.log). Exits non-zero if a test fails or
+# skips, a binary is missing, or a benchmark exits non-zero; the last lines say which.
+set -u
+B=${1:-build-gpu}
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+LOGS=${OUT:-$(mktemp -d)}
+TESTS=(test_cuda)
+BENCHES=(ops_cuda_bench gdn_cuda_bench)
+failed=()
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || failed+=("nvidia-smi")
+
+for t in "${TESTS[@]}"; do
+    if [ ! -x "$B/$t" ]; then
+        echo "gpu_check: $B/$t missing"
+        failed+=("$t (missing)")
+        continue
+    fi
+    echo "== $t"
+    "$B/$t" --gtest_brief=1 >"$LOGS/$t.log" 2>&1
+    rc=$?
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|^\[ chunked \]|tests ran" "$LOGS/$t.log"
+    if [ $rc -ne 0 ]; then
+        failed+=("$t (exit $rc)")
+    elif grep -q "^\[  SKIPPED \]" "$LOGS/$t.log"; then
+        failed+=("$t (tests skipped: no device seen)")
+    fi
+done
+
+for b in "${BENCHES[@]}"; do
+    if [ ! -x "$B/$b" ]; then
+        echo "gpu_check: $B/$b missing"
+        failed+=("$b (missing)")
+        continue
+    fi
+    echo "== $b"
+    "$B/$b" >"$LOGS/$b.log" 2>&1
+    rc=$?
+    cat "$LOGS/$b.log"
+    [ $rc -ne 0 ] && failed+=("$b (exit $rc)")
+done
+
+if [ ${#failed[@]} -ne 0 ]; then
+    echo "gpu_check: FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "gpu_check: all GPU tests passed, benchmarks ran (logs in $LOGS)"

@@ -82,6 +82,7 @@ void add_bench_command(CLI::App& app) {
                               output = "md", ctk_list = "f16", ctv_list = "f16";
     static int reps = 5, chunk = 64;
     static bool interleave = false, use_mmap = false;
+    static std::string backend = "cpu";
     cmd->add_option("-m,--model", model, "GGUF model file (default: the embedded tiny model)");
     cmd->add_option("-p,--n-prompt", prompts, "prompt sizes, comma separated (0 = none)")->capture_default_str();
     cmd->add_option("-n,--n-gen", gens, "generation sizes, comma separated (0 = none)")->capture_default_str();
@@ -95,6 +96,7 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--cache-type-v", ctv_list, "-ctv: KV cache types for V, comma separated: f32,f16,bf16")
         ->capture_default_str();
     cmd->add_option("-o,--output", output, "md | json | csv")->capture_default_str();
+    cmd->add_option("--backend", backend, "where the model runs: cpu | cuda")->capture_default_str();
     cmd->add_flag("--mmap", use_mmap, "use the file mapping for the weights (llama-bench -mmp 1) instead of reading "
                                       "them into memory");
     cmd->add_flag("--interleave", interleave,
@@ -117,7 +119,7 @@ void add_bench_command(CLI::App& app) {
             }
         }
         const std::string path = model.empty() ? default_model_path() : model;
-        LoadedModel lm = load_model(path, use_mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident);
+        LoadedModel lm = load_model(path, use_mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident, backend);
         const ModelRunner& m = *lm.runner;
         const ModelInfo info = model_info(m.model());
         const int V = m.hparams().n_vocab;
@@ -299,6 +301,7 @@ void add_bench_command(CLI::App& app) {
             j["type_v"] = t.type_v;
             j["n_gpu_layers"] = 0;
             j["use_mmap"] = use_mmap;
+            j["backend"] = backend;
             j["n_prompt"] = t.n_prompt;
             j["n_gen"] = t.n_gen;
             j["n_depth"] = t.n_depth;

@@ -21,6 +21,8 @@ void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
     cmd->add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type for V: f32 | f16 | bf16")->capture_default_str();
     cmd->add_flag("--mmap", mmap, "use the file mapping for the weights instead of reading them into memory "
                                    "(faster start; slower decode)");
+    cmd->add_option("--backend", backend, "where the model runs: cpu | cuda (a build with nvcc, on an NVIDIA GPU)")
+        ->capture_default_str();
 }
 
 void ModelOptions::validate() const {
@@ -31,6 +33,7 @@ void ModelOptions::validate() const {
     if (threads < 0) throw Error("--threads must be >= 0");
     check_cache_type(cache_type_k, kCacheTypeKFlag);  // a bad -ctk/-ctv fails before the model is loaded
     check_cache_type(cache_type_v, kCacheTypeVFlag);
+    if (backend != "cpu" && backend != "cuda") throw Error("--backend must be 'cpu' or 'cuda', got '" + backend + "'");
 }
 
 alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
@@ -46,6 +49,7 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
     e.cache_type_k = cache_type_k;
     e.cache_type_v = cache_type_v;
     e.mmap = mmap;
+    e.backend = backend;
     return e;
 }
 

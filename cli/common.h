@@ -19,6 +19,7 @@ struct ModelOptions {
     int batch = 512;         // longest prefill piece (llama.cpp's ubatch)
     std::string cache_type_k = "f16", cache_type_v = "f16";  // -ctk / -ctv, llama.cpp's defaults
     bool mmap = false;       // use the file mapping instead of reading the weights into memory
+    std::string backend = "cpu";  // cpu | cuda
     void add_to(CLI::App* cmd, bool model_required);
     // Throws naming the flag (--gdn, --chunk, -b, -c, -t, -ctk/-ctv) whose value is wrong.
     void validate() const;

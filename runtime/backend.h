@@ -37,7 +37,8 @@ public:
     virtual void drop_scratch() = 0;
 };
 
-// The backend a name selects: "cpu" (the only one today); throws naming the name otherwise.
+// The backend a name selects: "cpu", or "cuda" in a build with nvcc (runtime/cuda/); throws
+// naming the name otherwise, or when no CUDA device is usable.
 std::unique_ptr<Backend> make_backend(const std::string& name);
 
 }  // namespace alloy

@@ -272,9 +272,4 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
     return plan;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-    if (name == "cpu" || name.empty()) return std::make_unique<CpuBackend>();
-    throw Error("unknown backend '" + name + "' (this build has: cpu)");
-}
-
 }  // namespace alloy

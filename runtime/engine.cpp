@@ -301,7 +301,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     m.fo = forward_options(o);
     const KvCacheTypes kv = kv_cache_types(o);
     if (o.model_path.empty()) o.model_path = default_model_path();
-    m.lm = load_model(o.model_path, tensor_placement(o));
+    m.lm = load_model(o.model_path, tensor_placement(o), o.backend);
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
     for (int s = o.n_parallel - 1; s >= 0; --s) m.free_slots.push_back(s);  // slot 0 first
     m.thread = std::thread([&m] { m.loop(); });

@@ -17,7 +17,7 @@ const Tokenizer& LoadedModel::require_tokenizer() const {
     return *tokenizer;
 }
 
-LoadedModel load_model(const std::string& path, gguf::TensorData where) {
+LoadedModel load_model(const std::string& path, gguf::TensorData where, const std::string& backend) {
     LoadedModel m;
     m.file = std::shared_ptr<gguf::File>(gguf::File::open(path, where));
     const auto& ts = m.file->tensors();
@@ -26,7 +26,7 @@ LoadedModel load_model(const std::string& path, gguf::TensorData where) {
         std::fprintf(stderr, "note: %s: the weights do not fit in the memory available now; using the file "
                              "mapping instead (as --mmap)\n", path.c_str());
     m.model = Qwen35Model::load(m.file);
-    m.runner = std::make_unique<ModelRunner>(*m.model);
+    m.runner = std::make_unique<ModelRunner>(*m.model, make_backend(backend));
     if (m.file->has("tokenizer.ggml.model")) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
     return m;
 }

@@ -15,7 +15,7 @@ namespace alloy {
 struct LoadedModel {
     std::shared_ptr<gguf::File> file;
     std::unique_ptr<Qwen35Model> model;
-    std::unique_ptr<ModelRunner> runner;  // the forward of `model` on the CPU backend
+    std::unique_ptr<ModelRunner> runner;  // the forward of `model` on its backend
     std::optional<Tokenizer> tokenizer;  // absent when the GGUF has no tokenizer.ggml.* keys
 
     const Tokenizer& require_tokenizer() const;  // throws naming the file
@@ -23,7 +23,9 @@ struct LoadedModel {
 
 // The weights are read into memory on 2 MiB pages (format/resident_bytes.h: faster to stream
 // than the file mapping) unless `where` is TensorData::Mapped (the commands' --mmap).
-LoadedModel load_model(const std::string& path, gguf::TensorData where = gguf::TensorData::Resident);
+// `backend`: the runner's (runtime/backend.h make_backend: "cpu", "cuda").
+LoadedModel load_model(const std::string& path, gguf::TensorData where = gguf::TensorData::Resident,
+                       const std::string& backend = "cpu");
 
 // The embedded default: a tiny synthetic Qwen3.5 with the real Qwen3 vocabulary, written on
 // first use (no download). Returns its path.

@@ -35,6 +35,7 @@ struct EngineOptions {
     std::string cache_type_k = "f16";  // f32 | f16 | bf16
     std::string cache_type_v = "f16";
     bool mmap = false;                 // use the file mapping instead of reading the weights in
+    std::string backend = "cpu";       // where the model runs: cpu | cuda (a build with nvcc)
 };
 
 // llama.cpp's sampling: greedy at temperature 0, else top-k -> top-p -> min-p -> temperature ->

@@ -1,0 +1,454 @@
+#include "runtime/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "alloy/error.h"
+#include "kernels/cuda/gdn.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/ref/kv_store.h"
+#include "runtime/graph_passes.h"
+#include "runtime/graph_storage.h"
+
+namespace alloy {
+
+using graph::Node;
+using graph::Op;
+using graph::Rows;
+
+namespace {
+
+void check(cudaError_t e, const std::string& what) {
+    if (e != cudaSuccess) throw Error("cuda backend: " + what + ": " + cudaGetErrorString(e));
+}
+
+// Device memory owned by one object (freed with it).
+class DeviceBuffer {
+public:
+    explicit DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
+        if (bytes) check(cudaMalloc(&p_, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes for " + what);
+    }
+    ~DeviceBuffer() {
+        if (p_) cudaFree(p_);
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    template <class T = void>
+    T* get() const { return static_cast<T*>(p_); }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// The slot state on the device, in ModelState's layout: per GDN layer conv [slots, conv_dim,
+// K-1] and recurrent [slots, H_v, d_v, d_k] fp32; per attention layer K and V per slot,
+// [n_ctx, n_head_kv * head_dim] of the cache types.
+struct CudaState final : DeviceState {
+    std::vector<std::unique_ptr<DeviceBuffer>> conv, ssm;          // [layer] (null: attention)
+    std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> k, v;  // [layer][slot] (empty: GDN)
+    size_t conv_elems = 0, ssm_elems = 0;
+    void reset(int slot) override {
+        for (size_t l = 0; l < conv.size(); ++l) {
+            if (!conv[l]) continue;
+            check(cudaMemset(conv[l]->get<float>() + size_t(slot) * conv_elems, 0, conv_elems * sizeof(float)), "reset");
+            check(cudaMemset(ssm[l]->get<float>() + size_t(slot) * ssm_elems, 0, ssm_elems * sizeof(float)), "reset");
+        }
+    }
+};
+
+CudaState& device_state(const StepContext& c) {
+    auto* s = c.state ? dynamic_cast<CudaState*>(c.state->device.get()) : nullptr;
+    if (!s) throw Error("cuda backend: the state was not made by the cuda backend (ModelRunner::new_state)");
+    return *s;
+}
+
+class CudaBackend;
+
+// A plan on the device: its steps launch kernels on the backend's stream; replay stages the
+// step's inputs, runs the steps and brings the logits rows back.
+class CudaPlan final : public Plan {
+public:
+    CudaPlan(int bucket, cudaStream_t stream, int64_t n_vocab, Rows logits)
+        : Plan(bucket), stream_(stream), n_vocab_(n_vocab), logits_rows_(logits),
+          io_(size_t(kIoFields) * size_t(bucket + 1) * sizeof(int32_t), "step inputs"),
+          logits_(size_t(bucket) * size_t(n_vocab) * sizeof(float), "logits"),
+          host_io_(size_t(kIoFields) * size_t(bucket + 1)) {}
+    // Device arrays of the step's inputs, each [bucket + 1] int32.
+    enum IoField { kIds, kPos, kOffsets, kSlots, kOutRows, kIoFields };
+    int32_t* io(IoField f) const { return io_.get<int32_t>() + size_t(f) * size_t(bucket() + 1); }
+    float* logits() const { return logits_.get<float>(); }
+    std::unique_ptr<DeviceBuffer> scratch, workspace;  // activations; matmul / GDN workspace
+
+    void replay(const StepContext& c, Profiler* prof) const override {
+        if (c.n > bucket() || c.n_out > bucket()) throw Error("cuda backend: a step larger than its plan's bucket");
+        // Inputs: ids (checked here: the gather kernel does not), positions of each sequence's
+        // tokens, offsets, slots, the logits rows of a batch; one host-to-device copy.
+        const size_t w = size_t(bucket() + 1);
+        int32_t* h = host_io_.data();
+        for (int t = 0; t < c.n; ++t) {
+            if (c.ids[t] < 0 || c.ids[t] >= n_vocab_)
+                throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
+                            " is outside the vocabulary [0, " + std::to_string(n_vocab_) + ")");
+            h[size_t(kIds) * w + size_t(t)] = c.ids[t];
+        }
+        for (int s = 0; s < c.n_seqs; ++s) {
+            for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) h[size_t(kPos) * w + size_t(t)] = c.n_past[s] + t - c.offsets[s];
+            h[size_t(kSlots) * w + size_t(s)] = c.slots[s];
+        }
+        for (int s = 0; s <= c.n_seqs; ++s) h[size_t(kOffsets) * w + size_t(s)] = c.offsets[s];
+        for (int i = 0; i < c.n_out; ++i) h[size_t(kOutRows) * w + size_t(i)] = c.out_rows[i];
+        check(cudaMemcpyAsync(io_.get(), h, host_io_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "inputs");
+        for (const PlanStep& s : steps()) {
+            if (!prof) {
+                s.run(c);
+                continue;
+            }
+            check(cudaStreamSynchronize(stream_), s.label);
+            const auto t0 = std::chrono::steady_clock::now();
+            s.run(c);
+            check(cudaStreamSynchronize(stream_), s.label);
+            prof->record(s, t0, std::chrono::steady_clock::now());
+        }
+        const int64_t rows = logits_rows_ == Rows::All ? c.n : logits_rows_ == Rows::Last ? 1
+                             : logits_rows_ == Rows::Listed                               ? c.n_out
+                                                                                          : 0;
+        if (rows > 0)
+            check(cudaMemcpyAsync(c.logits, logits(), size_t(rows) * size_t(n_vocab_) * sizeof(float), cudaMemcpyDeviceToHost,
+                                  stream_),
+                  "logits");
+        check(cudaStreamSynchronize(stream_), "step");
+    }
+
+private:
+    cudaStream_t stream_;
+    int64_t n_vocab_;
+    Rows logits_rows_;
+    DeviceBuffer io_, logits_;
+    mutable std::vector<int32_t> host_io_;
+};
+
+class CudaBackend final : public Backend {
+public:
+    CudaBackend() {
+        if (!cuda::device_available()) throw Error("cuda backend: no CUDA device is available");
+        check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    }
+    ~CudaBackend() override {
+        cudaStreamSynchronize(stream_);
+        cudaStreamDestroy(stream_);
+    }
+    std::string name() const override { return "cuda"; }
+    // kernels/cuda has the residual add fused with the next norm; its matmuls run one weight per
+    // call and SwiGLU as its own op.
+    void optimize(graph::Graph& g) const override { graph::fuse_add_norm(g); }
+    std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) override;
+    ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
+    void drop_scratch() override {}
+
+private:
+    cudaStream_t stream_ = nullptr;
+    // Uploaded weights by host address: each matrix and small fp32 array once.
+    std::unordered_map<const void*, std::unique_ptr<DeviceBuffer>> uploads_;
+    // Attention's split-K workspace, zeroed when (re)allocated (its counters stay zeroed).
+    std::unique_ptr<DeviceBuffer> attn_ws_;
+
+    const void* upload(const void* host, size_t bytes, const std::string& what) {
+        auto it = uploads_.find(host);
+        if (it == uploads_.end()) {
+            auto buf = std::make_unique<DeviceBuffer>(bytes, what);
+            check(cudaMemcpy(buf->get(), host, bytes, cudaMemcpyHostToDevice), "upload of " + what);
+            it = uploads_.emplace(host, std::move(buf)).first;
+        }
+        return it->second->get();
+    }
+    WeightView device_weight(const WeightView& w, const std::string& what) {
+        WeightView d = w;
+        d.data = static_cast<const uint8_t*>(upload(w.data, size_t(w.n_out) * w.row_bytes, what));
+        return d;
+    }
+    const float* device_floats(const float* host, int64_t n, const std::string& what) {
+        return host ? static_cast<const float*>(upload(host, size_t(n) * sizeof(float), what)) : nullptr;
+    }
+    void* attention_workspace(size_t bytes) {
+        if (!attn_ws_ || attn_ws_->bytes() < bytes) {
+            check(cudaStreamSynchronize(stream_), "attention workspace");  // the old one may be in use
+            attn_ws_.reset();
+            attn_ws_ = std::make_unique<DeviceBuffer>(std::max<size_t>(bytes, 1 << 20), "the attention workspace");
+            check(cudaMemset(attn_ws_->get(), 0, attn_ws_->bytes()), "attention workspace");
+        }
+        return attn_ws_->get();
+    }
+};
+
+ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+    // The host part (sizes, n_past) as the CPU's, without its arrays.
+    ModelState s;
+    if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
+    if (n_slots <= 0 || n_slots > 4096)
+        throw Error("the number of sequence slots must be in [1, 4096], got " + std::to_string(n_slots));
+    for (GgmlType t : {kv_types.k, kv_types.v})
+        if (!ref::kv_type_supported(t))
+            throw Error(std::string("KV cache type must be f32, f16 or bf16, got ") + type_traits(t).name);
+    s.n_slots = n_slots;
+    s.n_ctx = n_ctx;
+    s.kv_types = kv_types;
+    s.n_past.assign(size_t(n_slots), 0);
+    s.conv_elems = size_t(hp.conv_dim()) * size_t(hp.conv_kernel - 1);
+    s.ssm_elems = size_t(hp.ssm_H_v) * hp.ssm_d_v * hp.ssm_d_k;
+    const size_t L = size_t(hp.n_layer);
+    s.k_cache.resize(L);
+    s.v_cache.resize(L);
+    s.conv_state.resize(L);
+    s.ssm_state.resize(L);
+    auto d = std::make_shared<CudaState>();
+    d->conv_elems = s.conv_elems;
+    d->ssm_elems = s.ssm_elems;
+    d->conv.resize(L);
+    d->ssm.resize(L);
+    d->k.resize(L);
+    d->v.resize(L);
+    const size_t kv = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
+    for (int l = 0; l < hp.n_layer; ++l) {
+        const std::string who = "layer " + std::to_string(l) + "'s state";
+        if (hp.is_recurrent(l)) {
+            d->conv[size_t(l)] = std::make_unique<DeviceBuffer>(s.conv_elems * size_t(n_slots) * sizeof(float), who);
+            d->ssm[size_t(l)] = std::make_unique<DeviceBuffer>(s.ssm_elems * size_t(n_slots) * sizeof(float), who);
+        } else {
+            for (int slot = 0; slot < n_slots; ++slot) {
+                d->k[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv * ref::kv_elem_bytes(kv_types.k), who));
+                d->v[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv * ref::kv_elem_bytes(kv_types.v), who));
+            }
+        }
+    }
+    s.device = d;
+    for (int slot = 0; slot < n_slots; ++slot) d->reset(slot);
+    return s;
+}
+
+std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, const CompileOptions& opt) {
+    graph::check(g);
+    int64_t n_vocab = 0;
+    for (const graph::Tensor& t : g.tensors)
+        if (t.logits) n_vocab = t.cols;
+    auto plan = std::make_unique<CudaPlan>(bucket, stream_, std::max<int64_t>(n_vocab, 1), g.spec.logits);
+    const GraphLayout layout = plan_storage(g, bucket);
+    plan->scratch = std::make_unique<DeviceBuffer>(size_t(std::max<int64_t>(layout.total, 1)) * sizeof(float), "activations");
+    float* scratch = plan->scratch->get<float>();
+    std::vector<TensorRef> refs(g.tensors.size());
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+        const graph::Tensor& x = g.tensors[t];
+        // The logits tensor: the plan's device logits array (compact), copied back after the step.
+        refs[t] = {x.logits ? plan->logits() : layout.offset[t] >= 0 ? scratch + layout.offset[t] : nullptr, x.cols,
+                   x.rows == Rows::Listed || x.logits, false};
+    }
+    auto in = [&](const Node& n, size_t i) { return refs[size_t(n.in[i])]; };
+    auto out = [&](const Node& n, size_t i) { return refs[size_t(n.out[i])]; };
+    const int32_t* d_ids = plan->io(CudaPlan::kIds);
+    const int32_t* d_pos = plan->io(CudaPlan::kPos);
+    const int32_t* d_offsets = plan->io(CudaPlan::kOffsets);
+    const int32_t* d_slots = plan->io(CudaPlan::kSlots);
+    const int32_t* d_out_rows = plan->io(CudaPlan::kOutRows);
+    cudaStream_t st = stream_;
+
+    // One workspace for the matmuls and the GDN op (one node runs at a time), sized for the
+    // plan's largest call.
+    size_t ws_bytes = 0;
+    for (const Node& n : g.nodes) {
+        if (n.op == Op::Matmul) {
+            const WeightView& w = *n.weights[0];
+            if (w.type != GgmlType::F32 && w.type != GgmlType::BF16 && w.type != GgmlType::Q8_0)
+                throw Error("cuda backend: weight of '" + n.label + "' is " + type_traits(w.type).name +
+                            "; this backend runs F32, BF16 and Q8_0 weights");
+            ws_bytes = std::max(ws_bytes, cuda::matmul_workspace_bytes(w, bucket));
+        }
+        if (n.op == Op::GdnFused)
+            for (ref::GdnMode m : {ref::GdnMode::Serial, ref::GdnMode::Chunked}) {
+                ref::GdnParams p = n.gdn;
+                p.mode = m;
+                ws_bytes = std::max(ws_bytes, cuda::gdn_fused_workspace_bytes(p, bucket, bucket));
+            }
+        if (n.op == Op::MoeFfn) throw Error("cuda backend: '" + n.label + "': qwen35moe (MoE) layers are not supported yet");
+        if (n.op == Op::MatmulMulti || n.op == Op::MatmulSwiglu)
+            throw Error("cuda backend: '" + n.label + "': fused op the cuda backend does not run");
+    }
+    plan->workspace = std::make_unique<DeviceBuffer>(std::max<size_t>(ws_bytes, 256), "the workspace");
+    void* ws = plan->workspace->get();
+
+    for (const Node& n : g.nodes) {
+        const Rows r = n.rows;
+        switch (n.op) {
+            case Op::Embed: {
+                const WeightView tab = device_weight(*n.weights[0], "token_embd");
+                const TensorRef o = out(n, 0);
+                plan->add("get_rows", n.label, [=](const StepContext& c) { cuda::get_rows(tab, d_ids, o.base, c.n, st); });
+                break;
+            }
+            case Op::RmsNorm: {
+                const TensorRef a = in(n, 0), o = out(n, 0);
+                const float* w = device_floats(n.norm, a.cols, n.label);
+                const float eps = n.eps;
+                if (r == Rows::Listed) {  // gather the batch's logits rows, then normalize them in place
+                    WeightView rows_of_a{GgmlType::F32, a.cols, bucket, reinterpret_cast<const uint8_t*>(a.base),
+                                         size_t(a.cols) * sizeof(float)};
+                    plan->add("rms_norm", n.label, [=](const StepContext& c) {
+                        cuda::get_rows(rows_of_a, d_out_rows, o.base, c.n_out, st);
+                        cuda::rms_norm(o.base, w, o.base, c.n_out, a.cols, eps, st);
+                    });
+                } else {
+                    plan->add("rms_norm", n.label,
+                              [=](const StepContext& c) { cuda::rms_norm(a.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st); });
+                }
+                break;
+            }
+            case Op::Add: {
+                const TensorRef a = in(n, 0), b = in(n, 1);
+                plan->add("add", n.label, [=](const StepContext& c) { cuda::add(a.at(c, r), b.at(c, r), n_rows(r, c) * a.cols, st); });
+                break;
+            }
+            case Op::AddRmsNorm: {
+                const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 1);
+                const float* w = device_floats(n.norm, a.cols, n.label);
+                const float eps = n.eps;
+                plan->add("add_rms_norm", n.label, [=](const StepContext& c) {
+                    cuda::add_rms_norm(a.at(c, r), b.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st);
+                });
+                break;
+            }
+            case Op::Matmul: {
+                const WeightView w = device_weight(*n.weights[0], n.label);
+                const TensorRef x = in(n, 0), y = out(n, 0);
+                plan->add(std::string("matmul_") + type_traits(w.type).name, n.label,
+                          [=](const StepContext& c) { cuda::matmul(w, x.at(c, r), y.at(c, r), n_rows(r, c), ws, st); });
+                break;
+            }
+            case Op::Swiglu: {
+                const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 0);
+                plan->add("swiglu", n.label,
+                          [=](const StepContext& c) { cuda::swiglu(a.at(c, r), b.at(c, r), o.at(c, r), n_rows(r, c) * o.cols, st); });
+                break;
+            }
+            case Op::RmsNormRope: {
+                const TensorRef x = in(n, 0), o = out(n, 0);
+                const float* w = device_floats(n.norm, n.head_dim, n.label);
+                const Node nd = n;
+                plan->add("rms_norm_rope", n.label, [=](const StepContext& c) {
+                    cuda::rms_norm_rope(x.at(c, r), nd.head_stride, w, o.at(c, r), d_pos + first_row(r, c), n_rows(r, c), nd.heads,
+                                        nd.head_dim, nd.n_rot, nd.rope_base, nd.eps, st);
+                });
+                break;
+            }
+            case Op::KvStore: {
+                const TensorRef k = in(n, 0), v = in(n, 1);
+                const int l = n.layer;
+                plan->add("kv_store", n.label, [=](const StepContext& c) {
+                    CudaState& d = device_state(c);
+                    const KvCacheTypes& t = c.state->kv_types;
+                    for (int s = 0; s < c.n_seqs; ++s) {  // rows of sequence s -> its slot's rows [n_past, ...)
+                        const size_t row0 = size_t(c.n_past[s]) * size_t(k.cols), first = size_t(c.offsets[s]) * size_t(k.cols);
+                        const int64_t cnt = int64_t(c.offsets[s + 1] - c.offsets[s]) * k.cols;
+                        char* kc = d.k[size_t(l)][size_t(c.slots[s])]->get<char>() + row0 * ref::kv_elem_bytes(t.k);
+                        char* vc = d.v[size_t(l)][size_t(c.slots[s])]->get<char>() + row0 * ref::kv_elem_bytes(t.v);
+                        cuda::kv_store(k.base + first, kc, t.k, cnt, st);
+                        cuda::kv_store(v.base + first, vc, t.v, cnt, st);
+                    }
+                });
+                break;
+            }
+            case Op::Attention: {
+                const TensorRef q = in(n, 0), o = out(n, 0);
+                const int l = n.layer;
+                const ref::AttentionShape as = n.attn;
+                const bool one_query = bucket == 1 || r == Rows::Last;
+                plan->add(one_query ? "attention_decode" : "attention_prefill", n.label, [=, this](const StepContext& c) {
+                    CudaState& d = device_state(c);
+                    ref::AttentionShape s = as;
+                    s.type_k = c.state->kv_types.k;
+                    s.type_v = c.state->kv_types.v;
+                    auto run = [&](int slot, const float* qq, float* oo, int64_t T, int64_t n_past) {
+                        void* aws = attention_workspace(cuda::attention_workspace_bytes(s, T, n_past));
+                        cuda::attention(s, qq, d.k[size_t(l)][size_t(slot)]->get(), d.v[size_t(l)][size_t(slot)]->get(), oo, T,
+                                        n_past, aws, st);
+                    };
+                    if (r == Rows::Last) {  // the pruned last layer of a one-sequence pass: its last query
+                        run(c.slots[0], q.at(c, r), o.at(c, r), 1, c.n_past[0] + first_row(r, c));
+                        return;
+                    }
+                    for (int i = 0; i < c.n_seqs; ++i) {  // each sequence against its own cache
+                        const int64_t first = int64_t(c.offsets[i]) * q.cols;
+                        run(c.slots[i], q.base + first, o.base + first, c.offsets[i + 1] - c.offsets[i], c.n_past[i]);
+                    }
+                });
+                break;
+            }
+            case Op::SigmoidGateMul: {
+                const TensorRef x = in(n, 0), gate = in(n, 1);
+                const int heads = n.heads, hd = n.head_dim;
+                const int64_t stride = n.head_stride, off = n.in_offset;
+                plan->add("sigmoid_gate_mul", n.label, [=](const StepContext& c) {
+                    cuda::sigmoid_gate_mul(x.at(c, r), gate.at(c, r) + off, n_rows(r, c) * heads, hd, stride, st);
+                });
+                break;
+            }
+            case Op::GdnFused: {
+                const float *qkv = in(n, 0).base, *z = in(n, 1).base, *b = in(n, 2).base, *a = in(n, 3).base;
+                float* y = out(n, 0).base;
+                const int l = n.layer;
+                const ref::GdnParams gp = n.gdn;
+                const ref::GdnShape& sh = gp.shape;
+                const int64_t conv_dim = 2 * int64_t(sh.H_k) * sh.d_k + int64_t(sh.H_v) * sh.d_v;
+                const ref::GdnWeights gw{device_floats(n.gdn_w.conv1d, conv_dim * gp.conv_kernel, n.label + " conv1d"),
+                                         device_floats(n.gdn_w.ssm_a, sh.H_v, n.label + " ssm_a"),
+                                         device_floats(n.gdn_w.dt_bias, sh.H_v, n.label + " ssm_dt"),
+                                         device_floats(n.gdn_w.norm, sh.d_v, n.label + " ssm_norm")};
+                const char* kernel = gp.mode == ref::GdnMode::Serial ? "gdn_fused_serial" : "gdn_fused_chunked";
+                plan->add(kernel, n.label, [=](const StepContext& c) {
+                    CudaState& d = device_state(c);
+                    float* conv = d.conv[size_t(l)]->get<float>();
+                    float* ssm = d.ssm[size_t(l)]->get<float>();
+                    for (int s0 = 0; s0 < c.n_seqs;) {  // runs of sequences with the same kernel, on their slots
+                        int s1 = s0 + 1;
+                        while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
+                        ref::GdnParams run = gp;
+                        if (c.serial[s0]) run.mode = ref::GdnMode::Serial;
+                        cuda::gdn_fused(run, gw, s1 - s0, d_offsets + s0, c.n, qkv, z, a, b, conv, ssm, y, ws, st,
+                                        cuda::GdnFusedPath::Auto, d_slots + s0);
+                        s0 = s1;
+                    }
+                });
+                break;
+            }
+            case Op::MatmulMulti:
+            case Op::MatmulSwiglu:
+            case Op::MoeFfn:
+                break;  // refused above
+        }
+        for (int t : n.out) {
+            const graph::Tensor& x = g.tensors[size_t(t)];
+            if (!graph::name_matches(opt.dump, x.name)) continue;
+            const TensorRef ref = refs[size_t(t)];
+            const std::string name = x.name;
+            plan->add("dump", name, [=](const StepContext& c) {
+                if (!c.dump) return;
+                std::vector<float> host(size_t(n_rows(r, c) * ref.cols));
+                check(cudaMemcpyAsync(host.data(), ref.at(c, r), host.size() * sizeof(float), cudaMemcpyDeviceToHost, st), "dump");
+                check(cudaStreamSynchronize(st), "dump");
+                (*c.dump)(name, first_row(r, c) + (c.n_seqs == 1 ? c.n_past[0] : 0), host.data(), n_rows(r, c), ref.cols);
+            });
+        }
+    }
+    return plan;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace alloy

@@ -1,0 +1,23 @@
+// The CUDA backend (issue 18): a step's graph runs on one NVIDIA GPU through kernels/cuda, the
+// ops of kernels/ref under the same names. Weights are uploaded on first compile (keyed by
+// their host address), the slot state (GDN conv and recurrent states, K/V per slot) lives in
+// device memory (ModelState::device), every intermediate in one device scratch buffer laid out
+// as the CPU's (runtime/graph_storage.h). A replay copies the step's ids, positions, offsets,
+// slots and logits rows to the device in one transfer, launches the nodes on the backend's
+// stream, and copies the logits rows back.
+//
+// Not yet: CUDA graphs (the attention and KV-store launches take each sequence's n_past on the
+// host), sampling on the device, qwen35moe, weight types other than F32 / BF16 / Q8_0, the slot
+// cache's copy / snapshot / restore on device states.
+// Built only when nvcc is found (CMake: ALLOY_CUDA); make_backend("cuda") throws otherwise.
+#pragma once
+#include <memory>
+
+#include "runtime/backend.h"
+
+namespace alloy {
+
+// Throws alloy::Error when no CUDA device is usable.
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace alloy

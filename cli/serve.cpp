@@ -21,13 +21,19 @@ void add_serve_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
     static ModelOptions eo;
     static std::string host = "127.0.0.1", alias;
-    static int port = 8080, parallel = 4;
+    static int port = 8080, parallel = 4, cache_ram = 2048, checkpoint_every = 1024;
     eo.add_to(cmd, false);
     cmd->add_option("--host", host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", port, "port to listen on (0: any free port)")->capture_default_str();
     cmd->add_option("--parallel", parallel, "-np: requests served at once (state slots; --ctx is per request)")
         ->capture_default_str();
     cmd->add_option("-a,--alias", alias, "model name reported by /v1/models (default: the file name)");
+    cmd->add_option("--cache-ram", cache_ram,
+                    "prefix cache budget in MiB: states at the end of each prompt and generation (and every "
+                    "--checkpoint-every prompt tokens) resume later prompts that start with them; 0: off")
+        ->capture_default_str();
+    cmd->add_option("--checkpoint-every", checkpoint_every, "prefix cache checkpoint interval inside long prompts, tokens")
+        ->capture_default_str();
     cmd->callback([] {
         if (port < 0 || port > 65535) throw Error("--port must be in [0, 65535], got " + std::to_string(port));
         server::ServerOptions so;
@@ -35,7 +41,12 @@ void add_serve_command(CLI::App& app) {
         so.port = port;
         const std::string path = eo.model_path();
         so.model_name = alias.empty() ? std::filesystem::path(path).filename().string() : alias;
-        Engine engine(eo.engine_options(parallel));
+        if (cache_ram < 0) throw Error("--cache-ram must be >= 0 (MiB), got " + std::to_string(cache_ram));
+        if (checkpoint_every < 1) throw Error("--checkpoint-every must be >= 1, got " + std::to_string(checkpoint_every));
+        EngineOptions e = eo.engine_options(parallel);
+        e.cache_ram_mib = cache_ram;
+        e.checkpoint_every = checkpoint_every;
+        Engine engine(e);
         server::Server srv(engine, so);
         const int bound = srv.bind();
         g_server = &srv;

@@ -33,6 +33,7 @@
 #include "runtime/loaded_model.h"
 #include "runtime/sampler.h"
 #include "runtime/engine_options.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/slot_cache.h"
 #include "runtime/stop_filter.h"
 
@@ -67,6 +68,7 @@ struct Engine::Impl {
     LoadedModel lm;
     ForwardOptions fo;
     std::optional<SlotStateCache> slots;
+    std::optional<PrefixCache> prefix;  // when cache_ram_mib > 0 on a host state
 
     mutable std::mutex mu;
     std::condition_variable cv;
@@ -103,6 +105,11 @@ struct Engine::Impl {
             s.r.prompt_seconds = seconds(s.started, pd);
             s.r.generate_seconds = seconds(pd, now);
         }
+        // The state at the end of a generation: prompt + every fed token (the last sampled one
+        // never ran), so the next turn of a chat resumes after the answer.
+        if (prefix && s.slot >= 0 && (s.r.finish_reason == "stop" || s.r.finish_reason == "length") &&
+            s.fed == s.req.prompt.size())
+            checkpoint(s);
         if (s.cb.on_done) s.cb.on_done(s.r);
         if (s.slot >= 0) free_slots.push_back(s.slot);
         s.slot = -1;
@@ -160,8 +167,29 @@ struct Engine::Impl {
         for (auto& s : dropped) finish(*s, "cancelled");
     }
 
+    // The slot's state as a checkpoint of its tokens (the prompt, then the generated ids fed).
+    void checkpoint(const Sequence& s) {
+        const int n = slots->n_past(s.slot);
+        std::vector<int32_t> tokens(s.req.prompt.begin(), s.req.prompt.begin() + std::min<long>(n, long(s.req.prompt.size())));
+        for (size_t i = 0; tokens.size() < size_t(n) && i < s.r.ids.size(); ++i) tokens.push_back(s.r.ids[i]);
+        if (tokens.size() != size_t(n) || n == 0 || prefix->contains(tokens.data(), tokens.size())) return;
+        prefix->insert(take_checkpoint(*slots, s.slot, tokens.data()));
+        std::lock_guard<std::mutex> lock(mu);
+        st.cache_checkpoints = int(prefix->size());
+        st.cache_bytes = prefix->bytes();
+    }
+
     void start(Sequence& s) {
         slots->reset(s.slot);
+        if (prefix)
+            if (const Checkpoint* c = prefix->find(s.req.prompt)) {
+                resume_from(*slots, s.slot, *c);
+                s.fed = c->tokens.size();
+                s.r.n_cached = int(s.fed);
+                std::lock_guard<std::mutex> lock(mu);
+                ++st.cache_hits;
+                st.cached_tokens += s.fed;
+            }
         s.started = clock::now();
         s.r.queue_seconds = seconds(s.submitted, s.started);
         s.sampler.emplace(SamplerParams{s.req.sampling.temperature, s.req.sampling.top_k, s.req.sampling.top_p,
@@ -199,7 +227,12 @@ struct Engine::Impl {
         const bool any_prompt = prefill && (!any_decoding || last_step_decoded);
         if (any_prompt) {
             Sequence& s = *prefill;
-            const int n = int(std::min<size_t>(size_t(fo.max_batch), s.req.prompt.size() - s.fed));
+            // Pieces end at multiples of batch_size and of checkpoint_every from the prompt's start
+            // (so a prompt resumed from a checkpoint runs the pieces it would have run whole).
+            const size_t every = size_t(std::max(1, opt.checkpoint_every));
+            const size_t next_cut = std::min(s.fed / size_t(fo.max_batch) * size_t(fo.max_batch) + size_t(fo.max_batch),
+                                             s.fed / every * every + every);
+            const int n = int(std::min(next_cut, s.req.prompt.size()) - s.fed);
             const bool last = s.fed + size_t(n) == s.req.prompt.size();
             batch.add(s.slot, s.req.prompt.data() + s.fed, n, last ? BatchLogits::Last : BatchLogits::None,
                       fo.gdn_mode == ref::GdnMode::Serial);
@@ -237,6 +270,9 @@ struct Engine::Impl {
             Sequence& s = *order[i];
             if (piece[i] > 0) {
                 s.fed += size_t(piece[i]);
+                // Checkpoints inside a long prompt and at its end (before its first token).
+                if (prefix && (s.fed == s.req.prompt.size() || s.fed % size_t(std::max(1, opt.checkpoint_every)) == 0))
+                    checkpoint(s);
                 if (s.fed < s.req.prompt.size()) continue;  // no logits yet
                 s.prompt_done = clock::now();
             }
@@ -303,6 +339,11 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (o.model_path.empty()) o.model_path = default_model_path();
     m.lm = load_model(o.model_path, tensor_placement(o), o.backend);
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
+    if (o.cache_ram_mib < 0) throw Error("engine: cache_ram_mib must be >= 0, got " + std::to_string(o.cache_ram_mib));
+    if (o.checkpoint_every < 1)
+        throw Error("engine: checkpoint_every must be >= 1, got " + std::to_string(o.checkpoint_every));
+    // Checkpoints copy host state; a device backend's state has no such copies yet.
+    if (o.cache_ram_mib > 0 && !m.slots->state().device) m.prefix.emplace(size_t(o.cache_ram_mib) << 20);
     for (int s = o.n_parallel - 1; s >= 0; --s) m.free_slots.push_back(s);  // slot 0 first
     m.thread = std::thread([&m] { m.loop(); });
 }

@@ -96,7 +96,11 @@ struct Server::Impl {
 
     json usage(const GenerationResult& g) const {
         const int n = int(g.ids.size());
-        return {{"prompt_tokens", g.n_prompt}, {"completion_tokens", n}, {"total_tokens", g.n_prompt + n}};
+        // prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache resumed (OpenAI's field).
+        return {{"prompt_tokens", g.n_prompt},
+                {"completion_tokens", n},
+                {"total_tokens", g.n_prompt + n},
+                {"prompt_tokens_details", {{"cached_tokens", g.n_cached}}}};
     }
 
     // The response object (or, with `delta`, one stream chunk) of either endpoint.

@@ -36,6 +36,13 @@ struct EngineOptions {
     std::string cache_type_v = "f16";
     bool mmap = false;                 // use the file mapping instead of reading the weights in
     std::string backend = "cpu";       // where the model runs: cpu | cuda (a build with nvcc)
+    // Hybrid prefix cache: checkpoints of the states at the end of every prompt and every
+    // generation and every `checkpoint_every` prompt tokens, within cache_ram_mib MiB (0: off),
+    // least recently used evicted. A request whose prompt starts with a checkpoint's tokens
+    // resumes there (llama-server's --cache-ram). Prompts are cut into pieces at multiples of
+    // checkpoint_every (>= 1) as well as of batch_size.
+    int cache_ram_mib = 0;
+    int checkpoint_every = 1024;
 };
 
 // llama.cpp's sampling: greedy at temperature 0, else top-k -> top-p -> min-p -> temperature ->
@@ -61,6 +68,7 @@ struct GenerationResult {
     std::string text;                // generated text, stop string excluded
     std::vector<int32_t> ids;        // generated token ids, as sampled
     int n_prompt = 0;
+    int n_cached = 0;                // prompt tokens resumed from the prefix cache (not recomputed)
     // "stop" (end-of-generation token, stop string, or on_text returned false), "length",
     // "cancelled" (Engine::cancel) or "error" (then `error` says what failed).
     std::string finish_reason;
@@ -86,6 +94,9 @@ struct EngineStats {
     uint64_t prompt_tokens = 0, generated_tokens = 0;
     int max_batch_sequences = 0;      // most sequences one step has carried
     int active = 0, queued = 0;       // now
+    uint64_t cache_hits = 0, cached_tokens = 0;  // prefix cache: requests resumed, prompt tokens reused
+    int cache_checkpoints = 0;        // held now
+    uint64_t cache_bytes = 0;
 };
 
 class Engine {

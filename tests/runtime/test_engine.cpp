@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <atomic>
 #include <filesystem>
 #include <future>
@@ -20,6 +21,7 @@
 #include "format/gguf.h"
 #include "model/qwen35.h"
 #include "runtime/model_runner.h"
+#include "tests/logits_error.h"
 #include "model/synth.h"
 
 namespace alloy {
@@ -87,6 +89,110 @@ protected:
     static inline std::unique_ptr<Qwen35Model> model_;
     static inline std::unique_ptr<ModelRunner> runner_;  // model_'s forward on the CPU backend
 };
+
+// The prefix cache (issue 19). A chat's next turn (prompt = the previous prompt, its answer
+// and a new message) resumes after the answer: the state at the end of the generation holds
+// the prompt and every answer token but the last (sampled, never fed), exactly as the first
+// request's decode steps left it. So the next turn's tokens are those of a plain loop that
+// decodes the answer and then prefills the rest (checked bit for bit through greedy ids), not
+// of one whole-prompt prefill: that one computes the answer tokens with the chunked kernel and
+// the GEMM instead of decode's serial kernel and GEMV, a rounding difference measured below.
+TEST_F(EngineTest, PrefixCacheResumesTheNextTurnAfterTheAnswer) {
+    EngineOptions cached = options(2), plain = options(2);
+    cached.cache_ram_mib = 256;
+    cached.checkpoint_every = plain.checkpoint_every = 32;
+    Engine e(cached), f(plain);
+    const auto p = ids(37, 21);
+    const GenerationResult a = e.generate(greedy(p, 10));
+    EXPECT_EQ(a.n_cached, 0);
+    std::vector<int32_t> next = p;
+    next.insert(next.end(), a.ids.begin(), a.ids.end());
+    const auto q = ids(15, 22);
+    next.insert(next.end(), q.begin(), q.end());
+    const GenerationResult b = e.generate(greedy(next, 12));
+    EXPECT_EQ(b.n_cached, 37 + 10 - 1);
+    // The plain loop of the resumed computation: the prompt in the engine's pieces (cut at
+    // multiples of 32), the answer decoded, then the rest from token 46 as one piece.
+    const int V = model_->hparams().n_vocab;
+    ForwardOptions fo, step;
+    step.gdn_mode = ref::GdnMode::Serial;
+    ModelState loop = runner_->new_state(256);
+    std::vector<float> logits(static_cast<size_t>(V)), whole(static_cast<size_t>(V));
+    runner_->forward(loop, p.data(), 32, fo, logits.data());
+    runner_->forward(loop, p.data() + 32, 5, fo, logits.data());
+    for (int i = 0; i < 9; ++i) runner_->forward(loop, &a.ids[size_t(i)], 1, step, logits.data());
+    runner_->forward(loop, next.data() + 46, int(next.size()) - 46, fo, logits.data());
+    std::vector<int32_t> want;
+    for (int i = 0; i < 12; ++i) {
+        want.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        if (i + 1 < 12) runner_->forward(loop, &want.back(), 1, step, logits.data());
+    }
+    EXPECT_EQ(b.ids, want);
+    // Against one whole-prompt prefill (the engine without the cache cuts it at 32 and 64).
+    ModelState sw = runner_->new_state(256);
+    runner_->forward(sw, next.data(), int(next.size()), fo, whole.data());
+    ModelState sr = runner_->new_state(256);
+    runner_->forward(sr, p.data(), 37, fo, logits.data());
+    for (int i = 0; i < 9; ++i) runner_->forward(sr, &a.ids[size_t(i)], 1, step, logits.data());
+    runner_->forward(sr, next.data() + 46, int(next.size()) - 46, fo, logits.data());
+    const double diff = test::max_row_rel_error(logits, whole, size_t(V));
+    RecordProperty("resumed_vs_whole_prefill_rel_error", std::to_string(diff));
+    std::printf("prefix cache: next-turn logits, resumed after the answer vs one whole prefill: %.2e relative\n", diff);
+    EXPECT_LT(diff, 5e-2);
+    EXPECT_EQ(f.generate(greedy(next, 12)).n_cached, 0);
+    const EngineStats st = e.stats();
+    EXPECT_EQ(st.cache_hits, 1u);
+    EXPECT_EQ(st.cached_tokens, 46u);
+    EXPECT_GE(st.cache_checkpoints, 3);  // at 32, at the end of each prompt and of the first answer
+    EXPECT_LE(st.cache_bytes, uint64_t(256) << 20);
+}
+
+// A shared system prompt: the second request resumes at the last checkpoint inside it (a
+// multiple of checkpoint_every, where every run cuts its pieces), so its tokens are bit for bit
+// those of the same engine without the cache; requests in parallel too.
+TEST_F(EngineTest, PrefixCacheSharesASystemPromptExactly) {
+    EngineOptions cached = options(3), plain = options(3);
+    cached.cache_ram_mib = 256;
+    cached.checkpoint_every = plain.checkpoint_every = 32;
+    Engine e(cached), f(plain);
+    const auto sys = ids(70, 31);
+    auto with = [&](uint32_t seed, int n) {
+        std::vector<int32_t> v = sys;
+        const auto u = ids(n, seed);
+        v.insert(v.end(), u.begin(), u.end());
+        return v;
+    };
+    const GenerationResult first = e.generate(greedy(with(32, 9), 6));
+    EXPECT_EQ(first.n_cached, 0);
+    std::vector<std::future<GenerationResult>> later;
+    for (uint32_t s = 33; s < 36; ++s)
+        later.push_back(std::async(std::launch::async, [&, s] { return e.generate(greedy(with(s, 12), 8)); }));
+    for (uint32_t s = 33; s < 36; ++s) {
+        const GenerationResult r = later[s - 33].get();
+        EXPECT_EQ(r.n_cached, 64) << s;
+        EXPECT_EQ(r.ids, f.generate(greedy(with(s, 12), 8)).ids) << s;
+    }
+    EXPECT_EQ(e.stats().cache_hits, 3u);
+}
+
+// A budget too small for one checkpoint keeps none and changes nothing.
+TEST_F(EngineTest, PrefixCacheWithinATinyBudgetKeepsNothing) {
+    EngineOptions o = options(1);
+    o.cache_ram_mib = 1;  // a tiny-model checkpoint is larger than 1 MiB? then none is kept
+    Engine e(o);
+    const auto p = ids(20, 41);
+    const GenerationResult a = e.generate(greedy(p, 5));
+    const GenerationResult b = e.generate(greedy(p, 5));
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_LE(e.stats().cache_bytes, uint64_t(1) << 20);
+    EXPECT_THROW(
+        [&] {
+            EngineOptions bad = options(1);
+            bad.checkpoint_every = 0;
+            Engine x(bad);
+        }(),
+        Error);
+}
 
 TEST_F(EngineTest, OneRequestEqualsThePlainLoop) {
     Engine e(options(1));

@@ -44,6 +44,7 @@ protected:
         eo.model_path = so.out_path;
         eo.n_ctx = 256;
         eo.n_parallel = 8;
+        eo.cache_ram_mib = 64;  // the prefix cache, as alloy serve runs it by default
         engine = std::make_unique<Engine>(eo);
         ServerOptions o;
         o.port = 0;
@@ -225,6 +226,22 @@ TEST_F(Serve, StopStringsCutTheTextEvenAcrossTokens) {
             EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
         }
     }
+}
+
+// A prompt that starts with an earlier request's prompt resumes from its checkpoint, and the
+// usage says how many prompt tokens were not recomputed (OpenAI's cached_tokens).
+TEST_F(Serve, APromptExtendingAnEarlierOneReportsCachedTokens) {
+    const std::string base = "The prefix cache keeps the state of this prompt for the next request";
+    auto r1 = post("/v1/completions", json{{"prompt", base}, {"max_tokens", 4}, {"temperature", 0}}.dump());
+    ASSERT_TRUE(r1 && r1->status == 200);
+    const json u1 = json::parse(r1->body)["usage"];
+    EXPECT_EQ(u1["prompt_tokens_details"]["cached_tokens"], 0);
+    auto r2 = post("/v1/completions", json{{"prompt", base + ", and of this one too."}, {"max_tokens", 4}, {"temperature", 0}}.dump());
+    ASSERT_TRUE(r2 && r2->status == 200) << (r2 ? r2->body : "");
+    const json u2 = json::parse(r2->body)["usage"];
+    const int cached = u2["prompt_tokens_details"]["cached_tokens"].get<int>();
+    EXPECT_GT(cached, 0) << u2.dump();
+    EXPECT_LT(cached, u2["prompt_tokens"].get<int>());
 }
 
 TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {

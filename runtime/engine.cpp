@@ -230,8 +230,13 @@ struct Engine::Impl {
             // Pieces end at multiples of batch_size and of checkpoint_every from the prompt's start
             // (so a prompt resumed from a checkpoint runs the pieces it would have run whole).
             const size_t every = size_t(std::max(1, opt.checkpoint_every));
-            const size_t next_cut = std::min(s.fed / size_t(fo.max_batch) * size_t(fo.max_batch) + size_t(fo.max_batch),
-                                             s.fed / every * every + every);
+            size_t next_cut = std::min(s.fed / size_t(fo.max_batch) * size_t(fo.max_batch) + size_t(fo.max_batch),
+                                       s.fed / every * every + every);
+            for (int c : s.req.checkpoint_at)  // and at the request's own points (message ends)
+                if (size_t(c) > s.fed) {
+                    next_cut = std::min(next_cut, size_t(c));
+                    break;
+                }
             const int n = int(std::min(next_cut, s.req.prompt.size()) - s.fed);
             const bool last = s.fed + size_t(n) == s.req.prompt.size();
             batch.add(s.slot, s.req.prompt.data() + s.fed, n, last ? BatchLogits::Last : BatchLogits::None,
@@ -271,7 +276,8 @@ struct Engine::Impl {
             if (piece[i] > 0) {
                 s.fed += size_t(piece[i]);
                 // Checkpoints inside a long prompt and at its end (before its first token).
-                if (prefix && (s.fed == s.req.prompt.size() || s.fed % size_t(std::max(1, opt.checkpoint_every)) == 0))
+                if (prefix && (s.fed == s.req.prompt.size() || s.fed % size_t(std::max(1, opt.checkpoint_every)) == 0 ||
+                               std::binary_search(s.req.checkpoint_at.begin(), s.req.checkpoint_at.end(), int(s.fed))))
                     checkpoint(s);
                 if (s.fed < s.req.prompt.size()) continue;  // no logits yet
                 s.prompt_done = clock::now();
@@ -361,6 +367,12 @@ uint64_t Engine::submit(GenerationRequest request, GenerationCallbacks callbacks
     Impl& m = *impl_;
     const int V = m.lm.model->hparams().n_vocab, n_ctx = m.opt.n_ctx;
     if (request.prompt.empty()) throw Error("request: the prompt is empty");
+    for (size_t i = 0; i < request.checkpoint_at.size(); ++i) {
+        const int c = request.checkpoint_at[i];
+        if (c <= 0 || size_t(c) >= request.prompt.size() || (i > 0 && c <= request.checkpoint_at[i - 1]))
+            throw Error("request: checkpoint_at[" + std::to_string(i) + "] = " + std::to_string(c) +
+                        " must be ascending, in (0, " + std::to_string(request.prompt.size()) + ")");
+    }
     for (size_t i = 0; i < request.prompt.size(); ++i)
         if (request.prompt[i] < 0 || request.prompt[i] >= V)
             throw Error("request: prompt token " + std::to_string(i) + " is id " + std::to_string(request.prompt[i]) +

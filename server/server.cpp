@@ -62,7 +62,38 @@ struct Server::Impl {
     std::atomic<uint64_t> next_id{1};
     int listen_fd = -1;  // the listening socket, to raise its backlog after bind
 
-    Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), n_ctx(e.options().n_ctx) {}
+    Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), n_ctx(e.options().n_ctx) {
+        if (!engine.has_tokenizer()) return;
+        auto one = [&](const char* text, bool special) {
+            const std::vector<int32_t> t = engine.tokenize(text, special);
+            return t.size() == 1 ? t[0] : -1;
+        };
+        im_start = one("<|im_start|>", true);
+        im_end = one("<|im_end|>", true);
+        newline = one("\n", false);
+        assistant = one("assistant", false);
+    }
+    int32_t im_start = -1, im_end = -1, newline = -1, assistant = -1;  // ChatML's tokens (-1: absent)
+
+    // Where a chat prompt's messages end (after each "<|im_end|>\n") and where the assistant's
+    // turn begins (after the last "<|im_start|>assistant\n", before the generation prompt's
+    // thinking block): the points a later request shares with this one (the same system prompt;
+    // the next turn, whose history renders this turn's answer without that block). The engine
+    // ends prompt pieces there and, with the prefix cache on, keeps checkpoints.
+    std::vector<int> message_ends(const std::vector<int32_t>& ids) const {
+        std::vector<int> at;
+        if (im_end < 0 || newline < 0) return at;
+        for (size_t i = 0; i + 1 < ids.size(); ++i)
+            if (ids[i] == im_end && ids[i + 1] == newline && i + 2 < ids.size()) at.push_back(int(i + 2));
+        for (size_t i = ids.size(); i-- > 0;)
+            if (ids[i] == im_start) {
+                if (i + 3 < ids.size() && ids[i + 1] == assistant && ids[i + 2] == newline &&
+                    (at.empty() || at.back() < int(i + 3)))
+                    at.push_back(int(i + 3));
+                break;
+            }
+        return at;
+    }
 
     // The prompt's token ids; RequestError when it cannot be run.
     std::vector<int32_t> tokenize(const CompletionRequest& r) const {
@@ -137,6 +168,7 @@ struct Server::Impl {
         }
         const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
         GenerationRequest gp = params(r, std::move(ids));
+        if (chat) gp.checkpoint_at = message_ends(gp.prompt);
         if (!r.stream) {
             try {
                 const GenerationResult g = engine.generate(std::move(gp));

@@ -62,6 +62,10 @@ struct GenerationRequest {
     std::vector<std::string> stop;   // the text ends before the first stop string
     bool ignore_eos = false;         // keep going past end-of-generation tokens
     bool text = true;                // detokenize (needs the model's tokenizer), else ids only
+    // Prompt positions (ascending, in (0, prompt size)) where the prompt's pieces end and, with
+    // the prefix cache on, checkpoints are taken: e.g. the end of each chat message, so the next
+    // request that shares the system prompt or the earlier turns resumes there.
+    std::vector<int> checkpoint_at;
 };
 
 struct GenerationResult {

@@ -175,6 +175,31 @@ TEST_F(EngineTest, PrefixCacheSharesASystemPromptExactly) {
     EXPECT_EQ(e.stats().cache_hits, 3u);
 }
 
+// A request's own checkpoint points (the server passes the ends of the chat messages): the
+// prompt's pieces end there and a later prompt sharing only that much resumes there, bit for bit
+// as the same engine without the cache; points out of order or range are refused.
+TEST_F(EngineTest, PrefixCacheKeepsTheRequestsOwnCheckpoints) {
+    EngineOptions cached = options(1), plain = options(1);
+    cached.cache_ram_mib = 64;
+    Engine e(cached), f(plain);
+    auto a = greedy(ids(37, 51), 4);
+    a.checkpoint_at = {20};
+    e.generate(a);
+    std::vector<int32_t> p(a.prompt.begin(), a.prompt.begin() + 20);
+    const auto tail = ids(9, 52);
+    p.insert(p.end(), tail.begin(), tail.end());
+    auto b = greedy(p, 6);
+    b.checkpoint_at = {20};
+    const GenerationResult rb = e.generate(b);
+    EXPECT_EQ(rb.n_cached, 20);
+    EXPECT_EQ(rb.ids, f.generate(b).ids);
+    for (std::vector<int> bad : {std::vector<int>{0}, {37}, {10, 10}, {12, 5}}) {
+        auto r = greedy(ids(37, 53), 1);
+        r.checkpoint_at = bad;
+        EXPECT_THROW(e.submit(r), Error);
+    }
+}
+
 // A budget too small for one checkpoint keeps none and changes nothing.
 TEST_F(EngineTest, PrefixCacheWithinATinyBudgetKeepsNothing) {
     EngineOptions o = options(1);

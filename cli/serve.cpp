@@ -20,7 +20,7 @@ void on_signal(int) {
 void add_serve_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
     static ModelOptions eo;
-    static std::string host = "127.0.0.1", alias;
+    static std::string host = "127.0.0.1", alias, api_key;
     static int port = 8080, parallel = 4, cache_ram = 2048, checkpoint_every = 1024;
     eo.add_to(cmd, false);
     cmd->add_option("--host", host, "address to listen on")->capture_default_str();
@@ -32,12 +32,17 @@ void add_serve_command(CLI::App& app) {
                     "prefix cache budget in MiB: states at the end of each prompt and generation (and every "
                     "--checkpoint-every prompt tokens) resume later prompts that start with them; 0: off")
         ->capture_default_str();
+    cmd->add_option("--api-key", api_key,
+                    "require \"Authorization: Bearer KEY\" on every endpoint but /health (default: $ALLOY_API_KEY)");
     cmd->add_option("--checkpoint-every", checkpoint_every, "prefix cache checkpoint interval inside long prompts, tokens")
         ->capture_default_str();
     cmd->callback([] {
         if (port < 0 || port > 65535) throw Error("--port must be in [0, 65535], got " + std::to_string(port));
         server::ServerOptions so;
         so.host = host;
+        so.api_key = api_key;
+        if (so.api_key.empty())
+            if (const char* k = std::getenv("ALLOY_API_KEY")) so.api_key = k;
         so.port = port;
         const std::string path = eo.model_path();
         so.model_name = alias.empty() ? std::filesystem::path(path).filename().string() : alias;

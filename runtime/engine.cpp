@@ -105,6 +105,12 @@ struct Engine::Impl {
             s.r.prompt_seconds = seconds(s.started, pd);
             s.r.generate_seconds = seconds(pd, now);
         }
+        {
+            std::lock_guard<std::mutex> lock(mu);
+            ++st.finished;
+            st.prompt_seconds += s.r.prompt_seconds;
+            st.generate_seconds += s.r.generate_seconds;
+        }
         // The state at the end of a generation: prompt + every fed token (the last sampled one
         // never ran), so the next turn of a chat resumes after the answer.
         if (prefix && s.slot >= 0 && (s.r.finish_reason == "stop" || s.r.finish_reason == "length") &&

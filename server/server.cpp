@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <utility>
 #include <nlohmann/json.hpp>
 
@@ -60,6 +61,8 @@ struct Server::Impl {
     const int n_ctx;
     httplib::Server http;
     std::atomic<uint64_t> next_id{1};
+    // Responses by status class (the logger sees every one) and requests turned away as busy.
+    std::atomic<uint64_t> responses_2xx{0}, responses_4xx{0}, responses_5xx{0}, rejected_busy{0}, unauthorized{0};
     int listen_fd = -1;  // the listening socket, to raise its backlog after bind
 
     Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), n_ctx(e.options().n_ctx) {
@@ -166,6 +169,13 @@ struct Server::Impl {
         } catch (const Error& e) {
             return send_error(res, 500, e.what(), "server_error");
         }
+        // Back-pressure: a bounded queue instead of unbounded memory.
+        if (const EngineStats st = engine.stats(); st.active >= engine.options().n_parallel && st.queued >= opt.max_queued) {
+            ++rejected_busy;
+            res.set_header("Retry-After", "1");
+            return send_error(res, 503, "the server is busy: " + std::to_string(opt.max_queued) +
+                                            " requests are waiting for a slot; retry later", "server_busy");
+        }
         const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
         GenerationRequest gp = params(r, std::move(ids));
         if (chat) gp.checkpoint_at = message_ends(gp.prompt);
@@ -251,8 +261,74 @@ struct Server::Impl {
         });
     }
 
+    // Prometheus text format (version 0.0.4): the engine's counters and the server's.
+    std::string metrics() const {
+        const EngineStats st = engine.stats();
+        std::ostringstream o;
+        auto metric = [&](const char* name, const char* type, const char* help, double v, const char* labels = "") {
+            o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << labels << ' ' << v << '\n';
+        };
+        metric("alloy_requests_finished_total", "counter", "Generation requests finished (any reason).", double(st.finished));
+        metric("alloy_prompt_tokens_total", "counter", "Prompt tokens run through the model (cache hits excluded).",
+               double(st.prompt_tokens));
+        metric("alloy_generated_tokens_total", "counter", "Tokens generated.", double(st.generated_tokens));
+        metric("alloy_prompt_seconds_total", "counter", "Seconds from a request's start to its first token, summed.",
+               st.prompt_seconds);
+        metric("alloy_generate_seconds_total", "counter", "Seconds of generation after the first token, summed.",
+               st.generate_seconds);
+        metric("alloy_prefill_tokens_per_second", "gauge", "Prompt tokens per prompt second, over finished requests.",
+               st.prompt_seconds > 0 ? double(st.prompt_tokens) / st.prompt_seconds : 0.0);
+        metric("alloy_decode_tokens_per_second", "gauge", "Generated tokens per generation second, over finished requests.",
+               st.generate_seconds > 0 ? double(st.generated_tokens) / st.generate_seconds : 0.0);
+        metric("alloy_requests_active", "gauge", "Requests holding a slot now.", double(st.active));
+        metric("alloy_requests_queued", "gauge", "Requests waiting for a slot now.", double(st.queued));
+        metric("alloy_slots_total", "gauge", "State slots (--parallel).", double(engine.options().n_parallel));
+        metric("alloy_steps_total", "counter", "Forward steps run.", double(st.steps));
+        metric("alloy_prefix_cache_hits_total", "counter", "Requests resumed from the prefix cache.", double(st.cache_hits));
+        metric("alloy_prefix_cache_tokens_saved_total", "counter", "Prompt tokens the prefix cache spared.",
+               double(st.cached_tokens));
+        metric("alloy_prefix_cache_bytes", "gauge", "Bytes the prefix cache holds.", double(st.cache_bytes));
+        metric("alloy_prefix_cache_checkpoints", "gauge", "Checkpoints the prefix cache holds.", double(st.cache_checkpoints));
+        o << "# HELP alloy_http_responses_total HTTP responses by status class.\n# TYPE alloy_http_responses_total counter\n";
+        o << "alloy_http_responses_total{class=\"2xx\"} " << responses_2xx << '\n';
+        o << "alloy_http_responses_total{class=\"4xx\"} " << responses_4xx << '\n';
+        o << "alloy_http_responses_total{class=\"5xx\"} " << responses_5xx << '\n';
+        metric("alloy_http_rejected_busy_total", "counter", "Requests answered 503 because the queue was full.",
+               double(rejected_busy));
+        metric("alloy_http_unauthorized_total", "counter", "Requests answered 401 (API key).", double(unauthorized));
+        return o.str();
+    }
+
     void routes() {
         http.set_payload_max_length(opt.max_body_bytes);
+        // CORS for browser clients: any origin; preflights answered here.
+        http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+        http.Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) {
+            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+            res.status = 204;
+        });
+        // --api-key: Bearer token on everything but /health and preflights (OpenAI's 401 shape).
+        http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+            if (opt.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+                return httplib::Server::HandlerResponse::Unhandled;
+            if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
+                return httplib::Server::HandlerResponse::Unhandled;
+            ++unauthorized;
+            res.status = 401;
+            res.set_content(dump({{"error", {{"message", "Incorrect or missing API key: send \"Authorization: Bearer <key>\""},
+                                             {"type", "invalid_request_error"},
+                                             {"param", nullptr},
+                                             {"code", "invalid_api_key"}}}}),
+                            "application/json");
+            return httplib::Server::HandlerResponse::Handled;
+        });
+        http.set_logger([this](const httplib::Request&, const httplib::Response& res) {
+            (res.status >= 500 ? responses_5xx : res.status >= 400 ? responses_4xx : responses_2xx)++;
+        });
+        http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+            res.set_content(metrics(), "text/plain; version=0.0.4");
+        });
         http.new_task_queue = [n = http_threads(engine)] { return new httplib::ThreadPool(size_t(n)); };
         // cpp-httplib listens with a backlog of 5: a burst of clients (16 at once) overflows it
         // and some connections die unanswered. Keep its socket options and remember the socket.

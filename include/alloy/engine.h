@@ -98,6 +98,8 @@ struct EngineStats {
     uint64_t prompt_tokens = 0, generated_tokens = 0;
     int max_batch_sequences = 0;      // most sequences one step has carried
     int active = 0, queued = 0;       // now
+    uint64_t finished = 0;            // requests done (any finish reason)
+    double prompt_seconds = 0, generate_seconds = 0;  // summed over finished requests
     uint64_t cache_hits = 0, cached_tokens = 0;  // prefix cache: requests resumed, prompt tokens reused
     int cache_checkpoints = 0;        // held now
     uint64_t cache_bytes = 0;

@@ -21,6 +21,8 @@ struct ServerOptions {
     int port = 8080;                 // 0: any free port (bind() returns it)
     std::string model_name;          // reported by /v1/models and in responses
     size_t max_body_bytes = 8u << 20;
+    std::string api_key;             // non-empty: every endpoint but /health needs "Authorization: Bearer <key>"
+    int max_queued = 64;             // requests waiting for a slot beyond this get 503 + Retry-After
 };
 
 class Server {

@@ -244,6 +244,54 @@ TEST_F(Serve, APromptExtendingAnEarlierOneReportsCachedTokens) {
     EXPECT_LT(cached, u2["prompt_tokens"].get<int>());
 }
 
+// /metrics in Prometheus text: the counters move with a request; CORS on every response.
+TEST_F(Serve, MetricsAndCors) {
+    auto r = post("/v1/completions", json{{"prompt", "Counting tokens"}, {"max_tokens", 3}, {"temperature", 0}}.dump());
+    ASSERT_TRUE(r && r->status == 200);
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "*");
+    httplib::Client c("127.0.0.1", port);
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m && m->status == 200);
+    for (const char* name : {"# TYPE alloy_generated_tokens_total counter", "alloy_requests_active ",
+                             "alloy_prefix_cache_hits_total ", "alloy_http_responses_total{class=\"2xx\"} ",
+                             "alloy_decode_tokens_per_second "})
+        EXPECT_NE(m->body.find(name), std::string::npos) << name << "\n" << m->body;
+    const size_t at = m->body.find("\nalloy_generated_tokens_total ");
+    ASSERT_NE(at, std::string::npos);
+    EXPECT_GE(std::stod(m->body.substr(at + 30)), 3.0);
+    auto pre = c.Options("/v1/chat/completions");
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204);
+    EXPECT_NE(pre->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+}
+
+// --api-key: 401 in OpenAI's shape without the right Bearer token; /health stays public.
+TEST_F(Serve, ApiKeyIsRequiredButNotForHealth) {
+    ServerOptions o;
+    o.port = 0;
+    o.api_key = "sk-test";
+    Server keyed(*engine, o);
+    const int p = keyed.bind();
+    std::thread t([&] { keyed.listen(); });
+    httplib::Client c("127.0.0.1", p);
+    const std::string body = json{{"prompt", "Hi"}, {"max_tokens", 2}, {"temperature", 0}}.dump();
+    auto none = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(none);
+    EXPECT_EQ(none->status, 401);
+    EXPECT_EQ(json::parse(none->body)["error"]["code"], "invalid_api_key");
+    auto wrong = c.Post("/v1/completions", httplib::Headers{{"Authorization", "Bearer nope"}}, body, "application/json");
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 401);
+    auto right = c.Post("/v1/completions", httplib::Headers{{"Authorization", "Bearer sk-test"}}, body, "application/json");
+    ASSERT_TRUE(right);
+    EXPECT_EQ(right->status, 200) << right->body;
+    auto health = c.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 200);
+    keyed.stop();
+    t.join();
+}
+
 TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {
     expect_error(post("/v1/completions", "{not json"), 400, "", "not valid JSON");
     expect_error(post("/v1/completions", R"({"max_tokens": 5})"), 400, "prompt", "required");

@@ -20,7 +20,7 @@ void on_signal(int) {
 void add_serve_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
     static ModelOptions eo;
-    static std::string host = "127.0.0.1", alias, api_key;
+    static std::string host = "127.0.0.1", alias, api_key, reasoning_format = "deepseek";
     static int port = 8080, parallel = 4, cache_ram = 2048, checkpoint_every = 1024;
     eo.add_to(cmd, false);
     cmd->add_option("--host", host, "address to listen on")->capture_default_str();
@@ -34,6 +34,9 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--api-key", api_key,
                     "require \"Authorization: Bearer KEY\" on every endpoint but /health (default: $ALLOY_API_KEY)");
+    cmd->add_option("--reasoning-format", reasoning_format,
+                    "deepseek: chat reasoning in reasoning_content (thinking on); none: left in content")
+        ->capture_default_str();
     cmd->add_option("--checkpoint-every", checkpoint_every, "prefix cache checkpoint interval inside long prompts, tokens")
         ->capture_default_str();
     cmd->callback([] {
@@ -41,6 +44,9 @@ void add_serve_command(CLI::App& app) {
         server::ServerOptions so;
         so.host = host;
         so.api_key = api_key;
+        if (reasoning_format != "deepseek" && reasoning_format != "none")
+            throw Error("--reasoning-format must be 'deepseek' or 'none', got '" + reasoning_format + "'");
+        so.reasoning_format = reasoning_format;
         if (so.api_key.empty())
             if (const char* k = std::getenv("ALLOY_API_KEY")) so.api_key = k;
         so.port = port;

@@ -9,11 +9,13 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <nlohmann/json.hpp>
 
 #include "alloy/error.h"
+#include "server/reasoning.h"
 #include "server/request.h"
 
 namespace alloy::server {
@@ -119,6 +121,11 @@ struct Server::Impl {
         return ids;
     }
 
+    // Chat answers with thinking on split their reasoning out (--reasoning-format deepseek).
+    bool splits_reasoning(const CompletionRequest& r) const {
+        return r.chat && r.enable_thinking && opt.reasoning_format != "none";
+    }
+
     GenerationRequest params(const CompletionRequest& r, std::vector<int32_t> ids) const {
         GenerationRequest gp;
         gp.max_tokens = r.max_tokens ? *r.max_tokens : int(n_ctx - int64_t(ids.size()));
@@ -139,17 +146,23 @@ struct Server::Impl {
 
     // The response object (or, with `delta`, one stream chunk) of either endpoint.
     // A chat stream names the role in its first chunk only, as OpenAI's does (first_chunk).
+    // With the reasoning split on, `reasoning` goes to reasoning_content (the message's, or the
+    // chunk's delta: a chunk carries one of the two).
     json choice_object(const CompletionRequest& r, const std::string& id, const std::string& text,
-                       const json& finish_reason, bool chunk, bool first_chunk = false) const {
+                       const json& finish_reason, bool chunk, bool first_chunk = false,
+                       const std::string* reasoning = nullptr) const {
         json choice = {{"index", 0}, {"finish_reason", finish_reason}};
         if (!r.chat) {
             choice["text"] = text;
             choice["logprobs"] = nullptr;
         } else if (chunk) {
-            choice["delta"] = finish_reason.is_null() ? json{{"content", text}} : json::object();
+            choice["delta"] = !finish_reason.is_null() ? json::object()
+                              : reasoning               ? json{{"reasoning_content", *reasoning}}
+                                                        : json{{"content", text}};
             if (first_chunk) choice["delta"]["role"] = "assistant";
         } else {
             choice["message"] = {{"role", "assistant"}, {"content", text}};
+            if (reasoning) choice["message"]["reasoning_content"] = *reasoning;
         }
         return {{"id", id},
                 {"object", r.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
@@ -182,7 +195,15 @@ struct Server::Impl {
         if (!r.stream) {
             try {
                 const GenerationResult g = engine.generate(std::move(gp));
-                json body = choice_object(r, id, g.text, g.finish_reason, false);
+                json body;
+                if (splits_reasoning(r)) {
+                    ReasoningSplitter sp(true);
+                    ReasoningSplitter::Pieces a = sp.push(g.text), b = sp.flush();
+                    const std::string reasoning = a.reasoning + b.reasoning;
+                    body = choice_object(r, id, a.content + b.content, g.finish_reason, false, false, &reasoning);
+                } else {
+                    body = choice_object(r, id, g.text, g.finish_reason, false);
+                }
                 body["usage"] = usage(g);
                 res.set_content(dump(body), "application/json");
             } catch (const std::exception& e) {
@@ -220,6 +241,26 @@ struct Server::Impl {
                 return sink.write(line.data(), line.size());
             };
             bool first = true, ok = true;
+            std::optional<ReasoningSplitter> split;
+            if (splits_reasoning(r)) split.emplace(true);
+            // One text piece as its chunks: reasoning_content and/or content deltas.
+            auto send_text = [&](const std::string& text, bool end) {
+                if (!ok) return;
+                ReasoningSplitter::Pieces p;
+                if (split) p = end ? split->flush() : split->push(text);
+                else p.content = text;
+                bool sent = true;
+                if (!p.reasoning.empty())
+                    sent = send(choice_object(r, id, "", nullptr, true, std::exchange(first, false), &p.reasoning));
+                if (sent && (!p.content.empty() || (!end && !split)))
+                    sent = send(choice_object(r, id, p.content, nullptr, true, std::exchange(first, false)));
+                if (!sent) {
+                    ok = false;
+                    std::lock_guard<std::mutex> l2(ch->mu);
+                    ch->client_gone = true;
+                    engine.cancel(request_id);
+                }
+            };
             for (;;) {
                 std::unique_lock<std::mutex> lock(ch->mu);
                 ch->cv.wait(lock, [&] { return ch->done || !ch->texts.empty(); });
@@ -227,13 +268,9 @@ struct Server::Impl {
                 const std::string text = std::move(ch->texts.front());
                 ch->texts.pop_front();
                 lock.unlock();
-                if (ok && !send(choice_object(r, id, text, nullptr, true, std::exchange(first, false)))) {
-                    ok = false;
-                    std::lock_guard<std::mutex> l2(ch->mu);
-                    ch->client_gone = true;
-                    engine.cancel(request_id);
-                }
+                send_text(text, false);
             }
+            if (split) send_text("", true);
             const GenerationResult& g = ch->result;
             if (ok) {
                 if (g.finish_reason == "error") {

@@ -23,6 +23,9 @@ struct ServerOptions {
     size_t max_body_bytes = 8u << 20;
     std::string api_key;             // non-empty: every endpoint but /health needs "Authorization: Bearer <key>"
     int max_queued = 64;             // requests waiting for a slot beyond this get 503 + Retry-After
+    // "deepseek": a chat answer's reasoning (before "</think>", thinking on) goes to
+    // reasoning_content, streamed as its own deltas; "none": left in content as generated.
+    std::string reasoning_format = "deepseek";
 };
 
 class Server {

@@ -132,8 +132,12 @@ TEST_F(Serve, GreedyCompletionEqualsTheGenerationLoop) {
 }
 
 // The SSE chunks of a stream, in order: their text pieces and the last chunk's finish_reason.
-std::pair<std::string, std::string> read_stream(const std::string& body, bool chat) {
-    std::string text, finish;
+// The text, reasoning (chat deltas' reasoning_content) and finish_reason of a stream.
+struct Streamed {
+    std::string text, finish, reasoning;
+};
+Streamed read_stream(const std::string& body, bool chat) {
+    std::string text, finish, reasoning;
     size_t pos = 0;
     bool done = false;
     while ((pos = body.find("data: ", pos)) != std::string::npos) {
@@ -147,10 +151,12 @@ std::pair<std::string, std::string> read_stream(const std::string& body, bool ch
         const json c = json::parse(payload);
         const json& ch = c["choices"][0];
         if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
-        else text += chat ? ch["delta"]["content"].get<std::string>() : ch["text"].get<std::string>();
+        else if (!chat) text += ch["text"].get<std::string>();
+        else if (ch["delta"].contains("reasoning_content")) reasoning += ch["delta"]["reasoning_content"].get<std::string>();
+        else text += ch["delta"]["content"].get<std::string>();
     }
     EXPECT_TRUE(done) << body;
-    return {text, finish};
+    return {text, finish, reasoning};
 }
 
 TEST_F(Serve, StreamAddsUpToTheSameText) {
@@ -166,9 +172,10 @@ TEST_F(Serve, StreamAddsUpToTheSameText) {
         ASSERT_EQ(streamed->status, 200) << streamed->body;
         const json w = json::parse(whole->body);
         const std::string want = chat ? w["choices"][0]["message"]["content"] : w["choices"][0]["text"];
-        const auto [text, finish] = read_stream(streamed->body, chat);
-        EXPECT_EQ(text, want) << (chat ? "chat" : "completion");
-        EXPECT_EQ(finish, w["choices"][0]["finish_reason"]);
+        const Streamed got = read_stream(streamed->body, chat);
+        EXPECT_EQ(got.text, want) << (chat ? "chat" : "completion");
+        EXPECT_EQ(got.finish, w["choices"][0]["finish_reason"]);
+        if (chat) EXPECT_EQ(got.reasoning, w["choices"][0]["message"]["reasoning_content"]);
     }
 }
 
@@ -217,9 +224,9 @@ TEST_F(Serve, StopStringsCutTheTextEvenAcrossTokens) {
         ASSERT_TRUE(r);
         ASSERT_EQ(r->status, 200) << r->body;
         if (stream) {
-            const auto [text, finish] = read_stream(r->body, false);
-            EXPECT_EQ(text, want);
-            EXPECT_EQ(finish, "stop");
+            const Streamed got = read_stream(r->body, false);
+            EXPECT_EQ(got.text, want);
+            EXPECT_EQ(got.finish, "stop");
         } else {
             const json j = json::parse(r->body);
             EXPECT_EQ(j["choices"][0]["text"], want);

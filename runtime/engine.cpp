@@ -504,11 +504,15 @@ std::vector<int32_t> Engine::tokenize(const std::string& text, bool parse_specia
 }
 
 std::string Engine::chat_prompt(const std::vector<ChatTurn>& turns, bool add_generation_prompt,
-                                bool enable_thinking) const {
+                                bool enable_thinking, const std::vector<std::string>& tools) const {
     std::vector<ChatMessage> msgs;
     msgs.reserve(turns.size());
-    for (const ChatTurn& t : turns) msgs.push_back({t.role, t.content, t.reasoning_content});
-    return apply_chat_template(msgs, add_generation_prompt, enable_thinking);
+    for (const ChatTurn& t : turns) {
+        ChatMessage m{t.role, t.content, t.reasoning_content, {}};
+        for (const ChatToolCall& c : t.tool_calls) m.tool_calls.push_back({c.name, c.arguments});
+        msgs.push_back(std::move(m));
+    }
+    return apply_chat_template(msgs, add_generation_prompt, enable_thinking, tools);
 }
 
 const EngineOptions& Engine::options() const { return impl_->opt; }

@@ -8,7 +8,9 @@ namespace alloy::server {
 
 namespace {
 
-using json = nlohmann::json;
+// Ordered: the tools' JSON and the calls' arguments keep the order the client sent (the chat
+// template writes them back in that order).
+using json = nlohmann::ordered_json;
 
 constexpr int kMaxStop = 16;            // llama.cpp's server takes any number; OpenAI 4
 constexpr int kMaxTokensLimit = 1 << 24;
@@ -88,6 +90,28 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
             msg.content = content_text(m[i].contains("content") ? m[i]["content"] : json(), p + ".content");
             if (m[i].contains("reasoning_content") && m[i]["reasoning_content"].is_string())
                 msg.reasoning_content = m[i]["reasoning_content"].get<std::string>();
+            if (msg.role == "assistant" && m[i].contains("tool_calls") && !m[i]["tool_calls"].is_null()) {
+                const json& tc = m[i]["tool_calls"];
+                if (!tc.is_array()) throw RequestError(p + ".tool_calls", p + ".tool_calls must be an array");
+                for (size_t c = 0; c < tc.size(); ++c) {
+                    const std::string q = p + ".tool_calls[" + std::to_string(c) + "]";
+                    const json& f = tc[c].is_object() && tc[c].contains("function") ? tc[c]["function"] : tc[c];
+                    if (!f.is_object() || !f.contains("name") || !f["name"].is_string())
+                        throw RequestError(q + ".function.name", q + ".function.name must be a string");
+                    ChatToolCall call;
+                    call.name = f["name"].get<std::string>();
+                    json args = f.contains("arguments") ? f["arguments"] : json::object();
+                    if (args.is_string()) {  // OpenAI sends the arguments as JSON text
+                        args = json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+                        if (args.is_discarded())
+                            throw RequestError(q + ".function.arguments", q + ".function.arguments is not valid JSON");
+                    }
+                    if (!args.is_object())
+                        throw RequestError(q + ".function.arguments", q + ".function.arguments must be a JSON object");
+                    for (auto it = args.begin(); it != args.end(); ++it) call.arguments.emplace_back(it.key(), template_value(it.value()));
+                    msg.tool_calls.push_back(std::move(call));
+                }
+            }
             r.messages.push_back(std::move(msg));
         }
         if (has("chat_template_kwargs")) {
@@ -116,6 +140,31 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     if (has("top_k")) r.sampler.top_k = int(integer(j, "top_k", 0, 1 << 30));
     if (has("seed")) r.sampler.seed = uint64_t(integer(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
     if (has("n") && integer(j, "n", 1, 1) != 1) throw RequestError("n", "n must be 1");
+    // tools: [{"type": "function", "function": {"name", "description", "parameters"}}], rendered
+    // into the system turn; tool_choice "none" leaves them out (other choices: the model decides).
+    if (chat && has("tools") && !j["tools"].is_null()) {
+        const json& t = j["tools"];
+        if (!t.is_array()) throw RequestError("tools", "tools must be an array");
+        const bool none = has("tool_choice") && j["tool_choice"] == "none";
+        for (size_t i = 0; i < t.size() && !none; ++i) {
+            const std::string p = "tools[" + std::to_string(i) + "]";
+            if (!t[i].is_object() || !t[i].contains("function") || !t[i]["function"].is_object())
+                throw RequestError(p + ".function", p + ".function must be an object");
+            const json& f = t[i]["function"];
+            if (!f.contains("name") || !f["name"].is_string() || f["name"].get<std::string>().empty())
+                throw RequestError(p + ".function.name", p + ".function.name must be a non-empty string");
+            ToolSpec spec;
+            spec.name = f["name"].get<std::string>();
+            spec.json_text = python_json(t[i]);
+            if (f.contains("parameters") && f["parameters"].is_object() && f["parameters"].contains("properties") &&
+                f["parameters"]["properties"].is_object())
+                for (auto it = f["parameters"]["properties"].begin(); it != f["parameters"]["properties"].end(); ++it)
+                    spec.types[it.key()] = it.value().is_object() && it.value().contains("type") && it.value()["type"].is_string()
+                                               ? it.value()["type"].get<std::string>()
+                                               : "";
+            r.tools.push_back(std::move(spec));
+        }
+    }
     if (has("stream")) {
         if (!j["stream"].is_boolean()) throw RequestError("stream", "stream must be a boolean");
         r.stream = j["stream"].get<bool>();

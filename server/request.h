@@ -10,6 +10,7 @@
 
 #include "alloy/engine.h"
 #include "alloy/error.h"
+#include "server/tool_calls.h"
 
 namespace alloy::server {
 
@@ -30,6 +31,7 @@ struct CompletionRequest {
     SamplingOptions sampler;            // llama.cpp server defaults unless given
     std::vector<std::string> stop;
     bool stream = false;
+    std::vector<ToolSpec> tools;        // chat: the request's tools (empty: none)
 };
 
 // body: the raw request body; chat: which endpoint. Throws RequestError.

@@ -104,7 +104,10 @@ struct Server::Impl {
     std::vector<int32_t> tokenize(const CompletionRequest& r) const {
         std::string text;
         try {
-            text = r.chat ? engine.chat_prompt(r.messages, /*add_generation_prompt=*/true, r.enable_thinking) : r.prompt;
+            std::vector<std::string> tools;
+            for (const ToolSpec& t : r.tools) tools.push_back(t.json_text);
+            text = r.chat ? engine.chat_prompt(r.messages, /*add_generation_prompt=*/true, r.enable_thinking, tools)
+                          : r.prompt;
         } catch (const Error& e) {
             throw RequestError("messages", e.what());
         }
@@ -119,6 +122,19 @@ struct Server::Impl {
                                std::to_string(ids.size()) + " prompt tokens + " + std::to_string(*r.max_tokens) +
                                    " tokens to generate exceed the context of " + std::to_string(n_ctx));
         return ids;
+    }
+
+    // OpenAI's tool_calls array (stream: with the index of each call in the delta).
+    static json tool_calls_json(const std::string& id, const std::vector<ToolCall>& calls, bool stream) {
+        json out = json::array();
+        for (size_t i = 0; i < calls.size(); ++i) {
+            json c = {{"id", "call_" + id + "_" + std::to_string(i)},
+                      {"type", "function"},
+                      {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments.dump()}}}};
+            if (stream) c["index"] = int(i);
+            out.push_back(std::move(c));
+        }
+        return out;
     }
 
     // Chat answers with thinking on split their reasoning out (--reasoning-format deepseek).
@@ -163,6 +179,14 @@ struct Server::Impl {
         } else {
             choice["message"] = {{"role", "assistant"}, {"content", text}};
             if (reasoning) choice["message"]["reasoning_content"] = *reasoning;
+            if (!r.tools.empty()) {  // calls parsed out of the content
+                ParsedAnswer a = parse_tool_calls(text, r.tools);
+                if (!a.calls.empty()) {
+                    choice["message"]["content"] = a.content.empty() ? json(nullptr) : json(a.content);
+                    choice["message"]["tool_calls"] = tool_calls_json(id, a.calls, false);
+                    if (finish_reason == "stop") choice["finish_reason"] = "tool_calls";
+                }
+            }
         }
         return {{"id", id},
                 {"object", r.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
@@ -243,12 +267,16 @@ struct Server::Impl {
             bool first = true, ok = true;
             std::optional<ReasoningSplitter> split;
             if (splits_reasoning(r)) split.emplace(true);
+            // With tools, content from a "<tool_call>" on is held and parsed at the end.
+            std::optional<ToolCallStream> calls;
+            if (!r.tools.empty()) calls.emplace();
             // One text piece as its chunks: reasoning_content and/or content deltas.
             auto send_text = [&](const std::string& text, bool end) {
                 if (!ok) return;
                 ReasoningSplitter::Pieces p;
                 if (split) p = end ? split->flush() : split->push(text);
                 else p.content = text;
+                if (calls) p.content = calls->push(p.content) + (end ? calls->flush_text() : "");
                 bool sent = true;
                 if (!p.reasoning.empty())
                     sent = send(choice_object(r, id, "", nullptr, true, std::exchange(first, false), &p.reasoning));
@@ -270,13 +298,28 @@ struct Server::Impl {
                 lock.unlock();
                 send_text(text, false);
             }
-            if (split) send_text("", true);
+            if (split || calls) send_text("", true);
+            bool called = false;
+            if (calls && calls->in_call() && ok) {
+                ParsedAnswer a = parse_tool_calls(calls->call_text(), r.tools);
+                if (a.calls.empty()) {  // malformed: the text as it came
+                    ok = send(choice_object(r, id, calls->call_text(), nullptr, true, std::exchange(first, false)));
+                } else {
+                    const bool was_first = std::exchange(first, false);
+                    json chunk = choice_object(r, id, "", nullptr, true, was_first);
+                    json delta = {{"tool_calls", tool_calls_json(id, a.calls, true)}};
+                    if (was_first) delta["role"] = "assistant";
+                    chunk["choices"][0]["delta"] = std::move(delta);
+                    ok = send(chunk);
+                    called = true;
+                }
+            }
             const GenerationResult& g = ch->result;
             if (ok) {
                 if (g.finish_reason == "error") {
                     send(error_body(g.error, "server_error", ""));
                 } else {
-                    json last = choice_object(r, id, "", g.finish_reason, true);
+                    json last = choice_object(r, id, "", called && g.finish_reason == "stop" ? "tool_calls" : g.finish_reason, true);
                     last["usage"] = usage(g);
                     if (send(last)) {
                         const std::string done = "data: [DONE]\n\n";

@@ -34,11 +34,34 @@ bool ends_with(std::string_view s, std::string_view p) {
 
 }  // namespace
 
+// The instructions Qwen3.5's template puts after the tool list (models/templates/Qwen3.5-4B.jinja).
+constexpr const char* kToolFormat =
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+    "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- "
+    "Required parameters MUST be specified\n- You may provide optional reasoning for your function call in natural "
+    "language BEFORE the function call, but NOT after\n- If there is no function call available, answer the question "
+    "like normal with your current knowledge and do not tell the user about function calls\n</IMPORTANT>";
+
 std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                bool enable_thinking) {
+                                bool enable_thinking, const std::vector<std::string>& tools) {
     if (messages.empty()) throw Error("chat template: no messages provided");
     std::string out;
-    if (messages[0].role == "system") out += "<|im_start|>system\n" + trim(messages[0].content) + "<|im_end|>\n";
+    if (!tools.empty()) {
+        out += "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>";
+        for (const std::string& t : tools) out += "\n" + t;
+        out += "\n</tools>";
+        out += kToolFormat;
+        if (messages[0].role == "system") {
+            const std::string sys = trim(messages[0].content);
+            if (!sys.empty()) out += "\n\n" + sys;
+        }
+        out += "<|im_end|>\n";
+    } else if (messages[0].role == "system") {
+        out += "<|im_start|>system\n" + trim(messages[0].content) + "<|im_end|>\n";
+    }
 
     // ns.last_query_index: the last user message that is not just a wrapped tool response.
     long last_query = -1;
@@ -75,10 +98,20 @@ std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool a
                 }
             }
             reasoning = trim(reasoning);
-            if (static_cast<long>(i) > last_query && !reasoning.empty())
+            // After the last user query the think block is written even when the reasoning is empty
+            // (Qwen3.5's template; Qwen3's wrote it only with reasoning).
+            if (static_cast<long>(i) > last_query)
                 out += "<|im_start|>assistant\n<think>\n" + reasoning + "\n</think>\n\n" + content;
             else
                 out += "<|im_start|>assistant\n" + content;
+            for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+                const ChatToolCallText& call = m.tool_calls[c];
+                if (c > 0) out += "\n<tool_call>\n<function=" + call.name + ">\n";
+                else if (!trim(content).empty()) out += "\n\n<tool_call>\n<function=" + call.name + ">\n";
+                else out += "<tool_call>\n<function=" + call.name + ">\n";
+                for (const auto& [name, value] : call.arguments) out += "<parameter=" + name + ">\n" + value + "\n</parameter>\n";
+                out += "</function>\n</tool_call>";
+            }
             out += "<|im_end|>\n";
         } else if (m.role == "tool") {
             // loop.previtem is undefined for the first message, so a leading tool turn gets no header.

@@ -100,17 +100,27 @@ private:
 };
 
 // Qwen3.5 chat template (ChatML with thinking on/off), spec/GGUF.md section 9.
+// A function call of an assistant turn, as the template writes it back: arguments in order,
+// each value already text (strings as they are, objects and arrays as JSON).
+struct ChatToolCallText {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> arguments;
+};
 struct ChatMessage {
     std::string role;     // system | user | assistant | tool
     std::string content;
     std::string reasoning_content;  // assistant only, optional
+    std::vector<ChatToolCallText> tool_calls;  // assistant only
 };
 // Renders like the Jinja template with tools = none: contents are trimmed; an assistant turn
 // after the last user query shows its reasoning (reasoning_content, or the part of content
 // before </think> when reasoning_content is empty); consecutive tool messages merge into one
 // user turn. Throws alloy::Error on what the template rejects (no messages, no user query,
 // a system message not first, an unknown role).
+// tools: each tool as the template's `tool | tojson` writes it (Python's json.dumps); non-empty
+// puts the "# Tools" section and the call format into the system turn.
 std::string apply_chat_template(const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt, bool enable_thinking);
+                                bool add_generation_prompt, bool enable_thinking,
+                                const std::vector<std::string>& tools = {});
 
 }  // namespace alloy

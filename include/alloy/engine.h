@@ -87,10 +87,18 @@ struct GenerationCallbacks {
     std::function<void(const GenerationResult&)> on_done;   // exactly once, last
 };
 
+// A function call in an assistant turn: arguments in order, each value as text the way the
+// chat template writes it (strings as they are, objects and arrays as JSON).
+struct ChatToolCall {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> arguments;
+};
+
 struct ChatTurn {
     std::string role;     // system | user | assistant | tool
     std::string content;
     std::string reasoning_content;  // assistant only, optional
+    std::vector<ChatToolCall> tool_calls;  // assistant only
 };
 
 struct EngineStats {
@@ -150,8 +158,9 @@ public:
     bool has_tokenizer() const;
     // Throws alloy::Error naming the model file when it has no tokenizer.
     std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
+    // tools: each as JSON text the way the template's `tojson` writes it (Python's json.dumps).
     std::string chat_prompt(const std::vector<ChatTurn>& turns, bool add_generation_prompt,
-                            bool enable_thinking) const;
+                            bool enable_thinking, const std::vector<std::string>& tools = {}) const;
 
     const EngineOptions& options() const;  // model_path resolved
     int n_vocab() const;

@@ -1,7 +1,9 @@
 #include "runtime/cpu_backend.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
+#include <tuple>
 
 #include "alloy/error.h"
 #include "format/quant.h"
@@ -15,6 +17,7 @@
 #include "kernels/cpu/rms_norm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/kv_store.h"
 #include "runtime/graph_passes.h"
 #include "runtime/graph_storage.h"
@@ -28,6 +31,90 @@ using graph::Rows;
 namespace {
 
 std::string matmul_kernel(const WeightView& w) { return std::string("matmul_") + type_traits(w.type).name; }
+
+// The kernels' scratch (kernels/cpu/workspace.h): one region for all the plan's nodes, since
+// they run one at a time, allocated with the plan's buffers (from the shared arena) and sized
+// at compile time for the largest call each node can make in this bucket (node_workspace).
+// What that size cannot know grows it at replay, once, before the call: attention over a
+// longer context than the bucket's own keys (decode's partial softmax states, a cell per 256
+// keys: sized then for the state's whole context), a chunked GDN call over several sequences
+// (a state copy each), or a pool with more threads than at compile time (per-thread slices).
+class Workspace {
+public:
+    Workspace(void* p, size_t bytes) : p_(p), bytes_(bytes), threads_(cpu::n_threads()) {}
+    size_t bytes() const { return bytes_; }
+    // The region for a call needing `need` bytes.
+    void* get(size_t need) {
+        if (need > bytes_) {
+            keep_.clear();  // an earlier growth's block (the arena's stays with the plan)
+            p_ = grown_.slot(0, (need + sizeof(float) - 1) / sizeof(float), keep_);  // aligned, poisoned in tests
+            bytes_ = need;
+        }
+        return p_;
+    }
+    // The same for a call whose count (need()) depends on the tokens only through the bucket,
+    // which the compile-time size covers while the pool has no more threads than then.
+    template <class F>
+    void* get_sized(const F& need) {
+        return cpu::n_threads() <= threads_ ? p_ : get(need());
+    }
+
+private:
+    void* p_;
+    size_t bytes_;
+    int threads_;
+    PlanArena grown_;
+    std::vector<std::shared_ptr<float[]>> keep_;
+};
+
+// The attention workspace of each sequence's call in a plan of up to T tokens over the bucket's
+// own keys (a longer context grows it), for either block size (16-bit K caches take larger
+// prefill blocks; the state says which).
+size_t attention_bucket_workspace(const ref::AttentionShape& as, int64_t T) {
+    size_t b = 0;
+    for (GgmlType k : {GgmlType::F32, GgmlType::F16}) {
+        ref::AttentionShape s = as;
+        s.type_k = s.type_v = k;
+        for (int64_t t = 1; t <= T; ++t) b = std::max(b, cpu::attention_workspace_bytes(s, t, T - t));
+    }
+    return b;
+}
+
+// The largest workspace a node's calls take in a plan of `bucket` tokens, before any growth.
+size_t node_workspace(const Node& n, const graph::GraphSpec& spec, int bucket) {
+    const int64_t T = n.rows == Rows::Last ? 1 : bucket;
+    switch (n.op) {
+        case Op::Matmul: return cpu::matmul_workspace_bytes(*n.weights[0], T);
+        case Op::MatmulMulti: {
+            std::vector<cpu::MatmulOut> mo;
+            for (const WeightView* w : n.weights) mo.push_back({w, nullptr});
+            return cpu::matmul_multi_workspace_bytes(mo.data(), int(mo.size()), T);
+        }
+        case Op::MatmulSwiglu: return cpu::matmul_swiglu_workspace_bytes(*n.weights[0], *n.weights[1], T);
+        case Op::MoeFfn: return cpu::moe_ffn_workspace_bytes(*n.moe, T);
+        case Op::Attention: return 0;  // compile: attention_bucket_workspace, once per shape
+        case Op::GdnFused: {
+            // One sequence of the bucket's tokens in the plan's mode, or any in serial mode (a
+            // decoding sequence's override), which takes no per-sequence scratch.
+            ref::GdnParams serial = n.gdn, chunked = n.gdn;
+            serial.mode = ref::GdnMode::Serial;
+            chunked.mode = spec.gdn_mode;
+            chunked.chunk_size = spec.gdn_chunk;
+            return std::max(cpu::gdn_fused_workspace_bytes(serial, bucket, bucket),
+                            cpu::gdn_fused_workspace_bytes(chunked, 1, bucket));
+        }
+        default: return 0;
+    }
+}
+
+// The attention workspace of any call in a plan of `bucket` tokens on a state of n_ctx
+// positions (each sequence's keys at most n_ctx).
+size_t attention_context_workspace(const ref::AttentionShape& s, int bucket, int n_ctx) {
+    size_t b = 0;
+    for (int64_t t = 1; t <= std::min(bucket, n_ctx); ++t)
+        b = std::max(b, cpu::attention_workspace_bytes(s, t, n_ctx - t));
+    return b;
+}
 
 }  // namespace
 
@@ -47,6 +134,17 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
     const GraphLayout layout = plan_storage(g, bucket);
     float* scratch = plan->buffer(size_t(std::max<int64_t>(layout.total, 1)));
     int32_t* pos = reinterpret_cast<int32_t*>(plan->buffer(size_t(bucket)));  // [bucket] absolute positions
+    size_t ws_bytes = 0;
+    std::map<std::tuple<int, int, int, int64_t>, size_t> attn_ws;  // the layers share a shape
+    for (const Node& n : g.nodes) {
+        ws_bytes = std::max(ws_bytes, node_workspace(n, g.spec, bucket));
+        if (n.op != Op::Attention) continue;
+        const int64_t T = n.rows == Rows::Last ? 1 : bucket;
+        const auto key = std::make_tuple(n.attn.n_head, n.attn.n_head_kv, n.attn.head_dim, T);
+        if (!attn_ws.count(key)) attn_ws[key] = attention_bucket_workspace(n.attn, T);
+        ws_bytes = std::max(ws_bytes, attn_ws[key]);
+    }
+    const auto work = std::make_shared<Workspace>(plan->buffer((ws_bytes + sizeof(float) - 1) / sizeof(float) + 1), ws_bytes);
     std::vector<TensorRef> refs(g.tensors.size());
     for (size_t t = 0; t < g.tensors.size(); ++t) {
         const graph::Tensor& x = g.tensors[t];
@@ -128,8 +226,11 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
             case Op::Matmul: {
                 const WeightView* w = n.weights[0];
                 const TensorRef x = in(n, 0), y = out(n, 0);
-                plan->add(matmul_kernel(*w), n.label,
-                          [=](const StepContext& c) { cpu::matmul(*w, x.at(c, r), y.at(c, r), n_rows(r, c)); });
+                plan->add(matmul_kernel(*w), n.label, [=](const StepContext& c) {
+                    const int64_t T = n_rows(r, c);
+                    void* ws = work->get_sized([&] { return cpu::matmul_workspace_bytes(*w, T); });
+                    cpu::matmul(*w, x.at(c, r), y.at(c, r), T, cpu::active_isa(), ws);
+                });
                 break;
             }
             case Op::MatmulMulti: {
@@ -140,7 +241,9 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                     cpu::MatmulOut mo[16];
                     int k = 0;
                     for (const auto& [w, y] : outs) mo[k++] = {w, y.at(c, r)};
-                    cpu::matmul_multi(mo, k, x.at(c, r), n_rows(r, c));
+                    const int64_t T = n_rows(r, c);
+                    void* ws = work->get_sized([&] { return cpu::matmul_multi_workspace_bytes(mo, k, T); });
+                    cpu::matmul_multi(mo, k, x.at(c, r), T, cpu::active_isa(), ws);
                 });
                 if (outs.size() > 16) throw Error("cpu backend: node '" + n.label + "' groups more than 16 matmuls");
                 break;
@@ -150,7 +253,9 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 const TensorRef x = in(n, 0), act = out(n, 0), up = out(n, 1);
                 // The profile counts the step as a matmul (its gate and up products).
                 plan->add(matmul_kernel(*wg), n.label, [=](const StepContext& c) {
-                    cpu::matmul_swiglu(*wg, *wu, x.at(c, r), act.at(c, r), up.at(c, r), n_rows(r, c));
+                    const int64_t T = n_rows(r, c);
+                    void* ws = work->get_sized([&] { return cpu::matmul_swiglu_workspace_bytes(*wg, *wu, T); });
+                    cpu::matmul_swiglu(*wg, *wu, x.at(c, r), act.at(c, r), up.at(c, r), T, cpu::active_isa(), ws);
                 });
                 break;
             }
@@ -205,15 +310,23 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                     s.type_v = c.state->kv_types.v;
                     const auto& kc = c.state->k_cache[size_t(l)];
                     const auto& vc = c.state->v_cache[size_t(l)];
+                    // A call past the workspace's size sizes it for the state's whole context.
+                    auto ws = [&](int64_t T, int64_t n_past) {
+                        const size_t need = cpu::attention_workspace_bytes(s, T, n_past);
+                        return work->get(need <= work->bytes()
+                                             ? need
+                                             : std::max(need, attention_context_workspace(s, bucket, c.state->n_ctx)));
+                    };
                     if (r == Rows::Last) {  // the pruned last layer of a one-sequence pass: its last query
+                        const int64_t n_past = c.n_past[0] + first_row(r, c);
                         cpu::attention(s, q.at(c, r), kc[size_t(c.slots[0])].data(), vc[size_t(c.slots[0])].data(),
-                                       o.at(c, r), 1, c.n_past[0] + first_row(r, c));
+                                       o.at(c, r), 1, n_past, cpu::active_isa(), ws(1, n_past));
                         return;
                     }
                     for (int i = 0; i < c.n_seqs; ++i) {  // each sequence against its own cache
-                        const int64_t first = int64_t(c.offsets[i]) * q.cols;
+                        const int64_t first = int64_t(c.offsets[i]) * q.cols, T = c.offsets[i + 1] - c.offsets[i];
                         cpu::attention(s, q.base + first, kc[size_t(c.slots[i])].data(), vc[size_t(c.slots[i])].data(),
-                                       o.base + first, c.offsets[i + 1] - c.offsets[i], c.n_past[i]);
+                                       o.base + first, T, c.n_past[i], cpu::active_isa(), ws(T, c.n_past[i]));
                     }
                 });
                 break;
@@ -244,7 +357,9 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                         while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
                         ref::GdnParams run = gp;
                         if (c.serial[s0]) run.mode = ref::GdnMode::Serial;
-                        cpu::gdn_fused(run, gw, s1 - s0, c.offsets + s0, qkv, z, a, b, conv, ssm, y, c.slots + s0);
+                        void* ws = work->get(cpu::gdn_fused_workspace_bytes(run, s1 - s0, c.offsets[s1] - c.offsets[s0]));
+                        cpu::gdn_fused(cpu::active_isa(), run, gw, s1 - s0, c.offsets + s0, qkv, z, a, b, conv, ssm, y,
+                                       c.slots + s0, ws);
                         s0 = s1;
                     }
                 });
@@ -253,7 +368,11 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
             case Op::MoeFfn: {
                 const ref::MoeWeights* moe = n.moe;
                 const TensorRef x = in(n, 0), y = out(n, 0);
-                plan->add("moe_ffn", n.label, [=](const StepContext& c) { cpu::moe_ffn(*moe, x.at(c, r), y.at(c, r), n_rows(r, c)); });
+                plan->add("moe_ffn", n.label, [=](const StepContext& c) {
+                    const int64_t T = n_rows(r, c);
+                    void* ws = work->get_sized([&] { return cpu::moe_ffn_workspace_bytes(*moe, T); });
+                    cpu::moe_ffn(*moe, x.at(c, r), y.at(c, r), T, cpu::active_isa(), ws);
+                });
                 break;
             }
         }

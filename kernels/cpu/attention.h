@@ -14,6 +14,9 @@
 // and the partial softmax states merged, so a T = 1 step streams the cache on every thread.
 // Cache rows at or past n_past + T are never read (they may be unbacked or garbage).
 #pragma once
+#include <cstddef>
+#include <cstdint>
+
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/ref/attention.h"
 
@@ -24,6 +27,16 @@ using ref::AttentionShape;
 // q: [T, n_head, head_dim] fp32; k_cache, v_cache: [n_ctx, n_head_kv, head_dim] of s.type_k /
 // s.type_v (F32, F16 or BF16, else alloy::Error) with rows [0, n_past + T) filled; out:
 // [T, n_head, head_dim] fp32. Threads: the pool (thread_pool.h).
+// workspace (kernels/cpu/workspace.h): attention_workspace_bytes(s, T, n_past) bytes, for
+// n_threads() as it is when asked: one block scratch per pool thread, and for a call that
+// splits its keys the partial softmax states, which grow with n_past + T in decode and
+// verification (a cell per 256 keys) and are bounded by the pool size otherwise. The count
+// also holds for a call of the same s and T with fewer past keys.
+size_t attention_workspace_bytes(const AttentionShape& s, int64_t T, int64_t n_past);
+void attention(const AttentionShape& s, const float* q, const void* k_cache, const void* v_cache, float* out,
+               int64_t T, int64_t n_past, Isa isa, void* workspace);
+
+// Without a workspace: one of the call's own (tests, test-ops).
 void attention(const AttentionShape& s, const float* q, const void* k_cache,
                const void* v_cache, float* out, int64_t T, int64_t n_past);
 

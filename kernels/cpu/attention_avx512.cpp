@@ -425,21 +425,23 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
     const int ng = b.ng;
     constexpr int ld = kKeyTile;
     static_assert(kLanes == kKeyTile, "S holds [Rp][kKeyTile] scores or [kKeyTile][kLanes] transposed ones");
-    // Per group gi, rows [gi * Rp, (gi + 1) * Rp) of:
-    float* Q = scratch(0, int64_t(ng) * Rp * hd);  // [Rp, hd] q * scale * log2(e), pad rows zero
-    float* O = scratch(1, int64_t(ng) * Rp * hd);  // [Rp, hd] unnormalised output
-    float* S = scratch(2, int64_t(ng) * Rp * ld);  // [Rp, kKeyTile] scores, then probabilities
-    float* st = scratch(3, 3 * int64_t(ng) * Rp);  // m, l, alpha, [ng * Rp] each
+    // Per group gi, rows [gi * Rp, (gi + 1) * Rp) of (sections of b.scratch, in the order
+    // block_scratch_bytes counts them):
+    ws::Carver sc(b.scratch);
+    float* Q = sc.take<float>(size_t(ng) * Rp * hd);  // [Rp, hd] q * scale * log2(e), pad rows zero
+    float* O = sc.take<float>(size_t(ng) * Rp * hd);  // [Rp, hd] unnormalised output
+    float* S = sc.take<float>(size_t(ng) * Rp * ld);  // [Rp, kKeyTile] scores, then probabilities
+    float* st = sc.take<float>(3 * size_t(ng) * Rp);  // m, l, alpha, [ng * Rp] each
     float *m = st, *l = st + ng * Rp, *alpha = st + 2 * ng * Rp;
-    float* Qt = transposed ? scratch(6, int64_t(ng) * Rp * hd) : nullptr;  // [hd][kLanes] per group and lane set
-    int32_t* lim = transposed ? reinterpret_cast<int32_t*>(scratch(7, Rp)) : nullptr;
-    float* Kt = k16 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;  // fp32 copy of a 16-bit K tile
-    float* Vt = v16 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
+    float* Qt = transposed ? sc.take<float>(size_t(ng) * Rp * hd) : nullptr;  // [hd][kLanes] per group and lane set
+    int32_t* lim = transposed ? sc.take<int32_t>(size_t(Rp)) : nullptr;
+    float* Kt = k16 ? sc.take<float>(size_t(kKeyTile) * hd) : nullptr;  // fp32 copy of a 16-bit K tile
+    float* Vt = v16 ? sc.take<float>(size_t(kKeyTile) * hd) : nullptr;
     // bf16 caches on AVX512-BF16: the transposed path in bf16 pairs (Kt and Vt hold Kb, Vb).
     constexpr bool bf16_caches = std::is_same_v<EK, Bf16> && std::is_same_v<EV, Bf16>;
     const bool bf16_dot = bf16_caches && transposed && mm::cpu_has_avx512_bf16();
-    uint32_t* Qtb = bf16_dot ? reinterpret_cast<uint32_t*>(scratch(8, int64_t(ng) * Rp * hd / 2)) : nullptr;
-    uint32_t* Pb = bf16_dot ? reinterpret_cast<uint32_t*>(scratch(9, int64_t(kKeyTile / 2) * kLanes)) : nullptr;
+    uint32_t* Qtb = bf16_dot ? sc.take<uint32_t>(size_t(ng) * Rp * hd / 2) : nullptr;
+    uint32_t* Pb = bf16_dot ? sc.take<uint32_t>(size_t(kKeyTile / 2) * kLanes) : nullptr;
     const EK* Kc = static_cast<const EK*>(b.k);
     const EV* Vc = static_cast<const EV*>(b.v);
     const int64_t ks = b.kv_stride;
@@ -572,7 +574,9 @@ ALLOY_TARGET_AVX512 void run_block(const Block& b) {
                 _mm512_storeu_ps(Sr, p0);
                 _mm512_storeu_ps(Sr + 16, p1);
                 ag[r] = std::exp2(mg[r] - mx);  // 0 on the row's first tile (m = -inf)
-                lg[r] = lg[r] * ag[r] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+                // One rounding, written out: GCC contracted it for every cache type until the
+                // scratch came from the caller, then no longer for fp32 K (other bits).
+                lg[r] = std::fma(lg[r], ag[r], _mm512_reduce_add_ps(_mm512_add_ps(p0, p1)));
                 mg[r] = mx;
             }
 

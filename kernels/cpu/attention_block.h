@@ -16,7 +16,10 @@
 // decode) or, when many row tiles reuse it (prefill), converted once into a per-thread fp32
 // tile. f16 -> fp32 and bf16 -> fp32 are exact, so both give the same bits.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/cpu/workspace.h"
 
 namespace alloy::cpu::attn {
 
@@ -62,6 +65,10 @@ struct Block {
     float* part_o = nullptr;
     float* part_ml = nullptr;
     int part_rows = 0;         // >= rows()
+    // The running thread's scratch, block_scratch_bytes(ng, rows, hd) bytes (from the caller's
+    // workspace: attention.cpp slices it per pool thread). The run_block functions carve it in
+    // the order block_scratch_bytes counts.
+    void* scratch = nullptr;
 
     int rows() const { return tq * group; }  // per group
     int64_t limit(int r) const { return n_past + t0 + r / group; }  // last key row r may see
@@ -87,10 +94,29 @@ void run_block_scalar(const Block& b);
 void run_block_avx2(const Block& b);    // needs hd % 8 == 0
 void run_block_avx512(const Block& b);  // needs hd % 16 == 0
 
-// Aligned per-thread scratch (grows, never shrinks; pool threads live for the process).
-// Slots 0-3: Q, O, S, softmax state; 4, 5: fp32 copies of a 16-bit K and V tile (or the bf16
-// path's paired tiles); 6, 7: the transposed path's Qt and row limits; 8, 9: the bf16 path's
-// paired queries and probabilities.
-float* scratch(int slot, int64_t n_floats);
+// Bytes of per-thread scratch a block of ng groups of at most `rows` rows each needs on any
+// path, sections 64-byte aligned, in the order the AVX-512 block takes them (the row-by-row
+// block takes a prefix of smaller ones): Q and O [ng Rp, hd], S [ng Rp, kKeyTile], the softmax
+// state (m, l, alpha) [3 ng Rp], the transposed path's Qt [ng Rp, hd] and row limits [Rp], fp32
+// copies of a 16-bit K and V tile [kKeyTile, hd] each, the bf16 path's paired queries
+// [ng Rp hd / 2] and probabilities [kKeyTile / 2, kLanes = kKeyTile], with Rp = rows rounded up
+// to 32 (the transposed path's lane sets; the row-tile paths round to 4). Bounded by the block
+// (at most 64 rows per group): a stack buffer would do for prefill blocks, but decode blocks
+// take every KV group (ng = n_head_kv), so the size follows the model and comes from the caller.
+inline size_t block_scratch_bytes(int ng, int rows, int hd) {
+    const size_t Rp = size_t(rows + 31) / 32 * 32, gr = size_t(ng) * Rp, h = size_t(hd);
+    ws::Carver c;
+    c.take<float>(gr * h);                        // Q
+    c.take<float>(gr * h);                        // O
+    c.take<float>(gr * kKeyTile);                 // S
+    c.take<float>(3 * gr);                        // m, l, alpha
+    c.take<float>(gr * h);                        // Qt
+    c.take<int32_t>(Rp);                          // row limits
+    c.take<float>(size_t(kKeyTile) * h);          // K tile
+    c.take<float>(size_t(kKeyTile) * h);          // V tile
+    c.take<uint32_t>(gr * h / 2);                 // bf16 query pairs
+    c.take<uint32_t>(size_t(kKeyTile / 2) * kKeyTile);  // bf16 probability pairs
+    return c.bytes();
+}
 
 }  // namespace alloy::cpu::attn

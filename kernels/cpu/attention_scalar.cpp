@@ -51,12 +51,15 @@ void update_o(float* o, float alpha, const float* P, const float* V, int64_t vs,
 
 void run_block_rows(const Block& b, const RowOps& ops) {
     const int R = b.rows(), hd = b.hd, ng = b.ng, NR = ng * R;  // row gi * R + r: row r of group gi
-    float* Q = scratch(0, int64_t(NR) * hd);  // [NR, hd] q * scale * log2(e)
-    float* O = scratch(1, int64_t(NR) * hd);  // [NR, hd] unnormalised output
-    float* S = scratch(2, kKeyTile);          // [kKeyTile] one row's scores, then probabilities
-    float* ml = scratch(3, 2 * int64_t(NR));  // [NR, 2] running max (log2 units), running sum
-    float* kbuf = b.k_elem != Elem::F32 ? scratch(4, int64_t(kKeyTile) * hd) : nullptr;
-    float* vbuf = b.v_elem != Elem::F32 ? scratch(5, int64_t(kKeyTile) * hd) : nullptr;
+    // Sections of b.scratch, each within block_scratch_bytes' counterpart (Q, O, S, softmax
+    // state, then the K and V tiles past the Qt and limits this path does not use).
+    ws::Carver sc(b.scratch);
+    float* Q = sc.take<float>(size_t(NR) * hd);  // [NR, hd] q * scale * log2(e)
+    float* O = sc.take<float>(size_t(NR) * hd);  // [NR, hd] unnormalised output
+    float* S = sc.take<float>(kKeyTile);         // [kKeyTile] one row's scores, then probabilities
+    float* ml = sc.take<float>(2 * size_t(NR));  // [NR, 2] running max (log2 units), running sum
+    float* kbuf = b.k_elem != Elem::F32 ? sc.take<float>(size_t(kKeyTile) * hd) : nullptr;
+    float* vbuf = b.v_elem != Elem::F32 ? sc.take<float>(size_t(kKeyTile) * hd) : nullptr;
     const float qs = b.scale * 1.44269504088896341f;
     for (int gi = 0; gi < ng; ++gi)
         for (int r = 0; r < R; ++r) {

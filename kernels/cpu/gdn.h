@@ -20,6 +20,7 @@
 // code. Asking for an
 // ISA above active_isa() throws alloy::Error.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/cpu_features.h"
@@ -53,6 +54,13 @@ void gdn_delta_chunked(Isa isa, const GdnShape& shape, int n_seqs, const int32_t
 // in/out; state: [slots, H_v, d_v, d_k] in/out; y: [T, H_v*d_v]; seq_slots: [n_seqs] each
 // sequence's slot (nullptr: slot s), as ref::gdn_fused. A sequence's bits do not depend on the
 // other sequences of the call nor on its slot.
+// workspace (kernels/cpu/workspace.h): gdn_fused_workspace_bytes(p, n_seqs, T) bytes (the
+// conv output, the delta rule's output, the chunked mode's states and stage-1 products; the
+// signature of cuda::gdn_fused_workspace_bytes). The overloads without one allocate their own.
+size_t gdn_fused_workspace_bytes(const GdnParams& p, int n_seqs, int n_tokens);
+void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+               const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
+               float* y, const int32_t* seq_slots, void* workspace);
 void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                const float* qkv, const float* z, const float* a, const float* b,
                float* conv_state, float* state, float* y, const int32_t* seq_slots = nullptr);

@@ -30,6 +30,7 @@
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_math_avx2.h"
+#include "kernels/cpu/workspace.h"
 
 namespace alloy::cpu {
 namespace gdn {
@@ -197,9 +198,29 @@ void stage2(Isa isa, const DeltaIo& io, const Chunk& ch, int h, const SlotLayout
     gemm(isa, {d_k, d_v, n, slot + L.Ktd(), C, Delta, d_v, S, d_v, std::exp(gC), Tri::None});  // S update
 }
 
+// Batched schedule only (pairs < 2 threads): the stage-1 products of a batch, at most
+// max(kBatchBytes, one chunk per head) (delta_chunked sizes its batches so).
+bool may_batch(int H_v) { return (int64_t)H_v < 2 * (int64_t)n_threads(); }
+
 }  // namespace
 
-void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size) {
+// The workspace: the states in natural layout [n_seqs, H_v, d_k, d_v], then the batched
+// schedule's stage-1 products (kBatchBytes or one chunk per head of the sequences that can be
+// batched: fewer than 2 threads' worth of (sequence, head) pairs).
+size_t delta_chunked_workspace_bytes(const GdnShape& shape, int n_seqs, int n_tokens, int chunk_size) {
+    ws::Carver w;
+    if (n_seqs <= 0 || n_tokens <= 0) return w.bytes();
+    w.take<float>((std::size_t)n_seqs * shape.H_v * shape.d_k * shape.d_v);
+    if (may_batch(shape.H_v)) {
+        const int C = std::max(1, std::min(chunk_size, n_tokens));
+        const std::size_t slot = SlotLayout{C, shape.d_k, shape.d_v}.size();
+        const int64_t seqs = std::min<int64_t>({n_seqs, n_tokens, (2 * (int64_t)n_threads() - 1) / shape.H_v});
+        w.take<float>(std::max(kBatchBytes / sizeof(float), (std::size_t)seqs * shape.H_v * slot));
+    }
+    return w.bytes();
+}
+
+void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size, void* workspace) {
     const int n_seqs = io.n_seqs, H_v = io.shape.H_v, d_k = io.shape.d_k, d_v = io.shape.d_v;
     // A chunk never spans sequences: a chunk size beyond the longest sequence acts as that length.
     int longest = 0, active = 0, max_chunks = 0;
@@ -218,7 +239,8 @@ void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size) {
 
     // The state of every (sequence, head) in natural layout [d_k, d_v] for the GEMMs, converted
     // once per call (the transposed layout is the decode path's).
-    float* S_nat = workspace(Ws::ChunkState, (std::size_t)n_seqs * H_v * d_k * d_v);
+    ws::Carver w(workspace);  // in delta_chunked_workspace_bytes' order
+    float* S_nat = w.take<float>((std::size_t)n_seqs * H_v * d_k * d_v);
     auto nat = [&](int64_t sh) { return S_nat + (std::size_t)sh * d_k * d_v; };
     auto st = [&](int64_t sh) { return io.state_at(int(sh / H_v), int(sh % H_v)); };
     auto nonempty = [&](int64_t sh) { return io.offs[sh / H_v + 1] > io.offs[sh / H_v]; };
@@ -261,7 +283,7 @@ void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size) {
         const std::size_t slot_bytes = L.size() * sizeof(float), heads = (std::size_t)active * H_v;
         const int fit = (int)std::max<std::size_t>(1, kBatchBytes / (heads * slot_bytes));
         const int per_batch = std::max(1, std::min(fit, max_chunks));
-        float* slots = workspace(Ws::ChunkSlots, heads * per_batch * L.size());  // [item, H_v, slot]
+        float* slots = w.take<float>(heads * per_batch * L.size());  // [item, H_v, slot]
         std::vector<float> gC(heads * per_batch);                               // [item, H_v]
 
         parallel_for((int64_t)n_seqs * H_v, [&](int64_t sh, int) {
@@ -308,8 +330,10 @@ void gdn_delta_chunked(Isa isa, const GdnShape& shape, int n_seqs, const int32_t
     gdn::check_delta_args(shape, n_seqs, seq_offsets, q, k, v, g, beta, state, out, op);
     if (chunk_size < 1)
         throw Error(std::string(op) + ": chunk_size=" + std::to_string(chunk_size) + " must be >= 1");
-    gdn::delta_chunked(isa, gdn::dense_io(shape, n_seqs, seq_offsets, q, k, v, g, beta, state, out),
-                       chunk_size);
+    ScratchBuffer w;  // the call's own workspace (tests, test-ops)
+    const int n_tokens = n_seqs > 0 ? seq_offsets[n_seqs] - seq_offsets[0] : 0;
+    gdn::delta_chunked(isa, gdn::dense_io(shape, n_seqs, seq_offsets, q, k, v, g, beta, state, out), chunk_size,
+                       w.get(gdn::delta_chunked_workspace_bytes(shape, n_seqs, n_tokens, chunk_size)));
 }
 
 void gdn_delta_chunked(const GdnShape& shape, int n_seqs, const int32_t* seq_offsets,

@@ -17,6 +17,7 @@
 #include "kernels/cpu/gdn_simd.h"
 #include "kernels/cpu/vec_math_avx2.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/workspace.h"
 #include "kernels/ref/activations.h"
 #include "kernels/ref/gdn_common.h"
 
@@ -250,11 +251,41 @@ void gated_norm_portable(const float* o, const float* z, const float* norm, floa
 }
 
 
+// The workspace (kernels/cpu/workspace.h), in this order: the conv output u [T, conv_dim]
+// (q | k | v rows, normalized in place), the delta rule's output o [T, H_v, d_v], then for the
+// chunked mode delta_chunked's own. These were buffers of the calling thread kept across calls,
+// so that a layer call reused warm pages (at T = 4096 u alone is 100 MB); a plan's workspace is
+// reused the same way.
+struct FusedLayout {
+    float* u = nullptr;
+    float* o = nullptr;
+    void* chunked = nullptr;
+    size_t bytes = 0;
+};
+FusedLayout fused_layout(const GdnParams& p, int n_seqs, int n_tokens, void* workspace) {
+    const GdnShape& sh = p.shape;
+    const std::size_t T = (std::size_t)std::max(0, n_tokens), value_dim = (std::size_t)sh.H_v * sh.d_v;
+    ws::Carver c(workspace);
+    FusedLayout L;
+    L.u = c.take<float>(T * (2 * (std::size_t)sh.H_k * sh.d_k + value_dim));
+    L.o = c.take<float>(T * value_dim);
+    if (p.mode != GdnMode::Serial) {
+        const std::size_t n = gdn::delta_chunked_workspace_bytes(sh, n_seqs, n_tokens, p.chunk_size);
+        L.chunked = c.take<uint8_t>(n);
+    }
+    L.bytes = c.bytes();
+    return L;
+}
+
 }  // namespace
+
+size_t gdn_fused_workspace_bytes(const GdnParams& p, int n_seqs, int n_tokens) {
+    return fused_layout(p, n_seqs, n_tokens, nullptr).bytes;
+}
 
 void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
-               float* state, float* y, const int32_t* seq_slots) {
+               float* state, float* y, const int32_t* seq_slots, void* workspace) {
     const char* op = "cpu::gdn_fused";
     gdn::check_isa(isa, op);
     ref::detail::check_fused_args(p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, op);
@@ -283,7 +314,8 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     // their stored channel-major layout; longer inputs transpose them to [K, conv_dim] once
     // per call so that a tap is a contiguous row like the inputs. Both paths do the same
     // operations per value, so they give the same bits.
-    float* u = gdn::workspace(gdn::Ws::ConvOut, (std::size_t)T * conv_dim);  // [T, conv_dim] = [Q | K | V]
+    const FusedLayout scratch = fused_layout(p, n_seqs, T, workspace);
+    float* u = scratch.u;  // [T, conv_dim] = [Q | K | V]
     std::vector<int> cb;  // channel block bounds
     {
         const int head_block = std::max(1, kChanBlock / d_k) * d_k;
@@ -364,7 +396,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     }
 
     // 3. the delta rule on views of u.
-    float* o = gdn::workspace(gdn::Ws::DeltaOut, (std::size_t)T * value_dim);  // [T, H_v, d_v]
+    float* o = scratch.o;  // [T, H_v, d_v]
     gdn::DeltaIo io;
     io.shape = sh;
     io.n_seqs = n_seqs;
@@ -381,7 +413,7 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     if (p.mode == GdnMode::Serial)
         gdn::delta_serial(isa, io);
     else
-        gdn::delta_chunked(isa, io, p.chunk_size);
+        gdn::delta_chunked(isa, io, p.chunk_size, scratch.chunked);
 
     // 4. gated RMSNorm.
     parallel_for(n_tblocks, [&](int64_t blk, int) {
@@ -391,6 +423,16 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
                 gated_norm(o + ((std::size_t)t * H_v + h) * d_v, z + row, w.norm, y + row, d_v, p.eps);
             }
     });
+}
+
+// Without a workspace (tests, test-ops): one of the call's own.
+void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
+               const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
+               float* state, float* y, const int32_t* seq_slots) {
+    const int n_tokens = n_seqs > 0 && seq_offsets ? seq_offsets[n_seqs] - seq_offsets[0] : 0;
+    ScratchBuffer ws;
+    gdn_fused(isa, p, w, n_seqs, seq_offsets, qkv, z, a, b, conv_state, state, y, seq_slots,
+              ws.get(gdn_fused_workspace_bytes(p, n_seqs, n_tokens)));
 }
 
 void gdn_fused(const GdnParams& p, const GdnWeights& w, int n_seqs, const int32_t* seq_offsets,

@@ -4,7 +4,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 
 #include "alloy/error.h"
@@ -39,9 +38,12 @@ struct DeltaIo {
 };
 
 // Arguments are checked by the public entry points (check_delta_args: the ref's checks, same
-// messages); these trust io.
+// messages); these trust io. delta_chunked's workspace (kernels/cpu/workspace.h):
+// delta_chunked_workspace_bytes(shape, n_seqs, n_tokens, chunk_size) bytes for n_seqs
+// sequences of n_tokens in all.
 void delta_serial(Isa isa, const DeltaIo& io);
-void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size);
+size_t delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens, int chunk_size);
+void delta_chunked(Isa isa, const DeltaIo& io, int chunk_size, void* workspace);
 
 void check_delta_args(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,
                       const float* k, const float* v, const float* g, const float* beta, float* state,
@@ -50,25 +52,6 @@ void check_delta_args(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
 DeltaIo dense_io(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,
                  const float* k, const float* v, const float* g, const float* beta, float* state,
                  float* out);
-
-// Scratch buffers of one calling thread, one per purpose, kept across calls: a layer call then
-// reuses warm pages instead of faulting in fresh ones (at T = 4096 the conv output alone is
-// 100 MB). Contents are undefined on return. Not shared between purposes of one call.
-enum class Ws { ChunkSlots, ChunkState, ConvOut, DeltaOut, Count };
-inline float* workspace(Ws which, std::size_t n_floats) {
-    struct Buf {
-        std::unique_ptr<float[]> p;
-        std::size_t n = 0;
-    };
-    thread_local Buf bufs[(int)Ws::Count];
-    Buf& b = bufs[(int)which];
-    if (b.n < n_floats) {
-        b.p.reset();  // free first: the peak is one buffer, not two
-        b.p.reset(new float[n_floats]);
-        b.n = n_floats;
-    }
-    return b.p.get();
-}
 
 // A path above what this CPU runs is a caller error, reported rather than crashing on SIGILL.
 inline void check_isa(Isa isa, const char* op) {

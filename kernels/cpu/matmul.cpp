@@ -26,6 +26,7 @@
 #include "kernels/cpu/matmul_kquant.h"
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/workspace.h"
 
 namespace alloy::cpu {
 namespace {
@@ -217,12 +218,6 @@ bool use_gemm(const Plan& p, int64_t T) {
     return p.tile.fn != nullptr && T > (p.gemv ? mm::kGemvMaxTokens : mm::kRowDotTokens);
 }
 
-uint8_t* aligned(std::vector<uint8_t>& v, size_t bytes) {
-    if (v.size() < bytes + 64) v.resize(bytes + 64);
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63);
-    return reinterpret_cast<uint8_t*>(a);
-}
-
 // Row-dot over rows [r0, r0 + rc) and tokens [t0, t0 + tn).
 void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int64_t r0, int64_t rc, int64_t t0,
                   int64_t tn, float* y, int64_t ldy) {
@@ -317,24 +312,119 @@ void check_shape(const WeightView& W) {
                     type_traits(W.type).name + " block size " + std::to_string(block));
 }
 
-// The activations of a call, prepared once in the layout its path reads (GEMM panel or rows);
-// also sizes the per-thread scratch.
+// The scratch of a call, in the caller's workspace (kernels/cpu/workspace.h), in this order:
+// the rounded input (Plan::round_input), the prepared activations (panel or rows; reused by
+// the weights of a matmul_multi that run one after another), then one slice per pool thread
+// (GEMM tiles, converted rows), which were per-thread buffers that only grew, now sized from
+// the shapes (a converted item is 16 fp32 rows of n_in: 1 MiB at n_in = 16384, no stack buffer).
+// Byte counts per section; a call's counts are the maximum over its weights.
+struct Need {
+    size_t rounded = 0, act = 0, per_thread = 0;
+    void include(const Need& o) {
+        rounded = std::max(rounded, o.rounded);
+        act = std::max(act, o.act);
+        per_thread = std::max(per_thread, o.per_thread);
+    }
+    size_t bytes() const {
+        ws::Carver c;
+        carve(c);
+        return c.bytes();
+    }
+    void carve(ws::Carver& c, float** r = nullptr, uint8_t** a = nullptr, uint8_t** t = nullptr) const {
+        float* rp = c.take<float>(rounded / sizeof(float));
+        uint8_t* ap = c.take<uint8_t>(act);
+        uint8_t* tp = c.take<uint8_t>(ws::up(per_thread) * size_t(n_threads()));
+        if (r) *r = rp;
+        if (a) *a = ap;
+        if (t) *t = tp;
+    }
+};
+
+// Where a call's sections are in its workspace.
+struct Scratch {
+    float* rounded = nullptr;
+    uint8_t* act = nullptr;
+    uint8_t* per_thread = nullptr;
+    size_t slice = 0;  // bytes per thread
+    uint8_t* thread(int t) const { return per_thread + slice * size_t(t); }
+};
+Scratch carve(const Need& n, void* workspace) {
+    ws::Carver c(workspace);
+    Scratch s;
+    n.carve(c, &s.rounded, &s.act, &s.per_thread);
+    s.slice = ws::up(n.per_thread);
+    return s;
+}
+
+// The sections a call of T tokens on plan p takes (run_jobs, or run_converted for converted
+// weights); fused: matmul_swiglu's GEMM items (gate and up tiles per thread).
+Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false) {
+    Need n;
+    const bool gemm = use_gemm(p, T);
+    n.act = gemm ? mm::act_panel_bytes(p.act, T, K) : mm::act_rows_bytes(p.act, T, K);
+    const int64_t ldt = int64_t(p.tile.groups) * mm::kGroup, chunk = kTileRowGroups * p.tile.rows;
+    if (p.convert || (p.convert_gemm && gemm)) {
+        if (p.round_input != InputRounding::None) n.rounded = size_t(T * K) * sizeof(float);
+        n.per_thread = size_t(kConvertRows * K + kConvertRows * ldt) * sizeof(float);
+    } else if (gemm) {
+        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float);
+    }
+    return n;
+}
+
+// need_of for weight W, without reading its data: MXFP4 prefill takes the Q8_0 tiles or the
+// fp32 rows after a scan of its scales (plan_for), so both are counted.
+Need need_for(const WeightView& W, Isa isa, int64_t T) {
+    Need n = need_of(make_plan(W.type, isa, W.n_in, T), W.n_in, T);
+    if (W.type == GgmlType::MXFP4 && T > mm::kGemvMaxTokens && std::min(isa, active_isa()) >= Isa::Avx2) {
+        Plan q = make_plan(GgmlType::Q8_0, isa, W.n_in, T);
+        q.convert = true;
+        q.convert_q8 = true;
+        q.gemv = nullptr;
+        n.include(need_of(q, W.n_in, T));
+    }
+    return n;
+}
+
+Need multi_need(const MatmulOut* outs, int n, int64_t T, Isa isa) {
+    Need need;
+    for (int j = 0; j < n; ++j) need.include(need_for(*outs[j].W, isa, T));
+    return need;
+}
+
+// matmul_swiglu's sections: its fused GEMM items, or matmul_multi of gate and up.
+bool swiglu_fused(const Plan& p, const WeightView& G, const WeightView& U, int64_t T) {
+    return U.type == G.type && U.n_in == G.n_in && U.n_out == G.n_out && !p.convert && !p.convert_gemm && use_gemm(p, T);
+}
+Need swiglu_need(const WeightView& G, const WeightView& U, int64_t T, Isa isa) {
+    const Plan p = make_plan(G.type, isa, G.n_in, T);  // (an MXFP4 weight converts: never fused)
+    if (swiglu_fused(p, G, U, T)) return need_of(p, G.n_in, T, true);
+    const MatmulOut outs[2] = {{&G, nullptr}, {&U, nullptr}};
+    return multi_need(outs, 2, T, isa);
+}
+
+// Calls of up to T tokens: within each of the paths' token ranges (row-dot, GEMV, GEMM) every
+// section grows with T, so the largest call of each range bounds the others.
+template <class F>
+size_t up_to(int64_t T, const F& need) {
+    Need n;
+    for (int64_t t : {T, std::min<int64_t>(T, mm::kGemvMaxTokens), std::min<int64_t>(T, mm::kRowDotTokens)})
+        if (t > 0) n.include(need(t));
+    return n.bytes();
+}
+
+// The activations of a call, prepared once in the layout its path reads (GEMM panel or rows)
+// into the call's act section.
 struct Prepared {
     bool gemm = false;
     mm::ActRows rows;
     mm::ActPanel panel;
 };
-Prepared prepare(const Plan& p, const float* x, int64_t T, int64_t K, MatmulScratch& s) {
+Prepared prepare(const Plan& p, const float* x, int64_t T, int64_t K, const Scratch& s) {
     Prepared a;
     a.gemm = use_gemm(p, T);
-    if (s.per_thread.size() < size_t(n_threads())) s.per_thread.resize(size_t(n_threads()));
-    if (a.gemm) {
-        uint8_t* buf = aligned(s.act, mm::act_panel_bytes(p.act, T, K));
-        mm::prep_panel(p.act, act_isa(p), x, T, K, buf, a.panel);
-    } else {
-        uint8_t* buf = aligned(s.act, mm::act_rows_bytes(p.act, T, K));
-        mm::prep_rows(p.act, act_isa(p), x, T, K, buf, a.rows);
-    }
+    if (a.gemm) mm::prep_panel(p.act, act_isa(p), x, T, K, s.act, a.panel);
+    else mm::prep_rows(p.act, act_isa(p), x, T, K, s.act, a.rows);
     return a;
 }
 
@@ -370,7 +460,7 @@ int64_t guided_items(int64_t N, int threads, int64_t* bounds) {
 }
 
 // The weights of one call, which share the input (same type and n_in), in one pool region.
-void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, MatmulScratch& s) {
+void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, const Scratch& s) {
     const int64_t K = jobs[0].W->n_in;
     const Prepared act = prepare(p, x, T, K, s);
     const bool gemm = act.gemm;
@@ -409,7 +499,7 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
         const int64_t N = W.n_out, it = item - jb.first;
         if (gemm) {
             const GemmItem gi = gemm_item(kt, it, jb.n_chunks, chunk, G, N);
-            float* tile = reinterpret_cast<float*>(aligned(s.per_thread[size_t(thread)], size_t(chunk * ldt) * 4));
+            float* tile = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt]
             gemm_range(p, W, panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tile, ldt, jb.y, N, stream_output(T, N));
         } else if (gemv) {
             const int64_t r0 = jb.bounds[it], nr = jb.bounds[it + 1] - r0;
@@ -429,9 +519,8 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, M
 
 // x [T, K] rounded through Q8_K or Q8_0 into the scratch (Plan::round_input), once per
 // matmul_multi call however many of its weights need it.
-const float* rounded_input(const float* x, int64_t T, int64_t K, InputRounding r, MatmulScratch& s) {
-    s.act_rounded.resize(size_t(T * K));
-    float* out = s.act_rounded.data();
+const float* rounded_input(const float* x, int64_t T, int64_t K, InputRounding r, const Scratch& s) {
+    float* out = s.rounded;
     if (r == InputRounding::Q8_K) {
         parallel_for(T, [&](int64_t t, int) { mm::q8k_round_row(x + t * K, K, out + t * K); });
     } else {
@@ -442,7 +531,7 @@ const float* rounded_input(const float* x, int64_t T, int64_t K, InputRounding r
 
 // Converted weights (dequantized per item to fp32, then the F32 kernels over all tokens). x is
 // already rounded where the plan's round_input says so.
-void run_converted(const Plan& p, const WeightView& W, const float* x, float* y, int64_t T, MatmulScratch& s) {
+void run_converted(const Plan& p, const WeightView& W, const float* x, float* y, int64_t T, const Scratch& s) {
     const int64_t K = W.n_in, N = W.n_out;
     const Prepared act = prepare(p, x, T, K, s);
     const bool gemm = act.gemm;
@@ -453,7 +542,7 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
     const int ldt = p.tile.groups * mm::kGroup;
     parallel_for(items, [&](int64_t it, int thread) {
         const int64_t r0 = it * kConvertRows, rc = std::min(kConvertRows, N - r0);
-        uint8_t* buf = aligned(s.per_thread[size_t(thread)], size_t(kConvertRows * K + kConvertRows * ldt) * 4);
+        uint8_t* buf = s.thread(thread);  // [kConvertRows * K] converted rows, then the tile
         float* wf = reinterpret_cast<float*>(buf);
         float* tile = wf + kConvertRows * K;
         WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
@@ -475,7 +564,19 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
 
 }  // namespace
 
-void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, MatmulScratch& s) {
+size_t matmul_workspace_bytes(const WeightView& W, int64_t T, Isa isa) {
+    return up_to(T, [&](int64_t t) { return need_for(W, isa, t); });
+}
+
+size_t matmul_multi_workspace_bytes(const MatmulOut* outs, int n, int64_t T, Isa isa) {
+    return up_to(T, [&](int64_t t) { return multi_need(outs, n, t, isa); });
+}
+
+size_t matmul_swiglu_workspace_bytes(const WeightView& gate, const WeightView& up, int64_t T, Isa isa) {
+    return up_to(T, [&](int64_t t) { return swiglu_need(gate, up, t, isa); });
+}
+
+void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, void* workspace) {
     if (T <= 0 || n <= 0) return;
     constexpr int kMaxJobs = 8;
     bool shared = n <= kMaxJobs;
@@ -485,6 +586,7 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
     }
     const Plan p = plan_for(*outs[0].W, isa, T);
     if (!shared || p.convert || (p.convert_gemm && use_gemm(p, T))) {
+        const Scratch s = carve(multi_need(outs, n, T, isa), workspace);
         // x rounded for the first weight needing it, reused by the next ones needing the same.
         const float* xq = nullptr;
         InputRounding xq_kind = InputRounding::None;
@@ -504,6 +606,8 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
         }
         return;
     }
+    // One plan for all (same type and n_in): its sections, within multi_need's.
+    const Scratch s = carve(need_of(p, outs[0].W->n_in, T), workspace);
     Job jobs[kMaxJobs];
     int n_jobs = 0;
     for (int j = 0; j < n; ++j)
@@ -511,26 +615,27 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
     if (n_jobs > 0) run_jobs(p, jobs, n_jobs, x, T, s);
 }
 
-void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& s) {
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, void* workspace) {
     const MatmulOut out{&W, y};
-    matmul_multi(&out, 1, x, T, isa, s);
+    matmul_multi(&out, 1, x, T, isa, workspace);
 }
 
 void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, float* y, float* u, int64_t T, Isa isa,
-                   MatmulScratch& s) {
+                   void* workspace) {
     if (T <= 0) return;
     check_shape(G);
     check_shape(U);
     const Plan p = plan_for(G, isa, T);
     const int64_t N = G.n_out;
-    if (U.type != G.type || U.n_in != G.n_in || U.n_out != N || p.convert || p.convert_gemm || !use_gemm(p, T)) {
+    if (!swiglu_fused(p, G, U, T)) {
         const MatmulOut outs[2] = {{&G, y}, {&U, u}};
-        matmul_multi(outs, 2, x, T, isa, s);
+        matmul_multi(outs, 2, x, T, isa, workspace);
         swiglu(y, u, y, T * N, std::min(isa, active_isa()));
         return;
     }
     // Each item makes the gate and up tiles of its rows and tokens (the items of run_jobs for
     // one weight), combines them in the tile and stores the result once.
+    const Scratch s = carve(need_of(p, G.n_in, T, true), workspace);
     const Prepared act = prepare(p, x, T, G.n_in, s);
     const mm::TileKernel& kt = p.tile;
     const int64_t G_tok = (T + mm::kGroup - 1) / mm::kGroup, chunk = kTileRowGroups * kt.rows;
@@ -540,7 +645,7 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     parallel_for(n_tiles * n_chunks, [&](int64_t it, int thread) {
         const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
         const int64_t tn = std::min<int64_t>(gi.nv * mm::kGroup, T - gi.g0 * mm::kGroup);
-        float* tg = reinterpret_cast<float*>(aligned(s.per_thread[size_t(thread)], size_t(2 * chunk * ldt) * 4));
+        float* tg = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt] gate, then up
         float* tu = tg + chunk * ldt;
         gemm_tile(p, G, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, tg, ldt);
         gemm_tile(p, U, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, tu, ldt);
@@ -549,25 +654,36 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     });
 }
 
-// One scratch per calling thread for the convenience overloads (they never nest), so the
-// prepared-activation buffer (~1 MiB at 512 tokens) exists once per thread, not per entry point.
-namespace {
-MatmulScratch& thread_scratch() {
-    static thread_local MatmulScratch scratch;
-    return scratch;
+// The caller-owned scratch overloads: the workspace entry on a buffer that grows to the
+// largest call it has served.
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& s) {
+    matmul(W, x, y, T, isa, s.get(matmul_workspace_bytes(W, T, isa)));
 }
-}  // namespace
 
+void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, MatmulScratch& s) {
+    matmul_multi(outs, n, x, T, isa, s.get(matmul_multi_workspace_bytes(outs, n, T, isa)));
+}
+
+void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T, Isa isa,
+                   MatmulScratch& s) {
+    matmul_swiglu(gate, up, x, y, u, T, isa, s.get(matmul_swiglu_workspace_bytes(gate, up, T, isa)));
+}
+
+// The convenience overloads (tests, test-ops): a workspace of their own per call. The model's
+// plans give theirs (runtime/cpu_backend.cpp).
 void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T) {
-    matmul_swiglu(gate, up, x, y, u, T, active_isa(), thread_scratch());
+    MatmulScratch s;
+    matmul_swiglu(gate, up, x, y, u, T, active_isa(), s);
 }
 
 void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T) {
-    matmul_multi(outs, n, x, T, active_isa(), thread_scratch());
+    MatmulScratch s;
+    matmul_multi(outs, n, x, T, active_isa(), s);
 }
 
 void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
-    matmul(W, x, y, T, active_isa(), thread_scratch());
+    MatmulScratch s;
+    matmul(W, x, y, T, active_isa(), s);
 }
 
 void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t T, int64_t n_in) {

@@ -43,21 +43,23 @@
 #pragma once
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/workspace.h"
 #include "kernels/ref/weight.h"
 
 namespace alloy::cpu {
 
-// Buffers reused across calls (prepared activations, per-thread tiles and converted rows).
-// They only grow. One per calling thread; the convenience overload uses a thread_local one.
-struct MatmulScratch {
-    std::vector<uint8_t> act;
-    std::vector<float> act_rounded;  // K-quant / Q4_0 prefill: the activations rounded through Q8_K / Q8_0
-    std::vector<std::vector<uint8_t>> per_thread;
-};
+// Scratch (kernels/cpu/workspace.h): the prepared activations, the rounded input of K-quant /
+// Q4_0 prefill, and per pool thread the GEMM tiles or converted rows. Three ways to give it:
+//  - `void* workspace` of *_workspace_bytes(same weights, T, isa) bytes (the model's plans);
+//    the count holds for every call of up to T tokens on those weights;
+//  - a MatmulScratch the caller keeps, which grows to the largest call it has served;
+//  - none (the overloads without Isa): a workspace of the call's own, allocated per call.
+using MatmulScratch = ScratchBuffer;
 
+size_t matmul_workspace_bytes(const WeightView& W, int64_t T, Isa isa = active_isa());
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, void* workspace);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, Isa isa, MatmulScratch& scratch);
 
@@ -70,6 +72,9 @@ struct MatmulOut {
     const WeightView* W;
     float* y;  // [T, W->n_out]
 };
+// (outs[i].y is not read by the byte count.)
+size_t matmul_multi_workspace_bytes(const MatmulOut* outs, int n, int64_t T, Isa isa = active_isa());
+void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, void* workspace);
 void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T);
 void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa isa, MatmulScratch& scratch);
 
@@ -78,6 +83,9 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
 // up of one type and shape) each work item combines its gate and up tiles before their one
 // store, so neither product is written out and read back; otherwise it is exactly that
 // sequence, with u ([T, n_out]) as the second output.
+size_t matmul_swiglu_workspace_bytes(const WeightView& gate, const WeightView& up, int64_t T, Isa isa = active_isa());
+void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T, Isa isa,
+                   void* workspace);
 void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T);
 void matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y, float* u, int64_t T, Isa isa,
                    MatmulScratch& scratch);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "format/quant.h"
 #include "kernels/cpu/matmul_kquant.h"
@@ -24,6 +23,22 @@ struct Carver {
         return r;
     }
 };
+
+// The per-thread row buffer of prep_panel: a group's 16 token rows converted side by side
+// (Q8: k-quads, d and corr; Bf16Bits: k-pairs; Q8K: codes, d and 16-value sums) before they
+// are interleaved into the panel. The fp32 panels need none.
+size_t panel_row_bytes(ActKind kind, int64_t K) {
+    const size_t nb = size_t(K / kQ8);
+    switch (kind) {
+        case ActKind::Q8: return size_t(kGroup) * size_t(K / 4) * 4 + size_t(kGroup) * nb * 8;
+        case ActKind::Bf16Bits: return size_t(kGroup) * size_t(K / 2) * 4 + size_t(kGroup) * nb * 8;
+        case ActKind::Q8K:
+            return size_t(kGroup * K) + size_t(kGroup * (K / kQK)) * 4 + size_t(kGroup * (K / 16)) * 2;
+        case ActKind::Bf16F32:
+        case ActKind::F32: return 0;
+    }
+    return 0;
+}
 
 void quantize_q8(Isa isa, const float* x, int64_t K, int8_t* q, float* d, int32_t* corr) {
     if (isa == Isa::Avx512) quantize_q8_avx512(x, K, q, d, corr);
@@ -54,11 +69,12 @@ void prep_panel_q8k(Isa isa, const float* x, int64_t T, int64_t K, Carver& c, Ac
     float* d = c.take<float>(size_t(G * kGroup * nd));
     int32_t* bs = c.take<int32_t>(size_t(G * kGroup * ns));
     out.q = q, out.d = d, out.bsums = bs;
-    parallel_for(G, [&](int64_t g, int) {
-        thread_local std::vector<uint8_t> rb;
-        rb.resize(size_t(kGroup * K) + size_t(kGroup * nd) * 4 + size_t(kGroup * ns) * 2 + 64);
-        uint32_t* rows = reinterpret_cast<uint32_t*>(rb.data());
-        float* rd = reinterpret_cast<float*>(rb.data() + kGroup * K);
+    const size_t rb_bytes = up64(panel_row_bytes(ActKind::Q8K, K));
+    uint8_t* rbs = c.take<uint8_t>(rb_bytes * size_t(n_threads()));
+    parallel_for(G, [&](int64_t g, int thread) {
+        uint8_t* rb = rbs + rb_bytes * size_t(thread);  // this pool thread's row buffer
+        uint32_t* rows = reinterpret_cast<uint32_t*>(rb);
+        float* rd = reinterpret_cast<float*>(rb + kGroup * K);
         int16_t* rs = reinterpret_cast<int16_t*>(rd + kGroup * nd);
         for (int l = 0; l < kGroup; ++l) {
             const int64_t t = g * kGroup + l;
@@ -187,11 +203,12 @@ void prep_rows(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uint
 
 size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K) {
     const size_t G = size_t((T + kGroup - 1) / kGroup), n = G * kGroup * size_t(K);
+    const size_t rows = up64(panel_row_bytes(kind, K)) * size_t(n_threads());  // prep_panel's row buffers
     switch (kind) {
-        case ActKind::Q8: return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4);
+        case ActKind::Q8: return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4) + rows;
         case ActKind::Q8K:
-            return up64(n) + up64(G * kGroup * size_t(K / kQK) * 4) + up64(G * kGroup * size_t(K / 16) * 4);
-        case ActKind::Bf16Bits: return up64(n * 2);
+            return up64(n) + up64(G * kGroup * size_t(K / kQK) * 4) + up64(G * kGroup * size_t(K / 16) * 4) + rows;
+        case ActKind::Bf16Bits: return up64(n * 2) + rows;
         case ActKind::Bf16F32:
         case ActKind::F32: return up64(n * 4);
     }
@@ -225,16 +242,16 @@ void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uin
         f = c.take<float>(size_t(G * kGroup * K));
         out.f = f;
     }
-    parallel_for(G, [&](int64_t g, int) {
-        // Per pool thread and kept between calls: the panel is built once per weight product,
-        // hundreds of times per prompt.
-        thread_local std::vector<uint8_t> rb;
+    // One row buffer per pool thread, after the panel in buf (act_panel_bytes counts them): 16
+    // token rows of K, 320 KiB at K = 16384 (Q8_0), too large for a worker's stack.
+    const size_t rb_bytes = up64(panel_row_bytes(kind, K));
+    uint8_t* rbs = c.take<uint8_t>(rb_bytes * size_t(n_threads()));
+    parallel_for(G, [&](int64_t g, int thread) {
         if (kind == ActKind::Q8 || kind == ActKind::Bf16Bits) {
             // The group's 16 token rows are converted side by side, then their 32-bit units
             // (k-quads or k-pairs) are interleaved into the panel by 16 x 16 transposes.
             const int64_t units = kind == ActKind::Q8 ? K / 4 : K / 2;  // 32-bit units per token
-            rb.resize(size_t(kGroup * units) * 4 + size_t(kGroup * nb) * 8 + 64);
-            uint32_t* rows = reinterpret_cast<uint32_t*>(rb.data());
+            uint32_t* rows = reinterpret_cast<uint32_t*>(rbs + rb_bytes * size_t(thread));
             float* rd = reinterpret_cast<float*>(rows + kGroup * units);
             int32_t* rc = reinterpret_cast<int32_t*>(rd + kGroup * nb);
             for (int l = 0; l < kGroup; ++l) {

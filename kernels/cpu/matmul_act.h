@@ -18,7 +18,8 @@ enum class ActKind {
     F32,       // fp32 unchanged
 };
 
-// Bytes of the buffer each layout needs (64-byte aligned sections inside).
+// Bytes of the buffer each layout needs (64-byte aligned sections inside). A panel's buffer
+// also holds prep_panel's row buffers, one per pool thread (n_threads() at the time of asking).
 size_t act_rows_bytes(ActKind kind, int64_t T, int64_t K);
 size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K);
 

@@ -1,22 +1,15 @@
 #include "kernels/cpu/moe.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/workspace.h"
 #include "kernels/ref/activations.h"
 
 namespace alloy::cpu {
 
 namespace {
-
-// Buffers of the calling thread, kept across calls (they only grow).
-struct MoeScratch {
-    MatmulScratch mm;
-    std::vector<float> logits, wt, xe, h, u, ye, shared_g, shared_h, shared_u, shared_y;
-    std::vector<int32_t> ids, count, next, tok, slot;
-};
 
 // fn(r) for rows [0, n) of `width` floats each: on the pool when there is enough of it, else
 // inline (a decode step's one row is cheaper to copy than a pool region is to start).
@@ -29,68 +22,108 @@ void for_rows(int64_t n, int64_t width, const Fn& fn) {
     }
 }
 
-float* grow(std::vector<float>& v, int64_t n) {
-    if (int64_t(v.size()) < n) v.resize(size_t(n));
-    return v.data();
+// The workspace (kernels/cpu/workspace.h; before: the calling thread's MoeScratch, grown only):
+// routing, the counting sort, the shared expert's and the gathered experts' rows, then one
+// matmul workspace that the products, run one after another, share.
+struct MoeLayout {
+    float *logits, *wt;
+    int32_t *ids, *count, *next, *tok, *slot;
+    float *sg, *sy, *sh, *su;  // shared expert: gate [T], output [T, D], act and up [T, Is]
+    float *xe, *h, *u, *ye;    // one expert's gathered rows [n, D], act and up [n, I], output [n, D]
+    void* mm;
+    size_t bytes;
+};
+MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, Isa isa, void* workspace) {
+    const size_t D = size_t(w.n_embd()), I = size_t(w.gate.rows), E = size_t(w.n_expert), t = size_t(T);
+    const size_t pairs = t * size_t(w.n_used), Is = w.has_shared() ? size_t(w.shexp_gate.n_out) : 0;
+    ws::Carver c(workspace);
+    MoeLayout L;
+    L.logits = c.take<float>(t * E);
+    L.wt = c.take<float>(pairs);
+    L.ids = c.take<int32_t>(pairs);
+    L.count = c.take<int32_t>(E + 1);
+    L.next = c.take<int32_t>(E);
+    L.tok = c.take<int32_t>(pairs);
+    L.slot = c.take<int32_t>(pairs);
+    L.sg = c.take<float>(w.has_shared() ? t : 0);
+    L.sy = c.take<float>(w.has_shared() ? t * D : 0);
+    L.sh = c.take<float>(t * Is);
+    L.su = c.take<float>(t * Is);
+    L.xe = c.take<float>(t * D);
+    L.h = c.take<float>(t * I);
+    L.u = c.take<float>(t * I);
+    L.ye = c.take<float>(t * D);
+    // Every product's count holds for calls of up to T tokens (an expert gets at most T).
+    size_t mm = matmul_workspace_bytes(w.router, T, isa);
+    if (w.has_shared()) {
+        mm = std::max(mm, matmul_workspace_bytes(w.shexp_router, T, isa));
+        mm = std::max(mm, matmul_swiglu_workspace_bytes(w.shexp_gate, w.shexp_up, T, isa));
+        mm = std::max(mm, matmul_workspace_bytes(w.shexp_down, T, isa));
+    }
+    if (w.n_expert > 0) {
+        mm = std::max(mm, matmul_swiglu_workspace_bytes(w.gate.at(0), w.up.at(0), T, isa));  // every expert's shape
+        mm = std::max(mm, matmul_workspace_bytes(w.down.at(0), T, isa));
+    }
+    L.mm = c.take<uint8_t>(mm);
+    L.bytes = c.bytes();
+    return L;
 }
 
 }  // namespace
 
-void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa isa) {
+size_t moe_ffn_workspace_bytes(const ref::MoeWeights& w, int64_t T, Isa isa) {
+    return T > 0 ? moe_layout(w, T, isa, nullptr).bytes : 0;
+}
+
+void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa isa, void* workspace) {
     ref::check_moe_weights(w, "cpu::moe_ffn");
     if (T <= 0) return;
-    thread_local MoeScratch s;
-    const int64_t D = w.n_embd(), I = w.gate.rows;
+    const MoeLayout s = moe_layout(w, T, isa, workspace);
+    const int64_t D = w.n_embd();
     const int E = w.n_expert, k = w.n_used;
     const int64_t n_pairs = T * k;
 
     // Routing.
-    float* logits = grow(s.logits, T * E);
-    float* wt = grow(s.wt, n_pairs);
-    s.ids.resize(size_t(n_pairs));
+    float* logits = s.logits;
+    float* wt = s.wt;
     matmul(w.router, x, logits, T, isa, s.mm);
-    ref::moe_route(logits, T, E, k, s.ids.data(), wt);
+    ref::moe_route(logits, T, E, k, s.ids, wt);
 
     // Counting sort of the (token, rank) pairs by expert: expert e owns entries
     // [count[e], count[e + 1]) of tok (its tokens, increasing) and slot (their pair index).
-    s.count.assign(size_t(E) + 1, 0);
-    for (int64_t p = 0; p < n_pairs; ++p) ++s.count[size_t(s.ids[size_t(p)]) + 1];
-    for (int e = 0; e < E; ++e) s.count[size_t(e) + 1] += s.count[size_t(e)];
-    s.tok.resize(size_t(n_pairs));
-    s.slot.resize(size_t(n_pairs));
-    s.next.assign(s.count.begin(), s.count.end() - 1);  // next free entry of each expert
+    std::fill(s.count, s.count + E + 1, 0);
+    for (int64_t p = 0; p < n_pairs; ++p) ++s.count[s.ids[p] + 1];
+    for (int e = 0; e < E; ++e) s.count[e + 1] += s.count[e];
+    std::copy(s.count, s.count + E, s.next);  // next free entry of each expert
     for (int64_t p = 0; p < n_pairs; ++p) {
-        const int32_t at = s.next[size_t(s.ids[size_t(p)])]++;
-        s.tok[size_t(at)] = int32_t(p / k);
-        s.slot[size_t(at)] = int32_t(p);
+        const int32_t at = s.next[s.ids[p]]++;
+        s.tok[at] = int32_t(p / k);
+        s.slot[at] = int32_t(p);
     }
 
     // The shared expert and its gate over all tokens first; y starts as zero.
     float *sg = nullptr, *sy = nullptr;
     if (w.has_shared()) {
-        const int64_t Is = w.shexp_gate.n_out;
-        sg = grow(s.shared_g, T);
-        sy = grow(s.shared_y, T * D);
+        sg = s.sg;
+        sy = s.sy;
         matmul(w.shexp_router, x, sg, T, isa, s.mm);
-        float* sh = grow(s.shared_h, T * Is);
-        matmul_swiglu(w.shexp_gate, w.shexp_up, x, sh, grow(s.shared_u, T * Is), T, isa, s.mm);
-        matmul(w.shexp_down, sh, sy, T, isa, s.mm);
+        matmul_swiglu(w.shexp_gate, w.shexp_up, x, s.sh, s.su, T, isa, s.mm);
+        matmul(w.shexp_down, s.sh, sy, T, isa, s.mm);
     }
     std::fill(y, y + T * D, 0.0f);
 
     // Each chosen expert, in increasing id, over its tokens (at most T): gather their rows, the
     // three products, then add w * output into each token's row. A token's experts are thus
     // summed in increasing id whatever the call, as transformers sums them (index_add_ per
-    // expert). The pool's threads see their own thread_local scratch, so the lambdas take
-    // plain pointers to the calling thread's.
-    const int32_t* tok = s.tok.data();
-    const int32_t* slot = s.slot.data();
-    float* xe = grow(s.xe, T * D);
-    float* h = grow(s.h, T * I);
-    float* u = grow(s.u, T * I);
-    float* ye = grow(s.ye, T * D);
+    // expert).
+    const int32_t* tok = s.tok;
+    const int32_t* slot = s.slot;
+    float* xe = s.xe;
+    float* h = s.h;
+    float* u = s.u;
+    float* ye = s.ye;
     for (int e = 0; e < E; ++e) {
-        const int64_t r0 = s.count[size_t(e)], n = s.count[size_t(e) + 1] - r0;
+        const int64_t r0 = s.count[e], n = s.count[e + 1] - r0;
         if (n == 0) continue;
         for_rows(n, D, [&](int64_t r) {
             const float* src = x + int64_t(tok[r0 + r]) * D;
@@ -114,6 +147,13 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
             float* yt = y + t * D;
             for (int64_t d = 0; d < D; ++d) yt[d] += c * st[d];
         });
+}
+
+// Without a workspace (tests, test-ops): one of the call's own.
+void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa isa) {
+    ref::check_moe_weights(w, "cpu::moe_ffn");  // before the count reads the shapes
+    ScratchBuffer ws;
+    moe_ffn(w, x, y, T, isa, ws.get(moe_ffn_workspace_bytes(w, T, isa)));
 }
 
 void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T) { moe_ffn(w, x, y, T, active_isa()); }

@@ -11,6 +11,7 @@
 // on row t (speculative verification reproduces decode); longer calls may differ in the last
 // bits where the matmul's GEMM path does.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/cpu_features.h"
@@ -19,6 +20,10 @@
 namespace alloy::cpu {
 
 // x: [T, D]; y: [T, D] (must not alias x). Throws alloy::Error on inconsistent weights.
+// workspace (kernels/cpu/workspace.h): moe_ffn_workspace_bytes(w, T, isa) bytes (routing, the
+// gathered rows, the products' matmul workspace); the overloads without one allocate their own.
+size_t moe_ffn_workspace_bytes(const ref::MoeWeights& w, int64_t T, Isa isa = active_isa());
+void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa isa, void* workspace);
 void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T);
 // Same on an explicit ISA path (tests, comparisons).
 void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa isa);

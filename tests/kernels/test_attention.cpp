@@ -16,6 +16,7 @@
 
 #include "alloy/error.h"
 #include "tests/kernels/isa_paths.h"
+#include "tests/kernels/workspace_check.h"
 #include "tests/logits_error.h"
 #include "kernels/cpu/attention.h"
 #include "format/quant.h"
@@ -244,15 +245,23 @@ TEST(Attention, Bf16CachePrefillUsesBf16Products) {
 // token t of a call at n_past = P must get the bits a 1-token call at n_past = P + t gets.
 // Positions around the key-split thresholds and split boundaries, where the split layout of
 // the two calls could differ, on every ISA path and with both threads counts in use.
+// Standard normal K and V caches of n_ctx rows [n_kv, hd] and n_q query rows [n_head, hd].
+struct RandomQkv {
+    std::vector<float> k, v, q;
+    RandomQkv(uint32_t seed, int n_head, int n_kv, int hd, int64_t n_ctx, int64_t n_q)
+        : k(size_t(n_ctx * n_kv * hd)), v(k.size()), q(size_t(n_q * n_head * hd)) {
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (auto& e : k) e = nd(rng);
+        for (auto& e : v) e = nd(rng);
+        for (auto& e : q) e = nd(rng);
+    }
+};
+
 TEST(Attention, VerificationWidthsReproduceDecodeBitForBit) {
-    std::mt19937 rng(23);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     const int n_head = 8, n_kv = 2, hd = 64;
-    const int64_t kvw = int64_t(n_kv) * hd, n_ctx = 2100;
-    std::vector<float> kf(size_t(n_ctx * kvw)), vf(kf.size()), q(size_t(4 * n_head * hd));
-    for (auto& e : kf) e = nd(rng);
-    for (auto& e : vf) e = nd(rng);
-    for (auto& e : q) e = nd(rng);
+    const RandomQkv in(23, n_head, n_kv, hd, 2100, 4);
+    const std::vector<float>&kf = in.k, &vf = in.v, &q = in.q;
     const int saved = cpu::n_threads();
     for (GgmlType type : {F16, BF16}) {  // bf16: decode keeps exact products (no bf16-products path)
         for (int threads : {1, 2, 3}) {
@@ -275,6 +284,39 @@ TEST(Attention, VerificationWidthsReproduceDecodeBitForBit) {
         }
     }
     cpu::set_n_threads(saved);
+}
+
+// The workspace entry point (kernels/cpu/workspace.h): a NaN-filled caller buffer of exactly
+// the count for (T, n_past) serves that call and every call of T tokens with fewer past keys
+// (split and unsplit, grid and prefill schedules, every ISA path and cache type), with the
+// bits of a call on its own scratch, and nothing is written past the count. The count never
+// shrinks as n_past grows (what lets a plan size for its longest context).
+TEST(Attention, WorkspaceFromTheCallerServesFewerPastKeys) {
+    const int n_head = 8, n_kv = 2, hd = 64;
+    const int64_t n_ctx = 1400;
+    const RandomQkv in(31, n_head, n_kv, hd, n_ctx, 70);
+    const std::vector<float>& q = in.q;
+    for (GgmlType type : {F32, F16, BF16}) {
+        const std::vector<uint8_t> kc = cache_bytes(in.k, type), vc = cache_bytes(in.v, type);
+        const ref::AttentionShape s{n_head, n_kv, hd, 1.0f / std::sqrt(float(hd)), type, type};
+        for (int64_t T : {1, 3, 7, 70}) {
+            const int64_t P_max = n_ctx - T;
+            for (int64_t P = 0; P <= P_max; P += 97)
+                ASSERT_LE(cpu::attention_workspace_bytes(s, T, P), cpu::attention_workspace_bytes(s, T, P_max))
+                    << type_traits(type).name << " T=" << T << " n_past=" << P;
+            for (Isa isa : isas()) {
+                test::GuardedWorkspace w(cpu::attention_workspace_bytes(s, T, P_max));
+                for (int64_t P : {int64_t(0), int64_t(5), int64_t(300), int64_t(1000), P_max}) {
+                    std::vector<float> a(size_t(T * n_head * hd), NAN), b(a.size(), NAN);
+                    cpu::attention(s, q.data(), kc.data(), vc.data(), a.data(), T, P, isa, w.get());
+                    cpu::attention(s, q.data(), kc.data(), vc.data(), b.data(), T, P, isa);
+                    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+                        << type_traits(type).name << " " << cpu::isa_name(isa) << " T=" << T << " n_past=" << P;
+                }
+                EXPECT_TRUE(w.canary_intact()) << type_traits(type).name << " " << cpu::isa_name(isa) << " T=" << T;
+            }
+        }
+    }
 }
 
 TEST(Attention, RejectsOtherCacheTypes) {

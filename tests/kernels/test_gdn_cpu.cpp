@@ -19,6 +19,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/gdn.h"
 #include "tests/kernels/gdn_test_util.h"
+#include "tests/kernels/workspace_check.h"
 
 namespace {
 
@@ -464,6 +465,33 @@ TEST(GdnCpuFused, SlotsGiveEachSequenceItsOwnState) {
             EXPECT_TRUE(std::equal(st.begin() + 2 * ss, st.begin() + 3 * ss, state0.begin() + 2 * ss));
             EXPECT_TRUE(std::equal(conv.begin() + 2 * cs, conv.begin() + 3 * cs, conv0.begin() + 2 * cs));
         }
+}
+
+// The workspace entry point (kernels/cpu/workspace.h): a NaN-filled caller buffer of exactly
+// gdn_fused_workspace_bytes gives the bits of a call on its own scratch and is written only
+// within its count, in both modes, for the decode conv path, ragged batches and one sequence
+// of few heads (the chunked kernel's batched schedule, whose stage-1 products live there).
+TEST(GdnCpuFused, WorkspaceFromTheCaller) {
+    int idx = 0;
+    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{70, 0, 2, 37}, {1, 0, 2, 16}, {150}})
+        for (GdnMode mode : {GdnMode::Serial, GdnMode::Chunked})
+            for (int chunk : {16, 64}) {
+                const auto c = make_fused_case(shape_of(1, 2, 32, 32, true), lens, 4, true, 800 + idx++);
+                GdnParams p = c.p;
+                p.mode = mode;
+                p.chunk_size = chunk;
+                for (Isa isa : isas()) {
+                    GuardedWorkspace w(alloy::cpu::gdn_fused_workspace_bytes(p, c.n_seqs(), c.T()));
+                    const auto own = run_fused(c, mode, chunk, [isa](auto&&... a) { alloy::cpu::gdn_fused(isa, a...); });
+                    const auto got = run_fused(c, mode, chunk, [&](auto&&... a) { alloy::cpu::gdn_fused(isa, a..., nullptr, w.get()); });
+                    SCOPED_TRACE(isa_str(isa) + " lens[0]=" + std::to_string(lens[0]) + " mode=" + std::to_string((int)mode) +
+                                 " chunk=" + std::to_string(chunk));
+                    EXPECT_EQ(got.y, own.y);
+                    EXPECT_EQ(got.state, own.state);
+                    EXPECT_EQ(got.conv_state, own.conv_state);
+                    EXPECT_TRUE(w.canary_intact());
+                }
+            }
 }
 
 TEST(GdnCpuFused, RejectsBadArguments) {

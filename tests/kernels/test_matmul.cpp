@@ -17,6 +17,7 @@
 #include "format/quant.h"
 #include "tests/kernels/isa_paths.h"
 #include "tests/kernels/random_weights.h"
+#include "tests/kernels/workspace_check.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/matmul_kquant.h"
@@ -419,6 +420,52 @@ TEST(Matmul, SwigluMatchesSeparateProductsBitForBit) {
     cpu::matmul(U, x.data(), su.data(), T, cpu::active_isa(), scratch);
     cpu::swiglu(sy.data(), su.data(), sy.data(), T * n_out, cpu::active_isa());
     EXPECT_EQ(0, std::memcmp(y.data(), sy.data(), y.size() * 4));
+}
+
+// The workspace entry points (kernels/cpu/workspace.h): one NaN-filled caller buffer of exactly
+// the count for T_max serves every call of up to T_max tokens (each path's token range, the
+// converted and rounded-input paths, the fallback of mixed types, the fused SwiGLU items), with
+// the bits of a call on its own scratch, and nothing is written past the count.
+TEST(Matmul, WorkspaceFromTheCallerServesEveryCallUpToItsTokens) {
+    std::mt19937 rng(29);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    constexpr int64_t T_max = 40;
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_K,
+                          GgmlType::Q5_0, GgmlType::MXFP4}) {
+        const int64_t n_in = type_traits(type).block_elems == 256 ? 512 : 96, n_out = 70;
+        const std::vector<uint8_t> gb = random_weights(type, n_in, n_out, rng), ub = random_weights(type, n_in, n_out, rng);
+        const std::vector<uint8_t> ob = random_weights(GgmlType::F32, n_in, 9, rng);
+        const WeightView G{type, n_in, n_out, gb.data(), row_bytes(type, n_in)};
+        const WeightView U{type, n_in, n_out, ub.data(), row_bytes(type, n_in)};
+        const WeightView O{GgmlType::F32, n_in, 9, ob.data(), row_bytes(GgmlType::F32, n_in)};
+        std::vector<float> x(size_t(T_max * n_in));
+        for (auto& v : x) v = nd(rng);
+        for (cpu::Isa isa : isas()) {
+            std::vector<float> a(size_t(T_max * n_out)), b(a.size()), c(a.size()), d(a.size()), e(9 * T_max), f(e.size());
+            const cpu::MatmulOut multi[3] = {{&G, a.data()}, {&O, e.data()}, {&U, c.data()}};
+            test::GuardedWorkspace w1(cpu::matmul_workspace_bytes(G, T_max, isa));
+            test::GuardedWorkspace w2(cpu::matmul_multi_workspace_bytes(multi, 3, T_max, isa));
+            test::GuardedWorkspace w3(cpu::matmul_swiglu_workspace_bytes(G, U, T_max, isa));
+            for (int64_t T : {int64_t(1), int64_t(4), int64_t(5), int64_t(16), int64_t(17), T_max}) {
+                const std::string what = std::string(type_traits(type).name) + " " + cpu::isa_name(isa) + " T=" + std::to_string(T);
+                cpu::MatmulScratch own;
+                cpu::matmul(G, x.data(), a.data(), T, isa, w1.get());
+                cpu::matmul(G, x.data(), b.data(), T, isa, own);
+                EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(T * n_out) * 4)) << what;
+                cpu::matmul_multi(multi, 3, x.data(), T, isa, w2.get());
+                cpu::matmul(U, x.data(), d.data(), T, isa, own);
+                cpu::matmul(O, x.data(), f.data(), T, isa, own);
+                EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(T * n_out) * 4)) << what << " multi";
+                EXPECT_EQ(0, std::memcmp(c.data(), d.data(), size_t(T * n_out) * 4)) << what << " multi";
+                EXPECT_EQ(0, std::memcmp(e.data(), f.data(), size_t(T * 9) * 4)) << what << " multi";
+                cpu::matmul_swiglu(G, U, x.data(), a.data(), c.data(), T, isa, w3.get());
+                cpu::matmul_swiglu(G, U, x.data(), b.data(), d.data(), T, isa, own);
+                EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(T * n_out) * 4)) << what << " swiglu";
+            }
+            EXPECT_TRUE(w1.canary_intact() && w2.canary_intact() && w3.canary_intact())
+                << type_traits(type).name << " " << cpu::isa_name(isa);
+        }
+    }
 }
 
 TEST(Matmul, RejectsRowsThatAreNotWholeBlocks) {

@@ -17,6 +17,7 @@
 #include "kernels/ref/moe.h"
 #include "tests/kernels/isa_paths.h"
 #include "tests/kernels/random_weights.h"
+#include "tests/kernels/workspace_check.h"
 
 namespace alloy {
 namespace {
@@ -156,6 +157,29 @@ TEST(Moe, ShortCallsReproduceOneTokenCallsBitForBit) {
             }
         }
     }
+}
+
+// The workspace entry point (kernels/cpu/workspace.h): one NaN-filled caller buffer of exactly
+// the count for T_max serves calls of up to T_max tokens (experts of few and many tokens, the
+// shared expert) with the bits of a call on its own scratch, written only within its count.
+TEST(Moe, WorkspaceFromTheCallerServesEveryCallUpToItsTokens) {
+    const int64_t T_max = 37;
+    uint32_t seed = 300;
+    for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0})
+        for (const Shape& s : {Shape{64, 32, 32, 6, 2, false}, Shape{64, 32, 0, 4, 4, true}}) {
+            const Layer L(s, t, GgmlType::F32, seed++);
+            const auto x = routed_input(L.w, T_max, 0.0f, seed++);
+            for (Isa isa : test::isa_paths(true)) {
+                test::GuardedWorkspace w(cpu::moe_ffn_workspace_bytes(L.w, T_max, isa));
+                for (int64_t T : {int64_t(1), int64_t(4), int64_t(20), T_max}) {
+                    std::vector<float> a(size_t(T * s.D), NAN), b(a.size(), NAN);
+                    cpu::moe_ffn(L.w, x.data(), a.data(), T, isa, w.get());
+                    cpu::moe_ffn(L.w, x.data(), b.data(), T, isa);
+                    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << name(s, t, isa, T);
+                }
+                EXPECT_TRUE(w.canary_intact()) << name(s, t, isa, T_max);
+            }
+        }
 }
 
 TEST(Moe, RoutingPicksTheLargestAndRenormalises) {

@@ -283,15 +283,15 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 plan->add("kv_store", n.label, [=](const StepContext& c) {
                     const KvCacheTypes& t = c.state->kv_types;
                     const int64_t kvw = k.cols;
-                    for (int s = 0; s < c.n_seqs; ++s) {  // rows of sequence s -> its slot's rows [n_past, ...)
-                        const size_t row0 = size_t(c.n_past[s]) * size_t(kvw), first = size_t(c.offsets[s]) * size_t(kvw);
-                        const int64_t cnt = int64_t(c.offsets[s + 1] - c.offsets[s]) * kvw;
-                        auto* kc = static_cast<char*>(c.state->k_cache[size_t(l)][size_t(c.slots[s])].data()) +
+                    for (int i = 0; i < c.n_seqs; ++i) {  // rows of sequence i -> its slot's rows [n_past, ...)
+                        const StepSeq q = step_seq(c, i);
+                        const size_t row0 = size_t(q.n_past * kvw);
+                        auto* kc = static_cast<char*>(c.state->k_cache[size_t(l)][size_t(q.slot)].data()) +
                                    row0 * ref::kv_elem_bytes(t.k);
-                        auto* vc = static_cast<char*>(c.state->v_cache[size_t(l)][size_t(c.slots[s])].data()) +
+                        auto* vc = static_cast<char*>(c.state->v_cache[size_t(l)][size_t(q.slot)].data()) +
                                    row0 * ref::kv_elem_bytes(t.v);
-                        cpu::kv_store(k.base + first, kc, t.k, cnt);
-                        cpu::kv_store(v.base + first, vc, t.v, cnt);
+                        cpu::kv_store(k.base + q.first * kvw, kc, t.k, q.n * kvw);
+                        cpu::kv_store(v.base + q.first * kvw, vc, t.v, q.n * kvw);
                     }
                 });
                 break;
@@ -324,9 +324,9 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                         return;
                     }
                     for (int i = 0; i < c.n_seqs; ++i) {  // each sequence against its own cache
-                        const int64_t first = int64_t(c.offsets[i]) * q.cols, T = c.offsets[i + 1] - c.offsets[i];
-                        cpu::attention(s, q.base + first, kc[size_t(c.slots[i])].data(), vc[size_t(c.slots[i])].data(),
-                                       o.base + first, T, c.n_past[i], cpu::active_isa(), ws(T, c.n_past[i]));
+                        const StepSeq e = step_seq(c, i);
+                        cpu::attention(s, q.base + e.first * q.cols, kc[size_t(e.slot)].data(), vc[size_t(e.slot)].data(),
+                                       o.base + e.first * q.cols, e.n, e.n_past, cpu::active_isa(), ws(e.n, e.n_past));
                     }
                 });
                 break;
@@ -350,18 +350,14 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 plan->add(kernel, n.label, [=](const StepContext& c) {
                     float* conv = c.state->conv_state[size_t(l)].data();  // [slots, conv_dim, K-1]
                     float* ssm = c.state->ssm_state[size_t(l)].data();    // [slots, H_v, d_v, d_k]
-                    // One call per run of sequences with the same kernel (a mixed step: decoding
-                    // sequences serial, prefilling ones chunked), each on its slots.
-                    for (int s0 = 0; s0 < c.n_seqs;) {
-                        int s1 = s0 + 1;
-                        while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
+                    // One call per run of sequences with the same kernel, each on its slots.
+                    for_each_gdn_run(c, [&](int s0, int s1, bool serial) {
                         ref::GdnParams run = gp;
-                        if (c.serial[s0]) run.mode = ref::GdnMode::Serial;
+                        if (serial) run.mode = ref::GdnMode::Serial;
                         void* ws = work->get(cpu::gdn_fused_workspace_bytes(run, s1 - s0, c.offsets[s1] - c.offsets[s0]));
                         cpu::gdn_fused(cpu::active_isa(), run, gw, s1 - s0, c.offsets + s0, qkv, z, a, b, conv, ssm, y,
                                        c.slots + s0, ws);
-                        s0 = s1;
-                    }
+                    });
                 });
                 break;
             }

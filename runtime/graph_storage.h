@@ -37,6 +37,28 @@ struct TensorRef {
     }
 };
 
+// Sequence s of a step: its slot, its rows [first, first + n) of the step, and the tokens its
+// slot held before the step (the position of its first row). The state ops (K/V store,
+// attention, GDN) of every backend walk a step this way.
+struct StepSeq {
+    int slot;
+    int64_t first, n, n_past;
+};
+inline StepSeq step_seq(const StepContext& c, int s) {
+    return {c.slots[s], c.offsets[s], int64_t(c.offsets[s + 1] - c.offsets[s]), c.n_past[s]};
+}
+// Runs [s0, s1) of consecutive sequences that take the same GDN kernel (a mixed step: the
+// decoding ones serial, the prefilling ones the plan's mode): fn(s0, s1, serial).
+template <class F>
+void for_each_gdn_run(const StepContext& c, F&& fn) {
+    for (int s0 = 0; s0 < c.n_seqs;) {
+        int s1 = s0 + 1;
+        while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
+        fn(s0, s1, c.serial[s0] != 0);
+        s0 = s1;
+    }
+}
+
 // Sized for steps of up to `bucket` tokens (each tensor bucket x cols floats, rounded up to 64
 // bytes). Throws alloy::Error naming a node that stores in place over a tensor of another width.
 GraphLayout plan_storage(const graph::Graph& g, int bucket);

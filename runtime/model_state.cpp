@@ -28,7 +28,7 @@ void ModelState::reset() {
     for (int s = 0; s < n_slots; ++s) reset(s);
 }
 
-ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+ModelState model_state_shape(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
     if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
     if (n_slots <= 0 || n_slots > 4096)
         throw Error("the number of sequence slots must be in [1, 4096], got " + std::to_string(n_slots));
@@ -47,6 +47,11 @@ ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_t
     s.v_cache.resize(L);
     s.conv_state.resize(L);
     s.ssm_state.resize(L);
+    return s;
+}
+
+ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+    ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
     const size_t kv = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
     for (int l = 0; l < hp.n_layer; ++l) {
         if (hp.is_recurrent(l)) {

@@ -189,25 +189,9 @@ private:
 };
 
 ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
-    // The host part (sizes, n_past) as the CPU's, without its arrays.
-    ModelState s;
-    if (n_ctx <= 0) throw Error("context size must be positive, got " + std::to_string(n_ctx));
-    if (n_slots <= 0 || n_slots > 4096)
-        throw Error("the number of sequence slots must be in [1, 4096], got " + std::to_string(n_slots));
-    for (GgmlType t : {kv_types.k, kv_types.v})
-        if (!ref::kv_type_supported(t))
-            throw Error(std::string("KV cache type must be f32, f16 or bf16, got ") + type_traits(t).name);
-    s.n_slots = n_slots;
-    s.n_ctx = n_ctx;
-    s.kv_types = kv_types;
-    s.n_past.assign(size_t(n_slots), 0);
-    s.conv_elems = size_t(hp.conv_dim()) * size_t(hp.conv_kernel - 1);
-    s.ssm_elems = size_t(hp.ssm_H_v) * hp.ssm_d_v * hp.ssm_d_k;
+    // The host part (checks, sizes, n_past) as the CPU's, without its arrays.
+    ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
     const size_t L = size_t(hp.n_layer);
-    s.k_cache.resize(L);
-    s.v_cache.resize(L);
-    s.conv_state.resize(L);
-    s.ssm_state.resize(L);
     auto d = std::make_shared<CudaState>();
     d->conv_elems = s.conv_elems;
     d->ssm_elems = s.ssm_elems;
@@ -351,13 +335,13 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 plan->add("kv_store", n.label, [=](const StepContext& c) {
                     CudaState& d = device_state(c);
                     const KvCacheTypes& t = c.state->kv_types;
-                    for (int s = 0; s < c.n_seqs; ++s) {  // rows of sequence s -> its slot's rows [n_past, ...)
-                        const size_t row0 = size_t(c.n_past[s]) * size_t(k.cols), first = size_t(c.offsets[s]) * size_t(k.cols);
-                        const int64_t cnt = int64_t(c.offsets[s + 1] - c.offsets[s]) * k.cols;
-                        char* kc = d.k[size_t(l)][size_t(c.slots[s])]->get<char>() + row0 * ref::kv_elem_bytes(t.k);
-                        char* vc = d.v[size_t(l)][size_t(c.slots[s])]->get<char>() + row0 * ref::kv_elem_bytes(t.v);
-                        cuda::kv_store(k.base + first, kc, t.k, cnt, st);
-                        cuda::kv_store(v.base + first, vc, t.v, cnt, st);
+                    for (int i = 0; i < c.n_seqs; ++i) {  // rows of sequence i -> its slot's rows [n_past, ...)
+                        const StepSeq q = step_seq(c, i);
+                        const size_t row0 = size_t(q.n_past * k.cols);
+                        char* kc = d.k[size_t(l)][size_t(q.slot)]->get<char>() + row0 * ref::kv_elem_bytes(t.k);
+                        char* vc = d.v[size_t(l)][size_t(q.slot)]->get<char>() + row0 * ref::kv_elem_bytes(t.v);
+                        cuda::kv_store(k.base + q.first * k.cols, kc, t.k, q.n * k.cols, st);
+                        cuda::kv_store(v.base + q.first * k.cols, vc, t.v, q.n * k.cols, st);
                     }
                 });
                 break;
@@ -382,8 +366,8 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                         return;
                     }
                     for (int i = 0; i < c.n_seqs; ++i) {  // each sequence against its own cache
-                        const int64_t first = int64_t(c.offsets[i]) * q.cols;
-                        run(c.slots[i], q.base + first, o.base + first, c.offsets[i + 1] - c.offsets[i], c.n_past[i]);
+                        const StepSeq e = step_seq(c, i);
+                        run(e.slot, q.base + e.first * q.cols, o.base + e.first * q.cols, e.n, e.n_past);
                     }
                 });
                 break;
@@ -413,15 +397,12 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                     CudaState& d = device_state(c);
                     float* conv = d.conv[size_t(l)]->get<float>();
                     float* ssm = d.ssm[size_t(l)]->get<float>();
-                    for (int s0 = 0; s0 < c.n_seqs;) {  // runs of sequences with the same kernel, on their slots
-                        int s1 = s0 + 1;
-                        while (s1 < c.n_seqs && c.serial[s1] == c.serial[s0]) ++s1;
+                    for_each_gdn_run(c, [&](int s0, int s1, bool serial) {  // on their slots
                         ref::GdnParams run = gp;
-                        if (c.serial[s0]) run.mode = ref::GdnMode::Serial;
+                        if (serial) run.mode = ref::GdnMode::Serial;
                         cuda::gdn_fused(run, gw, s1 - s0, d_offsets + s0, c.n, qkv, z, a, b, conv, ssm, y, ws, st,
                                         cuda::GdnFusedPath::Auto, d_slots + s0);
-                        s0 = s1;
-                    }
+                    });
                 });
                 break;
             }

@@ -79,7 +79,9 @@ public:
     CudaPlan(int bucket, cudaStream_t stream, int64_t n_vocab, Rows logits)
         : Plan(bucket), stream_(stream), n_vocab_(n_vocab), logits_rows_(logits),
           io_(size_t(kIoFields) * size_t(bucket + 1) * sizeof(int32_t), "step inputs"),
-          logits_(size_t(bucket) * size_t(n_vocab) * sizeof(float), "logits"),
+          // Rows the step can return: the last token's one, or up to the bucket's.
+          logits_(size_t(logits == Rows::Last ? 1 : logits == Rows::None ? 0 : bucket) * size_t(n_vocab) * sizeof(float),
+                  "logits"),
           host_io_(size_t(kIoFields) * size_t(bucket + 1)) {}
     // Device arrays of the step's inputs, each [bucket + 1] int32.
     enum IoField { kIds, kPos, kOffsets, kSlots, kOutRows, kIoFields };

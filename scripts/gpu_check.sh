@@ -14,6 +14,8 @@
 set -u
 B=${1:-build-gpu}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The fixtures the whole-model tests read (test_cuda_backend.cpp), from this checkout.
+export ALLOY_SOURCE_DIR=$PWD
 LOGS=${OUT:-$(mktemp -d)}
 TESTS=(test_cuda)
 BENCHES=(ops_cuda_bench gdn_cuda_bench)

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -37,11 +38,18 @@ struct OnDevice {
     std::unique_ptr<ModelRunner> gpu;
 };
 
+// The checkout: $ALLOY_SOURCE_DIR when set (the device machine runs binaries built elsewhere,
+// scripts/gpu_check.sh sets it), else where the test was built.
+std::string source_dir() {
+    const char* s = std::getenv("ALLOY_SOURCE_DIR");
+    return s && *s ? s : ALLOY_SOURCE_DIR;
+}
+
 OnDevice& fixture(const std::string& name) {
     static std::map<std::string, OnDevice> cache;
     auto it = cache.find(name);
     if (it != cache.end()) return it->second;
-    const std::string dir = std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/" + name;
+    const std::string dir = source_dir() + "/tests/fixtures/" + name;
     const fs::path tmp = fs::temp_directory_path() / ("alloy_cuda_backend_" + std::to_string(::getpid()));
     fs::create_directories(tmp);
     ConvertOptions opt;
@@ -95,7 +103,7 @@ TEST_P(CudaBackend, LogitsAgreeWithTransformers) {
         const auto& seq = f.ref["sequences"][s];
         const auto ids = seq["ids"].get<std::vector<int32_t>>();
         const std::vector<float> want =
-            read_f32(std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/" + GetParam() + "/" + seq["file"].get<std::string>());
+            read_f32(source_dir() + "/tests/fixtures/" + GetParam() + "/" + seq["file"].get<std::string>());
         EXPECT_LT(max_row_rel_error(logits(*f.gpu, ids, ref::GdnMode::Serial, false), want, V), 1e-4) << "serial, seq " << s;
         EXPECT_LT(max_row_rel_error(logits(*f.gpu, ids, ref::GdnMode::Serial, true), want, V), 1e-4) << "decode, seq " << s;
         EXPECT_LT(max_row_rel_error(logits(*f.gpu, ids, ref::GdnMode::Chunked, false), want, V), 2e-2) << "chunked, seq " << s;

@@ -277,6 +277,7 @@ struct Engine::Impl {
             return;
         }
         size_t row = 0;
+        uint64_t sampled = 0;
         for (size_t i = 0; i < order.size(); ++i) {
             Sequence& s = *order[i];
             if (piece[i] > 0) {
@@ -290,6 +291,7 @@ struct Engine::Impl {
             }
             const int32_t token = s.sampler->sample(logits.data() + row * V, int(V));
             ++row;
+            ++sampled;
             try {
                 take_token(s, token);
             } catch (const std::exception& e) {  // a callback threw: that request fails, not the engine
@@ -302,10 +304,9 @@ struct Engine::Impl {
         std::lock_guard<std::mutex> lock(mu);
         ++st.steps;
         st.max_batch_sequences = std::max(st.max_batch_sequences, int(batch.seqs.size()));
-        for (size_t i = 0; i < order.size(); ++i) {
+        for (size_t i = 0; i < order.size(); ++i)
             if (piece[i] > 0) st.prompt_tokens += uint64_t(piece[i]);
-            else ++st.generated_tokens;
-        }
+        st.generated_tokens += sampled;  // every sampled token: a prompt's first one too
         st.active = int(active.size());
     }
 

@@ -103,7 +103,7 @@ struct ChatTurn {
 
 struct EngineStats {
     uint64_t steps = 0;               // forward steps run
-    uint64_t prompt_tokens = 0, generated_tokens = 0;
+    uint64_t prompt_tokens = 0, generated_tokens = 0;  // run through the model; sampled (every token a request got)
     int max_batch_sequences = 0;      // most sequences one step has carried
     int active = 0, queued = 0;       // now
     uint64_t finished = 0;            // requests done (any finish reason)

@@ -16,7 +16,7 @@ set -u
 B=${1:-build-gpu}
 # BUILD_DIR/lib: the Debian .so files `ldd` names (pcre2, utf8proc, cpp-httplib, brotli), carried
 # beside the binaries to the Ubuntu device machine, which lacks them.
-export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$(cd "$B" 2>/dev/null && pwd)/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # The fixtures the whole-model tests read (test_cuda_backend.cpp), from this checkout.
 export ALLOY_SOURCE_DIR=$PWD
 LOGS=${OUT:-$(mktemp -d)}

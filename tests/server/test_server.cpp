@@ -319,6 +319,33 @@ TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {
 // Issue 17, must-show 2: 16 identical greedy requests at once through the engine's 8 slots
 // (8 decode together, 8 wait and join as slots free up) give exactly one distinct answer, the
 // one a plain loop gives.
+// Issue 19's concurrency checks through --parallel 8: 32 identical greedy requests at once give
+// one answer, the one-request answer; 8 different prompts at once each give their own
+// one-request answer (decode steps of up to 16 sequences are batch-invariant).
+TEST_F(Serve, ThirtyTwoIdenticalAndEightDifferentRequestsAtOnce) {
+    auto post_all = [&](const std::vector<std::string>& prompts, int n) {
+        std::vector<std::string> texts(prompts.size());
+        std::vector<std::thread> clients;
+        for (size_t i = 0; i < prompts.size(); ++i)
+            clients.emplace_back([&, i] {
+                auto r = post("/v1/completions", json{{"prompt", prompts[i]}, {"max_tokens", n}, {"temperature", 0}}.dump());
+                texts[i] = r && r->status == 200 ? json::parse(r->body)["choices"][0]["text"].get<std::string>()
+                           : r ? "<HTTP " + std::to_string(r->status) + ">"
+                               : "<failed: " + httplib::to_string(r.error()) + ">";
+            });
+        for (auto& c : clients) c.join();
+        return texts;
+    };
+    const std::vector<std::string> same(32, "The river runs past the old mill");
+    const auto a = post_all(same, 16);
+    EXPECT_EQ(std::set<std::string>(a.begin(), a.end()).size(), 1u);
+    EXPECT_EQ(a[0], direct(same[0], 16));
+    std::vector<std::string> different;
+    for (int i = 0; i < 8; ++i) different.push_back("Story number " + std::to_string(i) + " begins with a");
+    const auto b = post_all(different, 16);
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(b[size_t(i)], direct(different[size_t(i)], 16)) << different[size_t(i)];
+}
+
 TEST_F(Serve, SixteenIdenticalGreedyRequestsInParallelGiveOneAnswer) {
     const std::string prompt = "Once upon a time";
     const std::string body = json{{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}}.dump();

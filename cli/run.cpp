@@ -35,7 +35,7 @@ void add_run_command(CLI::App& app) {
         if (!ids_text.empty()) {
             req.prompt = parse_ids(ids_text);
         } else {
-            const std::string text = chat ? engine.chat_prompt({{"user", prompt, ""}}, true, !no_think) : prompt;
+            const std::string text = chat ? engine.chat_prompt({{"user", prompt, "", {}}}, true, !no_think) : prompt;
             req.prompt = engine.tokenize(text, /*parse_special=*/chat);
         }
         req.max_tokens = n_predict;

@@ -2,18 +2,14 @@
 
 #include <algorithm>
 
+#include "server/held_tail.h"
+
 namespace alloy::server {
 
 namespace {
 constexpr const char* kClose = "</think>";
 constexpr size_t kCloseLen = 8;
 
-// The longest suffix of s that is a proper prefix of "</think>".
-size_t partial_close(const std::string& s) {
-    for (size_t n = std::min(s.size(), kCloseLen - 1); n > 0; --n)
-        if (s.compare(s.size() - n, n, kClose, n) == 0) return n;
-    return 0;
-}
 }  // namespace
 
 ReasoningSplitter::Pieces ReasoningSplitter::push(const std::string& text) {
@@ -25,7 +21,7 @@ ReasoningSplitter::Pieces ReasoningSplitter::push(const std::string& text) {
         std::string r = close == std::string::npos ? buf : buf.substr(0, close);
         std::string hold;
         if (close == std::string::npos) {
-            const size_t p = partial_close(r);
+            const size_t p = held_tail(r, kClose);
             hold = r.substr(r.size() - p);
             r.resize(r.size() - p);
         }

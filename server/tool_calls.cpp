@@ -3,11 +3,12 @@
 #include <cstdio>
 #include <utility>
 
+#include "server/held_tail.h"
+
 namespace alloy::server {
 
 namespace {
 constexpr const char* kOpen = "<tool_call>";
-constexpr size_t kOpenLen = 11;
 
 void python_string(const std::string& s, std::string& out) {
     out += '"';
@@ -65,12 +66,6 @@ std::string strip_one_newline(std::string s) {
     return s;
 }
 
-// The longest suffix of s that is a proper prefix of "<tool_call>".
-size_t partial_open(const std::string& s) {
-    for (size_t n = std::min(s.size(), kOpenLen - 1); n > 0; --n)
-        if (s.compare(s.size() - n, n, kOpen, n) == 0) return n;
-    return 0;
-}
 }  // namespace
 
 std::string python_json(const ojson& v) {
@@ -148,7 +143,7 @@ std::string ToolCallStream::push(const std::string& text) {
         call_ = buf.substr(open);
         return buf.substr(0, open);
     }
-    const size_t p = partial_open(buf);
+    const size_t p = held_tail(buf, kOpen);
     held_ = buf.substr(buf.size() - p);
     return buf.substr(0, buf.size() - p);
 }

@@ -18,6 +18,7 @@ void add_logits_command(CLI::App& app) {
     static ModelOptions eo;
     static std::string ids_text, out;
     static bool decode = false;
+    static int step = 0;
     static std::vector<std::string> dump;
     eo.add_to(cmd, true);
     cmd->add_option("--ids", ids_text, "token ids, space separated");
@@ -25,7 +26,10 @@ void add_logits_command(CLI::App& app) {
     cmd->add_option("--dump", dump,
                     "also write intermediate tensor NAME (graph name, e.g. blk.3.attn.q_rope; NAME* for a prefix) to "
                     "OUTPUT.NAME.f32; 'list' prints the names");
-    cmd->add_flag("--decode", decode, "feed tokens one at a time through the decode path");
+    cmd->add_flag("--decode", decode, "feed tokens one at a time through the decode path (--step 1)");
+    cmd->add_option("--step", step,
+                    "feed N tokens per call through the serial path (speculative verification's calls; 1 = --decode)")
+        ->check(CLI::Range(1, 1 << 20));
     cmd->callback([] {
         if (dump.size() == 1 && dump[0] == "list") {
             Engine engine(eo.engine_options(1));
@@ -39,7 +43,7 @@ void add_logits_command(CLI::App& app) {
         Engine engine(eo.engine_options(1));
         const int V = engine.n_vocab();
         std::vector<Engine::TensorDump> dumped;
-        const std::vector<float> logits = engine.evaluate(ids, decode, dump, dumped);
+        const std::vector<float> logits = engine.evaluate(ids, decode ? 1 : step, dump, dumped);
         for (const Engine::TensorDump& d : dumped) {
             const std::string path = out + "." + d.name + ".f32";
             std::ofstream t(path, std::ios::binary);

@@ -431,9 +431,9 @@ GenerationResult Engine::generate(GenerationRequest request, std::function<bool(
     return r;
 }
 
-std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode_steps) {
+std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, int tokens_per_step) {
     std::vector<TensorDump> none;
-    return evaluate(ids, decode_steps, {}, none);
+    return evaluate(ids, tokens_per_step, {}, none);
 }
 
 std::string Engine::describe_forward() const {
@@ -441,7 +441,7 @@ std::string Engine::describe_forward() const {
     return impl_->lm.runner->step_graph({graph::Rows::All, fo.gdn_mode, fo.gdn_chunk}).describe();
 }
 
-std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode_steps, const std::vector<std::string>& dump,
+std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, int tokens_per_step, const std::vector<std::string>& dump,
                                     std::vector<TensorDump>& dumped) {
     Impl& m = *impl_;
     dumped.clear();
@@ -470,9 +470,13 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, bool decode
                 for (int64_t r = 0; r < n_rows; ++r) d.positions.push_back(pos + r);
                 d.data.insert(d.data.end(), rows, rows + n_rows * cols);
             };
-            if (decode_steps) {
+            if (tokens_per_step > 0) {
                 fo.gdn_mode = ref::GdnMode::Serial;  // decode is the serial kernel by construction
-                for (size_t t = 0; t < ids.size(); ++t) model.forward(st, &ids[t], 1, fo, logits.data() + t * size_t(V));
+                fo.all_logits = tokens_per_step > 1;
+                for (size_t t = 0; t < ids.size(); t += size_t(tokens_per_step)) {
+                    const int n = int(std::min(ids.size() - t, size_t(tokens_per_step)));
+                    model.forward(st, &ids[t], n, fo, logits.data() + t * size_t(V));
+                }
             } else {
                 fo.all_logits = true;
                 model.forward(st, ids.data(), int(ids.size()), fo, logits.data());

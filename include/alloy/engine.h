@@ -136,10 +136,11 @@ public:
 
     // The logits of every position of `ids` ([ids.size(), n_vocab], row-major), from an empty
     // sequence of its own (not a slot: requests keep running around it), as one prefill in
-    // pieces of batch_size, or with decode_steps one token per step through the decode path.
+    // pieces of batch_size, or with tokens_per_step > 0 that many tokens per step through the
+    // serial (decode and verification) path: 1 is decode, more is speculative verification.
     // Runs on the scheduler's thread between steps. Throws alloy::Error naming the ids or the
     // context size when they cannot run.
-    std::vector<float> evaluate(const std::vector<int32_t>& ids, bool decode_steps = false);
+    std::vector<float> evaluate(const std::vector<int32_t>& ids, int tokens_per_step = 0);
     // The same, also handing back intermediate tensors of the forward by name (model/graph.h
     // names, e.g. "blk.3.attn.q_rope"; a trailing '*' matches a prefix) to diff against
     // transformers: each name's rows in the order the steps computed them. Throws alloy::Error
@@ -150,7 +151,7 @@ public:
         std::vector<int64_t> positions;  // [rows] the sequence position of each row
         std::vector<float> data;         // [rows, cols] fp32
     };
-    std::vector<float> evaluate(const std::vector<int32_t>& ids, bool decode_steps, const std::vector<std::string>& dump,
+    std::vector<float> evaluate(const std::vector<int32_t>& ids, int tokens_per_step, const std::vector<std::string>& dump,
                                 std::vector<TensorDump>& dumped);
     // The forward's ops and tensors, one line per op (alloy logits --dump list).
     std::string describe_forward() const;

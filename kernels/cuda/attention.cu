@@ -844,13 +844,32 @@ void check(const ref::AttentionShape& s, int64_t T, int64_t n_past, const char* 
 
 }  // namespace
 
+// The workspace: [kDecodeCounters] split counters of decode calls (T <= kAttnDecodeMaxT) at a
+// fixed place in front, zeroed once and left zeroed by every call; then part_o, part_ml; then
+// (T > kAttnDecodeMaxT only) that call's counters, zeroed by a memset each call. The decode
+// counters must not move with T: a call's partials overwrite whatever lay there, and counters
+// laid where an earlier call of another T left its partials were garbage (seen: verification
+// calls of 2 tokens after calls of 3 on one workspace gave wrong outputs).
+constexpr size_t kDecodeCounters = 4096;  // T * (n_head / G) of a decode call
+
+struct WorkspaceLayout {
+    size_t part_o = 0, part_ml = 0, tail = 0, bytes = 0;  // byte offsets; tail: prefill's counters
+};
+WorkspaceLayout workspace_layout(const ref::AttentionShape& s, int64_t T, const Plan& p) {
+    WorkspaceLayout w;
+    if (p.S == 1) return w;
+    const size_t rows = size_t(T) * s.n_head * p.S;
+    w.part_o = kDecodeCounters * 4;
+    w.part_ml = w.part_o + (rows * s.head_dim + 63) / 64 * 64 * 4;
+    w.tail = w.part_ml + (rows * 2 + 63) / 64 * 64 * 4;
+    w.bytes = w.tail + (T > kAttnDecodeMaxT ? size_t(T) * (s.n_head / p.G) * 4 : 0);
+    return w;
+}
+
 size_t attention_workspace_bytes(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
     check(s, T, n_past, "cuda::attention_workspace_bytes");
     if (T == 0) return 0;
-    const Plan p = make_plan(s, T, n_past);
-    if (p.S == 1) return 0;
-    const size_t rows = size_t(T) * s.n_head * p.S;
-    return (rows * s.head_dim + 63) / 64 * 64 * 4 + (rows * 2 + 63) / 64 * 64 * 4 + size_t(T) * (s.n_head / p.G) * 4;
+    return workspace_layout(s, T, make_plan(s, T, n_past)).bytes;
 }
 
 void attention(const ref::AttentionShape& s, const float* q, const void* k_cache, const void* v_cache, float* out,
@@ -862,14 +881,22 @@ void attention(const ref::AttentionShape& s, const float* q, const void* k_cache
     if (p.S > kMaxSplits) throw Error(std::string(op) + ": internal: more key splits than the merge holds");
     Args a{q, k_cache, v_cache, out, nullptr, nullptr, nullptr, T, n_past, p.chunk,
            s.n_head, s.n_head_kv, s.head_dim, s.n_head / s.n_head_kv, p.S, s.scale, s.type_k, s.type_v};
+    cudaStream_t st = detail::as_stream(stream);
     if (p.S > 1) {
         if (!workspace) throw Error(std::string(op) + ": workspace is null");
-        const size_t rows = size_t(T) * s.n_head * p.S;
-        a.part_o = static_cast<float*>(workspace);
-        a.part_ml = a.part_o + (rows * s.head_dim + 63) / 64 * 64;
-        a.done = reinterpret_cast<unsigned*>(a.part_ml + (rows * 2 + 63) / 64 * 64);
+        const WorkspaceLayout w = workspace_layout(s, T, p);
+        char* base = static_cast<char*>(workspace);
+        a.part_o = reinterpret_cast<float*>(base + w.part_o);
+        a.part_ml = reinterpret_cast<float*>(base + w.part_ml);
+        if (T <= kAttnDecodeMaxT) {
+            if (size_t(T) * size_t(s.n_head / p.G) > kDecodeCounters)
+                throw Error(std::string(op) + ": more than " + std::to_string(kDecodeCounters) + " decode split counters");
+            a.done = reinterpret_cast<unsigned*>(base);
+        } else {
+            a.done = reinterpret_cast<unsigned*>(base + w.tail);
+            ALLOY_CUDA_CHECK(op, cudaMemsetAsync(a.done, 0, w.bytes - w.tail, st));
+        }
     }
-    cudaStream_t st = detail::as_stream(stream);
     const dim3 grid(unsigned(T), unsigned(p.S), unsigned(s.n_head / p.G));
     // The decode step size is fixed (not chosen by G) so a token's arithmetic never depends on
     // the call's other tokens.

@@ -317,40 +317,45 @@ void launch_q8_gemv(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const 
     }
 }
 
-// The BF16 GEMV (T <= kGemvMaxT, n_in % 8 == 0): y [kT, n_out] = W [n_out, n_in] x with x
-// in fp32 as given (no rounding of x, no conversion kernel). Lane l of a warp reads 16 bytes
-// (8 weights) at chunk (32 step + l) of each of its kR rows, kBf16Unroll / kR steps in
-// flight; kWpr warps per row as the Q8_0 GEMV; x is read through L1 (2 float4 per token per
-// chunk, shared by the kR rows).
+// The BF16 and F32 GEMVs (T <= kGemvMaxT, n_in % 8 == 0): y [kT, n_out] = W [n_out, n_in] x
+// with x in fp32 as given (no rounding of x, no conversion kernel). Lane l of a warp takes the
+// 8 weights of chunk (32 step + l) of each of its kR rows (16 bytes of BF16, 32 of F32),
+// kBf16Unroll / kR steps in flight; kWpr warps per row as the Q8_0 GEMV; x is read through L1
+// (2 float4 per token per chunk, shared by the kR rows). F32 weights take it at decode so that
+// a verification call has the bits of decode calls (cuBLAS's SGEMM picks its algorithm by T).
 constexpr int kBf16Unroll = 4;
 
-template <int kT, int kWpr, int kR>
-__global__ void __launch_bounds__(kGemvThreads) bf16_gemv_kernel(const uint16_t* __restrict__ W, int64_t n_out,
-                                                                  int64_t n_in, const float* __restrict__ x,
-                                                                  float* __restrict__ y, int trig) {
+template <int kT, int kWpr, int kR, bool kF32>
+__global__ void __launch_bounds__(kGemvThreads) gemv16_kernel(const void* __restrict__ Wv, int64_t n_out,
+                                                               int64_t n_in, const float* __restrict__ x,
+                                                               float* __restrict__ y, int trig) {
     constexpr int kU = kBf16Unroll / kR;
+    constexpr int kV = kF32 ? 2 : 1;  // 16-byte loads per chunk
     constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr * kR;
     __shared__ float red[kGemvThreads / 32][kR][kT];
     if (trig) pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row0 = blockIdx.x * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
     const int wir = warp % kWpr;
-    const int64_t nc = n_in / 8;  // 16-byte chunks per row
+    const int64_t nc = n_in / 8;  // 8-weight chunks per row
     constexpr int64_t kStep = int64_t(kWpr) * 32;
+    const uint4* W = static_cast<const uint4*>(Wv);
     float acc[kR][kT];
 #pragma unroll
     for (int r = 0; r < kR; ++r)
 #pragma unroll
         for (int t = 0; t < kT; ++t) acc[r][t] = 0.0f;
-    uint4 w[kR][kU];
+    uint4 w[kR][kU][kV];
     auto load = [&](int64_t c0) {
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int64_t c = c0 + u * kStep + lane;
 #pragma unroll
             for (int r = 0; r < kR; ++r)
-                w[r][u] = (c < nc && row0 + r < n_out) ? __ldg(reinterpret_cast<const uint4*>(W + (row0 + r) * n_in) + c)
-                                                        : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int v = 0; v < kV; ++v)
+                    w[r][u][v] = (c < nc && row0 + r < n_out) ? __ldg(W + ((row0 + r) * nc + c) * kV + v)
+                                                               : make_uint4(0, 0, 0, 0);
         }
     };
     int64_t c0 = int64_t(wir) * 32;
@@ -361,15 +366,25 @@ __global__ void __launch_bounds__(kGemvThreads) bf16_gemv_kernel(const uint16_t*
         for (int u = 0; u < kU; ++u) {
             const int64_t c = c0 + u * kStep + lane;
             if (c >= nc) continue;
-            // bf16 -> fp32 is the high half of a word: low element << 16, high element & mask.
             float wf[kR][8];
 #pragma unroll
             for (int r = 0; r < kR; ++r) {
-                const uint32_t ws[4] = {w[r][u].x, w[r][u].y, w[r][u].z, w[r][u].w};
+                if constexpr (kF32) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    wf[r][2 * i] = __uint_as_float(ws[i] << 16);
-                    wf[r][2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+                    for (int v = 0; v < 2; ++v) {
+                        wf[r][4 * v + 0] = __uint_as_float(w[r][u][v].x);
+                        wf[r][4 * v + 1] = __uint_as_float(w[r][u][v].y);
+                        wf[r][4 * v + 2] = __uint_as_float(w[r][u][v].z);
+                        wf[r][4 * v + 3] = __uint_as_float(w[r][u][v].w);
+                    }
+                } else {
+                    // bf16 -> fp32 is the high half of a word: low element << 16, high element & mask.
+                    const uint32_t ws[4] = {w[r][u][0].x, w[r][u][0].y, w[r][u][0].z, w[r][u][0].w};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        wf[r][2 * i] = __uint_as_float(ws[i] << 16);
+                        wf[r][2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+                    }
                 }
             }
 #pragma unroll
@@ -397,26 +412,26 @@ __global__ void __launch_bounds__(kGemvThreads) bf16_gemv_kernel(const uint16_t*
     store_row_sums<kT, kWpr, kR>(acc, red, warp, wir, lane, row0, n_out, y);
 }
 
-template <int kT, int kR>
-void launch_bf16_gemv_r(int wpr, const uint16_t* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
-                        cudaStream_t st) {
+template <int kT, int kR, bool kF32>
+void launch_gemv16_r(int wpr, const void* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
+                     cudaStream_t st) {
     const int64_t rows_per_block = (kGemvThreads / 32) / wpr * kR;
     const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
     switch (wpr) {
-        case 1: launch_pdl(bf16_gemv_kernel<kT, 1, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
-        case 2: launch_pdl(bf16_gemv_kernel<kT, 2, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
-        case 4: launch_pdl(bf16_gemv_kernel<kT, 4, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
-        default: launch_pdl(bf16_gemv_kernel<kT, 8, kR>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        case 1: launch_pdl(gemv16_kernel<kT, 1, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        case 2: launch_pdl(gemv16_kernel<kT, 2, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        case 4: launch_pdl(gemv16_kernel<kT, 4, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        default: launch_pdl(gemv16_kernel<kT, 8, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
     }
 }
 
-template <int kT>
-void launch_bf16_gemv(int wpr, const uint16_t* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
-                      cudaStream_t st) {
+template <int kT, bool kF32>
+void launch_gemv16(int wpr, const void* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
+                   cudaStream_t st) {
     switch (bf16_rows_per_warp(kT)) {
-        case 4: launch_bf16_gemv_r<kT, 4>(wpr, W, n_out, n_in, x, y, trig, st); break;
-        case 2: launch_bf16_gemv_r<kT, 2>(wpr, W, n_out, n_in, x, y, trig, st); break;
-        default: launch_bf16_gemv_r<kT, 1>(wpr, W, n_out, n_in, x, y, trig, st); break;
+        case 4: launch_gemv16_r<kT, 4, kF32>(wpr, W, n_out, n_in, x, y, trig, st); break;
+        case 2: launch_gemv16_r<kT, 2, kF32>(wpr, W, n_out, n_in, x, y, trig, st); break;
+        default: launch_gemv16_r<kT, 1, kF32>(wpr, W, n_out, n_in, x, y, trig, st); break;
     }
 }
 
@@ -510,6 +525,12 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
     if (matmul_workspace_bytes(W, T) && !ws) throw Error(std::string(op) + ": workspace is null");
     switch (W.type) {
         case GgmlType::F32:
+            if (T <= kGemvMaxT && W.n_in % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0) {
+                const int wpr = q8_warps_per_row(W.n_out, W.n_in / 16, false);
+                with_tokens(T, [&](auto kt) { launch_gemv16<kt.value, true>(wpr, W.data, W.n_out, W.n_in, x, y, 1, st); });
+                ALLOY_CUDA_LAUNCHED(op);
+                return;
+            }
             // PEDANTIC: fp32 FMAs, never TF32 (even with NVIDIA_TF32_OVERRIDE): the oracle path.
             gemm(op, st, W.data, CUDA_R_32F, W.n_in, x, CUDA_R_32F, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F_PEDANTIC);
             return;
@@ -517,8 +538,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
             if (T <= kGemvMaxT && W.n_in % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0) {
                 // 16-byte chunks per lane; warps per row as the Q8_0 GEMV with 8 weights a lane-step.
                 const int wpr = q8_warps_per_row(W.n_out, W.n_in / 16, false);
-                const auto* w16 = reinterpret_cast<const uint16_t*>(W.data);
-                with_tokens(T, [&](auto kt) { launch_bf16_gemv<kt.value>(wpr, w16, W.n_out, W.n_in, x, y, 1, st); });
+                with_tokens(T, [&](auto kt) { launch_gemv16<kt.value, false>(wpr, W.data, W.n_out, W.n_in, x, y, 1, st); });
                 ALLOY_CUDA_LAUNCHED(op);
                 return;
             }

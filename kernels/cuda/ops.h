@@ -21,8 +21,10 @@ namespace alloy::cuda {
 // ---- matmul (kernels/cuda/matmul.cu) --------------------------------------------------------
 // y[t][o] = sum_i W[o][i] x[t][i], as ref::matmul. W: WeightView whose data is on the device
 // (n_out rows of row_bytes each, the GGUF layout); x: [T, W.n_in] fp32; y: [T, W.n_out] fp32.
-//  * F32 weights: cuBLAS SGEMM in fp32 with TF32 off (CUBLAS_COMPUTE_32F_PEDANTIC): the
-//    correctness oracle path; ~1e-6 relative to ref.
+//  * F32 weights, T <= kQ8GemvMaxT (n_in % 8 == 0): the BF16 GEMV's kernel on fp32 weights
+//    (fp32 FMAs, ~1e-6 relative to ref), for its batch invariance (below).
+//  * F32 weights, larger T: cuBLAS SGEMM in fp32 with TF32 off (CUBLAS_COMPUTE_32F_PEDANTIC):
+//    the correctness oracle path; ~1e-6 relative to ref.
 //  * BF16 weights, T <= kQ8GemvMaxT (n_in % 8 == 0): an own weight-streaming GEMV, x in fp32
 //    as given, fp32 FMAs: ~1e-6 relative to ref.
 //  * BF16 weights, larger T: x rounded to bf16 on the device (workspace), cublasGemmEx bf16 x
@@ -102,7 +104,9 @@ void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* wo
 // in ~kAttnDecodeSplits chunks sized by its own key count, so a token's bits depend only on
 // that count (a verification call of K tokens gives the bits of K decode calls); above that,
 // enough splits to fill the device. workspace: attention_workspace_bytes(s, T, n_past) bytes,
-// zeroed once when allocated (its split counters are left zeroed by every call). One launch.
+// zeroed once when allocated (a decode call's split counters lie at a fixed place in front and
+// every call leaves them zeroed; a prefill call zeroes its own with a memset), so one workspace
+// sized for the largest call serves calls of any T and depth. One launch (+ that memset).
 constexpr int64_t kAttnDecodeMaxT = 16;
 constexpr int64_t kAttnDecodeSplits = 128;
 size_t attention_workspace_bytes(const ref::AttentionShape& s, int64_t T, int64_t n_past);

@@ -3,7 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -52,9 +56,15 @@ private:
 // K-1] and recurrent [slots, H_v, d_v, d_k] fp32; per attention layer K and V per slot,
 // [n_ctx, n_head_kv * head_dim] of the cache types.
 struct CudaState final : DeviceState {
+    // Names this state's buffers in the plans' graph keys (an address could be reused).
+    const uint64_t serial = next_serial();
     std::vector<std::unique_ptr<DeviceBuffer>> conv, ssm;          // [layer] (null: attention)
     std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> k, v;  // [layer][slot] (empty: GDN)
     size_t conv_elems = 0, ssm_elems = 0;
+    static uint64_t next_serial() {
+        static std::atomic<uint64_t> n{0};
+        return ++n;
+    }
     void reset(int slot) override {
         for (size_t l = 0; l < conv.size(); ++l) {
             if (!conv[l]) continue;
@@ -76,27 +86,41 @@ class CudaBackend;
 // step's inputs, runs the steps and brings the logits rows back.
 class CudaPlan final : public Plan {
 public:
-    CudaPlan(int bucket, cudaStream_t stream, int64_t n_vocab, Rows logits)
-        : Plan(bucket), stream_(stream), n_vocab_(n_vocab), logits_rows_(logits),
-          io_(size_t(kIoFields) * size_t(bucket + 1) * sizeof(int32_t), "step inputs"),
+    CudaPlan(int bucket, cudaStream_t stream, int64_t n_vocab, int64_t n_logits, Rows logits)
+        : Plan(bucket), stream_(stream), n_vocab_(n_vocab), n_logits_(n_logits), logits_rows_(logits),
+          io_(size_t(kIoFields) * io_stride(bucket) * sizeof(int32_t), "step inputs"),
           // Rows the step can return: the last token's one, or up to the bucket's.
-          logits_(size_t(logits == Rows::Last ? 1 : logits == Rows::None ? 0 : bucket) * size_t(n_vocab) * sizeof(float),
+          logits_(size_t(logits == Rows::Last ? 1 : logits == Rows::None ? 0 : bucket) * size_t(n_logits) * sizeof(float),
                   "logits"),
-          host_io_(size_t(kIoFields) * size_t(bucket + 1)) {}
-    // Device arrays of the step's inputs, each [bucket + 1] int32.
+          host_io_(size_t(kIoFields) * io_stride(bucket)) {}
+    // Device arrays of the step's inputs, each [bucket + 1] int32, 256-byte aligned (the
+    // kernels load offsets and slots as vectors).
     enum IoField { kIds, kPos, kOffsets, kSlots, kOutRows, kIoFields };
-    int32_t* io(IoField f) const { return io_.get<int32_t>() + size_t(f) * size_t(bucket() + 1); }
+    static size_t io_stride(int bucket) { return (size_t(bucket) + 1 + 63) / 64 * 64; }
+    int32_t* io(IoField f) const { return io_.get<int32_t>() + size_t(f) * io_stride(bucket()); }
     float* logits() const { return logits_.get<float>(); }
     std::unique_ptr<DeviceBuffer> scratch, workspace;  // activations; matmul / GDN workspace
+    ~CudaPlan() override {
+        for (auto& [key, execs] : graphs_)
+            for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+    }
+    // A step whose launches depend on more than the graph key (below): it runs eagerly between
+    // the recorded segments (the KV store and attention take each sequence's depth and slot on
+    // the host; dumps copy to the host).
+    void add_eager(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
+        add(std::move(kernel), std::move(label), std::move(run));
+        eager_.resize(steps().size(), 0);
+        eager_.back() = 1;
+    }
 
     void replay(const StepContext& c, Profiler* prof) const override {
         if (c.n > bucket() || c.n_out > bucket()) throw Error("cuda backend: a step larger than its plan's bucket");
-        // Inputs: ids (checked here: the gather kernel does not), positions of each sequence's
+        // Inputs: ids, positions of each sequence's
         // tokens, offsets, slots, the logits rows of a batch; one host-to-device copy.
-        const size_t w = size_t(bucket() + 1);
+        const size_t w = io_stride(bucket());
         int32_t* h = host_io_.data();
-        for (int t = 0; t < c.n; ++t) {
-            if (c.ids[t] < 0 || c.ids[t] >= n_vocab_)
+        for (int t = 0; t < c.n; ++t) {  // the gather kernel does not check
+            if (n_vocab_ > 0 && (c.ids[t] < 0 || c.ids[t] >= n_vocab_))
                 throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
                             " is outside the vocabulary [0, " + std::to_string(n_vocab_) + ")");
             h[size_t(kIds) * w + size_t(t)] = c.ids[t];
@@ -108,22 +132,24 @@ public:
         for (int s = 0; s <= c.n_seqs; ++s) h[size_t(kOffsets) * w + size_t(s)] = c.offsets[s];
         for (int i = 0; i < c.n_out; ++i) h[size_t(kOutRows) * w + size_t(i)] = c.out_rows[i];
         check(cudaMemcpyAsync(io_.get(), h, host_io_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "inputs");
-        for (const PlanStep& s : steps()) {
-            if (!prof) {
+        if (prof) {  // each step alone, timed between synchronizations
+            for (const PlanStep& s : steps()) {
+                check(cudaStreamSynchronize(stream_), s.label);
+                const auto t0 = std::chrono::steady_clock::now();
                 s.run(c);
-                continue;
+                check(cudaStreamSynchronize(stream_), s.label);
+                prof->record(s, t0, std::chrono::steady_clock::now());
             }
-            check(cudaStreamSynchronize(stream_), s.label);
-            const auto t0 = std::chrono::steady_clock::now();
-            s.run(c);
-            check(cudaStreamSynchronize(stream_), s.label);
-            prof->record(s, t0, std::chrono::steady_clock::now());
+        } else if (use_graphs()) {
+            run_graphs(c);
+        } else {
+            for (const PlanStep& s : steps()) s.run(c);
         }
         const int64_t rows = logits_rows_ == Rows::All ? c.n : logits_rows_ == Rows::Last ? 1
                              : logits_rows_ == Rows::Listed                               ? c.n_out
                                                                                           : 0;
         if (rows > 0)
-            check(cudaMemcpyAsync(c.logits, logits(), size_t(rows) * size_t(n_vocab_) * sizeof(float), cudaMemcpyDeviceToHost,
+            check(cudaMemcpyAsync(c.logits, logits(), size_t(rows) * size_t(n_logits_) * sizeof(float), cudaMemcpyDeviceToHost,
                                   stream_),
                   "logits");
         check(cudaStreamSynchronize(stream_), "step");
@@ -131,10 +157,105 @@ public:
 
 private:
     cudaStream_t stream_;
-    int64_t n_vocab_;
+    int64_t n_vocab_, n_logits_;  // token ids' range (the embedding's rows, 0: no Embed); a logits row's width
     Rows logits_rows_;
     DeviceBuffer io_, logits_;
     mutable std::vector<int32_t> host_io_;
+    std::vector<char> eager_;  // [steps] 1: add_eager
+    // CUDA Graphs (decode and verification plans: launch-bound, ~500 launches a token): each run
+    // of non-eager steps is recorded once per key and replayed as one graph launch. The key
+    // holds everything those steps' launches take from the host: the state (its buffers), the
+    // token count, the logits rows, and each sequence's token range and GDN kernel.
+    mutable std::map<std::vector<int64_t>, std::vector<cudaGraphExec_t>> graphs_;
+    mutable bool graphs_failed_ = false;
+
+    bool use_graphs() const {
+        static const bool off = [] {
+            const char* e = std::getenv("ALLOY_CUDA_GRAPHS");
+            return e && std::string(e) == "0";
+        }();
+        return !off && !graphs_failed_ && bucket() <= kGraphMaxBucket;
+    }
+    static constexpr int kGraphMaxBucket = 16;
+    static constexpr size_t kMaxGraphKeys = 64;
+
+    std::vector<int64_t> graph_key(const StepContext& c) const {
+        std::vector<int64_t> k = {int64_t(device_state(c).serial), c.n, c.n_out, c.n_seqs};
+        for (int s = 0; s <= c.n_seqs; ++s) k.push_back(c.offsets[s]);
+        for (int s = 0; s < c.n_seqs; ++s) k.push_back(c.serial ? c.serial[s] : 0);
+        return k;
+    }
+
+    void run_graphs(const StepContext& c) const {
+        const std::vector<PlanStep>& st = steps();
+        const std::vector<int64_t> key = graph_key(c);
+        auto it = graphs_.find(key);
+        bool record = it == graphs_.end();
+        if (record) {
+            if (graphs_.size() >= kMaxGraphKeys) {  // bounded: states come and go
+                for (auto& [k, execs] : graphs_)
+                    for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+                graphs_.clear();
+            }
+            it = graphs_.emplace(key, std::vector<cudaGraphExec_t>{}).first;
+        }
+        size_t seg = 0;
+        bool eager = false;  // a recording failed: the rest of this replay runs launch by launch
+        for (size_t i = 0; i < st.size();) {
+            if (eager || (i < eager_.size() && eager_[i])) {
+                st[i++].run(c);
+                continue;
+            }
+            size_t j = i;
+            while (j < st.size() && !(j < eager_.size() && eager_[j])) ++j;
+            if (record) {
+                cudaGraphExec_t e = capture(st, i, j, c);
+                if (!e) {  // nothing of steps i..j ran yet: run them (and all later ones) directly
+                    graphs_.erase(it);
+                    record = false;
+                    eager = true;
+                    continue;
+                }
+                it->second.push_back(e);
+            }
+            check(cudaGraphLaunch(it->second.at(seg), stream_), "graph launch");
+            ++seg;
+            i = j;
+        }
+    }
+
+    // Records steps [i, j) of a replay into a graph; nullptr (and graphs off for this plan from
+    // then on) when that fails, e.g. a step that synchronizes: a slower plan, not a wrong one.
+    cudaGraphExec_t capture(const std::vector<PlanStep>& st, size_t i, size_t j, const StepContext& c) const {
+        std::string why;
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+            why = "begin capture";
+        } else {
+            try {
+                for (size_t k = i; k < j; ++k) st[k].run(c);
+            } catch (const std::exception& e) {
+                why = e.what();
+            }
+            const cudaError_t e = cudaStreamEndCapture(stream_, &g);
+            if (why.empty() && e != cudaSuccess) why = cudaGetErrorString(e);
+            if (why.empty() && g) {
+                const cudaError_t e2 = cudaGraphInstantiate(&exec, g, 0);
+                if (e2 != cudaSuccess) why = cudaGetErrorString(e2), exec = nullptr;
+            }
+            if (g) cudaGraphDestroy(g);
+        }
+        if (!why.empty() || !exec) {
+            cudaGetLastError();  // clear a non-sticky capture error
+            graphs_failed_ = true;
+            std::fprintf(stderr, "cuda backend: recording steps %zu..%zu (from %s) as a CUDA graph failed (%s); "
+                                 "this plan launches its kernels one by one\n",
+                         i, j, st[i].label.c_str(), why.empty() ? "no graph" : why.c_str());
+            return nullptr;
+        }
+        return exec;
+    }
 };
 
 class CudaBackend final : public Backend {
@@ -221,10 +342,12 @@ ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTyp
 
 std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, const CompileOptions& opt) {
     graph::check(g);
-    int64_t n_vocab = 0;
+    int64_t n_vocab = 0, n_logits = 0;
     for (const graph::Tensor& t : g.tensors)
-        if (t.logits) n_vocab = t.cols;
-    auto plan = std::make_unique<CudaPlan>(bucket, stream_, std::max<int64_t>(n_vocab, 1), g.spec.logits);
+        if (t.logits) n_logits = t.cols;
+    for (const Node& n : g.nodes)
+        if (n.op == Op::Embed) n_vocab = n.weights[0]->n_out;
+    auto plan = std::make_unique<CudaPlan>(bucket, stream_, n_vocab, n_logits, g.spec.logits);
     const GraphLayout layout = plan_storage(g, bucket);
     plan->scratch = std::make_unique<DeviceBuffer>(size_t(std::max<int64_t>(layout.total, 1)) * sizeof(float), "activations");
     float* scratch = plan->scratch->get<float>();
@@ -334,7 +457,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             case Op::KvStore: {
                 const TensorRef k = in(n, 0), v = in(n, 1);
                 const int l = n.layer;
-                plan->add("kv_store", n.label, [=](const StepContext& c) {
+                plan->add_eager("kv_store", n.label, [=](const StepContext& c) {
                     CudaState& d = device_state(c);
                     const KvCacheTypes& t = c.state->kv_types;
                     for (int i = 0; i < c.n_seqs; ++i) {  // rows of sequence i -> its slot's rows [n_past, ...)
@@ -353,7 +476,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const int l = n.layer;
                 const ref::AttentionShape as = n.attn;
                 const bool one_query = bucket == 1 || r == Rows::Last;
-                plan->add(one_query ? "attention_decode" : "attention_prefill", n.label, [=, this](const StepContext& c) {
+                plan->add_eager(one_query ? "attention_decode" : "attention_prefill", n.label, [=, this](const StepContext& c) {
                     CudaState& d = device_state(c);
                     ref::AttentionShape s = as;
                     s.type_k = c.state->kv_types.k;
@@ -418,7 +541,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             if (!graph::name_matches(opt.dump, x.name)) continue;
             const TensorRef ref = refs[size_t(t)];
             const std::string name = x.name;
-            plan->add("dump", name, [=](const StepContext& c) {
+            plan->add_eager("dump", name, [=](const StepContext& c) {
                 if (!c.dump) return;
                 std::vector<float> host(size_t(n_rows(r, c) * ref.cols));
                 check(cudaMemcpyAsync(host.data(), ref.at(c, r), host.size() * sizeof(float), cudaMemcpyDeviceToHost, st), "dump");

@@ -1,5 +1,5 @@
 // cuda::matmul against ref::matmul on random weights and inputs, for every weight type and
-// path (F32 cuBLAS, BF16 and Q8_0 GEMVs at T <= 16, BF16 cuBLAS and Q8_0 dequantized panels +
+// path (F32, BF16 and Q8_0 GEMVs at T <= 16, F32 cuBLAS, BF16 cuBLAS and Q8_0 dequantized panels +
 // cuBLAS above), odd sizes (k = 96 and 160: Q8_0 rows of 3 and 5 blocks, so rows start 2 bytes
 // off a word; rows 37; T 1, 2, 3, 4, 5, 9, 16, 17), and a matrix taller than one Q8_0 panel.
 // Batch invariance of the GEMVs: every row of a T = 1..16 call, the token at any position,
@@ -193,7 +193,7 @@ TEST(CudaMatmul, GemvRowsDoNotDependOnTheBatch) {
     static_assert(kMaxT == cuda::kQ8GemvMaxT, "the GEMV's limit");
     const std::vector<Case> cases = {{37, 96}, {129, 160}, {300, 1024}, {1031, 3584}, {5000, 1024}};
     uint32_t seed = 101;
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16}) {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
         for (const Case& c : cases) {
             std::vector<float> wf;
             const HostWeight w = make_weight(t, c.n_out, c.n_in, wf, seed++);
@@ -230,7 +230,7 @@ TEST(CudaMatmul, GemvRowsDoNotDependOnTheBatch) {
                         if (std::memcmp(got, want.data(), size_t(c.n_out) * 4) != 0 && bad++ < 5) {
                             int64_t i = 0;
                             while (i < c.n_out && std::memcmp(got + i, &want[size_t(i)], 4) == 0) ++i;
-                            ADD_FAILURE() << (t == GgmlType::Q8_0 ? "Q8_0 " : "BF16 ") << c.n_out << "x" << c.n_in
+                            ADD_FAILURE() << type_traits(t).name << " " << c.n_out << "x" << c.n_in
                                           << " T " << T << " token " << o + r << " at position " << r
                                           << ": output " << i << " is " << got[i] << ", alone " << want[size_t(i)];
                         }

@@ -320,7 +320,7 @@ TEST_F(EngineTest, EvaluateGivesThePlainForwardsLogits) {
     const auto prompt = ids(9, 22);
     e.submit(greedy(prompt, 40), cb);
     EXPECT_EQ(e.evaluate(seq), want);
-    EXPECT_EQ(e.evaluate(seq, /*decode_steps=*/true), want_dec);
+    EXPECT_EQ(e.evaluate(seq, /*tokens_per_step=*/1), want_dec);
     EXPECT_EQ(done.get_future().get().ids, plain_loop(prompt, 40));  // undisturbed
     EXPECT_THROW(e.evaluate(ids(300, 23)), Error);
     EXPECT_THROW(e.evaluate({}), Error);

@@ -154,6 +154,7 @@ void add_bench_command(CLI::App& app) {
         for (const auto& ti : lm.file->tensors())
             if (!largest || ti.nbytes > largest->nbytes) largest = &ti;
         if (largest && largest->nbytes < kMinProbeBytes) largest = nullptr;
+        if (backend != "cpu") largest = nullptr;  // the weights are in device memory: the host's bandwidth is not the floor
         using clock = std::chrono::steady_clock;
         // One repetition of test t; probes[i] collects test i's bandwidth probes.
         std::vector<std::vector<double>> probes(tests.size());  // decode tests: one per warm repetition

@@ -76,7 +76,8 @@ int heads_per_block(int group) { return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 
 // Prefill with bf16 K and V runs on tensor cores (attention_tc_kernel): no splits.
 bool use_tensor_cores(const ref::AttentionShape& s, int64_t T) {
     const int group = s.n_head / s.n_head_kv;  // a block's 64 rows hold whole groups
-    return T > kAttnDecodeMaxT && s.type_k == GgmlType::BF16 && s.type_v == GgmlType::BF16 && 64 % group == 0;
+    const bool b16 = s.type_k == GgmlType::BF16 || s.type_k == GgmlType::F16;
+    return T > kAttnDecodeMaxT && b16 && s.type_v == s.type_k && 64 % group == 0;
 }
 
 // The 16-bit decode kernel's constants (attn_decode_kernel below).
@@ -643,8 +644,9 @@ void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
     }
 }
 
-// ---- prefill on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation) ------------------
-// For bf16 K and V caches and T > kAttnDecodeMaxT. A block of 4 warps takes 64 query rows:
+// ---- prefill on tensor cores (mma.sync m16n8k16, bf16 or f16, fp32 accumulation) ---------
+// For bf16 K and V caches, or f16 ones (then q and P are rounded to f16: finer than bf16, and
+// in range: |q scale| and P <= 1 are far from f16's limit), and T > kAttnDecodeMaxT. A block of 4 warps takes 64 query rows:
 // 64 / group consecutive tokens x the group's query heads of one KV head (row r = token
 // r / group, head r % group), so a staged K/V tile serves the whole group; each warp owns 16
 // rows. Per tile of 64 keys: K and V [64, D] are
@@ -656,12 +658,21 @@ void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
 // log2 e, so the softmax uses exp2), so results differ from ref by ~1e-3 relative.
 constexpr int kTcRows = 64, kTcKeys = 64, kTcThreads = 128;
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// kF16: f16 operands (f16 caches), else bf16.
+template <bool kF16>
+__device__ __forceinline__ void mma_16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    if constexpr (kF16)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Four 8x8 bf16 matrices from shared memory, one row address per lane (lanes 8i..8i+7: matrix
@@ -677,12 +688,18 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack_16(float lo, float hi) {
+    if constexpr (kF16) {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t*>(&v);
+    }
 }
 
-template <int D>
+template <int D, bool kF16>
 __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args a) {
     constexpr int QS = D + 8;  // row stride of Q, K, V in bf16 elements (16-byte pad: the 8 row
                                // addresses of an ldmatrix fall in 32 different banks)
@@ -707,7 +724,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
         const int64_t tok = t0 + r / a.group;
         float2 v = make_float2(0.0f, 0.0f);
         if (tok < a.T) v = *reinterpret_cast<const float2*>(a.q + (tok * a.n_head + h0 + r % a.group) * D + c);
-        *reinterpret_cast<uint32_t*>(Qs + r * QS + c) = pack_bf16(v.x * qscale, v.y * qscale);
+        *reinterpret_cast<uint32_t*>(Qs + r * QS + c) = pack_16<kF16>(v.x * qscale, v.y * qscale);
     }
     float o[D / 8][4];
 #pragma unroll
@@ -748,8 +765,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
             for (int np = 0; np < 4; ++np) {
                 uint32_t bf[4];
                 ldsm_x4(bf, kb + np * 16 * QS + k);
-                mma_bf16(s[2 * np], af, bf[0], bf[1]);
-                mma_bf16(s[2 * np + 1], af, bf[2], bf[3]);
+                mma_16<kF16>(s[2 * np], af, bf[0], bf[1]);
+                mma_16<kF16>(s[2 * np + 1], af, bf[2], bf[3]);
             }
         }
         // Causal mask (key j visible to token t iff j <= n_past + t), row maxima.
@@ -781,8 +798,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
             const float p2 = exp2f(s[n][2] - mx1), p3 = exp2f(s[n][3] - mx1);
             ps0 += p0 + p1;
             ps1 += p2 + p3;
-            pf[n / 2][(n & 1) * 2] = pack_bf16(p0, p1);
-            pf[n / 2][(n & 1) * 2 + 1] = pack_bf16(p2, p3);
+            pf[n / 2][(n & 1) * 2] = pack_16<kF16>(p0, p1);
+            pf[n / 2][(n & 1) * 2 + 1] = pack_16<kF16>(p2, p3);
         }
         l0 = l0 * c0 + ps0;
         l1 = l1 * c1 + ps1;
@@ -797,8 +814,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
             for (int dp = 0; dp < D / 16; ++dp) {
                 uint32_t bf[4];
                 ldsm_x4_trans(bf, vb + kt * 16 * QS + dp * 16);
-                mma_bf16(o[2 * dp], pf[kt], bf[0], bf[1]);
-                mma_bf16(o[2 * dp + 1], pf[kt], bf[2], bf[3]);
+                mma_16<kF16>(o[2 * dp], pf[kt], bf[0], bf[1]);
+                mma_16<kF16>(o[2 * dp + 1], pf[kt], bf[2], bf[3]);
             }
         }
     }
@@ -821,13 +838,20 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
 
 size_t tc_smem(int D) { return size_t(kTcRows + 2 * kTcKeys) * (D + 8) * 2; }
 
-template <int D>
-void launch_tc(const Args& a, cudaStream_t st) {
+template <int D, bool kF16>
+void launch_tc_t(const Args& a, cudaStream_t st) {
     const size_t smem = tc_smem(D);
-    ALLOY_CUDA_CHECK("cuda::attention", cudaFuncSetAttribute(attention_tc_kernel<D>,
+    ALLOY_CUDA_CHECK("cuda::attention", cudaFuncSetAttribute(attention_tc_kernel<D, kF16>,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const dim3 grid(unsigned(detail::ceil_div(a.T, kTcRows / a.group)), unsigned(a.n_head_kv));
-    attention_tc_kernel<D><<<grid, kTcThreads, smem, st>>>(a);
+    attention_tc_kernel<D, kF16><<<grid, kTcThreads, smem, st>>>(a);
+}
+template <int D>
+void launch_tc(const Args& a, cudaStream_t st) {
+    if (a.tk == GgmlType::F16)
+        launch_tc_t<D, true>(a, st);
+    else
+        launch_tc_t<D, false>(a, st);
 }
 
 bool kv_type_ok(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }

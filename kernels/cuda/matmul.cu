@@ -193,14 +193,52 @@ __device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red
 // kernel's completion (griddepcontrol.wait) before it reads what this kernel writes.
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
+// The matrices of one GEMV launch (matmul_multi: up to kMaxParts weights on the same x, of one
+// type and n_in): part m takes blocks [block_end[m - 1], block_end[m]) of the grid, rows of
+// W[m] into y[m] [kT, n_out[m]]. One matmul is one part.
+constexpr int kMaxParts = 4;
+struct GemvParts {
+    const void* W[kMaxParts];
+    float* y[kMaxParts];
+    int64_t n_out[kMaxParts];
+    unsigned block_end[kMaxParts];
+    int n = 0;
+    int64_t total_rows() const {
+        int64_t r = 0;
+        for (int m = 0; m < n; ++m) r += n_out[m];
+        return r;
+    }
+    // The grid's blocks for rows_per_block rows a block (fills block_end); the grid's size.
+    unsigned layout(int64_t rows_per_block) {
+        unsigned b = 0;
+        for (int m = 0; m < n; ++m) block_end[m] = b += unsigned(ceil_div(n_out[m], rows_per_block));
+        return b;
+    }
+};
+// This block's part and its block index within the part.
+struct GemvPart {
+    const void* W;
+    float* y;
+    int64_t n_out;
+    unsigned block;
+};
+__device__ __forceinline__ GemvPart gemv_part(const GemvParts& p) {
+    int m = 0;
+    while (m + 1 < p.n && blockIdx.x >= p.block_end[m]) ++m;
+    return {p.W[m], p.y[m], p.n_out[m], blockIdx.x - (m ? p.block_end[m - 1] : 0u)};
+}
+
 // The Q8_0 GEMV: y [kT, n_out] = W [n_out, nb blocks] x. kWpr warps per row (1, 2, 4 or 8), so
 // a block of 8 warps covers 8 / kWpr rows. data must be 4-byte aligned; rows may start at any
 // even offset (row_bytes = 34 nb). xq / xd: x quantized by quantize_x_kernel.
 template <int kT, int kWpr, int kR>
-__global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __restrict__ W, int64_t n_out,
-                                                                int64_t nb, const int8_t* __restrict__ xq,
-                                                                const float* __restrict__ xd, float* __restrict__ y,
-                                                                int trig) {
+__global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const GemvParts parts, int64_t nb,
+                                                                const int8_t* __restrict__ xq,
+                                                                const float* __restrict__ xd, int trig) {
+    const GemvPart part = gemv_part(parts);
+    const uint8_t* __restrict__ W = static_cast<const uint8_t*>(part.W);
+    float* __restrict__ y = part.y;
+    const int64_t n_out = part.n_out;
     // trig: 1 = trigger the next PDL kernel at once (pdl_trigger); 0 measured the same in a
     // chain of GEMVs (bench/RESULTS.md), kept for neighbours that are PDL-aware.
     constexpr int kU = kR == 1 ? kGemvUnroll : 1;  // 16-block steps in flight per row
@@ -208,7 +246,7 @@ __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __
     __shared__ float red[kGemvThreads / 32][kR][kT];
     if (trig) pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row0 = blockIdx.x * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
+    const int64_t row0 = part.block * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
     const int wir = warp % kWpr;  // this warp's share of the row
     const int half = lane & 1;    // which 16 quants of the block
     const int64_t n_in = nb * kQ8Block;
@@ -283,15 +321,13 @@ __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const uint8_t* __
 }
 
 template <int kT, int kR>
-void launch_q8_gemv_r(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const int8_t* xq, const float* xd,
-                      float* y, int trig, cudaStream_t st) {
-    const int64_t rows_per_block = (kGemvThreads / 32) / wpr * kR;
-    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
+void launch_q8_gemv_r(int wpr, GemvParts p, int64_t nb, const int8_t* xq, const float* xd, int trig, cudaStream_t st) {
+    const unsigned grid = p.layout((kGemvThreads / 32) / wpr * kR);
     switch (wpr) {
-        case 1: launch_pdl(q8_gemv_kernel<kT, 1, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
-        case 2: launch_pdl(q8_gemv_kernel<kT, 2, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
-        case 4: launch_pdl(q8_gemv_kernel<kT, 4, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
-        default: launch_pdl(q8_gemv_kernel<kT, 8, kR>, grid, kGemvThreads, 0, st, W, n_out, nb, xq, xd, y, trig); break;
+        case 1: launch_pdl(q8_gemv_kernel<kT, 1, kR>, grid, kGemvThreads, 0, st, p, nb, xq, xd, trig); break;
+        case 2: launch_pdl(q8_gemv_kernel<kT, 2, kR>, grid, kGemvThreads, 0, st, p, nb, xq, xd, trig); break;
+        case 4: launch_pdl(q8_gemv_kernel<kT, 4, kR>, grid, kGemvThreads, 0, st, p, nb, xq, xd, trig); break;
+        default: launch_pdl(q8_gemv_kernel<kT, 8, kR>, grid, kGemvThreads, 0, st, p, nb, xq, xd, trig); break;
     }
 }
 
@@ -308,12 +344,12 @@ int q8_rows_per_warp(int64_t T, int64_t row_warps) {
 int bf16_rows_per_warp(int64_t T) { return T == 1 ? 2 : 4; }
 
 template <int kT>
-void launch_q8_gemv(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const int8_t* xq, const float* xd,
-                    float* y, int trig, cudaStream_t st) {
-    switch (q8_rows_per_warp(kT, n_out * wpr)) {
-        case 4: launch_q8_gemv_r<kT, 4>(wpr, W, n_out, nb, xq, xd, y, trig, st); break;
-        case 2: launch_q8_gemv_r<kT, 2>(wpr, W, n_out, nb, xq, xd, y, trig, st); break;
-        default: launch_q8_gemv_r<kT, 1>(wpr, W, n_out, nb, xq, xd, y, trig, st); break;
+void launch_q8_gemv(int wpr, const GemvParts& p, int64_t nb, const int8_t* xq, const float* xd, int trig,
+                    cudaStream_t st) {
+    switch (q8_rows_per_warp(kT, p.total_rows() * wpr)) {
+        case 4: launch_q8_gemv_r<kT, 4>(wpr, p, nb, xq, xd, trig, st); break;
+        case 2: launch_q8_gemv_r<kT, 2>(wpr, p, nb, xq, xd, trig, st); break;
+        default: launch_q8_gemv_r<kT, 1>(wpr, p, nb, xq, xd, trig, st); break;
     }
 }
 
@@ -326,20 +362,22 @@ void launch_q8_gemv(int wpr, const uint8_t* W, int64_t n_out, int64_t nb, const 
 constexpr int kBf16Unroll = 4;
 
 template <int kT, int kWpr, int kR, bool kF32>
-__global__ void __launch_bounds__(kGemvThreads) gemv16_kernel(const void* __restrict__ Wv, int64_t n_out,
-                                                               int64_t n_in, const float* __restrict__ x,
-                                                               float* __restrict__ y, int trig) {
+__global__ void __launch_bounds__(kGemvThreads) gemv16_kernel(const GemvParts parts, int64_t n_in,
+                                                               const float* __restrict__ x, int trig) {
+    const GemvPart part = gemv_part(parts);
+    float* __restrict__ y = part.y;
+    const int64_t n_out = part.n_out;
     constexpr int kU = kBf16Unroll / kR;
     constexpr int kV = kF32 ? 2 : 1;  // 16-byte loads per chunk
     constexpr int kRowsPerBlock = (kGemvThreads / 32) / kWpr * kR;
     __shared__ float red[kGemvThreads / 32][kR][kT];
     if (trig) pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row0 = blockIdx.x * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
+    const int64_t row0 = part.block * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
     const int wir = warp % kWpr;
     const int64_t nc = n_in / 8;  // 8-weight chunks per row
     constexpr int64_t kStep = int64_t(kWpr) * 32;
-    const uint4* W = static_cast<const uint4*>(Wv);
+    const uint4* W = static_cast<const uint4*>(part.W);
     float acc[kR][kT];
 #pragma unroll
     for (int r = 0; r < kR; ++r)
@@ -413,25 +451,22 @@ __global__ void __launch_bounds__(kGemvThreads) gemv16_kernel(const void* __rest
 }
 
 template <int kT, int kR, bool kF32>
-void launch_gemv16_r(int wpr, const void* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
-                     cudaStream_t st) {
-    const int64_t rows_per_block = (kGemvThreads / 32) / wpr * kR;
-    const unsigned grid = unsigned(ceil_div(n_out, rows_per_block));
+void launch_gemv16_r(int wpr, GemvParts p, int64_t n_in, const float* x, int trig, cudaStream_t st) {
+    const unsigned grid = p.layout((kGemvThreads / 32) / wpr * kR);
     switch (wpr) {
-        case 1: launch_pdl(gemv16_kernel<kT, 1, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
-        case 2: launch_pdl(gemv16_kernel<kT, 2, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
-        case 4: launch_pdl(gemv16_kernel<kT, 4, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
-        default: launch_pdl(gemv16_kernel<kT, 8, kR, kF32>, grid, kGemvThreads, 0, st, W, n_out, n_in, x, y, trig); break;
+        case 1: launch_pdl(gemv16_kernel<kT, 1, kR, kF32>, grid, kGemvThreads, 0, st, p, n_in, x, trig); break;
+        case 2: launch_pdl(gemv16_kernel<kT, 2, kR, kF32>, grid, kGemvThreads, 0, st, p, n_in, x, trig); break;
+        case 4: launch_pdl(gemv16_kernel<kT, 4, kR, kF32>, grid, kGemvThreads, 0, st, p, n_in, x, trig); break;
+        default: launch_pdl(gemv16_kernel<kT, 8, kR, kF32>, grid, kGemvThreads, 0, st, p, n_in, x, trig); break;
     }
 }
 
 template <int kT, bool kF32>
-void launch_gemv16(int wpr, const void* W, int64_t n_out, int64_t n_in, const float* x, float* y, int trig,
-                   cudaStream_t st) {
+void launch_gemv16(int wpr, const GemvParts& p, int64_t n_in, const float* x, int trig, cudaStream_t st) {
     switch (bf16_rows_per_warp(kT)) {
-        case 4: launch_gemv16_r<kT, 4, kF32>(wpr, W, n_out, n_in, x, y, trig, st); break;
-        case 2: launch_gemv16_r<kT, 2, kF32>(wpr, W, n_out, n_in, x, y, trig, st); break;
-        default: launch_gemv16_r<kT, 1, kF32>(wpr, W, n_out, n_in, x, y, trig, st); break;
+        case 4: launch_gemv16_r<kT, 4, kF32>(wpr, p, n_in, x, trig, st); break;
+        case 2: launch_gemv16_r<kT, 2, kF32>(wpr, p, n_in, x, trig, st); break;
+        default: launch_gemv16_r<kT, 1, kF32>(wpr, p, n_in, x, trig, st); break;
     }
 }
 
@@ -516,6 +551,69 @@ size_t matmul_workspace_bytes(const WeightView& W, int64_t T) {
     }
 }
 
+namespace {
+
+// The GEMV path (T <= kGemvMaxT) for n weights of one type and n_in on the same x, in one
+// launch (and one quantization of x for Q8_0); false when it does not apply (F32 / BF16 rows
+// not a multiple of 8 weights or not 16-byte aligned), and nothing ran. Warps per row follow
+// the group's total rows, so a row's bits are fixed by the group's shape (batch invariance).
+bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, uint8_t* ws, cudaStream_t st,
+          const char* op) {
+    if (T > kGemvMaxT || n < 1 || n > kMaxParts) return false;
+    const GgmlType type = W[0]->type;
+    const int64_t n_in = W[0]->n_in;
+    GemvParts p;
+    p.n = n;
+    for (int m = 0; m < n; ++m) {
+        if (W[m]->type != type || W[m]->n_in != n_in) return false;
+        if (type != GgmlType::Q8_0 && (n_in % 8 || reinterpret_cast<uintptr_t>(W[m]->data) % 16)) return false;
+        p.W[m] = W[m]->data;
+        p.y[m] = y[m];
+        p.n_out[m] = W[m]->n_out;
+    }
+    const int64_t rows = p.total_rows();
+    if (type == GgmlType::F32 || type == GgmlType::BF16) {
+        // 16-byte chunks per lane; warps per row as the Q8_0 GEMV with 8 weights a lane-step.
+        const int wpr = q8_warps_per_row(rows, n_in / 16, false);
+        if (type == GgmlType::F32)
+            with_tokens(T, [&](auto kt) { launch_gemv16<kt.value, true>(wpr, p, n_in, x, 1, st); });
+        else
+            with_tokens(T, [&](auto kt) { launch_gemv16<kt.value, false>(wpr, p, n_in, x, 1, st); });
+        ALLOY_CUDA_LAUNCHED(op);
+        return true;
+    }
+    if (type != GgmlType::Q8_0) return false;
+    const int64_t nb = n_in / kQ8Block;
+    int8_t* xq = reinterpret_cast<int8_t*>(ws);
+    float* xd = reinterpret_cast<float*>(ws + align256(size_t(T * n_in)));
+    const int64_t blocks = T * nb;
+    // PDL-chained too: it waits for the kernel before it inside (griddepcontrol.wait).
+    launch_pdl(quantize_x_kernel, unsigned(ceil_div(blocks * 32, 256)), 256, 0, st, x, xq, xd, blocks);
+    const int wpr = q8_warps_per_row(rows, nb, true);
+    with_tokens(T, [&](auto kt) { launch_q8_gemv<kt.value>(wpr, p, nb, xq, xd, 1, st); });
+    ALLOY_CUDA_LAUNCHED(op);
+    return true;
+}
+
+}  // namespace
+
+size_t matmul_multi_workspace_bytes(const WeightView* const* W, int n, int64_t T) {
+    size_t b = 0;
+    for (int m = 0; m < n; ++m) b = std::max(b, matmul_workspace_bytes(*W[m], T));
+    return b;
+}
+
+void matmul_multi(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, void* workspace,
+                  void* stream) {
+    const char* op = "cuda::matmul_multi";
+    for (int m = 0; m < n; ++m) check_weight(*W[m], T, op);
+    if (T == 0 || n == 0) return;
+    uint8_t* ws = static_cast<uint8_t*>(workspace);
+    if (matmul_multi_workspace_bytes(W, n, T) && !ws) throw Error(std::string(op) + ": workspace is null");
+    if (gemv(W, y, n, x, T, ws, as_stream(stream), op)) return;
+    for (int m = 0; m < n; ++m) matmul(*W[m], x, y[m], T, workspace, stream);
+}
+
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream) {
     const char* op = "cuda::matmul";
     check_weight(W, T, op);
@@ -523,41 +621,19 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
     cudaStream_t st = as_stream(stream);
     uint8_t* ws = static_cast<uint8_t*>(workspace);
     if (matmul_workspace_bytes(W, T) && !ws) throw Error(std::string(op) + ": workspace is null");
+    const WeightView* w1 = &W;
+    if (gemv(&w1, &y, 1, x, T, ws, st, op)) return;
     switch (W.type) {
         case GgmlType::F32:
-            if (T <= kGemvMaxT && W.n_in % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0) {
-                const int wpr = q8_warps_per_row(W.n_out, W.n_in / 16, false);
-                with_tokens(T, [&](auto kt) { launch_gemv16<kt.value, true>(wpr, W.data, W.n_out, W.n_in, x, y, 1, st); });
-                ALLOY_CUDA_LAUNCHED(op);
-                return;
-            }
             // PEDANTIC: fp32 FMAs, never TF32 (even with NVIDIA_TF32_OVERRIDE): the oracle path.
             gemm(op, st, W.data, CUDA_R_32F, W.n_in, x, CUDA_R_32F, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F_PEDANTIC);
             return;
         case GgmlType::BF16:
-            if (T <= kGemvMaxT && W.n_in % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0) {
-                // 16-byte chunks per lane; warps per row as the Q8_0 GEMV with 8 weights a lane-step.
-                const int wpr = q8_warps_per_row(W.n_out, W.n_in / 16, false);
-                with_tokens(T, [&](auto kt) { launch_gemv16<kt.value, false>(wpr, W.data, W.n_out, W.n_in, x, y, 1, st); });
-                ALLOY_CUDA_LAUNCHED(op);
-                return;
-            }
             to_bf16(x, ws, T * W.n_in, st, op);
             gemm(op, st, W.data, CUDA_R_16BF, W.n_in, ws, CUDA_R_16BF, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F);
             return;
         case GgmlType::Q8_0: {
             const int64_t nb = W.n_in / kQ8Block;
-            if (T <= kGemvMaxT) {
-                int8_t* xq = reinterpret_cast<int8_t*>(ws);
-                float* xd = reinterpret_cast<float*>(ws + align256(size_t(T * W.n_in)));
-                const int64_t blocks = T * nb;
-                // PDL-chained too: it waits for the kernel before it inside (griddepcontrol.wait).
-                launch_pdl(quantize_x_kernel, unsigned(ceil_div(blocks * 32, 256)), 256, 0, st, x, xq, xd, blocks);
-                const int wpr = q8_warps_per_row(W.n_out, nb, true);
-                with_tokens(T, [&](auto kt) { launch_q8_gemv<kt.value>(wpr, W.data, W.n_out, nb, xq, xd, y, 1, st); });
-                ALLOY_CUDA_LAUNCHED(op);
-                return;
-            }
             // Prefill: the panel's bf16 copy costs 2 bytes written + read per weight against
             // 2 T FLOPs per weight of GEMM, small once T is in the hundreds.
             void* xb = ws;

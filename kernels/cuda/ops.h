@@ -45,6 +45,14 @@ constexpr int64_t kQ8GemvMaxT = 16;  // both GEMVs (the name is historical)
 constexpr int64_t kQ8PanelRows = 8192;
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr);
+// y[m] = matmul(*W[m], x) for m < n (n <= 4; e.g. a GDN layer's four input projections, or
+// the FFN's gate and up): at T <= kQ8GemvMaxT, weights of one type and n_in run as ONE GEMV
+// launch (after one quantization of x for Q8_0), warps per row chosen from the group's total
+// rows: the GEMV's batch invariance holds per group (a group's rows may differ in the last
+// bits from a lone matmul of the same weight). Else one matmul per weight.
+size_t matmul_multi_workspace_bytes(const WeightView* const* W, int n, int64_t T);
+void matmul_multi(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, void* workspace,
+                  void* stream = nullptr);
 
 // ---- normalization (kernels/cuda/norm.cu) ---------------------------------------------------
 // ref::rms_norm: x, out: [rows, n] (out may alias x); w: [n] or nullptr. fp32 sums (ref: double).
@@ -96,8 +104,9 @@ void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* wo
 // [n_ctx, n_head_kv, head_dim] of s.type_k / s.type_v (F32, F16, BF16) with rows
 // [0, n_past + T) filled; out [T, n_head, head_dim] fp32. Token t attends to cache rows
 // [0, n_past + t]. head_dim in {64, 128, 256}; n_head a multiple of n_head_kv.
-// Prefill (T > kAttnDecodeMaxT) with bf16 K and V: bf16 tensor cores (mma.sync), fp32
-// accumulation and softmax, q and P rounded to bf16: ~1e-2 absolute from ref at worst. Else
+// Prefill (T > kAttnDecodeMaxT) with bf16 K and V, or f16 K and V: tensor cores (mma.sync) of
+// that type, fp32 accumulation and softmax, q and P rounded to it: ~1e-2 absolute from ref at
+// worst (bf16; f16 ~8x finer). Else
 // fp32 CUDA-core arithmetic (~1e-6): a block takes one token, one KV head and up to 4 of its
 // query heads, so every K/V row it loads serves the whole group.
 // Keys are split across blocks (split-K, merged by a second kernel): for T <= 16 each token

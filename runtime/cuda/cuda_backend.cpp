@@ -132,14 +132,8 @@ public:
         for (int s = 0; s <= c.n_seqs; ++s) h[size_t(kOffsets) * w + size_t(s)] = c.offsets[s];
         for (int i = 0; i < c.n_out; ++i) h[size_t(kOutRows) * w + size_t(i)] = c.out_rows[i];
         check(cudaMemcpyAsync(io_.get(), h, host_io_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "inputs");
-        if (prof) {  // each step alone, timed between synchronizations
-            for (const PlanStep& s : steps()) {
-                check(cudaStreamSynchronize(stream_), s.label);
-                const auto t0 = std::chrono::steady_clock::now();
-                s.run(c);
-                check(cudaStreamSynchronize(stream_), s.label);
-                prof->record(s, t0, std::chrono::steady_clock::now());
-            }
+        if (prof) {
+            profile(c, *prof);
         } else if (use_graphs()) {
             run_graphs(c);
         } else {
@@ -168,6 +162,37 @@ private:
     // token count, the logits rows, and each sequence's token range and GDN kernel.
     mutable std::map<std::vector<int64_t>, std::vector<cudaGraphExec_t>> graphs_;
     mutable bool graphs_failed_ = false;
+
+    // Each step launched on its own (no graphs), between two CUDA events: the profile's times
+    // are the GPU's, a step's from its first launch starting to its last one ending (gaps
+    // where the host falls behind show between steps, not in them).
+    void profile(const StepContext& c, Profiler& prof) const {
+        const std::vector<PlanStep>& st = steps();
+        std::vector<cudaEvent_t> ev(2 * st.size() + 1, nullptr);
+        struct Events {
+            std::vector<cudaEvent_t>& ev;
+            ~Events() {
+                for (cudaEvent_t e : ev)
+                    if (e) cudaEventDestroy(e);
+            }
+        } own{ev};
+        for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "profile event");
+        check(cudaStreamSynchronize(stream_), "profile");
+        const auto origin = std::chrono::steady_clock::now();
+        check(cudaEventRecord(ev[0], stream_), "profile event");
+        for (size_t i = 0; i < st.size(); ++i) {
+            check(cudaEventRecord(ev[2 * i + 1], stream_), st[i].label);
+            st[i].run(c);
+            check(cudaEventRecord(ev[2 * i + 2], stream_), st[i].label);
+        }
+        check(cudaStreamSynchronize(stream_), "profile");
+        auto at = [&](size_t k) {
+            float ms = 0;
+            check(cudaEventElapsedTime(&ms, ev[0], ev[k]), "profile event");
+            return origin + std::chrono::nanoseconds(int64_t(double(ms) * 1e6));
+        };
+        for (size_t i = 0; i < st.size(); ++i) prof.record(st[i], at(2 * i + 1), at(2 * i + 2));
+    }
 
     bool use_graphs() const {
         static const bool off = [] {
@@ -269,9 +294,12 @@ public:
         cudaStreamDestroy(stream_);
     }
     std::string name() const override { return "cuda"; }
-    // kernels/cuda has the residual add fused with the next norm; its matmuls run one weight per
-    // call and SwiGLU as its own op.
-    void optimize(graph::Graph& g) const override { graph::fuse_add_norm(g); }
+    // kernels/cuda has the residual add fused with the next norm, and matmuls on one input as
+    // one launch at decode (matmul_multi); SwiGLU runs as its own op.
+    void optimize(graph::Graph& g) const override {
+        graph::fuse_add_norm(g);
+        graph::group_matmuls(g);
+    }
     std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) override;
     ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
     void drop_scratch() override {}
@@ -371,13 +399,13 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     // plan's largest call.
     size_t ws_bytes = 0;
     for (const Node& n : g.nodes) {
-        if (n.op == Op::Matmul) {
-            const WeightView& w = *n.weights[0];
-            if (w.type != GgmlType::F32 && w.type != GgmlType::BF16 && w.type != GgmlType::Q8_0)
-                throw Error("cuda backend: weight of '" + n.label + "' is " + type_traits(w.type).name +
-                            "; this backend runs F32, BF16 and Q8_0 weights");
-            ws_bytes = std::max(ws_bytes, cuda::matmul_workspace_bytes(w, bucket));
-        }
+        if (n.op == Op::Matmul || n.op == Op::MatmulMulti)
+            for (const WeightView* w : n.weights) {
+                if (w->type != GgmlType::F32 && w->type != GgmlType::BF16 && w->type != GgmlType::Q8_0)
+                    throw Error("cuda backend: weight of '" + n.label + "' is " + type_traits(w->type).name +
+                                "; this backend runs F32, BF16 and Q8_0 weights");
+                ws_bytes = std::max(ws_bytes, cuda::matmul_workspace_bytes(*w, bucket));
+            }
         if (n.op == Op::GdnFused)
             for (ref::GdnMode m : {ref::GdnMode::Serial, ref::GdnMode::Chunked}) {
                 ref::GdnParams p = n.gdn;
@@ -385,7 +413,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 ws_bytes = std::max(ws_bytes, cuda::gdn_fused_workspace_bytes(p, bucket, bucket));
             }
         if (n.op == Op::MoeFfn) throw Error("cuda backend: '" + n.label + "': qwen35moe (MoE) layers are not supported yet");
-        if (n.op == Op::MatmulMulti || n.op == Op::MatmulSwiglu)
+        if (n.op == Op::MatmulSwiglu)
             throw Error("cuda backend: '" + n.label + "': fused op the cuda backend does not run");
     }
     plan->workspace = std::make_unique<DeviceBuffer>(std::max<size_t>(ws_bytes, 256), "the workspace");
@@ -436,6 +464,20 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const TensorRef x = in(n, 0), y = out(n, 0);
                 plan->add(std::string("matmul_") + type_traits(w.type).name, n.label,
                           [=](const StepContext& c) { cuda::matmul(w, x.at(c, r), y.at(c, r), n_rows(r, c), ws, st); });
+                break;
+            }
+            case Op::MatmulMulti: {
+                std::vector<WeightView> ws_of;  // device views, [parts]
+                for (const WeightView* w : n.weights) ws_of.push_back(device_weight(*w, n.label));
+                std::vector<TensorRef> ys;
+                for (size_t i = 0; i < n.out.size(); ++i) ys.push_back(out(n, i));
+                const TensorRef x = in(n, 0);
+                plan->add(std::string("matmul_") + type_traits(ws_of[0].type).name, n.label, [=](const StepContext& c) {
+                    std::vector<const WeightView*> w(ws_of.size());
+                    std::vector<float*> y(ys.size());
+                    for (size_t i = 0; i < w.size(); ++i) w[i] = &ws_of[i], y[i] = ys[i].at(c, r);
+                    cuda::matmul_multi(w.data(), y.data(), int(w.size()), x.at(c, r), n_rows(r, c), ws, st);
+                });
                 break;
             }
             case Op::Swiglu: {
@@ -531,7 +573,6 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 });
                 break;
             }
-            case Op::MatmulMulti:
             case Op::MatmulSwiglu:
             case Op::MoeFfn:
                 break;  // refused above

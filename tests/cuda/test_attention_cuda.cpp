@@ -82,16 +82,18 @@ TEST(CudaAttention, MatchesReference) {
         {4, 4, 128, 17, 5},  {4, 4, 128, 2, 1000},  {16, 4, 128, 9, 70},
         {8, 2, 256, 2, 9000}, {16, 4, 128, 1, 8200}, {4, 2, 64, 3, 8500},  // past 8k keys: 4 (2) heads per warp
     };
-    // (K, V) cache types: mixed pairs, and bf16 for both (prefill then takes the tensor cores).
-    const GgmlType pairs[4][2] = {{GgmlType::F32, GgmlType::F16}, {GgmlType::F16, GgmlType::BF16},
-                                  {GgmlType::BF16, GgmlType::F32}, {GgmlType::BF16, GgmlType::BF16}};
+    // (K, V) cache types: mixed pairs, and bf16 or f16 for both (prefill then takes the tensor cores).
+    const GgmlType pairs[5][2] = {{GgmlType::F32, GgmlType::F16}, {GgmlType::F16, GgmlType::BF16},
+                                  {GgmlType::BF16, GgmlType::F32}, {GgmlType::BF16, GgmlType::BF16},
+                                  {GgmlType::F16, GgmlType::F16}};
     double worst = 0, worst_tc = 0;
     uint32_t seed = 1;
     for (const Case& c : cases) {
-        for (int ti = 0; ti < 4; ++ti) {
+        for (int ti = 0; ti < 5; ++ti) {
             const GgmlType tk = pairs[ti][0], tv = pairs[ti][1];
             // The tensor-core prefill rounds q (scaled) and P to bf16: ~1e-3 relative.
-            const bool tc = c.T > cuda::kAttnDecodeMaxT && tk == GgmlType::BF16 && tv == GgmlType::BF16;
+            const bool tc = c.T > cuda::kAttnDecodeMaxT && tk == tv && (tk == GgmlType::BF16 || tk == GgmlType::F16) &&
+                            64 % (c.n_head / c.n_head_kv) == 0;
             const AttnCase x = make(c.n_head, c.n_head_kv, c.hd, tk, tv, c.T, c.n_past, seed++);
             std::vector<float> want(x.q.size());
             ref::attention(x.s, x.q.data(), x.k.data(), x.v.data(), want.data(), c.T, c.n_past);
@@ -103,8 +105,8 @@ TEST(CudaAttention, MatchesReference) {
             (tc ? worst_tc : worst) = std::max(tc ? worst_tc : worst, e);
         }
     }
-    std::printf("[max-err] attention: %.3g absolute on CUDA cores (tolerance 2e-5), %.3g on bf16 tensor cores "
-                "(prefill, bf16 caches; tolerance 2e-2); outputs of std ~0.3-1\n", worst, worst_tc);
+    std::printf("[max-err] attention: %.3g absolute on CUDA cores (tolerance 2e-5), %.3g on 16-bit tensor cores "
+                "(prefill, bf16 or f16 caches; tolerance 2e-2); outputs of std ~0.3-1\n", worst, worst_tc);
 }
 
 TEST(CudaAttention, VerificationReproducesDecodeBitForBit) {
@@ -158,9 +160,12 @@ TEST(CudaAttention, VerificationSplitsGiveTheSameBits) {
 // place moved with T onto the partials of the call before).
 TEST(CudaAttention, WorkspaceIsReusable) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    // (F32, F32) and (F16, BF16): the CUDA-core kernels at decode and prefill (16-bit pairs of
+    // one type would take the tensor cores for the 20-token call, with their own tolerance).
     for (GgmlType ty : {GgmlType::F32, GgmlType::F16}) {
         const int64_t K = 40, n_past = 3000;
-        const AttnCase x = make(8, 2, 256, ty, ty, K, n_past, 5 + uint32_t(ty));
+        const GgmlType tv = ty == GgmlType::F16 ? GgmlType::BF16 : ty;
+        const AttnCase x = make(8, 2, 256, ty, tv, K, n_past, 5 + uint32_t(ty));
         DeviceArray<float> q(x.q);
         DeviceArray<uint8_t> k(x.k), v(x.v);
         std::vector<float> want(x.q.size());

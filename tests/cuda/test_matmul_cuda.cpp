@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
@@ -237,6 +238,64 @@ TEST(CudaMatmul, GemvRowsDoNotDependOnTheBatch) {
                     }
                 }
             EXPECT_EQ(bad, 0) << "rows whose bits depend on the batch";
+        }
+    }
+}
+
+// matmul_multi: three weights of odd row counts (1031, 16, 37: block boundaries between parts
+// mid-grid) on one x, T 1..17 (17: one matmul per weight). Each part against ref::matmul (the
+// tolerance of its type's path), and at T <= 16 each output row's bits equal to the T = 1
+// group call's (the batch invariance verification needs, per group).
+TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const int64_t n_in = 1024;
+    const int64_t rows[3] = {1031, 16, 37};
+    uint32_t seed = 900;
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
+        std::vector<HostWeight> hw;
+        std::deque<DeviceArray<uint8_t>> dw;  // not movable: a deque never moves them
+        std::vector<WeightView> views;
+        for (int64_t r : rows) {
+            std::vector<float> wf;
+            hw.push_back(make_weight(t, r, n_in, wf, seed++));
+        }
+        for (const HostWeight& w : hw) dw.emplace_back(w.bytes);
+        for (size_t m = 0; m < hw.size(); ++m) views.push_back(hw[m].view(dw[m].p));
+        const WeightView* W[3] = {&views[0], &views[1], &views[2]};
+        const int64_t kMaxT = 17;
+        std::mt19937 rng(seed++);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> x(size_t(kMaxT * n_in));
+        for (auto& v : x) v = nd(rng);
+        DeviceArray<float> dx(x);
+        DeviceArray<uint8_t> ws{std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(W, 3, kMaxT))};
+        std::deque<DeviceArray<float>> dy;
+        for (int64_t r : rows) dy.emplace_back(std::vector<float>(size_t(kMaxT * r), NAN));
+        auto run = [&](int64_t o, int64_t T) {
+            float* y[3] = {dy[0].p, dy[1].p, dy[2].p};
+            cuda::matmul_multi(W, y, 3, dx.p + o * n_in, T, ws.p);
+            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            std::vector<std::vector<float>> out;
+            for (size_t m = 0; m < 3; ++m) {
+                out.push_back(dy[m].host());
+                out.back().resize(size_t(T * rows[m]));
+            }
+            return out;
+        };
+        const double tol = t == GgmlType::Q8_0 ? 2e-2 : t == GgmlType::BF16 ? 1e-2 : 1e-5;
+        std::vector<std::vector<std::vector<float>>> alone;
+        for (int64_t j = 0; j < kMaxT; ++j) alone.push_back(run(j, 1));
+        for (int64_t T : {int64_t(1), int64_t(2), int64_t(5), int64_t(16), int64_t(17)}) {
+            const auto got = run(0, T);
+            const std::vector<float> xs(x.begin(), x.begin() + T * n_in);
+            for (size_t m = 0; m < 3; ++m) {
+                EXPECT_LE(max_rel(got[m], run_ref(hw[m].view(hw[m].bytes.data()), xs, T)), tol)
+                    << type_traits(t).name << " part " << m << " T " << T;
+                if (T > cuda::kQ8GemvMaxT) continue;
+                for (int64_t r = 0; r < T; ++r)
+                    EXPECT_EQ(0, std::memcmp(got[m].data() + r * rows[m], alone[size_t(r)][m].data(), size_t(rows[m]) * 4))
+                        << type_traits(t).name << " part " << m << " T " << T << " row " << r << ": bits differ from T = 1";
+            }
         }
     }
 }

@@ -83,6 +83,7 @@ void add_bench_command(CLI::App& app) {
     static int reps = 5, chunk = 64;
     static bool interleave = false, use_mmap = false;
     static std::string backend = "cpu";
+    static int batch_size = 512;
     cmd->add_option("-m,--model", model, "GGUF model file (default: the embedded tiny model)");
     cmd->add_option("-p,--n-prompt", prompts, "prompt sizes, comma separated (0 = none)")->capture_default_str();
     cmd->add_option("-n,--n-gen", gens, "generation sizes, comma separated (0 = none)")->capture_default_str();
@@ -97,6 +98,9 @@ void add_bench_command(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("-o,--output", output, "md | json | csv")->capture_default_str();
     cmd->add_option("--backend", backend, "where the model runs: cpu | cuda")->capture_default_str();
+    cmd->add_option("-b,--batch-size", batch_size, "most prompt tokens per step (llama-bench -b; a multiple of --chunk)")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 1 << 20));
     cmd->add_flag("--mmap", use_mmap, "use the file mapping for the weights (llama-bench -mmp 1) instead of reading "
                                       "them into memory");
     cmd->add_flag("--interleave", interleave,
@@ -169,6 +173,7 @@ void add_bench_command(CLI::App& app) {
             ForwardOptions fo;
             fo.gdn_mode = t.gdn == "serial" ? ref::GdnMode::Serial : ref::GdnMode::Chunked;
             fo.gdn_chunk = chunk;
+            fo.max_batch = std::max(chunk, batch_size / chunk * chunk);
             ForwardOptions step = fo;
             step.gdn_mode = ref::GdnMode::Serial;
             auto it = states.find({t.type_k, t.type_v});
@@ -295,7 +300,7 @@ void add_bench_command(CLI::App& app) {
             j["model_type"] = info.description;
             j["model_size"] = info.file_bytes;
             j["model_n_params"] = info.n_params;
-            j["n_batch"] = ModelRunner::bucket_for(std::clamp(t.n_prompt, 1, ForwardOptions{}.max_batch), {});
+            j["n_batch"] = ModelRunner::bucket_for(std::clamp(t.n_prompt, 1, std::max(chunk, batch_size / chunk * chunk)), {});
             j["n_ubatch"] = j["n_batch"];
             j["n_threads"] = t.threads;
             j["type_k"] = t.type_k;

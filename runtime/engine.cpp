@@ -289,7 +289,12 @@ struct Engine::Impl {
                 if (s.fed < s.req.prompt.size()) continue;  // no logits yet
                 s.prompt_done = clock::now();
             }
-            const int32_t token = s.sampler->sample(logits.data() + row * V, int(V));
+            const float* row_logits = logits.data() + row * V;
+            const int32_t token = s.sampler->sample(row_logits, int(V));
+            if (s.req.logprobs >= 0) {
+                s.r.logprobs.push_back(token_logprob(row_logits, int(V), token, s.req.logprobs));
+                if (s.cb.on_logprob) s.cb.on_logprob(s.r.logprobs.back());
+            }
             ++row;
             ++sampled;
             try {
@@ -391,6 +396,9 @@ uint64_t Engine::submit(GenerationRequest request, GenerationCallbacks callbacks
     if (n + request.max_tokens > n_ctx)
         throw Error("request: prompt (" + std::to_string(n) + " tokens) + " + std::to_string(request.max_tokens) +
                     " tokens to generate exceeds the context size of " + std::to_string(n_ctx));
+    if (request.logprobs < -1 || request.logprobs > kMaxTopLogprobs)
+        throw Error("request: logprobs = " + std::to_string(request.logprobs) + " must be -1 (none) or 0.." +
+                    std::to_string(kMaxTopLogprobs) + " alternatives");
     if (request.text) m.lm.require_tokenizer();
     auto s = std::make_unique<Sequence>();
     s->req = std::move(request);
@@ -507,6 +515,8 @@ bool Engine::has_tokenizer() const { return impl_->lm.tokenizer.has_value(); }
 std::vector<int32_t> Engine::tokenize(const std::string& text, bool parse_special) const {
     return impl_->lm.require_tokenizer().encode(text, parse_special);
 }
+
+std::string Engine::token_bytes(int32_t id) const { return impl_->lm.require_tokenizer().token_bytes(id); }
 
 std::string Engine::chat_prompt(const std::vector<ChatTurn>& turns, bool add_generation_prompt,
                                 bool enable_thinking, const std::vector<std::string>& tools) const {

@@ -55,4 +55,25 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
     return cand_[dist(rng_)].second;
 }
 
+TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t id, int top) {
+    if (n_vocab <= 0 || id < 0 || id >= n_vocab) throw Error("token_logprob: id " + std::to_string(id) + " outside the vocabulary");
+    top = std::clamp(top, 0, std::min(n_vocab, kMaxTopLogprobs));
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
+    double sum = 0;
+    for (int i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - mx);
+    const double lse = double(mx) + std::log(sum);
+    TokenLogprob t;
+    t.id = id;
+    t.logprob = float(double(logits[id]) - lse);
+    if (top > 0) {
+        std::vector<int32_t> idx(static_cast<size_t>(n_vocab), 0);
+        for (int i = 0; i < n_vocab; ++i) idx[size_t(i)] = i;
+        auto more_likely = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+        std::partial_sort(idx.begin(), idx.begin() + top, idx.end(), more_likely);
+        for (int k = 0; k < top; ++k) t.top.emplace_back(idx[size_t(k)], float(double(logits[idx[size_t(k)]]) - lse));
+    }
+    return t;
+}
+
 }  // namespace alloy

@@ -5,6 +5,8 @@
 #include <random>
 #include <vector>
 
+#include "alloy/engine.h"
+
 namespace alloy {
 
 struct SamplerParams {
@@ -25,5 +27,9 @@ private:
     std::mt19937_64 rng_;
     std::vector<std::pair<float, int32_t>> cand_;
 };
+
+// The log-probability of `id` under logits [n_vocab] (log-softmax in double) and the `top` most
+// likely ids (largest logit first, the lower id on ties).
+TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t id, int top);
 
 }  // namespace alloy

@@ -140,6 +140,24 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     if (has("top_k")) r.sampler.top_k = int(integer(j, "top_k", 0, 1 << 30));
     if (has("seed")) r.sampler.seed = uint64_t(integer(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
     if (has("n") && integer(j, "n", 1, 1) != 1) throw RequestError("n", "n must be 1");
+    // logprobs: chat as OpenAI's (a boolean, with top_logprobs 0..20), completions as the legacy
+    // API's (the number of alternatives; OpenAI caps it at 5, vLLM at 20 as here).
+    if (chat) {
+        bool want = false;
+        if (has("logprobs") && !j["logprobs"].is_null()) {
+            if (!j["logprobs"].is_boolean()) throw RequestError("logprobs", "logprobs must be a boolean");
+            want = j["logprobs"].get<bool>();
+        }
+        if (has("top_logprobs") && !j["top_logprobs"].is_null()) {
+            const int top = int(integer(j, "top_logprobs", 0, kMaxTopLogprobs));
+            if (!want) throw RequestError("top_logprobs", "top_logprobs needs logprobs set to true");
+            r.logprobs = top;
+        } else if (want) {
+            r.logprobs = 0;
+        }
+    } else if (has("logprobs") && !j["logprobs"].is_null()) {
+        r.logprobs = int(integer(j, "logprobs", 0, kMaxTopLogprobs));
+    }
     // tools: [{"type": "function", "function": {"name", "description", "parameters"}}], rendered
     // into the system turn; tool_choice "none" leaves them out (other choices: the model decides).
     if (chat && has("tools") && !j["tools"].is_null()) {

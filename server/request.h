@@ -32,6 +32,9 @@ struct CompletionRequest {
     std::vector<std::string> stop;
     bool stream = false;
     std::vector<ToolSpec> tools;        // chat: the request's tools (empty: none)
+    // -1: no logprobs; else each token's and this many alternatives (chat: logprobs = true with
+    // top_logprobs; completions: the integer logprobs).
+    int logprobs = -1;
 };
 
 // body: the raw request body; chat: which endpoint. Throws RequestError.

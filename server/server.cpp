@@ -47,6 +47,7 @@ struct StreamChannel {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::string> texts;
+    std::vector<TokenLogprob> logprobs;  // every sampled token's so far (requests that ask)
     bool done = false;
     bool client_gone = false;
     GenerationResult result;
@@ -148,7 +149,46 @@ struct Server::Impl {
         gp.prompt = std::move(ids);
         gp.sampling = r.sampler;
         gp.stop = r.stop;
+        gp.logprobs = r.logprobs;
         return gp;
+    }
+
+    // OpenAI's logprobs object for tokens [from, to) of `lp`: chat {"content": [{token, logprob,
+    // bytes, top_logprobs}]}; completions the legacy {tokens, token_logprobs, top_logprobs,
+    // text_offset} (text_offset counts bytes from the completion's start, `offset` the bytes
+    // before `from`). A token's text is its bytes (invalid UTF-8 replaced when sent; bytes exact).
+    json logprobs_json(const CompletionRequest& r, const std::vector<TokenLogprob>& lp, size_t from, size_t to,
+                       size_t offset = 0) const {
+        auto bytes = [](const std::string& s) {
+            json b = json::array();
+            for (unsigned char c : s) b.push_back(int(c));
+            return b;
+        };
+        if (r.chat) {
+            json content = json::array();
+            for (size_t i = from; i < to; ++i) {
+                const std::string t = engine.token_bytes(lp[i].id);
+                json top = json::array();
+                for (const auto& [id, l] : lp[i].top) {
+                    const std::string a = engine.token_bytes(id);
+                    top.push_back({{"token", a}, {"logprob", l}, {"bytes", bytes(a)}});
+                }
+                content.push_back({{"token", t}, {"logprob", lp[i].logprob}, {"bytes", bytes(t)}, {"top_logprobs", top}});
+            }
+            return {{"content", content}};
+        }
+        json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+        for (size_t i = from; i < to; ++i) {
+            const std::string t = engine.token_bytes(lp[i].id);
+            tokens.push_back(t);
+            lps.push_back(lp[i].logprob);
+            json top = json::object();
+            for (const auto& [id, l] : lp[i].top) top[engine.token_bytes(id)] = l;
+            tops.push_back(top);
+            offsets.push_back(offset);
+            offset += t.size();
+        }
+        return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
     }
 
     json usage(const GenerationResult& g) const {
@@ -228,6 +268,7 @@ struct Server::Impl {
                 } else {
                     body = choice_object(r, id, g.text, g.finish_reason, false);
                 }
+                if (r.logprobs >= 0) body["choices"][0]["logprobs"] = logprobs_json(r, g.logprobs, 0, g.logprobs.size());
                 body["usage"] = usage(g);
                 res.set_content(dump(body), "application/json");
             } catch (const std::exception& e) {
@@ -247,6 +288,11 @@ struct Server::Impl {
             ch->cv.notify_all();
             return !ch->client_gone;
         };
+        if (r.logprobs >= 0)
+            cb.on_logprob = [ch](const TokenLogprob& t) {
+                std::lock_guard<std::mutex> lock(ch->mu);
+                ch->logprobs.push_back(t);
+            };
         cb.on_done = [ch](const GenerationResult& g) {
             std::lock_guard<std::mutex> lock(ch->mu);
             ch->result = g;
@@ -260,7 +306,21 @@ struct Server::Impl {
             return send_error(res, 400, e.what(), "invalid_request_error");
         }
         res.set_chunked_content_provider("text/event-stream", [this, r, id, ch, request_id](size_t, httplib::DataSink& sink) {
-            auto send = [&](const json& j) {
+            // Each chunk carries the logprobs of the tokens sampled since the chunk before (the
+            // text of a token can come later, held back by a stop string's or a tool call's
+            // check; the last chunk carries the rest).
+            size_t lp_sent = 0, lp_bytes = 0;
+            auto send = [&](json j) {
+                if (r.logprobs >= 0 && j.contains("choices")) {
+                    std::vector<TokenLogprob> lp;
+                    {
+                        std::lock_guard<std::mutex> l2(ch->mu);
+                        lp.assign(ch->logprobs.begin() + std::ptrdiff_t(lp_sent), ch->logprobs.end());
+                    }
+                    j["choices"][0]["logprobs"] = logprobs_json(r, lp, 0, lp.size(), lp_bytes);
+                    for (const TokenLogprob& t : lp) lp_bytes += engine.token_bytes(t.id).size();
+                    lp_sent += lp.size();
+                }
                 const std::string line = "data: " + dump(j) + "\n\n";
                 return sink.write(line.data(), line.size());
             };

@@ -66,11 +66,26 @@ struct GenerationRequest {
     // the prefix cache on, checkpoints are taken: e.g. the end of each chat message, so the next
     // request that shares the system prompt or the earlier turns resumes there.
     std::vector<int> checkpoint_at;
+    // >= 0: report each generated token's log-probability (GenerationResult::logprobs) with this
+    // many most likely alternatives (at most kMaxTopLogprobs); -1: none (no extra work).
+    int logprobs = -1;
+};
+
+constexpr int kMaxTopLogprobs = 20;
+
+// A generated token's log-probability under the model: the log-softmax of its logits row,
+// before the sampler's temperature and truncation (as vLLM reports them), and the `top` most
+// likely tokens of that row, most likely first (ties: the lower id first).
+struct TokenLogprob {
+    int32_t id = 0;
+    float logprob = 0;
+    std::vector<std::pair<int32_t, float>> top;
 };
 
 struct GenerationResult {
     std::string text;                // generated text, stop string excluded
     std::vector<int32_t> ids;        // generated token ids, as sampled
+    std::vector<TokenLogprob> logprobs;  // [ids] when the request asked for them, else empty
     int n_prompt = 0;
     int n_cached = 0;                // prompt tokens resumed from the prefix cache (not recomputed)
     // "stop" (end-of-generation token, stop string, or on_text returned false), "length",
@@ -84,6 +99,7 @@ struct GenerationResult {
 struct GenerationCallbacks {
     std::function<bool(const std::string& text)> on_text;   // text as it becomes final; false: stop
     std::function<void(int32_t id)> on_token;               // every sampled id
+    std::function<void(const TokenLogprob&)> on_logprob;    // every sampled id's, before on_token (request.logprobs >= 0)
     std::function<void(const GenerationResult&)> on_done;   // exactly once, last
 };
 
@@ -159,6 +175,9 @@ public:
     bool has_tokenizer() const;
     // Throws alloy::Error naming the model file when it has no tokenizer.
     std::vector<int32_t> tokenize(const std::string& text, bool parse_special) const;
+    // A token's raw bytes (may be part of a UTF-8 character); throws alloy::Error naming an id
+    // outside the vocabulary or a model without a tokenizer.
+    std::string token_bytes(int32_t id) const;
     // tools: each as JSON text the way the template's `tojson` writes it (Python's json.dumps).
     std::string chat_prompt(const std::vector<ChatTurn>& turns, bool add_generation_prompt,
                             bool enable_thinking, const std::vector<std::string>& tools = {}) const;

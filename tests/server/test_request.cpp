@@ -46,6 +46,18 @@ TEST(Request, CompletionFieldsAndDefaults) {
     EXPECT_EQ(parse(R"({"prompt": "p", "stop": "z", "max_tokens": null})").stop, std::vector<std::string>{"z"});
 }
 
+// logprobs: off unless asked; chat's boolean + top_logprobs, completions' integer.
+TEST(Request, Logprobs) {
+    const std::string m = R"("messages": [{"role": "user", "content": "x"}])";
+    EXPECT_EQ(parse(R"({"prompt": "p"})").logprobs, -1);
+    EXPECT_EQ(parse(R"({"prompt": "p", "logprobs": 5})").logprobs, 5);
+    EXPECT_EQ(parse(R"({"prompt": "p", "logprobs": null})").logprobs, -1);
+    EXPECT_EQ(parse("{" + m + "}", true).logprobs, -1);
+    EXPECT_EQ(parse("{" + m + R"(, "logprobs": false})", true).logprobs, -1);
+    EXPECT_EQ(parse("{" + m + R"(, "logprobs": true})", true).logprobs, 0);
+    EXPECT_EQ(parse("{" + m + R"(, "logprobs": true, "top_logprobs": 20})", true).logprobs, 20);
+}
+
 TEST(Request, ChatMessagesAndThinking) {
     const CompletionRequest r = parse(R"({"messages": [{"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},

@@ -8,6 +8,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -179,6 +180,89 @@ TEST_F(Serve, StreamAddsUpToTheSameText) {
     }
 }
 
+// logprobs: each generated token's log-softmax, checked against the model's own logits from a
+// plain prefill + serial decode loop (the oracle of GreedyCompletionEqualsTheGenerationLoop);
+// greedy, so the chosen token is the most likely alternative; the legacy completions layout.
+TEST_F(Serve, LogprobsAreTheModelsLogSoftmax) {
+    const std::string prompt = "The capital of France is";
+    const int n = 8, top = 3;
+    auto r = post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0}, {"logprobs", top}}.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json lp = json::parse(r->body)["choices"][0]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), size_t(n)) << r->body;
+    // The model's logits along the same tokens.
+    const ModelRunner& m = *lm->runner;
+    std::vector<int32_t> ids = lm->tokenizer->encode(prompt, true);
+    const int V = m.hparams().n_vocab;
+    ModelState st = m.new_state(256);
+    std::vector<float> logits(static_cast<size_t>(V));
+    ForwardOptions fo, step;
+    step.gdn_mode = ref::GdnMode::Serial;
+    m.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+    size_t offset = 0;
+    for (int i = 0; i < n; ++i) {
+        const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
+        for (float v : logits) sum += std::exp(double(v) - mx);
+        const double lse = mx + std::log(sum);
+        const std::string bytes = lm->tokenizer->token_bytes(next);
+        // As sent: a token that is part of a UTF-8 character has its bytes replaced (U+FFFD).
+        const std::string tok = json::parse(json(bytes).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+        EXPECT_EQ(lp["tokens"][size_t(i)], tok) << "token " << i;
+        EXPECT_NEAR(lp["token_logprobs"][size_t(i)].get<double>(), double(logits[size_t(next)]) - lse, 1e-4) << "token " << i;
+        EXPECT_LE(lp["token_logprobs"][size_t(i)].get<double>(), 0.0);
+        ASSERT_EQ(lp["top_logprobs"][size_t(i)].size(), size_t(top));
+        EXPECT_NEAR(lp["top_logprobs"][size_t(i)][tok].get<double>(), lp["token_logprobs"][size_t(i)].get<double>(), 1e-6);
+        EXPECT_EQ(lp["text_offset"][size_t(i)], offset);
+        offset += bytes.size();
+        m.forward(st, &next, 1, step, logits.data());
+    }
+}
+
+// Chat logprobs (logprobs + top_logprobs): content entries sorted most likely first, the
+// greedy token first among them, bytes exact; the stream's chunks add up to the same entries.
+TEST_F(Serve, ChatLogprobsAndTheirStream) {
+    json req = {{"messages", json::array({{{"role", "user"}, {"content", "Hello there"}}})},
+                {"max_tokens", 6}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 4},
+                {"chat_template_kwargs", {{"enable_thinking", false}}}};
+    auto whole = post("/v1/chat/completions", req.dump());
+    ASSERT_TRUE(whole);
+    ASSERT_EQ(whole->status, 200) << whole->body;
+    const json w = json::parse(whole->body);
+    const json content = w["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(content.size(), size_t(w["usage"]["completion_tokens"].get<int>())) << whole->body;
+    for (const json& e : content) {
+        ASSERT_EQ(e["top_logprobs"].size(), size_t(4));
+        EXPECT_EQ(e["top_logprobs"][0]["bytes"], e["bytes"]);
+        EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
+        for (size_t k = 1; k < 4; ++k) EXPECT_GE(e["top_logprobs"][k - 1]["logprob"], e["top_logprobs"][k]["logprob"]);
+    }
+    req["stream"] = true;
+    auto streamed = post("/v1/chat/completions", req.dump());
+    ASSERT_TRUE(streamed);
+    json got = json::array();
+    size_t pos = 0;
+    while ((pos = streamed->body.find("data: ", pos)) != std::string::npos) {
+        const size_t end = streamed->body.find("\n\n", pos);
+        const std::string payload = streamed->body.substr(pos + 6, end - pos - 6);
+        pos = end;
+        if (payload == "[DONE]") break;
+        const json c = json::parse(payload)["choices"][0];
+        if (c.contains("logprobs") && c["logprobs"].is_object())
+            for (const json& e : c["logprobs"]["content"]) got.push_back(e);
+    }
+    EXPECT_EQ(got, content);
+    // Without logprobs, none.
+    req.erase("logprobs");
+    req.erase("top_logprobs");
+    req["stream"] = false;
+    auto plain = post("/v1/chat/completions", req.dump());
+    ASSERT_TRUE(plain);
+    EXPECT_FALSE(json::parse(plain->body)["choices"][0].contains("logprobs") &&
+                 json::parse(plain->body)["choices"][0]["logprobs"].is_object());
+}
+
 // A streaming client that goes away cancels its request: the engine stops generating for it
 // (well before max_tokens) and its slot is free again.
 TEST_F(Serve, AStreamingClientThatLeavesCancelsItsRequest) {
@@ -312,6 +396,12 @@ TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {
     expect_error(post("/v1/completions", json{{"prompt", std::string(70000, 'a')}}.dump()), 413, "", "larger");
     // Bytes that are not UTF-8 in a malformed body: the error still comes back as JSON.
     expect_error(post("/v1/completions", std::string("{\"prompt\": \"\xff\xfe") + "\"}"), 400, "", "not valid JSON");
+    const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+    expect_error(post("/v1/chat/completions", "{" + msgs + R"(, "logprobs": true, "top_logprobs": 21})"), 400,
+                 "top_logprobs", "top_logprobs");
+    expect_error(post("/v1/chat/completions", "{" + msgs + R"(, "top_logprobs": 2})"), 400, "top_logprobs", "logprobs");
+    expect_error(post("/v1/chat/completions", "{" + msgs + R"(, "logprobs": 3})"), 400, "logprobs", "boolean");
+    expect_error(post("/v1/completions", R"({"prompt": "x", "logprobs": -1})"), 400, "logprobs", "logprobs");
     httplib::Client c("127.0.0.1", port);
     expect_error(c.Get("/v2/nothing"), 404, "", "/v2/nothing");
 }

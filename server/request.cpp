@@ -13,6 +13,7 @@ namespace {
 using json = nlohmann::ordered_json;
 
 constexpr int kMaxStop = 16;            // llama.cpp's server takes any number; OpenAI 4
+constexpr int kMaxChoices = 16;         // n: OpenAI allows up to 128; each choice holds a slot
 constexpr int kMaxTokensLimit = 1 << 24;
 
 // The text of a message's `content`: a string, or OpenAI's array of parts of which only
@@ -139,7 +140,7 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
     if (has("min_p")) r.sampler.min_p = float(number(j, "min_p", 0.0, 1.0));
     if (has("top_k")) r.sampler.top_k = int(integer(j, "top_k", 0, 1 << 30));
     if (has("seed")) r.sampler.seed = uint64_t(integer(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
-    if (has("n") && integer(j, "n", 1, 1) != 1) throw RequestError("n", "n must be 1");
+    if (has("n") && !j["n"].is_null()) r.n = int(integer(j, "n", 1, kMaxChoices));
     // logprobs: chat as OpenAI's (a boolean, with top_logprobs 0..20), completions as the legacy
     // API's (the number of alternatives; OpenAI caps it at 5, vLLM at 20 as here).
     if (chat) {

@@ -35,6 +35,7 @@ struct CompletionRequest {
     // -1: no logprobs; else each token's and this many alternatives (chat: logprobs = true with
     // top_logprobs; completions: the integer logprobs).
     int logprobs = -1;
+    int n = 1;                          // choices (each its own generation; seed + i for choice i)
 };
 
 // body: the raw request body; chat: which endpoint. Throws RequestError.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -258,24 +259,52 @@ struct Server::Impl {
         if (chat) gp.checkpoint_at = message_ends(gp.prompt);
         if (!r.stream) {
             try {
-                const GenerationResult g = engine.generate(std::move(gp));
-                json body;
-                if (splits_reasoning(r)) {
-                    ReasoningSplitter sp(true);
-                    ReasoningSplitter::Pieces a = sp.push(g.text), b = sp.flush();
-                    const std::string reasoning = a.reasoning + b.reasoning;
-                    body = choice_object(r, id, a.content + b.content, g.finish_reason, false, false, &reasoning);
-                } else {
-                    body = choice_object(r, id, g.text, g.finish_reason, false);
+                // n choices: n generations of the prompt at once (choice i with seed + i), so
+                // they batch like n requests; the prompt counts once in usage, as OpenAI's.
+                std::vector<std::future<GenerationResult>> runs;
+                for (int i = 0; i < r.n; ++i) {
+                    GenerationRequest gi = gp;
+                    gi.sampling.seed = gp.sampling.seed + uint64_t(i);
+                    auto done = std::make_shared<std::promise<GenerationResult>>();
+                    runs.push_back(done->get_future());
+                    GenerationCallbacks cb;
+                    cb.on_done = [done](const GenerationResult& g) { done->set_value(g); };
+                    engine.submit(std::move(gi), std::move(cb));
                 }
-                if (r.logprobs >= 0) body["choices"][0]["logprobs"] = logprobs_json(r, g.logprobs, 0, g.logprobs.size());
-                body["usage"] = usage(g);
+                json body, choices = json::array();
+                int completion = 0;
+                GenerationResult first;
+                for (int i = 0; i < r.n; ++i) {
+                    const GenerationResult g = runs[size_t(i)].get();
+                    if (g.finish_reason == "error") throw Error("engine: " + g.error);
+                    json b;
+                    if (splits_reasoning(r)) {
+                        ReasoningSplitter sp(true);
+                        ReasoningSplitter::Pieces a = sp.push(g.text), c = sp.flush();
+                        const std::string reasoning = a.reasoning + c.reasoning;
+                        b = choice_object(r, id, a.content + c.content, g.finish_reason, false, false, &reasoning);
+                    } else {
+                        b = choice_object(r, id, g.text, g.finish_reason, false);
+                    }
+                    json choice = b["choices"][0];
+                    choice["index"] = i;
+                    if (r.logprobs >= 0) choice["logprobs"] = logprobs_json(r, g.logprobs, 0, g.logprobs.size());
+                    choices.push_back(std::move(choice));
+                    if (i == 0) body = std::move(b), first = g;
+                    completion += int(g.ids.size());
+                }
+                body["choices"] = std::move(choices);
+                body["usage"] = usage(first);
+                body["usage"]["completion_tokens"] = completion;
+                body["usage"]["total_tokens"] = first.n_prompt + completion;
                 res.set_content(dump(body), "application/json");
             } catch (const std::exception& e) {
                 send_error(res, 500, e.what(), "server_error");
             }
             return;
         }
+        if (r.n > 1)  // not yet: one stream carries one choice
+            return send_error(res, 400, "n > 1 is not supported with stream: true (yet)", "invalid_request_error", "n");
         // Server-sent events: one chunk per piece of text as it becomes final, then the
         // finish_reason chunk (with usage, as OpenAI's stream_options.include_usage gives it)
         // and [DONE]. The engine's thread hands the pieces over through a channel; a client

@@ -90,7 +90,8 @@ TEST(Request, EveryBadFieldIsNamed) {
     expect_error(R"({"prompt": "x", "min_p": -0.1})", false, "min_p", "[0");
     expect_error(R"({"prompt": "x", "top_k": -1})", false, "top_k", "[0");
     expect_error(R"({"prompt": "x", "seed": "s"})", false, "seed", "integer");
-    expect_error(R"({"prompt": "x", "n": 2})", false, "n", "[1, 1]");
+    expect_error(R"({"prompt": "x", "n": 17})", false, "n", "[1, 16]");
+    expect_error(R"({"prompt": "x", "n": 0})", false, "n", "[1, 16]");
     expect_error(R"({"prompt": "x", "stream": 1})", false, "stream", "boolean");
     expect_error(R"({"prompt": "x", "stop": 3})", false, "stop", "string");
     expect_error(R"({"prompt": "x", "stop": ["a", 3]})", false, "stop", "stop[1]");

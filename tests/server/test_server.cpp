@@ -263,6 +263,38 @@ TEST_F(Serve, ChatLogprobsAndTheirStream) {
                  json::parse(plain->body)["choices"][0]["logprobs"].is_object());
 }
 
+// n choices: choice i is the answer of one request with seed + i; the prompt counts once.
+TEST_F(Serve, NChoicesAreTheirSeedsAnswers) {
+    json req = {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 5}, {"n", 3}};
+    auto r = post("/v1/completions", req.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    ASSERT_EQ(j["choices"].size(), size_t(3));
+    int completion = 0;
+    std::set<std::string> distinct;
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(j["choices"][size_t(i)]["index"], i);
+        json one = req;
+        one["n"] = 1;
+        one["seed"] = 5 + i;
+        auto o = post("/v1/completions", one.dump());
+        ASSERT_TRUE(o);
+        const json oj = json::parse(o->body);
+        EXPECT_EQ(j["choices"][size_t(i)]["text"], oj["choices"][0]["text"]) << "choice " << i;
+        completion += oj["usage"]["completion_tokens"].get<int>();
+        distinct.insert(j["choices"][size_t(i)]["text"].get<std::string>());
+    }
+    EXPECT_GT(distinct.size(), size_t(1)) << "three seeds gave one text: the seeds were not applied";
+    EXPECT_EQ(j["usage"]["completion_tokens"], completion);
+    EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + completion);
+    req["stream"] = true;
+    expect_error(post("/v1/completions", req.dump()), 400, "n", "stream");
+    req["stream"] = false;
+    req["n"] = 17;
+    expect_error(post("/v1/completions", req.dump()), 400, "n", "n");
+}
+
 // A streaming client that goes away cancels its request: the engine stops generating for it
 // (well before max_tokens) and its slot is free again.
 TEST_F(Serve, AStreamingClientThatLeavesCancelsItsRequest) {

@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+# The official openai client (PyPI) for tests/server/openai_client_test.py, in a venv of its own;
+# without PyPI that test reports itself skipped.
+if [ ! -x build/pyenv/bin/python ] || ! build/pyenv/bin/python -c "import openai" 2>/dev/null; then
+  python3 -m venv build/pyenv && build/pyenv/bin/pip install -q "openai==3.57.0" ||
+    echo "test.sh: could not install the openai client; openai_client will be skipped"
+fi
 jobs=$(nproc)
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DALLOY_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_gguf fuzz_safetensors fuzz_tokenizer fuzz_request

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The official `openai` Python client (PyPI) against a live `alloy serve` (issue 19, must-show 1).
+
+Starts `alloy serve` on a free port with the embedded default model (a tiny synthetic Qwen3.5
+with the real Qwen3 vocabulary: random weights, so answers are gibberish, but every field of
+the API is real) and an API key, then checks through the client: completions and chat, each
+streaming and not (a stream adds up to the whole answer), reasoning_content, logprobs, n, a
+tool round trip (tools + an assistant tool call + the tool's message), errors as the client's
+exception types with their status and param, and the API key (a wrong key is a 401).
+
+Usage: openai_client_test.py --alloy build/alloy
+Exit 0: all passed; 1: a check failed; 77: the `openai` package is not installed (skipped).
+"""
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+try:
+    import openai
+except ImportError:
+    print("openai_client_test: the openai package is not installed (scripts/test.sh installs it into build/pyenv); skipped")
+    sys.exit(77)
+
+KEY = "test-key-1"
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port, proc, timeout=60):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"alloy serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if json.loads(r.read())["status"] == "ok":
+                    return
+        except Exception:
+            time.sleep(0.2)
+    raise RuntimeError("alloy serve did not become healthy")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--alloy", required=True)
+    a = ap.parse_args()
+    port = free_port()
+    proc = subprocess.Popen([a.alloy, "serve", "--port", str(port), "-c", "512", "--parallel", "4", "-t", "2",
+                             "--api-key", KEY, "-a", "tiny"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_healthy(port, proc)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
+        run_checks(c, port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if failures:
+        print(f"openai_client_test: {len(failures)} check(s) failed: {failures}")
+        return 1
+    print("openai_client_test: all checks passed")
+    return 0
+
+
+def run_checks(c, port):
+    models = c.models.list()
+    check([m.id for m in models.data] == ["tiny"], "models.list names the alias")
+
+    # Completions, whole and streamed.
+    r = c.completions.create(model="tiny", prompt="The capital of France is", max_tokens=12, temperature=0)
+    check(isinstance(r.choices[0].text, str) and r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length",
+          "completions: text, usage, finish_reason")
+    text = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="tiny", prompt="The capital of France is", max_tokens=12, temperature=0, stream=True) if ch.choices)
+    check(text == r.choices[0].text, "completions stream adds up to the whole text")
+
+    # Chat with thinking off, whole and streamed.
+    msgs = [{"role": "user", "content": "Hello there"}]
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, temperature=0, extra_body=off)
+    m = r.choices[0].message
+    check(m.role == "assistant" and isinstance(m.content, str), "chat: an assistant message")
+    parts = []
+    for ch in c.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, temperature=0, stream=True,
+                                        extra_body=off):
+        if ch.choices and ch.choices[0].delta.content:
+            parts.append(ch.choices[0].delta.content)
+    check("".join(parts) == m.content, "chat stream adds up to the whole content")
+
+    # Thinking on: the reasoning comes apart in reasoning_content (the model's think block).
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=16, temperature=0)
+    rc = getattr(r.choices[0].message, "reasoning_content", None)
+    check(isinstance(rc, str) and len(rc) > 0, "chat with thinking: reasoning_content is filled")
+
+    # logprobs: one entry per generated token, top_logprobs alternatives each, greedy first.
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                  top_logprobs=3, extra_body=off)
+    lp = r.choices[0].logprobs.content
+    check(len(lp) == r.usage.completion_tokens and all(len(e.top_logprobs) == 3 for e in lp) and
+          all(e.logprob <= 0 and e.top_logprobs[0].logprob == e.logprob for e in lp),
+          "chat logprobs: per token, 3 alternatives, the greedy token first")
+    r = c.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5, temperature=0, logprobs=2)
+    check(len(r.choices[0].logprobs.tokens) == 5 and len(r.choices[0].logprobs.top_logprobs[0]) == 2,
+          "completions logprobs: tokens and top_logprobs")
+
+    # n: three choices, indexed.
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, seed=3, n=3,
+                                  extra_body=off)
+    check([ch.index for ch in r.choices] == [0, 1, 2], "n = 3: three choices, indexed")
+
+    # A tool round trip: the tools, the assistant's call and the tool's answer go back in.
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    history = msgs + [
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    r = c.chat.completions.create(model="tiny", messages=history, tools=tools, max_tokens=8, temperature=0,
+                                  extra_body=off)
+    check(r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 40,
+          "tools: the round trip is accepted and answered")
+
+    # Errors: the client's exception types, with the field named.
+    try:
+        c.completions.create(model="tiny", prompt="x", max_tokens=100000)
+        check(False, "a too large max_tokens is refused")
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        check(e.status_code == 400 and body.get("param") == "max_tokens", "a too large max_tokens: 400 naming max_tokens")
+    try:
+        c.chat.completions.create(model="tiny", messages=msgs, logprobs=True, top_logprobs=50)
+        check(False, "top_logprobs 50 is refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400, "top_logprobs 50: 400")
+
+    # The API key.
+    bad = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0)
+    try:
+        bad.models.list()
+        check(False, "a wrong API key is refused")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401, "a wrong API key: 401")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

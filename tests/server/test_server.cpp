@@ -68,24 +68,35 @@ protected:
         c.set_read_timeout(120);
         return c.Post(path, body, "application/json");
     }
-    // The greedy text of `prompt` by a plain loop over the model: prefill, then argmax and one
-    // serial decode step per token, stopping at end-of-generation.
-    static std::string direct(const std::string& prompt, int n) {
+    // The logits rows of up to n greedy steps of `prompt` by a plain loop over the model:
+    // prefill, then argmax and one serial decode step per token; it stops after a row whose
+    // argmax ends the generation.
+    static std::vector<std::vector<float>> greedy_logits(const std::string& prompt, int n) {
         const ModelRunner& m = *lm->runner;
         const std::vector<int32_t> ids = lm->tokenizer->encode(prompt, true);
-        const int V = m.hparams().n_vocab;
         ModelState st = m.new_state(256);
-        std::vector<float> logits(static_cast<size_t>(V));
+        std::vector<float> logits(static_cast<size_t>(m.hparams().n_vocab));
         ForwardOptions fo, step;
         step.gdn_mode = ref::GdnMode::Serial;
         m.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+        std::vector<std::vector<float>> rows;
+        for (int i = 0; i < n; ++i) {
+            rows.push_back(logits);
+            const int32_t next = argmax(logits);
+            if (lm->tokenizer->is_end_of_generation(next)) break;
+            if (i + 1 < n) m.forward(st, &next, 1, step, logits.data());
+        }
+        return rows;
+    }
+    static int32_t argmax(const std::vector<float>& v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
+    // The greedy text of `prompt` by that loop, stopping at end-of-generation.
+    static std::string direct(const std::string& prompt, int n) {
         StreamDecoder dec(*lm->tokenizer);
         std::string text;
-        for (int i = 0; i < n; ++i) {
-            const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        for (const std::vector<float>& row : greedy_logits(prompt, n)) {
+            const int32_t next = argmax(row);
             if (lm->tokenizer->is_end_of_generation(next)) break;
             text += dec.push(next);
-            if (i + 1 < n) m.forward(st, &next, 1, step, logits.data());
         }
         return text + dec.flush();
     }
@@ -192,17 +203,12 @@ TEST_F(Serve, LogprobsAreTheModelsLogSoftmax) {
     const json lp = json::parse(r->body)["choices"][0]["logprobs"];
     ASSERT_EQ(lp["tokens"].size(), size_t(n)) << r->body;
     // The model's logits along the same tokens.
-    const ModelRunner& m = *lm->runner;
-    std::vector<int32_t> ids = lm->tokenizer->encode(prompt, true);
-    const int V = m.hparams().n_vocab;
-    ModelState st = m.new_state(256);
-    std::vector<float> logits(static_cast<size_t>(V));
-    ForwardOptions fo, step;
-    step.gdn_mode = ref::GdnMode::Serial;
-    m.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+    const std::vector<std::vector<float>> rows = greedy_logits(prompt, n);
+    ASSERT_EQ(rows.size(), size_t(n));
     size_t offset = 0;
     for (int i = 0; i < n; ++i) {
-        const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        const std::vector<float>& logits = rows[size_t(i)];
+        const int32_t next = argmax(logits);
         double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
         for (float v : logits) sum += std::exp(double(v) - mx);
         const double lse = mx + std::log(sum);
@@ -216,7 +222,6 @@ TEST_F(Serve, LogprobsAreTheModelsLogSoftmax) {
         EXPECT_NEAR(lp["top_logprobs"][size_t(i)][tok].get<double>(), lp["token_logprobs"][size_t(i)].get<double>(), 1e-6);
         EXPECT_EQ(lp["text_offset"][size_t(i)], offset);
         offset += bytes.size();
-        m.forward(st, &next, 1, step, logits.data());
     }
 }
 

@@ -46,11 +46,7 @@ void add_perplexity_command(CLI::App& app) {
             const std::vector<float> logits = engine.evaluate(std::vector<int32_t>(chunk, chunk + n_ctx));
             for (int i = first; i < n_ctx - 1; ++i) {
                 const float* row = logits.data() + size_t(i) * size_t(V);
-                float mx = row[0];
-                for (int v = 1; v < V; ++v) mx = std::max(mx, row[v]);
-                double sum = 0;
-                for (int v = 0; v < V; ++v) sum += std::exp(double(row[v]) - mx);
-                const double logp = double(row[chunk[i + 1]]) - mx - std::log(sum);
+                const double logp = double(row[chunk[i + 1]]) - log_sum_exp(row, V);
                 nll += -logp;
                 nll2 += logp * logp;
                 ++count;

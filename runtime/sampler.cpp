@@ -55,14 +55,18 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
     return cand_[dist(rng_)].second;
 }
 
+double log_sum_exp(const float* x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+    double sum = 0;
+    for (int i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
+    return double(mx) + std::log(sum);
+}
+
 TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t id, int top) {
     if (n_vocab <= 0 || id < 0 || id >= n_vocab) throw Error("token_logprob: id " + std::to_string(id) + " outside the vocabulary");
     top = std::clamp(top, 0, std::min(n_vocab, kMaxTopLogprobs));
-    float mx = logits[0];
-    for (int i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
-    double sum = 0;
-    for (int i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - mx);
-    const double lse = double(mx) + std::log(sum);
+    const double lse = log_sum_exp(logits, n_vocab);
     TokenLogprob t;
     t.id = id;
     t.logprob = float(double(logits[id]) - lse);

@@ -82,6 +82,10 @@ struct TokenLogprob {
     std::vector<std::pair<int32_t, float>> top;
 };
 
+// log(sum_i exp(x_i)) over x [n] (n >= 1), in double after subtracting the largest: the
+// log-softmax's normalizer (a token's log-probability is x[id] - log_sum_exp(x, n)).
+double log_sum_exp(const float* x, int n);
+
 struct GenerationResult {
     std::string text;                // generated text, stop string excluded
     std::vector<int32_t> ids;        // generated token ids, as sampled

@@ -388,6 +388,13 @@ struct DecArgs {
     int n_head, n_head_kv, group, G, S;
     float scale;
     bool k_bf, v_bf;  // bf16 (else f16)
+    // attention_decode: per token on the device its position (n_keys = pos[t] + 1) and cache
+    // (k_tab[slot[t]], v_tab[slot[t]]); nullptr: n_keys = n_past + t + 1 and the caches k, v.
+    const int32_t* pos = nullptr;
+    const int32_t* slot = nullptr;
+    const void* const* k_tab = nullptr;
+    const void* const* v_tab = nullptr;
+    __device__ int64_t n_keys(int64_t t) const { return pos ? int64_t(pos[t]) + 1 : n_past + t + 1; }
 };
 
 template <int EPL>
@@ -448,7 +455,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 1) attn_decode_kernel(const De
     const int split = blockIdx.x;
     const int tiles = a.group / a.G;
     const int kvh = blockIdx.y / tiles, h0 = kvh * a.group + (blockIdx.y % tiles) * a.G;
-    const int64_t n_keys = a.n_past + t + 1;
+    const int64_t n_keys = a.n_keys(t);
     const int64_t chunk = dec_chunk(n_keys);
     const int64_t j0 = int64_t(split) * chunk;
     if (j0 >= n_keys) return;  // this token has fewer splits
@@ -475,6 +482,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, 1) attn_decode_kernel(const De
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[r][e] = 0.0f;
     }
+    const void* const kc = a.k_tab ? a.k_tab[a.slot[t]] : a.k;
+    const void* const vc = a.v_tab ? a.v_tab[a.slot[t]] : a.v;
     const int myrow = lane & 3, mykey = lane >> 2;
     const int64_t kv_stride = int64_t(a.n_head_kv) * HD;
     const int64_t col = int64_t(kvh) * HD + lane * EPL;
@@ -483,8 +492,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, 1) attn_decode_kernel(const De
 #pragma unroll
         for (int kk = 0; kk < kDecKeys; ++kk) {
             if (jb + kk < j1) {
-                load_words<EPL>(a.k, (jb + kk) * kv_stride + col, kw[kk]);
-                load_words<EPL>(a.v, (jb + kk) * kv_stride + col, vw[kk]);
+                load_words<EPL>(kc, (jb + kk) * kv_stride + col, kw[kk]);
+                load_words<EPL>(vc, (jb + kk) * kv_stride + col, vw[kk]);
             } else {
 #pragma unroll
                 for (int i = 0; i < EPL / 2; ++i) kw[kk][i] = vw[kk][i] = 0u;
@@ -585,8 +594,7 @@ constexpr int kMergeThreads = 64;
 __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(const DecArgs a, int hd) {
     asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials of the grid before are visible
     const int64_t th = blockIdx.x, t = th / a.n_head;
-    const int64_t n_keys = a.n_past + t + 1;
-    const int ns = dec_splits(n_keys);
+    const int ns = dec_splits(a.n_keys(t));
     if (ns == 1) return;
     __shared__ float sm_m[kMergeThreads], sm_l[kMergeThreads], sm_w[kMergeThreads];
     const int tid = threadIdx.x;
@@ -953,6 +961,48 @@ void attention(const ref::AttentionShape& s, const float* q, const void* k_cache
         }
     }
     ALLOY_CUDA_LAUNCHED(op);
+}
+
+bool attention_decode_supported(const ref::AttentionShape& s, int64_t T) {
+    return T >= 1 && use_dec16(s, T) && s.head_dim % 64 == 0 && s.head_dim <= 256 && s.n_head_kv > 0 &&
+           s.n_head % s.n_head_kv == 0;
+}
+
+// The layout of attention()'s, at the most splits a token can have (kDecSplits).
+size_t attention_decode_workspace_bytes(const ref::AttentionShape& s, int64_t T) {
+    if (!attention_decode_supported(s, T)) throw Error("cuda::attention_decode_workspace_bytes: shape or T not supported");
+    Plan p;
+    p.S = kDecSplits;
+    return workspace_layout(s, T, p).bytes;
+}
+
+void attention_decode(const ref::AttentionShape& s, const float* q, const void* const* k_caches,
+                      const void* const* v_caches, const int32_t* slot, const int32_t* pos, float* out, int64_t T,
+                      void* workspace, void* stream) {
+    const char* op = "cuda::attention_decode";
+    check(s, T, 0, op);
+    if (!attention_decode_supported(s, T))
+        throw Error(std::string(op) + ": needs f16 or bf16 K and V caches and 1 <= T <= " + std::to_string(kAttnDecodeMaxT));
+    if (!q || !k_caches || !v_caches || !slot || !pos || !out || !workspace)
+        throw Error(std::string(op) + ": a null device array");
+    Plan p;
+    p.S = kDecSplits;
+    const WorkspaceLayout w = workspace_layout(s, T, p);
+    char* base = static_cast<char*>(workspace);
+    const int group = s.n_head / s.n_head_kv;
+    DecArgs d{q, nullptr, nullptr, out, reinterpret_cast<float*>(base + w.part_o), reinterpret_cast<float*>(base + w.part_ml),
+              T, 0, s.n_head, s.n_head_kv, group, dec_heads(group), p.S, s.scale, s.type_k == GgmlType::BF16,
+              s.type_v == GgmlType::BF16};
+    d.pos = pos;
+    d.slot = slot;
+    d.k_tab = k_caches;
+    d.v_tab = v_caches;
+    cudaStream_t st = detail::as_stream(stream);
+    switch (s.head_dim) {
+        case 64: launch_dec16<2>(d, st, op); break;
+        case 128: launch_dec16<4>(d, st, op); break;
+        default: launch_dec16<8>(d, st, op); break;
+    }
 }
 
 }  // namespace alloy::cuda

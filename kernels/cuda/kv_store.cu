@@ -84,7 +84,53 @@ __global__ void __launch_bounds__(kThreads) kv_store_kernel(const float* __restr
     for (int64_t j = done + i; j < n; j += stride) dst[j] = convert<kBf16>(src[j]);
 }
 
+// kv_store_rows: block (x, t) converts row t's elements x * kThreads * 4 ...; the row's cache
+// and place come from the device arrays, so one recorded launch serves any depth and slot.
+// kType: 0 F32 (copied), 1 F16, 2 BF16. cols % 4 == 0 and 16-byte aligned rows (checked on the
+// host: cache rows of head_dim >= 64 elements, scratch rows from cudaMalloc + aligned offsets).
+template <int kType>
+__global__ void __launch_bounds__(kThreads) kv_store_rows_kernel(const float* __restrict__ src, int64_t cols,
+                                                               void* const* __restrict__ caches,
+                                                               const int32_t* __restrict__ slot,
+                                                               const int32_t* __restrict__ pos) {
+    const int64_t t = blockIdx.y;
+    const int64_t j = (blockIdx.x * int64_t(kThreads) + threadIdx.x) * 4;
+    if (j >= cols) return;
+    const float4 x = *reinterpret_cast<const float4*>(src + t * cols + j);
+    const int64_t at = int64_t(pos[t]) * cols + j;  // element index in the sequence's cache
+    void* base = caches[slot[t]];
+    if constexpr (kType == 0) {
+        reinterpret_cast<float4*>(static_cast<float*>(base) + at)[0] = x;
+    } else {
+        constexpr bool bf = kType == 2;
+        const uint32_t lo = uint32_t(convert<bf>(x.x)) | (uint32_t(convert<bf>(x.y)) << 16);
+        const uint32_t hi = uint32_t(convert<bf>(x.z)) | (uint32_t(convert<bf>(x.w)) << 16);
+        reinterpret_cast<uint2*>(static_cast<uint16_t*>(base) + at)[0] = make_uint2(lo, hi);
+    }
+}
+
 }  // namespace
+
+void kv_store_rows(const float* src, int64_t T, int64_t cols, void* const* caches, const int32_t* slot,
+                   const int32_t* pos, GgmlType type, void* stream) {
+    const char* op = "cuda::kv_store_rows";
+    if (!ref::kv_type_supported(type))
+        throw Error(std::string(op) + ": unsupported KV cache type " + std::string(type_traits(type).name));
+    if (T < 0 || cols <= 0 || cols % 4 != 0 || T > 65535)
+        throw Error(std::string(op) + ": T " + std::to_string(T) + " x cols " + std::to_string(cols) +
+                    " (cols must be a positive multiple of 4, T at most 65535)");
+    if (T == 0) return;
+    if (!src || !caches || !slot || !pos) throw Error(std::string(op) + ": a null device array");
+    if ((reinterpret_cast<uintptr_t>(src) & 15) != 0) throw Error(std::string(op) + ": src is not 16-byte aligned");
+    const cudaStream_t st = detail::as_stream(stream);
+    const dim3 grid(unsigned(detail::ceil_div(cols, int64_t(kThreads) * 4)), unsigned(T));
+    switch (type) {
+        case GgmlType::F32: kv_store_rows_kernel<0><<<grid, kThreads, 0, st>>>(src, cols, caches, slot, pos); break;
+        case GgmlType::F16: kv_store_rows_kernel<1><<<grid, kThreads, 0, st>>>(src, cols, caches, slot, pos); break;
+        default: kv_store_rows_kernel<2><<<grid, kThreads, 0, st>>>(src, cols, caches, slot, pos); break;
+    }
+    ALLOY_CUDA_LAUNCHED(op);
+}
 
 void kv_store(const float* src, void* dst, GgmlType type, int64_t n, void* stream) {
     const char* op = "cuda::kv_store";

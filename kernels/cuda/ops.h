@@ -121,6 +121,19 @@ constexpr int64_t kAttnDecodeSplits = 128;
 size_t attention_workspace_bytes(const ref::AttentionShape& s, int64_t T, int64_t n_past);
 void attention(const ref::AttentionShape& s, const float* q, const void* k_cache, const void* v_cache, float* out,
                int64_t T, int64_t n_past, void* workspace, void* stream = nullptr);
+// Decode and verification (T <= kAttnDecodeMaxT, f16 / bf16 K and V) with every per-token fact
+// on the device, so one recorded CUDA graph serves any depth, slot and mix of sequences: token
+// t (row t of q and out, as above) attends to rows [0, pos[t]] of k_caches[slot[t]] and
+// v_caches[slot[t]] (device arrays of cache pointers; pos, slot: [T] int32 on the device).
+// The grid has the most splits any depth needs (blocks past a token's keys return at once),
+// and a token's splits are those of attention() at its key count: the same bits as an
+// attention() call per token. workspace: attention_decode_workspace_bytes(s, T) bytes (no
+// zeroing needed). Two launches. Throws for other types or T.
+bool attention_decode_supported(const ref::AttentionShape& s, int64_t T);
+size_t attention_decode_workspace_bytes(const ref::AttentionShape& s, int64_t T);
+void attention_decode(const ref::AttentionShape& s, const float* q, const void* const* k_caches,
+                      const void* const* v_caches, const int32_t* slot, const int32_t* pos, float* out, int64_t T,
+                      void* workspace, void* stream = nullptr);
 
 // ---- KV cache store (kernels/cuda/kv_store.cu) ----------------------------------------------
 // ref::kv_store on device arrays, bit for bit: dst[0..n) = src[0..n) (fp32) stored as `type`:
@@ -129,5 +142,11 @@ void attention(const ref::AttentionShape& s, const float* q, const void* k_cache
 // sign and top payload bits, quieted); other types throw alloy::Error. src 4-byte and dst
 // 2-byte aligned (16 / 8 for the vector path). One launch, graph-capturable.
 void kv_store(const float* src, void* dst, GgmlType type, int64_t n, void* stream = nullptr);
+// The same for T token rows of several sequences, every per-token fact on the device (so one
+// recorded CUDA graph serves any depth and slot): row t of src [T, cols] (fp32, 16-byte
+// aligned) goes to row pos[t] of the cache caches[slot[t]] ([n_ctx, cols] of `type`, 16-byte
+// aligned rows); cols % 4 == 0. Bits as kv_store. The caller keeps pos[t] < n_ctx. One launch.
+void kv_store_rows(const float* src, int64_t T, int64_t cols, void* const* caches, const int32_t* slot,
+                   const int32_t* pos, GgmlType type, void* stream = nullptr);
 
 }  // namespace alloy::cuda

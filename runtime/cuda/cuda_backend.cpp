@@ -52,6 +52,32 @@ private:
     size_t bytes_ = 0;
 };
 
+// Page-locked host memory (cudaMallocHost): copies from and to it run at the link's speed and
+// without a staging copy by the driver (a pageable 1 MB logits row cost ~0.1 ms a token).
+class PinnedBuffer {
+public:
+    explicit PinnedBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
+        if (bytes) check(cudaMallocHost(&p_, bytes), "cudaMallocHost of " + std::to_string(bytes) + " bytes for " + what);
+    }
+    ~PinnedBuffer() {
+        if (p_) cudaFreeHost(p_);
+    }
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    template <class T = void>
+    T* get() const { return static_cast<T*>(p_); }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void* p_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+bool env_is(const char* name, const char* value) {
+    const char* e = std::getenv(name);
+    return e && std::string(e) == value;
+}
+
 // The slot state on the device, in ModelState's layout: per GDN layer conv [slots, conv_dim,
 // K-1] and recurrent [slots, H_v, d_v, d_k] fp32; per attention layer K and V per slot,
 // [n_ctx, n_head_kv * head_dim] of the cache types.
@@ -60,6 +86,9 @@ struct CudaState final : DeviceState {
     const uint64_t serial = next_serial();
     std::vector<std::unique_ptr<DeviceBuffer>> conv, ssm;          // [layer] (null: attention)
     std::vector<std::vector<std::unique_ptr<DeviceBuffer>>> k, v;  // [layer][slot] (empty: GDN)
+    // [layer] (null: GDN): device arrays of the layer's n_slots K and V cache pointers, which
+    // the recorded KV store and decode attention index by each token's slot.
+    std::vector<std::unique_ptr<DeviceBuffer>> k_tab, v_tab;
     size_t conv_elems = 0, ssm_elems = 0;
     static uint64_t next_serial() {
         static std::atomic<uint64_t> n{0};
@@ -92,14 +121,17 @@ public:
           // Rows the step can return: the last token's one, or up to the bucket's.
           logits_(size_t(logits == Rows::Last ? 1 : logits == Rows::None ? 0 : bucket) * size_t(n_logits) * sizeof(float),
                   "logits"),
-          host_io_(size_t(kIoFields) * io_stride(bucket)) {}
+          host_io_(size_t(kIoFields) * io_stride(bucket) * sizeof(int32_t), "step inputs"),
+          host_logits_(logits_.bytes(), "logits") {}
     // Device arrays of the step's inputs, each [bucket + 1] int32, 256-byte aligned (the
     // kernels load offsets and slots as vectors).
-    enum IoField { kIds, kPos, kOffsets, kSlots, kOutRows, kIoFields };
+    // kTokSlots: each token's slot (the KV store's and decode attention's cache).
+    enum IoField { kIds, kPos, kOffsets, kSlots, kOutRows, kTokSlots, kIoFields };
     static size_t io_stride(int bucket) { return (size_t(bucket) + 1 + 63) / 64 * 64; }
     int32_t* io(IoField f) const { return io_.get<int32_t>() + size_t(f) * io_stride(bucket()); }
     float* logits() const { return logits_.get<float>(); }
     std::unique_ptr<DeviceBuffer> scratch, workspace;  // activations; matmul / GDN workspace
+    std::unique_ptr<DeviceBuffer> decode_attention_ws;  // cuda::attention_decode's
     ~CudaPlan() override {
         for (auto& [key, execs] : graphs_)
             for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
@@ -109,8 +141,12 @@ public:
     // the host; dumps copy to the host).
     void add_eager(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
         add(std::move(kernel), std::move(label), std::move(run));
-        eager_.resize(steps().size(), 0);
-        eager_.back() = 1;
+        eager_.resize(steps().size(), kRecorded);
+        eager_.back() = kEager;
+    }
+    void add_eager_unless_16bit_kv(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
+        add_eager(std::move(kernel), std::move(label), std::move(run));
+        eager_.back() = kEagerUnless16BitKv;
     }
 
     void replay(const StepContext& c, Profiler* prof) const override {
@@ -118,7 +154,8 @@ public:
         // Inputs: ids, positions of each sequence's
         // tokens, offsets, slots, the logits rows of a batch; one host-to-device copy.
         const size_t w = io_stride(bucket());
-        int32_t* h = host_io_.data();
+        const auto t_start = std::chrono::steady_clock::now();
+        int32_t* h = host_io_.get<int32_t>();
         for (int t = 0; t < c.n; ++t) {  // the gather kernel does not check
             if (n_vocab_ > 0 && (c.ids[t] < 0 || c.ids[t] >= n_vocab_))
                 throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
@@ -126,12 +163,15 @@ public:
             h[size_t(kIds) * w + size_t(t)] = c.ids[t];
         }
         for (int s = 0; s < c.n_seqs; ++s) {
-            for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) h[size_t(kPos) * w + size_t(t)] = c.n_past[s] + t - c.offsets[s];
+            for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) {
+                h[size_t(kPos) * w + size_t(t)] = c.n_past[s] + t - c.offsets[s];
+                h[size_t(kTokSlots) * w + size_t(t)] = c.slots[s];
+            }
             h[size_t(kSlots) * w + size_t(s)] = c.slots[s];
         }
         for (int s = 0; s <= c.n_seqs; ++s) h[size_t(kOffsets) * w + size_t(s)] = c.offsets[s];
         for (int i = 0; i < c.n_out; ++i) h[size_t(kOutRows) * w + size_t(i)] = c.out_rows[i];
-        check(cudaMemcpyAsync(io_.get(), h, host_io_.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_), "inputs");
+        check(cudaMemcpyAsync(io_.get(), h, host_io_.bytes(), cudaMemcpyHostToDevice, stream_), "inputs");
         if (prof) {
             profile(c, *prof);
         } else if (use_graphs()) {
@@ -142,11 +182,18 @@ public:
         const int64_t rows = logits_rows_ == Rows::All ? c.n : logits_rows_ == Rows::Last ? 1
                              : logits_rows_ == Rows::Listed                               ? c.n_out
                                                                                           : 0;
+        // The logits through page-locked memory (ALLOY_CUDA_PINNED_LOGITS=0: straight into the
+        // caller's pageable array, for A/B).
+        const size_t logit_bytes = size_t(rows) * size_t(n_logits_) * sizeof(float);
+        const bool staged = !env_is("ALLOY_CUDA_PINNED_LOGITS", "0");
         if (rows > 0)
-            check(cudaMemcpyAsync(c.logits, logits(), size_t(rows) * size_t(n_logits_) * sizeof(float), cudaMemcpyDeviceToHost,
-                                  stream_),
+            check(cudaMemcpyAsync(staged ? host_logits_.get() : c.logits, logits(), logit_bytes, cudaMemcpyDeviceToHost, stream_),
                   "logits");
+        const auto t_queued = std::chrono::steady_clock::now();
         check(cudaStreamSynchronize(stream_), "step");
+        const auto t_synced = std::chrono::steady_clock::now();
+        if (rows > 0 && staged) std::memcpy(c.logits, host_logits_.get(), logit_bytes);
+        if (stats_) stats_->add(t_start, t_queued, t_synced, std::chrono::steady_clock::now());
     }
 
 private:
@@ -154,8 +201,35 @@ private:
     int64_t n_vocab_, n_logits_;  // token ids' range (the embedding's rows, 0: no Embed); a logits row's width
     Rows logits_rows_;
     DeviceBuffer io_, logits_;
-    mutable std::vector<int32_t> host_io_;
-    std::vector<char> eager_;  // [steps] 1: add_eager
+    PinnedBuffer host_io_, host_logits_;
+    // [steps] how a step runs under CUDA graphs: kRecorded, kEager (add_eager), kEagerUnless16BitKv
+    // (recorded when the state's K and V caches are both f16 / bf16: decode attention).
+    enum StepKind : char { kRecorded, kEager, kEagerUnless16BitKv };
+    std::vector<char> eager_;
+    bool eager(size_t i, const StepContext& c) const {
+        if (i >= eager_.size() || eager_[i] == kRecorded) return false;
+        if (eager_[i] == kEager) return true;
+        auto b16 = [](GgmlType t) { return t == GgmlType::F16 || t == GgmlType::BF16; };
+        return !(b16(c.state->kv_types.k) && b16(c.state->kv_types.v));
+    }
+    // ALLOY_CUDA_STATS=1: where a replay's wall time goes (host work and launches; waiting for
+    // the GPU; the logits copy out of page-locked memory), printed when the plan is dropped.
+    struct Stats {
+        int bucket;
+        int64_t n = 0;
+        double queue_us = 0, wait_us = 0, copy_us = 0;
+        void add(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b,
+                 std::chrono::steady_clock::time_point c, std::chrono::steady_clock::time_point d) {
+            auto us = [](auto x, auto y) { return std::chrono::duration<double, std::micro>(y - x).count(); };
+            ++n, queue_us += us(a, b), wait_us += us(b, c), copy_us += us(c, d);
+        }
+        ~Stats() {
+            if (n)
+                std::fprintf(stderr, "cuda plan of bucket %d: %lld replays, mean us: host + launches %.1f, waiting for the GPU %.1f, logits copy %.1f\n",
+                             bucket, (long long)n, queue_us / double(n), wait_us / double(n), copy_us / double(n));
+        }
+    };
+    mutable std::unique_ptr<Stats> stats_ = env_is("ALLOY_CUDA_STATS", "1") ? std::make_unique<Stats>(Stats{bucket()}) : nullptr;
     // CUDA Graphs (decode and verification plans: launch-bound, ~500 launches a token): each run
     // of non-eager steps is recorded once per key and replayed as one graph launch. The key
     // holds everything those steps' launches take from the host: the state (its buffers), the
@@ -194,13 +268,8 @@ private:
         for (size_t i = 0; i < st.size(); ++i) prof.record(st[i], at(2 * i + 1), at(2 * i + 2));
     }
 
-    bool use_graphs() const {
-        static const bool off = [] {
-            const char* e = std::getenv("ALLOY_CUDA_GRAPHS");
-            return e && std::string(e) == "0";
-        }();
-        return !off && !graphs_failed_ && bucket() <= kGraphMaxBucket;
-    }
+    // Read at every replay, so a test can compare both ways in one process.
+    bool use_graphs() const { return !env_is("ALLOY_CUDA_GRAPHS", "0") && !graphs_failed_ && bucket() <= kGraphMaxBucket; }
     static constexpr int kGraphMaxBucket = 16;
     static constexpr size_t kMaxGraphKeys = 64;
 
@@ -227,12 +296,12 @@ private:
         size_t seg = 0;
         bool eager = false;  // a recording failed: the rest of this replay runs launch by launch
         for (size_t i = 0; i < st.size();) {
-            if (eager || (i < eager_.size() && eager_[i])) {
+            if (eager || this->eager(i, c)) {
                 st[i++].run(c);
                 continue;
             }
             size_t j = i;
-            while (j < st.size() && !(j < eager_.size() && eager_[j])) ++j;
+            while (j < st.size() && !this->eager(j, c)) ++j;
             if (record) {
                 cudaGraphExec_t e = capture(st, i, j, c);
                 if (!e) {  // nothing of steps i..j ran yet: run them (and all later ones) directly
@@ -350,6 +419,8 @@ ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTyp
     d->ssm.resize(L);
     d->k.resize(L);
     d->v.resize(L);
+    d->k_tab.resize(L);
+    d->v_tab.resize(L);
     const size_t kv = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
     for (int l = 0; l < hp.n_layer; ++l) {
         const std::string who = "layer " + std::to_string(l) + "'s state";
@@ -357,9 +428,17 @@ ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTyp
             d->conv[size_t(l)] = std::make_unique<DeviceBuffer>(s.conv_elems * size_t(n_slots) * sizeof(float), who);
             d->ssm[size_t(l)] = std::make_unique<DeviceBuffer>(s.ssm_elems * size_t(n_slots) * sizeof(float), who);
         } else {
+            std::vector<void*> kp, vp;
             for (int slot = 0; slot < n_slots; ++slot) {
                 d->k[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv * ref::kv_elem_bytes(kv_types.k), who));
                 d->v[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv * ref::kv_elem_bytes(kv_types.v), who));
+                kp.push_back(d->k[size_t(l)].back()->get());
+                vp.push_back(d->v[size_t(l)].back()->get());
+            }
+            for (auto [tab, ptrs] : {std::pair{&d->k_tab, &kp}, std::pair{&d->v_tab, &vp}}) {
+                (*tab)[size_t(l)] = std::make_unique<DeviceBuffer>(ptrs->size() * sizeof(void*), who);
+                check(cudaMemcpy((*tab)[size_t(l)]->get(), ptrs->data(), ptrs->size() * sizeof(void*), cudaMemcpyHostToDevice),
+                      "cache pointers of " + who);
             }
         }
     }
@@ -393,6 +472,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     const int32_t* d_offsets = plan->io(CudaPlan::kOffsets);
     const int32_t* d_slots = plan->io(CudaPlan::kSlots);
     const int32_t* d_out_rows = plan->io(CudaPlan::kOutRows);
+    const int32_t* d_tok_slots = plan->io(CudaPlan::kTokSlots);
     cudaStream_t st = stream_;
 
     // One workspace for the matmuls and the GDN op (one node runs at a time), sized for the
@@ -467,16 +547,25 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 break;
             }
             case Op::MatmulMulti: {
-                std::vector<WeightView> ws_of;  // device views, [parts]
-                for (const WeightView* w : n.weights) ws_of.push_back(device_weight(*w, n.label));
-                std::vector<TensorRef> ys;
-                for (size_t i = 0; i < n.out.size(); ++i) ys.push_back(out(n, i));
+                // The parts' device views and their pointers made once (the step runs per token).
+                struct Parts {
+                    std::vector<WeightView> w;
+                    std::vector<const WeightView*> wp;
+                    std::vector<TensorRef> y;
+                };
+                auto parts = std::make_shared<Parts>();
+                for (const WeightView* w : n.weights) parts->w.push_back(device_weight(*w, n.label));
+                for (const WeightView& w : parts->w) parts->wp.push_back(&w);
+                for (size_t i = 0; i < n.out.size(); ++i) parts->y.push_back(out(n, i));
+                constexpr size_t kMaxParts = 8;
+                if (parts->y.size() > kMaxParts || parts->y.size() != parts->w.size())
+                    throw Error("cuda backend: '" + n.label + "': " + std::to_string(parts->w.size()) + " weights for " +
+                                std::to_string(parts->y.size()) + " outputs (at most " + std::to_string(kMaxParts) + ")");
                 const TensorRef x = in(n, 0);
-                plan->add(std::string("matmul_") + type_traits(ws_of[0].type).name, n.label, [=](const StepContext& c) {
-                    std::vector<const WeightView*> w(ws_of.size());
-                    std::vector<float*> y(ys.size());
-                    for (size_t i = 0; i < w.size(); ++i) w[i] = &ws_of[i], y[i] = ys[i].at(c, r);
-                    cuda::matmul_multi(w.data(), y.data(), int(w.size()), x.at(c, r), n_rows(r, c), ws, st);
+                plan->add(std::string("matmul_") + type_traits(parts->w[0].type).name, n.label, [=](const StepContext& c) {
+                    float* y[kMaxParts];
+                    for (size_t i = 0; i < parts->y.size(); ++i) y[i] = parts->y[i].at(c, r);
+                    cuda::matmul_multi(parts->wp.data(), y, int(parts->wp.size()), x.at(c, r), n_rows(r, c), ws, st);
                 });
                 break;
             }
@@ -499,17 +588,12 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             case Op::KvStore: {
                 const TensorRef k = in(n, 0), v = in(n, 1);
                 const int l = n.layer;
-                plan->add_eager("kv_store", n.label, [=](const StepContext& c) {
+                // Row t -> row pos[t] of its slot's caches, both read on the device: recordable.
+                plan->add("kv_store", n.label, [=](const StepContext& c) {
                     CudaState& d = device_state(c);
                     const KvCacheTypes& t = c.state->kv_types;
-                    for (int i = 0; i < c.n_seqs; ++i) {  // rows of sequence i -> its slot's rows [n_past, ...)
-                        const StepSeq q = step_seq(c, i);
-                        const size_t row0 = size_t(q.n_past * k.cols);
-                        char* kc = d.k[size_t(l)][size_t(q.slot)]->get<char>() + row0 * ref::kv_elem_bytes(t.k);
-                        char* vc = d.v[size_t(l)][size_t(q.slot)]->get<char>() + row0 * ref::kv_elem_bytes(t.v);
-                        cuda::kv_store(k.base + q.first * k.cols, kc, t.k, q.n * k.cols, st);
-                        cuda::kv_store(v.base + q.first * k.cols, vc, t.v, q.n * k.cols, st);
-                    }
+                    cuda::kv_store_rows(k.base, c.n, k.cols, d.k_tab[size_t(l)]->get<void*>(), d_tok_slots, d_pos, t.k, st);
+                    cuda::kv_store_rows(v.base, c.n, v.cols, d.v_tab[size_t(l)]->get<void*>(), d_tok_slots, d_pos, t.v, st);
                 });
                 break;
             }
@@ -518,11 +602,35 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const int l = n.layer;
                 const ref::AttentionShape as = n.attn;
                 const bool one_query = bucket == 1 || r == Rows::Last;
-                plan->add_eager(one_query ? "attention_decode" : "attention_prefill", n.label, [=, this](const StepContext& c) {
+                // Decode and verification steps on 16-bit caches (the default f16) take each
+                // token's depth and cache on the device (cuda::attention_decode): one launch for
+                // every sequence of the step, recorded in the step's graph. Its workspace is the
+                // plan's own, sized now: a graph keeps the pointer it was recorded with.
+                void* dec_ws = nullptr;
+                {
+                    ref::AttentionShape s16 = as;
+                    s16.type_k = s16.type_v = GgmlType::F16;
+                    const int64_t T = r == Rows::Last ? 1 : std::min<int64_t>(bucket, cuda::kAttnDecodeMaxT);
+                    if (cuda::attention_decode_supported(s16, T)) {
+                        const size_t bytes = cuda::attention_decode_workspace_bytes(s16, T);
+                        if (!plan->decode_attention_ws || plan->decode_attention_ws->bytes() < bytes)
+                            plan->decode_attention_ws = std::make_unique<DeviceBuffer>(bytes, "the decode attention workspace");
+                        dec_ws = plan->decode_attention_ws->get();
+                    }
+                }
+                auto step = [=, this](const StepContext& c) {
                     CudaState& d = device_state(c);
                     ref::AttentionShape s = as;
                     s.type_k = c.state->kv_types.k;
                     s.type_v = c.state->kv_types.v;
+                    const int64_t T = r == Rows::Last ? 1 : c.n;
+                    if (dec_ws && cuda::attention_decode_supported(s, T)) {
+                        const int64_t t0 = first_row(r, c);
+                        cuda::attention_decode(s, q.at(c, r), d.k_tab[size_t(l)]->get<const void*>(),
+                                               d.v_tab[size_t(l)]->get<const void*>(), d_tok_slots + t0, d_pos + t0,
+                                               o.at(c, r), T, dec_ws, st);
+                        return;
+                    }
                     auto run = [&](int slot, const float* qq, float* oo, int64_t T, int64_t n_past) {
                         void* aws = attention_workspace(cuda::attention_workspace_bytes(s, T, n_past));
                         cuda::attention(s, qq, d.k[size_t(l)][size_t(slot)]->get(), d.v[size_t(l)][size_t(slot)]->get(), oo, T,
@@ -536,7 +644,10 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                         const StepSeq e = step_seq(c, i);
                         run(e.slot, q.base + e.first * q.cols, o.base + e.first * q.cols, e.n, e.n_past);
                     }
-                });
+                };
+                const char* kernel = one_query ? "attention_decode" : "attention_prefill";
+                if (dec_ws) plan->add_eager_unless_16bit_kv(kernel, n.label, step);
+                else plan->add_eager(kernel, n.label, step);
                 break;
             }
             case Op::SigmoidGateMul: {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -185,6 +186,76 @@ TEST(CudaAttention, WorkspaceIsReusable) {
         ASSERT_EQ(t0, K);
         EXPECT_LE(max_abs(out.host(), want), 2e-5) << "type " << int(ty);
     }
+}
+
+// attention_decode (depths and caches read on the device, for CUDA graphs): a step of tokens of
+// three sequences on their own caches, at depths of one split up to several thousand keys
+// (one call, graph-recorded once and replayed), gives each token the bits of a one-token
+// attention() call on its own cache at its depth; heads 8/2 x 256 (the 0.8B), 6/2 x 64 and
+// 16/4 x 128; f16 and bf16 caches.
+TEST(CudaAttention, DecodeOnTheDeviceGivesEachTokenItsOwnCallsBits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    struct Shape { int n_head, n_head_kv, hd; };
+    uint32_t seed = 100;
+    for (const Shape sh : {Shape{8, 2, 256}, Shape{6, 2, 64}, Shape{16, 4, 128}})
+        for (GgmlType ty : {GgmlType::F16, GgmlType::BF16}) {
+            // Three caches (slots) of 5000 rows each; 11 tokens: slot 2 at depth 4093.., slot 0
+            // decoding one token at 7, slot 1 a verification run of 4 at 2046.. (edges of the
+            // splits' sizes), in the order a batch lays them out.
+            const int64_t n_ctx = 5000;
+            std::vector<AttnCase> cache;
+            for (int sl = 0; sl < 3; ++sl) cache.push_back(make(sh.n_head, sh.n_head_kv, sh.hd, ty, ty, 1, n_ctx - 1, seed++));
+            const std::vector<int32_t> slot = {2, 2, 2, 2, 2, 2, 0, 1, 1, 1, 1};
+            const std::vector<int32_t> pos = {4093, 4094, 4095, 4096, 4097, 4098, 7, 2046, 2047, 2048, 2049};
+            const int64_t T = int64_t(slot.size());
+            const ref::AttentionShape s = cache[0].s;
+            const size_t row = size_t(s.n_head) * s.head_dim;
+            std::vector<float> qh(size_t(T) * row);
+            std::mt19937 rng(seed++);
+            std::normal_distribution<float> nd(0.0f, 1.5f);
+            for (float& f : qh) f = nd(rng);
+            DeviceArray<float> q(qh);
+            std::vector<std::unique_ptr<DeviceArray<uint8_t>>> kd, vd;
+            std::vector<const void*> kp, vp;
+            for (const AttnCase& c : cache) {
+                kd.push_back(std::make_unique<DeviceArray<uint8_t>>(c.k));
+                vd.push_back(std::make_unique<DeviceArray<uint8_t>>(c.v));
+                kp.push_back(kd.back()->p), vp.push_back(vd.back()->p);
+            }
+            DeviceArray<const void*> ktab(kp), vtab(vp);
+            DeviceArray<int32_t> dslot(slot), dpos(pos);
+            DeviceArray<uint8_t> ws{std::vector<uint8_t>(cuda::attention_decode_workspace_bytes(s, T))};
+            DeviceArray<float> out(std::vector<float>(qh.size(), NAN));
+            cudaStream_t st;
+            ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+            cuda::attention_decode(s, q.p, ktab.p, vtab.p, dslot.p, dpos.p, out.p, T, ws.p, st);
+            ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+            ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+            for (int rep = 0; rep < 2; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+            const std::vector<float> got = out.host();
+            for (int64_t t = 0; t < T; ++t) {
+                DeviceArray<float> one(std::vector<float>(row, NAN));
+                DeviceArray<uint8_t> ws1{std::vector<uint8_t>(cuda::attention_workspace_bytes(s, 1, pos[size_t(t)]))};
+                cuda::attention(s, q.p + t * row, kp[size_t(slot[size_t(t)])], vp[size_t(slot[size_t(t)])], one.p, 1,
+                                pos[size_t(t)], ws1.p);
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                EXPECT_EQ(0, std::memcmp(one.host().data(), got.data() + t * row, row * 4))
+                    << "heads " << sh.n_head << "/" << sh.n_head_kv << " x " << sh.hd << " type " << int(ty) << " token " << t
+                    << " (slot " << slot[size_t(t)] << ", position " << pos[size_t(t)] << ")";
+            }
+            cudaGraphExecDestroy(exec);
+            cudaGraphDestroy(graph);
+            cudaStreamDestroy(st);
+        }
+    ref::AttentionShape f32{8, 2, 256, 0.0625f, GgmlType::F32, GgmlType::F32};
+    EXPECT_FALSE(cuda::attention_decode_supported(f32, 1)) << "fp32 caches take attention()";
+    f32.type_k = f32.type_v = GgmlType::F16;
+    EXPECT_FALSE(cuda::attention_decode_supported(f32, cuda::kAttnDecodeMaxT + 1));
+    EXPECT_THROW(cuda::attention_decode(f32, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 17, nullptr), Error);
 }
 
 TEST(CudaAttention, RefusesUnsupportedShapes) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "model/convert_qwen35.h"
 #include "model/qwen35.h"
 #include "runtime/backend.h"
+#include "runtime/batch.h"
 #include "runtime/model_runner.h"
 #include "tests/logits_error.h"
 
@@ -149,6 +151,60 @@ TEST_P(CudaBackend, DecodeIsDeterministicAndVerificationReproducesIt) {
         t += size_t(n);
     }
     EXPECT_EQ(got, once) << "verification calls differ from decode";
+}
+
+// The default f16 KV cache, where decode records the KV store and attention into its CUDA
+// graph (depths and slots read on the device): decode with graphs = without them, run to run;
+// verification calls of 1..5 tokens = decode; two sequences decoded in one batch (one attention
+// launch for both) = each decoded alone.
+TEST_P(CudaBackend, F16CacheDecodeIsTheSameWithGraphsInVerificationAndInABatch) {
+    OnDevice& f = fixture(GetParam());
+    const size_t V = size_t(f.model->hparams().n_vocab);
+    constexpr KvCacheTypes kF16Cache{GgmlType::F16, GgmlType::F16};
+    const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
+    const auto other = f.ref["sequences"][0]["ids"].get<std::vector<int32_t>>();
+    ForwardOptions fo;
+    fo.all_logits = true;
+    fo.gdn_mode = ref::GdnMode::Serial;
+    auto decode = [&](const std::vector<int32_t>& x) {
+        ModelState st = f.gpu->new_state(256, kF16Cache);
+        std::vector<float> out(x.size() * V);
+        for (size_t t = 0; t < x.size(); ++t) f.gpu->forward(st, &x[t], 1, fo, out.data() + t * V);
+        return out;
+    };
+    const std::vector<float> once = decode(ids);
+    ::setenv("ALLOY_CUDA_GRAPHS", "0", 1);
+    const std::vector<float> eager = decode(ids);
+    ::unsetenv("ALLOY_CUDA_GRAPHS");
+    EXPECT_EQ(once, eager) << "graphs change decode's bits";
+    EXPECT_EQ(once, decode(ids)) << "decode run to run";
+    {
+        ModelState st = f.gpu->new_state(256, kF16Cache);
+        std::vector<float> got(ids.size() * V);
+        size_t t = 0;
+        for (; t < 20; ++t) f.gpu->forward(st, &ids[t], 1, fo, got.data() + t * V);
+        for (int k = 1; t < ids.size(); k = k % 5 + 1) {
+            const int n = int(std::min(ids.size() - t, size_t(k)));
+            f.gpu->forward(st, &ids[t], n, fo, got.data() + t * V);
+            t += size_t(n);
+        }
+        EXPECT_EQ(got, once) << "verification calls differ from decode";
+    }
+    {
+        const std::vector<float> alone = decode(other);
+        const size_t n = std::min(ids.size(), other.size());
+        ModelState st = f.gpu->new_state(256, kF16Cache, 2);
+        std::vector<float> rows(2 * V);
+        for (size_t t = 0; t < n; ++t) {
+            Batch b;
+            b.ids.reserve(2);  // (GCC 12 warns a false -Wstringop-overflow on the first insert otherwise)
+            b.add(1, &ids[t], 1, BatchLogits::Last, true);
+            b.add(0, &other[t], 1, BatchLogits::Last, true);
+            f.gpu->forward(st, b, fo, rows.data());
+            ASSERT_TRUE(std::equal(rows.begin(), rows.begin() + V, once.begin() + t * V)) << "slot 1, token " << t;
+            ASSERT_TRUE(std::equal(rows.begin() + V, rows.end(), alone.begin() + t * V)) << "slot 0, token " << t;
+        }
+    }
 }
 
 TEST_P(CudaBackend, RefusesAStateOfAnotherBackend) {

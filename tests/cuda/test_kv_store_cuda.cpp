@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -123,6 +124,39 @@ TEST(CudaKvStore, GraphReplayStores) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(st);
+}
+
+// kv_store_rows: rows of three sequences go to their slots' caches at their positions (read on
+// the device), with kv_store's bits, for every type; rows and places nobody wrote keep their
+// bytes.
+TEST(CudaKvStore, RowsGoToTheirSlotsAtTheirPositions) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const int64_t cols = 2 * 256 + 4, n_ctx = 40;  // odd multiple of 4
+    const std::vector<int32_t> slot = {1, 1, 1, 0, 2, 2};
+    const std::vector<int32_t> pos = {5, 6, 7, 0, 38, 39};
+    const int64_t T = int64_t(slot.size());
+    const std::vector<float> values = make_values(size_t(T * cols), 21);
+    DeviceArray<float> src(values);
+    DeviceArray<int32_t> dslot(slot), dpos(pos);
+    for (GgmlType ty : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+        const size_t eb = ref::kv_elem_bytes(ty), cache_bytes = size_t(n_ctx * cols) * eb;
+        std::vector<std::vector<uint8_t>> want(3, std::vector<uint8_t>(cache_bytes, 0xA5));
+        std::vector<std::unique_ptr<DeviceArray<uint8_t>>> caches;
+        std::vector<void*> ptrs;
+        for (auto& w : want) {
+            caches.push_back(std::make_unique<DeviceArray<uint8_t>>(w));
+            ptrs.push_back(caches.back()->p);
+        }
+        for (int64_t t = 0; t < T; ++t)
+            ref::kv_store(values.data() + t * cols, want[size_t(slot[size_t(t)])].data() + size_t(pos[size_t(t)] * cols) * eb, ty, cols);
+        DeviceArray<void*> tab(ptrs);
+        cuda::kv_store_rows(src.p, T, cols, tab.p, dslot.p, dpos.p, ty);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (size_t sl = 0; sl < 3; ++sl)
+            EXPECT_EQ(caches[sl]->host(), want[sl]) << "type " << int(ty) << " slot " << sl;
+    }
+    EXPECT_THROW(cuda::kv_store_rows(src.p, T, 6, nullptr, dslot.p, dpos.p, GgmlType::F16), Error);  // cols % 4
+    EXPECT_THROW(cuda::kv_store_rows(src.p, T, cols, nullptr, dslot.p, dpos.p, GgmlType::Q8_0), Error);
 }
 
 TEST(CudaKvStore, RejectsOtherTypes) {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "alloy/error.h"
+#include "server/chat_page.h"  // generated from server/web/index.html (CMakeLists.txt)
 #include "server/reasoning.h"
 #include "server/request.h"
 
@@ -477,9 +478,10 @@ struct Server::Impl {
             res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
             res.status = 204;
         });
-        // --api-key: Bearer token on everything but /health and preflights (OpenAI's 401 shape).
+        // --api-key: Bearer token on everything but /health, the chat page (it holds nothing; its
+        // API calls send the key typed into it) and preflights (OpenAI's 401 shape).
         http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            if (opt.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+            if (opt.api_key.empty() || req.path == "/health" || req.path == "/" || req.method == "OPTIONS")
                 return httplib::Server::HandlerResponse::Unhandled;
             if (req.get_header_value("Authorization") == "Bearer " + opt.api_key)
                 return httplib::Server::HandlerResponse::Unhandled;
@@ -504,6 +506,15 @@ struct Server::Impl {
         http.set_socket_options([this](socket_t sock) {
             httplib::default_socket_options(sock);
             listen_fd = int(sock);
+        });
+        // The chat page (server/web/index.html). Its policy allows this origin only: the page
+        // fetches nothing from elsewhere, and a browser enforces that it cannot.
+        http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+            res.set_header("Content-Security-Policy",
+                           "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                           "connect-src 'self'; img-src 'self' data:");
+            res.set_header("Cache-Control", "no-cache");
+            res.set_content(reinterpret_cast<const char*>(kChatPage), kChatPage_size, "text/html; charset=utf-8");
         });
         http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content(R"({"status":"ok"})", "application/json");

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -128,6 +130,24 @@ TEST_F(Serve, HealthAndModels) {
     auto m = c.Get("/v1/models");
     ASSERT_TRUE(m);
     EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "tiny");
+}
+
+// "/" is the chat page, byte for byte the file in the repo (embedded at build time), with a
+// policy that keeps the browser from fetching anything but this server.
+TEST_F(Serve, ChatPageAtRootIsTheShippedFile) {
+    std::ifstream f(std::string(ALLOY_SOURCE_DIR) + "/server/web/index.html", std::ios::binary);
+    const std::string file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(file.empty());
+    httplib::Client c("127.0.0.1", port);
+    auto r = c.Get("/");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+    EXPECT_EQ(r->body, file);
+    EXPECT_NE(r->get_header_value("Content-Security-Policy").find("connect-src 'self'"), std::string::npos);
+    EXPECT_NE(r->body.find("/v1/chat/completions"), std::string::npos);
+    EXPECT_EQ(r->body.find("http://"), std::string::npos) << "the page names another origin";
+    EXPECT_EQ(r->body.find("https://"), std::string::npos) << "the page names another origin";
 }
 
 TEST_F(Serve, GreedyCompletionEqualsTheGenerationLoop) {
@@ -416,6 +436,9 @@ TEST_F(Serve, ApiKeyIsRequiredButNotForHealth) {
     auto health = c.Get("/health");
     ASSERT_TRUE(health);
     EXPECT_EQ(health->status, 200);
+    auto page = c.Get("/");  // the chat page holds no secret; its API calls carry the key
+    ASSERT_TRUE(page);
+    EXPECT_EQ(page->status, 200);
     keyed.stop();
     t.join();
 }

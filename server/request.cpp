@@ -188,6 +188,17 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
         if (!j["stream"].is_boolean()) throw RequestError("stream", "stream must be a boolean");
         r.stream = j["stream"].get<bool>();
     }
+    // stream_options.include_usage: a last chunk (choices []) with the whole usage, as OpenAI's.
+    if (has("stream_options")) {
+        const json& o = j["stream_options"];
+        if (!o.is_object()) throw RequestError("stream_options", "stream_options must be an object");
+        if (!r.stream) throw RequestError("stream_options", "stream_options is only allowed with stream: true");
+        if (o.contains("include_usage") && !o["include_usage"].is_null()) {
+            if (!o["include_usage"].is_boolean())
+                throw RequestError("stream_options.include_usage", "stream_options.include_usage must be a boolean");
+            r.include_usage = o["include_usage"].get<bool>();
+        }
+    }
     if (has("stop")) {
         const json& s = j["stop"];
         if (s.is_string()) {

@@ -31,6 +31,7 @@ struct CompletionRequest {
     SamplingOptions sampler;            // llama.cpp server defaults unless given
     std::vector<std::string> stop;
     bool stream = false;
+    bool include_usage = false;         // stream_options.include_usage (stream only)
     std::vector<ToolSpec> tools;        // chat: the request's tools (empty: none)
     // -1: no logprobs; else each token's and this many alternatives (chat: logprobs = true with
     // top_logprobs; completions: the integer logprobs).

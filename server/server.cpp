@@ -44,15 +44,25 @@ int64_t unix_time() {
     return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The texts of one streamed request, from the engine's thread to the connection's.
+// The texts of one streamed request's choices (n generations), from the engine's thread to the
+// connection's: one queue of events in the order they happened, so the stream interleaves the
+// choices as their text becomes final and a choice's end comes after all of its text.
 struct StreamChannel {
+    struct Event {
+        int choice;
+        bool done;         // the choice finished (its result is in choices[choice].result)
+        std::string text;  // else: a piece of its text
+    };
+    struct Choice {
+        std::vector<TokenLogprob> logprobs;  // every sampled token's so far (requests that ask)
+        GenerationResult result;
+    };
     std::mutex mu;
     std::condition_variable cv;
-    std::deque<std::string> texts;
-    std::vector<TokenLogprob> logprobs;  // every sampled token's so far (requests that ask)
-    bool done = false;
+    std::deque<Event> events;
+    std::vector<Choice> choices;
     bool client_gone = false;
-    GenerationResult result;
+    explicit StreamChannel(int n) : choices(size_t(n)) {}
 };
 
 // Connection threads: every slot's request (blocking or streaming) and a few waiting.
@@ -193,14 +203,19 @@ struct Server::Impl {
         return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
     }
 
-    json usage(const GenerationResult& g) const {
-        const int n = int(g.ids.size());
+    // The usage of n choices of one prompt: the prompt counts once (the first choice's, with its
+    // cache hit), completion tokens are summed over the choices, as OpenAI's.
+    static json usage(const std::vector<const GenerationResult*>& gs) {
+        int n = 0;
+        for (const GenerationResult* g : gs) n += int(g->ids.size());
+        const GenerationResult& g = *gs.front();
         // prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache resumed (OpenAI's field).
         return {{"prompt_tokens", g.n_prompt},
                 {"completion_tokens", n},
                 {"total_tokens", g.n_prompt + n},
                 {"prompt_tokens_details", {{"cached_tokens", g.n_cached}}}};
     }
+    static json usage(const GenerationResult& g) { return usage(std::vector<const GenerationResult*>{&g}); }
 
     // The response object (or, with `delta`, one stream chunk) of either endpoint.
     // A chat stream names the role in its first chunk only, as OpenAI's does (first_chunk).
@@ -273,10 +288,10 @@ struct Server::Impl {
                     engine.submit(std::move(gi), std::move(cb));
                 }
                 json body, choices = json::array();
-                int completion = 0;
-                GenerationResult first;
+                std::vector<GenerationResult> results;
                 for (int i = 0; i < r.n; ++i) {
-                    const GenerationResult g = runs[size_t(i)].get();
+                    results.push_back(runs[size_t(i)].get());
+                    const GenerationResult& g = results.back();
                     if (g.finish_reason == "error") throw Error("engine: " + g.error);
                     json b;
                     if (splits_reasoning(r)) {
@@ -291,142 +306,176 @@ struct Server::Impl {
                     choice["index"] = i;
                     if (r.logprobs >= 0) choice["logprobs"] = logprobs_json(r, g.logprobs, 0, g.logprobs.size());
                     choices.push_back(std::move(choice));
-                    if (i == 0) body = std::move(b), first = g;
-                    completion += int(g.ids.size());
+                    if (i == 0) body = std::move(b);
                 }
+                std::vector<const GenerationResult*> all;
+                for (const GenerationResult& g : results) all.push_back(&g);
                 body["choices"] = std::move(choices);
-                body["usage"] = usage(first);
-                body["usage"]["completion_tokens"] = completion;
-                body["usage"]["total_tokens"] = first.n_prompt + completion;
+                body["usage"] = usage(all);
                 res.set_content(dump(body), "application/json");
             } catch (const std::exception& e) {
                 send_error(res, 500, e.what(), "server_error");
             }
             return;
         }
-        if (r.n > 1)  // not yet: one stream carries one choice
-            return send_error(res, 400, "n > 1 is not supported with stream: true (yet)", "invalid_request_error", "n");
-        // Server-sent events: one chunk per piece of text as it becomes final, then the
-        // finish_reason chunk (with usage, as OpenAI's stream_options.include_usage gives it)
-        // and [DONE]. The engine's thread hands the pieces over through a channel; a client
-        // that goes away cancels the request.
-        auto ch = std::make_shared<StreamChannel>();
-        GenerationCallbacks cb;
-        cb.on_text = [ch](const std::string& text) {
-            std::lock_guard<std::mutex> lock(ch->mu);
-            ch->texts.push_back(text);
-            ch->cv.notify_all();
-            return !ch->client_gone;
-        };
-        if (r.logprobs >= 0)
-            cb.on_logprob = [ch](const TokenLogprob& t) {
-                std::lock_guard<std::mutex> lock(ch->mu);
-                ch->logprobs.push_back(t);
-            };
-        cb.on_done = [ch](const GenerationResult& g) {
-            std::lock_guard<std::mutex> lock(ch->mu);
-            ch->result = g;
-            ch->done = true;
-            ch->cv.notify_all();
-        };
-        uint64_t request_id = 0;
+        // Server-sent events: per choice, one chunk per piece of text as it becomes final (its
+        // `index` set; with n > 1 the choices interleave), then its finish_reason chunk; with
+        // stream_options.include_usage a last chunk with no choices and the whole usage (OpenAI's
+        // stream); then [DONE]. A single choice's finish chunk also carries its usage, as
+        // llama-server's does. The engine's thread hands the pieces over through a channel; a
+        // client that goes away cancels every choice.
+        auto ch = std::make_shared<StreamChannel>(r.n);
+        std::vector<uint64_t> request_ids;
         try {
-            request_id = engine.submit(std::move(gp), std::move(cb));
+            for (int i = 0; i < r.n; ++i) {
+                GenerationRequest gi = gp;
+                gi.sampling.seed = gp.sampling.seed + uint64_t(i);  // choice i: seed + i, as without stream
+                GenerationCallbacks cb;
+                cb.on_text = [ch, i](const std::string& text) {
+                    std::lock_guard<std::mutex> lock(ch->mu);
+                    ch->events.push_back({i, false, text});
+                    ch->cv.notify_all();
+                    return !ch->client_gone;
+                };
+                if (r.logprobs >= 0)
+                    cb.on_logprob = [ch, i](const TokenLogprob& t) {
+                        std::lock_guard<std::mutex> lock(ch->mu);
+                        ch->choices[size_t(i)].logprobs.push_back(t);
+                    };
+                cb.on_done = [ch, i](const GenerationResult& g) {
+                    std::lock_guard<std::mutex> lock(ch->mu);
+                    ch->choices[size_t(i)].result = g;
+                    ch->events.push_back({i, true, {}});
+                    ch->cv.notify_all();
+                };
+                request_ids.push_back(engine.submit(std::move(gi), std::move(cb)));
+            }
         } catch (const Error& e) {
+            for (uint64_t q : request_ids) engine.cancel(q);  // the choices already running
             return send_error(res, 400, e.what(), "invalid_request_error");
         }
-        res.set_chunked_content_provider("text/event-stream", [this, r, id, ch, request_id](size_t, httplib::DataSink& sink) {
-            // Each chunk carries the logprobs of the tokens sampled since the chunk before (the
-            // text of a token can come later, held back by a stop string's or a tool call's
-            // check; the last chunk carries the rest).
-            size_t lp_sent = 0, lp_bytes = 0;
-            auto send = [&](json j) {
-                if (r.logprobs >= 0 && j.contains("choices")) {
+        res.set_chunked_content_provider("text/event-stream", [this, r, id, ch, request_ids](size_t, httplib::DataSink& sink) {
+            // A choice's own state in the stream.
+            struct ChoiceStream {
+                bool first = true;                   // its role goes in its first chunk
+                size_t lp_sent = 0, lp_bytes = 0;    // logprobs sent so far, and their text's bytes
+                std::optional<ReasoningSplitter> split;
+                std::optional<ToolCallStream> calls;  // with tools: content from "<tool_call>" on, held
+            };
+            std::vector<ChoiceStream> cs(size_t(r.n));
+            for (ChoiceStream& c : cs) {
+                if (splits_reasoning(r)) c.split.emplace(true);
+                if (!r.tools.empty()) c.calls.emplace();
+            }
+            bool ok = true;  // false: the client left or a choice failed; nothing more is sent
+            auto stop_all = [&] {
+                ok = false;
+                {
+                    std::lock_guard<std::mutex> l2(ch->mu);
+                    ch->client_gone = true;
+                }
+                for (uint64_t q : request_ids) engine.cancel(q);
+            };
+            auto write = [&](const std::string& line) {
+                if (ok && !sink.write(line.data(), line.size())) stop_all();
+                return ok;
+            };
+            // One chunk of choice i. Each carries the logprobs of the choice's tokens sampled since
+            // its chunk before (the text of a token can come later, held back by a stop string's or
+            // a tool call's check; the last chunk carries the rest).
+            auto send = [&](json j, int i) {
+                if (!ok) return false;
+                ChoiceStream& c = cs[size_t(i)];
+                j["choices"][0]["index"] = i;
+                if (r.logprobs >= 0) {
                     std::vector<TokenLogprob> lp;
                     {
                         std::lock_guard<std::mutex> l2(ch->mu);
-                        lp.assign(ch->logprobs.begin() + std::ptrdiff_t(lp_sent), ch->logprobs.end());
+                        const std::vector<TokenLogprob>& all = ch->choices[size_t(i)].logprobs;
+                        lp.assign(all.begin() + std::ptrdiff_t(c.lp_sent), all.end());
                     }
-                    j["choices"][0]["logprobs"] = logprobs_json(r, lp, 0, lp.size(), lp_bytes);
-                    for (const TokenLogprob& t : lp) lp_bytes += engine.token_bytes(t.id).size();
-                    lp_sent += lp.size();
+                    j["choices"][0]["logprobs"] = logprobs_json(r, lp, 0, lp.size(), c.lp_bytes);
+                    for (const TokenLogprob& t : lp) c.lp_bytes += engine.token_bytes(t.id).size();
+                    c.lp_sent += lp.size();
                 }
-                const std::string line = "data: " + dump(j) + "\n\n";
-                return sink.write(line.data(), line.size());
+                return write("data: " + dump(j) + "\n\n");
             };
-            bool first = true, ok = true;
-            std::optional<ReasoningSplitter> split;
-            if (splits_reasoning(r)) split.emplace(true);
-            // With tools, content from a "<tool_call>" on is held and parsed at the end.
-            std::optional<ToolCallStream> calls;
-            if (!r.tools.empty()) calls.emplace();
-            // One text piece as its chunks: reasoning_content and/or content deltas.
-            auto send_text = [&](const std::string& text, bool end) {
-                if (!ok) return;
+            // One text piece of choice i as its chunks: reasoning_content and/or content deltas.
+            auto send_text = [&](int i, const std::string& text, bool end) {
+                ChoiceStream& c = cs[size_t(i)];
                 ReasoningSplitter::Pieces p;
-                if (split) p = end ? split->flush() : split->push(text);
+                if (c.split) p = end ? c.split->flush() : c.split->push(text);
                 else p.content = text;
-                if (calls) p.content = calls->push(p.content) + (end ? calls->flush_text() : "");
-                bool sent = true;
+                if (c.calls) p.content = c.calls->push(p.content) + (end ? c.calls->flush_text() : "");
                 if (!p.reasoning.empty())
-                    sent = send(choice_object(r, id, "", nullptr, true, std::exchange(first, false), &p.reasoning));
-                if (sent && (!p.content.empty() || (!end && !split)))
-                    sent = send(choice_object(r, id, p.content, nullptr, true, std::exchange(first, false)));
-                if (!sent) {
-                    ok = false;
-                    std::lock_guard<std::mutex> l2(ch->mu);
-                    ch->client_gone = true;
-                    engine.cancel(request_id);
-                }
+                    send(choice_object(r, id, "", nullptr, true, std::exchange(c.first, false), &p.reasoning), i);
+                if (!p.content.empty() || (!end && !c.split))
+                    send(choice_object(r, id, p.content, nullptr, true, std::exchange(c.first, false)), i);
             };
-            for (;;) {
-                std::unique_lock<std::mutex> lock(ch->mu);
-                ch->cv.wait(lock, [&] { return ch->done || !ch->texts.empty(); });
-                if (ch->texts.empty()) break;  // done, everything sent
-                const std::string text = std::move(ch->texts.front());
-                ch->texts.pop_front();
-                lock.unlock();
-                send_text(text, false);
-            }
-            if (split || calls) send_text("", true);
-            bool called = false;
-            if (calls && calls->in_call() && ok) {
-                ParsedAnswer a = parse_tool_calls(calls->call_text(), r.tools);
-                if (a.calls.empty()) {  // malformed: the text as it came
-                    ok = send(choice_object(r, id, calls->call_text(), nullptr, true, std::exchange(first, false)));
-                } else {
-                    const bool was_first = std::exchange(first, false);
-                    json chunk = choice_object(r, id, "", nullptr, true, was_first);
-                    json delta = {{"tool_calls", tool_calls_json(id, a.calls, true)}};
-                    if (was_first) delta["role"] = "assistant";
-                    chunk["choices"][0]["delta"] = std::move(delta);
-                    ok = send(chunk);
-                    called = true;
-                }
-            }
-            const GenerationResult& g = ch->result;
-            if (ok) {
-                if (g.finish_reason == "error") {
-                    send(error_body(g.error, "server_error", ""));
-                } else {
-                    json last = choice_object(r, id, "", called && g.finish_reason == "stop" ? "tool_calls" : g.finish_reason, true);
-                    last["usage"] = usage(g);
-                    if (send(last)) {
-                        const std::string done = "data: [DONE]\n\n";
-                        sink.write(done.data(), done.size());
+            // Choice i is done: the rest of its text, its tool calls, its finish_reason chunk.
+            auto finish = [&](int i, const GenerationResult& g) {
+                ChoiceStream& c = cs[size_t(i)];
+                if (c.split || c.calls) send_text(i, "", true);
+                bool called = false;
+                if (c.calls && c.calls->in_call() && ok) {
+                    ParsedAnswer a = parse_tool_calls(c.calls->call_text(), r.tools);
+                    if (a.calls.empty()) {  // malformed: the text as it came
+                        send(choice_object(r, id, c.calls->call_text(), nullptr, true, std::exchange(c.first, false)), i);
+                    } else {
+                        const bool was_first = std::exchange(c.first, false);
+                        json chunk = choice_object(r, id, "", nullptr, true, was_first);
+                        // Call ids unique across the choices.
+                        json delta = {{"tool_calls", tool_calls_json(i == 0 ? id : id + "-" + std::to_string(i), a.calls, true)}};
+                        if (was_first) delta["role"] = "assistant";
+                        chunk["choices"][0]["delta"] = std::move(delta);
+                        send(chunk, i);
+                        called = true;
                     }
                 }
+                if (!ok) return;
+                if (g.finish_reason == "error") {  // the stream ends here, without [DONE]
+                    write("data: " + dump(error_body(g.error, "server_error", "")) + "\n\n");
+                    stop_all();
+                    return;
+                }
+                json last = choice_object(r, id, "", called && g.finish_reason == "stop" ? "tool_calls" : g.finish_reason, true);
+                if (r.n == 1) last["usage"] = usage(g);
+                send(last, i);
+            };
+            // Until every choice is done (after a stop_all too: cancelled choices end at once).
+            for (int running = r.n; running > 0;) {
+                std::unique_lock<std::mutex> lock(ch->mu);
+                ch->cv.wait(lock, [&] { return !ch->events.empty(); });
+                StreamChannel::Event e = std::move(ch->events.front());
+                ch->events.pop_front();
+                const GenerationResult* g = e.done ? &ch->choices[size_t(e.choice)].result : nullptr;
+                lock.unlock();  // a choice's result is written once, before its done event
+                if (e.done) {
+                    --running;
+                    if (ok) finish(e.choice, *g);
+                } else if (ok) {
+                    send_text(e.choice, e.text, false);
+                }
             }
+            if (ok && r.include_usage) {
+                std::vector<const GenerationResult*> all;
+                for (const StreamChannel::Choice& c : ch->choices) all.push_back(&c.result);
+                json u = choice_object(r, id, "", nullptr, true);
+                u["choices"] = json::array();
+                u["usage"] = usage(all);
+                write("data: " + dump(u) + "\n\n");
+            }
+            write("data: [DONE]\n\n");
             sink.done();
             return true;
-        }, [this, ch, request_id](bool success) {
+        }, [this, ch, request_ids](bool success) {
             // The connection ended (or the client left before the first byte): stop the work.
             if (!success) {
                 {
                     std::lock_guard<std::mutex> lock(ch->mu);
                     ch->client_gone = true;
                 }
-                engine.cancel(request_id);
+                for (uint64_t q : request_ids) engine.cancel(q);
             }
         });
     }

@@ -4,8 +4,8 @@
 Starts `alloy serve` on a free port with the embedded default model (a tiny synthetic Qwen3.5
 with the real Qwen3 vocabulary: random weights, so answers are gibberish, but every field of
 the API is real) and an API key, then checks through the client: completions and chat, each
-streaming and not (a stream adds up to the whole answer), reasoning_content, logprobs, n, a
-tool round trip (tools + an assistant tool call + the tool's message), errors as the client's
+streaming and not (a stream adds up to the whole answer), reasoning_content, logprobs, n (whole and
+streamed), a tool round trip (tools + an assistant tool call + the tool's message), errors as the client's
 exception types with their status and param, and the API key (a wrong key is a 401).
 
 Usage: openai_client_test.py --alloy build/alloy
@@ -124,6 +124,23 @@ def run_checks(c, port):
     r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, seed=3, n=3,
                                   extra_body=off)
     check([ch.index for ch in r.choices] == [0, 1, 2], "n = 3: three choices, indexed")
+    # The same three choices in one stream: chunks by index, each choice's finish_reason in its
+    # last chunk, the usage totals in a last chunk without choices (stream_options.include_usage).
+    texts, finish, usage, after_finish = {}, {}, None, False
+    for ch in c.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, temperature=1.0, seed=3, n=3,
+                                        stream=True, stream_options={"include_usage": True}, extra_body=off):
+        if not ch.choices:
+            usage = ch.usage
+        for choice in ch.choices:
+            after_finish |= choice.index in finish
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    check([texts.get(i) for i in range(3)] == [ch.message.content for ch in r.choices] and not after_finish,
+          "n = 3 streamed: each index adds up to its choice, nothing after its finish_reason")
+    check([finish.get(i) for i in range(3)] == [ch.finish_reason for ch in r.choices], "n = 3 streamed: finish_reasons")
+    check(usage is not None and usage.completion_tokens == r.usage.completion_tokens and
+          usage.prompt_tokens == r.usage.prompt_tokens, "n = 3 streamed: include_usage gives the totals")
 
     # A tool round trip: the tools, the assistant's call and the tool's answer go back in.
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",

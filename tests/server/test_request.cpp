@@ -43,6 +43,9 @@ TEST(Request, CompletionFieldsAndDefaults) {
     EXPECT_EQ(r.sampler.seed, 9u);
     EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "bc"}));
     EXPECT_TRUE(r.stream);
+    EXPECT_FALSE(r.include_usage);
+    EXPECT_TRUE(parse(R"({"prompt": "p", "stream": true, "stream_options": {"include_usage": true}})").include_usage);
+    EXPECT_FALSE(parse(R"({"prompt": "p", "stream": true, "stream_options": {}})").include_usage);
     EXPECT_EQ(parse(R"({"prompt": "p", "stop": "z", "max_tokens": null})").stop, std::vector<std::string>{"z"});
 }
 
@@ -93,6 +96,10 @@ TEST(Request, EveryBadFieldIsNamed) {
     expect_error(R"({"prompt": "x", "n": 17})", false, "n", "[1, 16]");
     expect_error(R"({"prompt": "x", "n": 0})", false, "n", "[1, 16]");
     expect_error(R"({"prompt": "x", "stream": 1})", false, "stream", "boolean");
+    expect_error(R"({"prompt": "x", "stream": true, "stream_options": 1})", false, "stream_options", "object");
+    expect_error(R"({"prompt": "x", "stream_options": {"include_usage": true}})", false, "stream_options", "stream: true");
+    expect_error(R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": 1}})", false,
+                 "stream_options.include_usage", "boolean");
     expect_error(R"({"prompt": "x", "stop": 3})", false, "stop", "string");
     expect_error(R"({"prompt": "x", "stop": ["a", 3]})", false, "stop", "stop[1]");
     expect_error(R"({"prompt": "x", "stop": [""]})", false, "stop", "empty");

@@ -313,11 +313,83 @@ TEST_F(Serve, NChoicesAreTheirSeedsAnswers) {
     EXPECT_GT(distinct.size(), size_t(1)) << "three seeds gave one text: the seeds were not applied";
     EXPECT_EQ(j["usage"]["completion_tokens"], completion);
     EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + completion);
-    req["stream"] = true;
-    expect_error(post("/v1/completions", req.dump()), 400, "n", "stream");
-    req["stream"] = false;
     req["n"] = 17;
     expect_error(post("/v1/completions", req.dump()), 400, "n", "n");
+}
+
+// n choices in one stream (OpenAI's shape): every chunk names its choice's index, each choice's
+// pieces add up to its non-streamed text (and reasoning), its finish_reason comes in its last
+// chunk, and with stream_options.include_usage a last chunk without choices carries the totals.
+TEST_F(Serve, NChoicesStreamInOneStreamByIndex) {
+    for (bool chat : {false, true}) {
+        json req = {{"max_tokens", 8}, {"temperature", 1.0}, {"seed", 11}, {"n", 3}};
+        if (chat) req["messages"] = json::array({{{"role", "user"}, {"content", "Hello there"}}});  // thinking on
+        else req["prompt"] = "Once upon a time";
+        const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+        auto whole = post(path, req.dump());
+        ASSERT_TRUE(whole);
+        ASSERT_EQ(whole->status, 200) << whole->body;
+        const json w = json::parse(whole->body);
+        req["stream"] = true;
+        req["stream_options"] = {{"include_usage", true}};
+        auto r = post(path, req.dump());
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        std::vector<std::string> text(3), reasoning(3), finish(3);
+        std::vector<int> roles(3, 0);
+        json usage;
+        bool done = false;
+        size_t pos = 0;
+        while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+            const size_t end = r->body.find("\n\n", pos);
+            const std::string payload = r->body.substr(pos + 6, end - pos - 6);
+            pos = end;
+            ASSERT_FALSE(done) << "a chunk after [DONE]";
+            if (payload == "[DONE]") {
+                done = true;
+                continue;
+            }
+            const json c = json::parse(payload);
+            ASSERT_TRUE(usage.is_null()) << "a chunk after the usage chunk: " << payload;
+            if (c["choices"].empty()) {
+                usage = c["usage"];
+                continue;
+            }
+            ASSERT_EQ(c["choices"].size(), size_t(1)) << payload;
+            const json& ch = c["choices"][0];
+            const int i = ch["index"].get<int>();
+            ASSERT_TRUE(i >= 0 && i < 3) << payload;
+            ASSERT_TRUE(finish[size_t(i)].empty()) << "choice " << i << " has a chunk after its finish_reason";
+            EXPECT_FALSE(c.contains("usage")) << "n > 1: usage only in the include_usage chunk";
+            if (!ch["finish_reason"].is_null()) finish[size_t(i)] = ch["finish_reason"];
+            else if (!chat) text[size_t(i)] += ch["text"].get<std::string>();
+            else {
+                if (ch["delta"].contains("role")) ++roles[size_t(i)];
+                if (ch["delta"].contains("reasoning_content")) reasoning[size_t(i)] += ch["delta"]["reasoning_content"].get<std::string>();
+                else text[size_t(i)] += ch["delta"]["content"].get<std::string>();
+            }
+        }
+        EXPECT_TRUE(done) << r->body;
+        for (size_t i = 0; i < 3; ++i) {
+            const json& wc = w["choices"][i];
+            EXPECT_EQ(text[i], chat ? wc["message"]["content"] : wc["text"]) << "choice " << i;
+            EXPECT_EQ(finish[i], wc["finish_reason"]) << "choice " << i;
+            if (chat) {
+                EXPECT_EQ(reasoning[i], wc["message"]["reasoning_content"]) << "choice " << i;
+                EXPECT_EQ(roles[i], 1) << "choice " << i << ": the role in its first chunk only";
+            }
+        }
+        ASSERT_FALSE(usage.is_null()) << "no usage chunk with include_usage";
+        EXPECT_EQ(usage["completion_tokens"], w["usage"]["completion_tokens"]);
+        EXPECT_EQ(usage["prompt_tokens"], w["usage"]["prompt_tokens"]);
+        EXPECT_EQ(usage["total_tokens"], w["usage"]["total_tokens"]);
+    }
+    // stream_options belongs to a stream; a bad include_usage is named.
+    json req = {{"prompt", "x"}, {"max_tokens", 2}, {"stream_options", {{"include_usage", true}}}};
+    expect_error(post("/v1/completions", req.dump()), 400, "stream_options", "stream");
+    req["stream"] = true;
+    req["stream_options"] = {{"include_usage", "yes"}};
+    expect_error(post("/v1/completions", req.dump()), 400, "stream_options.include_usage", "boolean");
 }
 
 // A streaming client that goes away cancels its request: the engine stops generating for it

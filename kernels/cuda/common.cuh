@@ -56,4 +56,17 @@ __device__ __forceinline__ float block_sum_all(float x, float* red) {
     return warp_sum_all(s);
 }
 
+// The Q8_0 GEMV's quantization of x (ops.h Q8Input), one block of 32 values held one per lane
+// of a warp (every lane active): d = amax / 127, q = round(v / d) to nearest even; q[lane] and
+// (lane 0) *d written. The quantize kernel and the producers that write a Q8Input beside their
+// fp32 output share it, so both give the same bytes.
+__device__ __forceinline__ void quantize_block32(float v, int lane, int8_t* q, float* d) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float s = amax / 127.0f;
+    q[lane] = int8_t(s > 0.0f ? __float2int_rn(v / s) : 0);
+    if (lane == 0) *d = s;
+}
+
 }  // namespace alloy::cuda::detail

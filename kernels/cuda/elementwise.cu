@@ -85,13 +85,53 @@ __global__ void __launch_bounds__(kThreads) gate_rows_kernel(float* x, const flo
     }
 }
 
+// The quantizing forms (ops.h Q8Input): each warp takes blocks of 32 consecutive values, one
+// per lane, computes them with the op, stores them and their quantization. rows x n values,
+// block b of row r at value r n + 32 b; the op's inputs by (row, column).
+template <class Value>
+__global__ void __launch_bounds__(kThreads) q8_rows_kernel(float* out, int64_t rows, int64_t n, Q8Input q8, Value f) {
+    asm volatile("griddepcontrol.launch_dependents;");  // the GEMV after may stream its weights
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+    const int64_t nb = n / 32, total = rows * nb;
+    for (int64_t b = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32; b < total; b += warps) {
+        const int64_t r = b / nb, c = (b - r * nb) * 32 + lane;
+        const float v = f(r, c);
+        out[r * n + c] = v;
+        detail::quantize_block32(v, lane, q8.q + r * n + c - lane, q8.d + b);
+    }
+}
+
+template <class Value>
+void q8_rows(float* out, int64_t rows, int64_t n, const Q8Input& q8, Value f, cudaStream_t st, const char* op) {
+    if (n % 32 || !q8.d) throw Error(std::string(op) + ": a Q8Input needs whole blocks of 32 and both arrays");
+    const unsigned grid = unsigned(std::min<int64_t>(detail::ceil_div(rows * (n / 32), kThreads / 32), 132 * 16));
+    q8_rows_kernel<<<grid, kThreads, 0, st>>>(out, rows, n, q8, f);
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+struct SwiGluAt {
+    const float *g, *u;
+    int64_t n;
+    __device__ float operator()(int64_t r, int64_t c) const { return SwiGluOp{}(g[r * n + c], u[r * n + c]); }
+};
+struct GateAt {
+    const float *x, *g;
+    int64_t n, g_stride;
+    __device__ float operator()(int64_t r, int64_t c) const { return GateOp{}(x[r * n + c], g[r * g_stride + c]); }
+};
+
 }  // namespace
 
 void add(float* x, const float* y, int64_t n, void* stream) {
     binary<AddOp>(x, y, x, n, detail::as_stream(stream), "cuda::add");
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream) {
+void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream, Q8Input q8) {
+    if (q8.q && n > 0) {  // out may alias gate or up: each value is read by the lane that writes it
+        q8_rows(out, 1, n, q8, SwiGluAt{gate, up, n}, detail::as_stream(stream), "cuda::swiglu");
+        return;
+    }
     binary<SwiGluOp>(gate, up, out, n, detail::as_stream(stream), "cuda::swiglu");
 }
 
@@ -99,10 +139,14 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t n, void* stream) {
     binary<GateOp>(x, g, x, n, detail::as_stream(stream), "cuda::sigmoid_gate_mul");
 }
 
-void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream) {
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream, Q8Input q8) {
     const char* op = "cuda::sigmoid_gate_mul";
     if (rows < 0 || n < 0 || g_stride < n) throw Error(std::string(op) + ": bad shape");
     if (rows == 0 || n == 0) return;
+    if (q8.q) {
+        q8_rows(x, rows, n, q8, GateAt{x, g, n, g_stride}, detail::as_stream(stream), op);
+        return;
+    }
     const bool vec = n % 4 == 0 && g_stride % 4 == 0 &&
                      ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(g)) & 15) == 0;
     const int64_t units = rows * (vec ? n / 4 : n);

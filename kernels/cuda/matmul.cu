@@ -108,13 +108,7 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restric
     const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
-    const float v = x[b * kQ8Block + lane];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    xq[b * kQ8Block + lane] = int8_t(d > 0.0f ? __float2int_rn(v / d) : 0);
-    if (lane == 0) xd[b] = d;
+    detail::quantize_block32(x[b * kQ8Block + lane], lane, xq + b * kQ8Block, xd + b);
 }
 
 __device__ __forceinline__ uint32_t ld_u32(const uint32_t* p) { return __ldg(p); }
@@ -558,7 +552,7 @@ namespace {
 // not a multiple of 8 weights or not 16-byte aligned), and nothing ran. Warps per row follow
 // the group's total rows, so a row's bits are fixed by the group's shape (batch invariance).
 bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, uint8_t* ws, cudaStream_t st,
-          const char* op) {
+          const char* op, const Q8Input* given) {
     if (T > kGemvMaxT || n < 1 || n > kMaxParts) return false;
     const GgmlType type = W[0]->type;
     const int64_t n_in = W[0]->n_in;
@@ -584,11 +578,14 @@ bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, in
     }
     if (type != GgmlType::Q8_0) return false;
     const int64_t nb = n_in / kQ8Block;
-    int8_t* xq = reinterpret_cast<int8_t*>(ws);
-    float* xd = reinterpret_cast<float*>(ws + align256(size_t(T * n_in)));
-    const int64_t blocks = T * nb;
-    // PDL-chained too: it waits for the kernel before it inside (griddepcontrol.wait).
-    launch_pdl(quantize_x_kernel, unsigned(ceil_div(blocks * 32, 256)), 256, 0, st, x, xq, xd, blocks);
+    const int8_t* xq = given ? given->q : reinterpret_cast<int8_t*>(ws);
+    const float* xd = given ? given->d : reinterpret_cast<float*>(ws + align256(size_t(T * n_in)));
+    if (!given) {
+        const int64_t blocks = T * nb;
+        // PDL-chained too: it waits for the kernel before it inside (griddepcontrol.wait).
+        launch_pdl(quantize_x_kernel, unsigned(ceil_div(blocks * 32, 256)), 256, 0, st, x, const_cast<int8_t*>(xq),
+                   const_cast<float*>(xd), blocks);
+    }
     const int wpr = q8_warps_per_row(rows, nb, true);
     with_tokens(T, [&](auto kt) { launch_q8_gemv<kt.value>(wpr, p, nb, xq, xd, 1, st); });
     ALLOY_CUDA_LAUNCHED(op);
@@ -604,17 +601,17 @@ size_t matmul_multi_workspace_bytes(const WeightView* const* W, int n, int64_t T
 }
 
 void matmul_multi(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, void* workspace,
-                  void* stream) {
+                  void* stream, const Q8Input* xq) {
     const char* op = "cuda::matmul_multi";
     for (int m = 0; m < n; ++m) check_weight(*W[m], T, op);
     if (T == 0 || n == 0) return;
     uint8_t* ws = static_cast<uint8_t*>(workspace);
     if (matmul_multi_workspace_bytes(W, n, T) && !ws) throw Error(std::string(op) + ": workspace is null");
-    if (gemv(W, y, n, x, T, ws, as_stream(stream), op)) return;
-    for (int m = 0; m < n; ++m) matmul(*W[m], x, y[m], T, workspace, stream);
+    if (gemv(W, y, n, x, T, ws, as_stream(stream), op, xq && xq->q ? xq : nullptr)) return;
+    for (int m = 0; m < n; ++m) matmul(*W[m], x, y[m], T, workspace, stream, xq);
 }
 
-void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream) {
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream, const Q8Input* xq) {
     const char* op = "cuda::matmul";
     check_weight(W, T, op);
     if (T == 0) return;
@@ -622,7 +619,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
     uint8_t* ws = static_cast<uint8_t*>(workspace);
     if (matmul_workspace_bytes(W, T) && !ws) throw Error(std::string(op) + ": workspace is null");
     const WeightView* w1 = &W;
-    if (gemv(&w1, &y, 1, x, T, ws, st, op)) return;
+    if (gemv(&w1, &y, 1, x, T, ws, st, op, xq && xq->q ? xq : nullptr)) return;
     switch (W.type) {
         case GgmlType::F32:
             // PEDANTIC: fp32 FMAs, never TF32 (even with NVIDIA_TF32_OVERRIDE): the oracle path.

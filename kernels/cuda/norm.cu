@@ -17,11 +17,19 @@ constexpr int kThreads = 256;
 constexpr int kMaxPerThread = 16;  // rows up to 4096 stay in registers; longer rows re-read x
 
 // kAdd: x += y first (x written back), then the norm of the sum.
+// q8.q: out also quantized per 32 (n % 32 == 0): a thread's elements tid + 256 e put each block
+// of 32 in one warp, one value per lane (detail::quantize_block32).
 template <bool kAdd>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(float* x, const float* __restrict__ y,
                                                              const float* __restrict__ w, float* out, int64_t n,
-                                                             float eps) {
+                                                             float eps, Q8Input q8) {
+    // A GEMV launched after this kernel with programmatic serialization may start streaming
+    // its weights now; it waits for this grid before reading out / q8.
+    asm volatile("griddepcontrol.launch_dependents;");
     __shared__ float red[32];
+    const int lane = threadIdx.x & 31;
+    int8_t* qrow = q8.q ? q8.q + blockIdx.x * n : nullptr;
+    float* drow = q8.q ? q8.d + blockIdx.x * (n / 32) : nullptr;
     float* xr = x + blockIdx.x * n;
     float* orow = out + blockIdx.x * n;
     float v[kMaxPerThread];
@@ -53,35 +61,43 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(float* x, const floa
 #pragma unroll
     for (int e = 0; e < kMaxPerThread; ++e) {
         const int64_t i = threadIdx.x + int64_t(e) * kThreads;
-        if (i < n) orow[i] = v[e] * scale * (w ? w[i] : 1.0f);
+        if (i < n) {  // warp-uniform when n % 32 == 0 (the q8 case)
+            const float o = v[e] * scale * (w ? w[i] : 1.0f);
+            orow[i] = o;
+            if (qrow) detail::quantize_block32(o, lane, qrow + (i - lane), drow + i / 32);
+        }
     }
     // Past the register-held part x is re-read; with kAdd it holds the sum this thread wrote.
-    for (int64_t i = threadIdx.x + int64_t(kMaxPerThread) * kThreads; i < n; i += kThreads)
-        orow[i] = xr[i] * scale * (w ? w[i] : 1.0f);
+    for (int64_t i = threadIdx.x + int64_t(kMaxPerThread) * kThreads; i < n; i += kThreads) {
+        const float o = xr[i] * scale * (w ? w[i] : 1.0f);
+        orow[i] = o;
+        if (qrow) detail::quantize_block32(o, lane, qrow + (i - lane), drow + i / 32);
+    }
 }
 
-void check(int64_t rows, int64_t n, const char* op) {
+void check(int64_t rows, int64_t n, const char* op, const Q8Input& q8) {
     if (rows < 0 || n <= 0 || rows > 0x7fffffff) throw Error(std::string(op) + ": bad shape");
+    if (q8.q && (n % 32 || !q8.d)) throw Error(std::string(op) + ": a Q8Input needs n % 32 == 0 and both arrays");
 }
 
 }  // namespace
 
-void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps, void* stream) {
+void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps, void* stream, Q8Input q8) {
     const char* op = "cuda::rms_norm";
-    check(rows, n, op);
+    check(rows, n, op, q8);
     if (rows == 0) return;
     // out may alias x: each element is read before it is written, by the same thread.
     rms_norm_kernel<false><<<unsigned(rows), kThreads, 0, detail::as_stream(stream)>>>(const_cast<float*>(x), nullptr,
-                                                                                       w, out, n, eps);
+                                                                                       w, out, n, eps, q8);
     ALLOY_CUDA_LAUNCHED(op);
 }
 
 void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t rows, int64_t n, float eps,
-                  void* stream) {
+                  void* stream, Q8Input q8) {
     const char* op = "cuda::add_rms_norm";
-    check(rows, n, op);
+    check(rows, n, op, q8);
     if (rows == 0) return;
-    rms_norm_kernel<true><<<unsigned(rows), kThreads, 0, detail::as_stream(stream)>>>(x, y, w, out, n, eps);
+    rms_norm_kernel<true><<<unsigned(rows), kThreads, 0, detail::as_stream(stream)>>>(x, y, w, out, n, eps, q8);
     ALLOY_CUDA_LAUNCHED(op);
 }
 

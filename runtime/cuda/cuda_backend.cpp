@@ -132,6 +132,7 @@ public:
     float* logits() const { return logits_.get<float>(); }
     std::unique_ptr<DeviceBuffer> scratch, workspace;  // activations; matmul / GDN workspace
     std::unique_ptr<DeviceBuffer> decode_attention_ws;  // cuda::attention_decode's
+    std::unique_ptr<DeviceBuffer> q8_inputs;            // the producers' quantized outputs (fused_q8_inputs)
     ~CudaPlan() override {
         for (auto& [key, execs] : graphs_)
             for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
@@ -499,6 +500,55 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     plan->workspace = std::make_unique<DeviceBuffer>(std::max<size_t>(ws_bytes, 256), "the workspace");
     void* ws = plan->workspace->get();
 
+    // Decode is launch-bound: a tensor whose producer can quantize it (norms, SwiGLU, the
+    // attention gate) and that a Q8_0 matmul over the same rows reads gets a Q8Input, written by
+    // the producer when the step has <= kQ8GemvMaxT rows and read by the GEMV instead of
+    // quantizing x itself (same bytes: one launch less per matmul). Rows compact, as the node's.
+    // ALLOY_CUDA_FUSE_Q8=0 (read at compile) turns it off, for A/B.
+    std::vector<cuda::Q8Input> q8_of(g.tensors.size());
+    std::vector<Rows> q8_rows(g.tensors.size());  // its producer's rows (a reader over others ignores it)
+    if (!env_is("ALLOY_CUDA_FUSE_Q8", "0")) {
+        const std::vector<std::vector<int>> readers = g.readers();
+        struct Want {
+            size_t t, offset;
+            int64_t rows;
+        };
+        std::vector<Want> want;
+        size_t bytes = 0;
+        for (const Node& n : g.nodes) {
+            int t = -1;
+            if (n.op == Op::AddRmsNorm) t = n.out[1];
+            if (n.op == Op::RmsNorm || n.op == Op::Swiglu || n.op == Op::SigmoidGateMul) t = n.out[0];
+            if (t < 0 || g.tensors[size_t(t)].cols % 32 || g.tensors[size_t(t)].logits) continue;
+            bool read_by_q8 = false;
+            for (int ri : readers[size_t(t)]) {
+                const Node& m = g.nodes[size_t(ri)];
+                if ((m.op == Op::Matmul || m.op == Op::MatmulMulti) && m.in[0] == t && m.rows == n.rows &&
+                    std::all_of(m.weights.begin(), m.weights.end(), [](const WeightView* w) { return w->type == GgmlType::Q8_0; }))
+                    read_by_q8 = true;
+            }
+            if (!read_by_q8) continue;
+            const int64_t rows = std::min<int64_t>(n.rows == Rows::Last ? 1 : bucket, cuda::kQ8GemvMaxT);
+            want.push_back({size_t(t), bytes, rows});
+            q8_rows[size_t(t)] = n.rows;
+            bytes += (cuda::q8_input_bytes(rows, g.tensors[size_t(t)].cols) + 255) / 256 * 256;
+        }
+        if (bytes) {
+            plan->q8_inputs = std::make_unique<DeviceBuffer>(bytes, "quantized matmul inputs");
+            for (const Want& w : want) {
+                char* p = plan->q8_inputs->get<char>() + w.offset;
+                q8_of[w.t] = {reinterpret_cast<int8_t*>(p),
+                              reinterpret_cast<float*>(p + cuda::q8_input_scales_offset(w.rows, g.tensors[w.t].cols))};
+            }
+        }
+    }
+    // The Q8Input a node over rows r writes or reads this step, if any (<= kQ8GemvMaxT rows).
+    auto q8_out = [&](const Node& n, size_t i) { return q8_of[size_t(n.out[i])]; };
+    auto q8_in = [&](const Node& n) { return q8_rows[size_t(n.in[0])] == n.rows ? q8_of[size_t(n.in[0])] : cuda::Q8Input{}; };
+    auto q8_at = [](const cuda::Q8Input& q, Rows r, const StepContext& c) {
+        return q.q && n_rows(r, c) <= cuda::kQ8GemvMaxT ? q : cuda::Q8Input{};
+    };
+
     for (const Node& n : g.nodes) {
         const Rows r = n.rows;
         switch (n.op) {
@@ -512,16 +562,18 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const TensorRef a = in(n, 0), o = out(n, 0);
                 const float* w = device_floats(n.norm, a.cols, n.label);
                 const float eps = n.eps;
+                const cuda::Q8Input q8 = q8_out(n, 0);
                 if (r == Rows::Listed) {  // gather the batch's logits rows, then normalize them in place
                     WeightView rows_of_a{GgmlType::F32, a.cols, bucket, reinterpret_cast<const uint8_t*>(a.base),
                                          size_t(a.cols) * sizeof(float)};
                     plan->add("rms_norm", n.label, [=](const StepContext& c) {
                         cuda::get_rows(rows_of_a, d_out_rows, o.base, c.n_out, st);
-                        cuda::rms_norm(o.base, w, o.base, c.n_out, a.cols, eps, st);
+                        cuda::rms_norm(o.base, w, o.base, c.n_out, a.cols, eps, st, q8_at(q8, r, c));
                     });
                 } else {
-                    plan->add("rms_norm", n.label,
-                              [=](const StepContext& c) { cuda::rms_norm(a.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st); });
+                    plan->add("rms_norm", n.label, [=](const StepContext& c) {
+                        cuda::rms_norm(a.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st, q8_at(q8, r, c));
+                    });
                 }
                 break;
             }
@@ -534,16 +586,20 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 1);
                 const float* w = device_floats(n.norm, a.cols, n.label);
                 const float eps = n.eps;
+                const cuda::Q8Input q8 = q8_out(n, 1);
                 plan->add("add_rms_norm", n.label, [=](const StepContext& c) {
-                    cuda::add_rms_norm(a.at(c, r), b.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st);
+                    cuda::add_rms_norm(a.at(c, r), b.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st, q8_at(q8, r, c));
                 });
                 break;
             }
             case Op::Matmul: {
                 const WeightView w = device_weight(*n.weights[0], n.label);
                 const TensorRef x = in(n, 0), y = out(n, 0);
-                plan->add(std::string("matmul_") + type_traits(w.type).name, n.label,
-                          [=](const StepContext& c) { cuda::matmul(w, x.at(c, r), y.at(c, r), n_rows(r, c), ws, st); });
+                const cuda::Q8Input xq = q8_in(n);
+                plan->add(std::string("matmul_") + type_traits(w.type).name, n.label, [=](const StepContext& c) {
+                    const cuda::Q8Input q = q8_at(xq, r, c);
+                    cuda::matmul(w, x.at(c, r), y.at(c, r), n_rows(r, c), ws, st, &q);
+                });
                 break;
             }
             case Op::MatmulMulti: {
@@ -562,17 +618,21 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                     throw Error("cuda backend: '" + n.label + "': " + std::to_string(parts->w.size()) + " weights for " +
                                 std::to_string(parts->y.size()) + " outputs (at most " + std::to_string(kMaxParts) + ")");
                 const TensorRef x = in(n, 0);
+                const cuda::Q8Input xq = q8_in(n);
                 plan->add(std::string("matmul_") + type_traits(parts->w[0].type).name, n.label, [=](const StepContext& c) {
                     float* y[kMaxParts];
                     for (size_t i = 0; i < parts->y.size(); ++i) y[i] = parts->y[i].at(c, r);
-                    cuda::matmul_multi(parts->wp.data(), y, int(parts->wp.size()), x.at(c, r), n_rows(r, c), ws, st);
+                    const cuda::Q8Input q = q8_at(xq, r, c);
+                    cuda::matmul_multi(parts->wp.data(), y, int(parts->wp.size()), x.at(c, r), n_rows(r, c), ws, st, &q);
                 });
                 break;
             }
             case Op::Swiglu: {
                 const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 0);
-                plan->add("swiglu", n.label,
-                          [=](const StepContext& c) { cuda::swiglu(a.at(c, r), b.at(c, r), o.at(c, r), n_rows(r, c) * o.cols, st); });
+                const cuda::Q8Input q8 = q8_out(n, 0);
+                plan->add("swiglu", n.label, [=](const StepContext& c) {
+                    cuda::swiglu(a.at(c, r), b.at(c, r), o.at(c, r), n_rows(r, c) * o.cols, st, q8_at(q8, r, c));
+                });
                 break;
             }
             case Op::RmsNormRope: {
@@ -654,8 +714,9 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const TensorRef x = in(n, 0), gate = in(n, 1);
                 const int heads = n.heads, hd = n.head_dim;
                 const int64_t stride = n.head_stride, off = n.in_offset;
+                const cuda::Q8Input q8 = q8_out(n, 0);
                 plan->add("sigmoid_gate_mul", n.label, [=](const StepContext& c) {
-                    cuda::sigmoid_gate_mul(x.at(c, r), gate.at(c, r) + off, n_rows(r, c) * heads, hd, stride, st);
+                    cuda::sigmoid_gate_mul(x.at(c, r), gate.at(c, r) + off, n_rows(r, c) * heads, hd, stride, st, q8_at(q8, r, c));
                 });
                 break;
             }

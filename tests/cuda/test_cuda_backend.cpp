@@ -47,9 +47,9 @@ std::string source_dir() {
     return s && *s ? s : ALLOY_SOURCE_DIR;
 }
 
-OnDevice& fixture(const std::string& name) {
-    static std::map<std::string, OnDevice> cache;
-    auto it = cache.find(name);
+OnDevice& fixture(const std::string& name, GgmlType dtype = GgmlType::F32) {
+    static std::map<std::pair<std::string, GgmlType>, OnDevice> cache;
+    auto it = cache.find({name, dtype});
     if (it != cache.end()) return it->second;
     const std::string dir = source_dir() + "/tests/fixtures/" + name;
     const fs::path tmp = fs::temp_directory_path() / ("alloy_cuda_backend_" + std::to_string(::getpid()));
@@ -57,14 +57,14 @@ OnDevice& fixture(const std::string& name) {
     ConvertOptions opt;
     opt.hf_dir = dir;
     opt.out_path = (tmp / (name + ".gguf")).string();
-    opt.dtype = GgmlType::F32;
+    opt.dtype = dtype;
     convert_hf_qwen35(opt);
     OnDevice f;
     f.ref = nlohmann::json::parse(std::ifstream(dir + "/reference.json"));
     f.model = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(opt.out_path, gguf::TensorData::Resident)));
     fs::remove_all(tmp);
     f.gpu = std::make_unique<ModelRunner>(*f.model, make_backend("cuda"));
-    return cache.emplace(name, std::move(f)).first->second;
+    return cache.emplace(std::pair{name, dtype}, std::move(f)).first->second;
 }
 
 std::vector<float> read_f32(const std::string& path) {
@@ -204,6 +204,40 @@ TEST_P(CudaBackend, F16CacheDecodeIsTheSameWithGraphsInVerificationAndInABatch) 
             ASSERT_TRUE(std::equal(rows.begin(), rows.begin() + V, once.begin() + t * V)) << "slot 1, token " << t;
             ASSERT_TRUE(std::equal(rows.begin() + V, rows.end(), alone.begin() + t * V)) << "slot 0, token " << t;
         }
+    }
+}
+
+// Q8_0 weights, where norms, SwiGLU and the attention gate hand the GEMVs their input already
+// quantized (one launch less per matmul): the same logits bits as with that fusion off
+// (ALLOY_CUDA_FUSE_Q8=0), decode and verification calls, on f16 and f32 caches; and near
+// transformers (8-bit x on these small random models moves logits 13-40%, as on the CPU:
+// tests/model; the bound catches a wrong layout or scale, which errs by order 1).
+TEST_P(CudaBackend, Q8WeightsFusedQuantizationGivesTheSameBits) {
+    OnDevice& f = fixture(GetParam(), GgmlType::Q8_0);
+    const size_t V = size_t(f.model->hparams().n_vocab);
+    const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
+    ForwardOptions fo;
+    fo.all_logits = true;
+    fo.gdn_mode = ref::GdnMode::Serial;
+    for (KvCacheTypes kv : {KvCacheTypes{GgmlType::F16, GgmlType::F16}, kF32Cache}) {
+        auto run = [&] {  // 30 decode steps, then verification calls of 3 (decode plans and T 3 plans)
+            ModelState st = f.gpu->new_state(256, kv);
+            std::vector<float> out(ids.size() * V);
+            size_t t = 0;
+            for (; t < 30; ++t) f.gpu->forward(st, &ids[t], 1, fo, out.data() + t * V);
+            for (; t < ids.size(); t += 3) f.gpu->forward(st, &ids[t], int(std::min<size_t>(3, ids.size() - t)), fo, out.data() + t * V);
+            return out;
+        };
+        const std::vector<float> fused = run();
+        ::setenv("ALLOY_CUDA_FUSE_Q8", "0", 1);
+        f.gpu->drop_plans();
+        const std::vector<float> plain = run();
+        ::unsetenv("ALLOY_CUDA_FUSE_Q8");
+        f.gpu->drop_plans();
+        EXPECT_EQ(fused, plain) << "kv type " << int(kv.k);
+        const std::vector<float> want =
+            read_f32(source_dir() + "/tests/fixtures/" + GetParam() + "/" + f.ref["sequences"][1]["file"].get<std::string>());
+        EXPECT_LT(max_row_rel_error(fused, want, V), 0.5) << "kv type " << int(kv.k);
     }
 }
 

@@ -300,6 +300,85 @@ TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
     }
 }
 
+// The producers' quantized outputs (ops.h Q8Input): rms_norm, add_rms_norm (rows of 1024 and
+// 5120, past the norm's register-held part), swiglu and the strided attention gate write x's
+// Q8_0 form beside it, and a Q8_0 GEMV (matmul and matmul_multi) on that Q8Input gives the
+// bits of the GEMV quantizing x itself, at T 1, 3 and 16; the fp32 outputs are those of the
+// plain calls; the bytes of q and d are the host quantization's (d = amax / 127, q rounded to
+// nearest even).
+TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    std::mt19937 rng(91);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto rnd = [&](size_t n, float scale) {
+        std::vector<float> v(n);
+        for (float& f : v) f = scale * nd(rng);
+        return v;
+    };
+    for (int64_t n : {int64_t(1024), int64_t(5120)})
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(16)})
+            for (int producer = 0; producer < 4; ++producer) {
+                const size_t N = size_t(T * n);
+                const std::vector<float> a = rnd(N, 1.0f), b = rnd(N, 0.7f), w = rnd(size_t(n), 0.3f);
+                const int heads = int(n / 256);  // the gate: heads of 256 read at a stride of 2 n per token
+                const std::vector<float> g = rnd(size_t(T * 2 * n), 2.0f);
+                DeviceArray<float> da(a), db(b), dw(w), dg(g);
+                DeviceArray<float> plain(std::vector<float>(N, NAN)), fused(std::vector<float>(N, NAN));
+                DeviceArray<int8_t> q(std::vector<int8_t>(N, 0));
+                DeviceArray<float> d(std::vector<float>(N / 32, NAN));
+                const cuda::Q8Input q8{q.p, d.p};
+                const float eps = 1e-6f;
+                auto run = [&](float* out, cuda::Q8Input qq) {
+                    DeviceArray<float> x(a);  // add_rms_norm and the gate write into their input
+                    switch (producer) {
+                        case 0: cuda::rms_norm(x.p, dw.p, out, T, n, eps, nullptr, qq); break;
+                        case 1: cuda::add_rms_norm(x.p, db.p, dw.p, out, T, n, eps, nullptr, qq); break;
+                        case 2: cuda::swiglu(x.p, db.p, out, N, nullptr, qq); break;
+                        default:
+                            cuda::sigmoid_gate_mul(x.p, dg.p + 256, T * heads, 256, 2 * n / heads, nullptr, qq);
+                            ASSERT_EQ(cudaMemcpy(out, x.p, N * 4, cudaMemcpyDeviceToDevice), cudaSuccess);
+                    }
+                    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                };
+                run(plain.p, {});
+                run(fused.p, q8);
+                const std::vector<float> out = plain.host();
+                const std::string what = "producer " + std::to_string(producer) + " n " + std::to_string(n) + " T " + std::to_string(T);
+                ASSERT_EQ(fused.host(), out) << what << ": fp32 output";
+                const std::vector<int8_t> qh = q.host();
+                const std::vector<float> dh = d.host();
+                for (size_t blk = 0; blk < N / 32; ++blk) {
+                    float amax = 0;
+                    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(out[blk * 32 + i]));
+                    const float dd = amax / 127.0f;
+                    ASSERT_EQ(dh[blk], dd) << what << " block " << blk;
+                    for (size_t i = 0; i < 32; ++i)
+                        ASSERT_EQ(qh[blk * 32 + i], int8_t(dd > 0 ? std::nearbyint(out[blk * 32 + i] / dd) : 0)) << what;
+                }
+                // The GEMVs on it: one weight, and two on one launch.
+                std::vector<float> wf, wf2;
+                const HostWeight hw = make_weight(GgmlType::Q8_0, 333, n, wf, uint32_t(producer + 7 * T));
+                const HostWeight hw2 = make_weight(GgmlType::Q8_0, 64, n, wf2, uint32_t(producer + 7 * T + 1));
+                DeviceArray<uint8_t> W(hw.bytes), W2(hw2.bytes);
+                const WeightView v1 = hw.view(W.p), v2 = hw2.view(W2.p);
+                const WeightView* both[2] = {&v1, &v2};
+                DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(both, 2, T)));
+                auto gemv = [&](const cuda::Q8Input* given) {
+                    DeviceArray<float> y1(std::vector<float>(size_t(T * 333), NAN)), y2(std::vector<float>(size_t(T * 64), NAN)),
+                        y3(std::vector<float>(size_t(T * 333), NAN));
+                    float* ys[2] = {y1.p, y2.p};
+                    cuda::matmul_multi(both, ys, 2, plain.p, T, ws.p, nullptr, given);
+                    cuda::matmul(v1, plain.p, y3.p, T, ws.p, nullptr, given);
+                    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                    std::vector<float> r = y1.host(), r2 = y2.host(), r3 = y3.host();
+                    r.insert(r.end(), r2.begin(), r2.end());
+                    r.insert(r.end(), r3.begin(), r3.end());
+                    return r;
+                };
+                EXPECT_EQ(gemv(&q8), gemv(nullptr)) << what << ": GEMV on the producer's Q8Input";
+            }
+}
+
 TEST(CudaMatmul, RefusesOtherTypes) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     std::vector<uint8_t> dummy(64);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 #include <nlohmann/json.hpp>
@@ -79,6 +80,43 @@ struct Server::Impl {
     // Responses by status class (the logger sees every one) and requests turned away as busy.
     std::atomic<uint64_t> responses_2xx{0}, responses_4xx{0}, responses_5xx{0}, rejected_busy{0}, unauthorized{0};
     int listen_fd = -1;  // the listening socket, to raise its backlog after bind
+
+    // Completion requests in flight, for the graceful shutdown: one Flight per request, alive
+    // until its response is done (a stream's until its provider is released), holding the
+    // engine requests it submitted so that a shutdown past its timeout can cancel them.
+    struct Flight {
+        Impl& s;
+        std::mutex mu;
+        std::vector<uint64_t> ids;
+        explicit Flight(Impl& server) : s(server) {
+            std::lock_guard<std::mutex> lock(s.flights_mu);
+            s.flights.insert(this);
+        }
+        ~Flight() {
+            std::lock_guard<std::mutex> lock(s.flights_mu);
+            s.flights.erase(this);
+            s.flights_cv.notify_all();
+        }
+        void add(uint64_t id) {
+            std::lock_guard<std::mutex> lock(mu);
+            ids.push_back(id);
+        }
+    };
+    std::mutex flights_mu;
+    std::condition_variable flights_cv;
+    std::set<Flight*> flights;
+    std::atomic<bool> draining{false};  // shutdown() began: new requests get 503
+
+    // Cancels every engine request of every flight (finished ones are ignored by the engine);
+    // returns how many flights there were.
+    int cancel_flights() {
+        std::lock_guard<std::mutex> lock(flights_mu);
+        for (Flight* f : flights) {
+            std::lock_guard<std::mutex> l2(f->mu);
+            for (uint64_t id : f->ids) engine.cancel(id);
+        }
+        return int(flights.size());
+    }
 
     Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), n_ctx(e.options().n_ctx) {
         if (!engine.has_tokenizer()) return;
@@ -253,6 +291,11 @@ struct Server::Impl {
     }
 
     void complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+        auto flight = std::make_shared<Flight>(*this);  // before the check: shutdown() waits for it
+        if (draining) {
+            res.set_header("Connection", "close");
+            return send_error(res, 503, "the server is shutting down", "server_shutting_down");
+        }
         CompletionRequest r;
         std::vector<int32_t> ids;
         try {
@@ -285,7 +328,7 @@ struct Server::Impl {
                     runs.push_back(done->get_future());
                     GenerationCallbacks cb;
                     cb.on_done = [done](const GenerationResult& g) { done->set_value(g); };
-                    engine.submit(std::move(gi), std::move(cb));
+                    flight->add(engine.submit(std::move(gi), std::move(cb)));
                 }
                 json body, choices = json::array();
                 std::vector<GenerationResult> results;
@@ -349,12 +392,13 @@ struct Server::Impl {
                     ch->cv.notify_all();
                 };
                 request_ids.push_back(engine.submit(std::move(gi), std::move(cb)));
+                flight->add(request_ids.back());
             }
         } catch (const Error& e) {
             for (uint64_t q : request_ids) engine.cancel(q);  // the choices already running
             return send_error(res, 400, e.what(), "invalid_request_error");
         }
-        res.set_chunked_content_provider("text/event-stream", [this, r, id, ch, request_ids](size_t, httplib::DataSink& sink) {
+        res.set_chunked_content_provider("text/event-stream", [this, r, id, ch, request_ids, flight](size_t, httplib::DataSink& sink) {
             // A choice's own state in the stream.
             struct ChoiceStream {
                 bool first = true;                   // its role goes in its first chunk
@@ -607,6 +651,37 @@ int Server::bind() {
 
 void Server::listen() { impl_->http.listen_after_bind(); }
 
-void Server::stop() { impl_->http.stop(); }
+void Server::stop() {
+    // After shutdown() the listener is closed already and listen() returns on its own; a second
+    // stop would close that socket number again.
+    if (!impl_->draining) impl_->http.stop();
+}
+
+int Server::in_flight() const {
+    std::lock_guard<std::mutex> lock(impl_->flights_mu);
+    return int(impl_->flights.size());
+}
+
+int Server::shutdown(double timeout_s) {
+    Impl& s = *impl_;
+    if (s.draining.exchange(true)) return 0;
+    // Stop accepting: shut the listening socket down, not httplib's stop(). Its accept loop then
+    // ends (and closes the socket), while its "shutting down" flag stays off: that flag ends a
+    // stream whose provider has not started yet without its last chunk. Accepted connections are
+    // served to their end (a new request on one of them gets 503).
+    if (s.listen_fd >= 0) ::shutdown(s.listen_fd, SHUT_RDWR);
+    std::unique_lock<std::mutex> lock(s.flights_mu);
+    auto idle = [&] { return s.flights.empty(); };
+    if (s.flights_cv.wait_for(lock, std::chrono::duration<double>(timeout_s), idle)) return 0;
+    lock.unlock();
+    const int cancelled = s.cancel_flights();  // their streams end with finish_reason "cancelled"
+    lock.lock();
+    // A cancelled request leaves at the engine's next step; its response is then written (a
+    // client that reads nothing is cut off by the write timeout).
+    s.flights_cv.wait_for(lock, std::chrono::seconds(30), idle);
+    return cancelled;
+}
+
+void Server::cancel_in_flight() { impl_->cancel_flights(); }
 
 }  // namespace alloy::server

@@ -34,8 +34,16 @@ public:
     Server(Engine& engine, ServerOptions opt);
     ~Server();
     int bind();    // binds host:port; returns the port; throws alloy::Error naming host:port
-    void listen(); // serves until stop(); call after bind()
-    void stop();
+    void listen(); // serves until stop() or shutdown(); call after bind()
+    void stop();   // at once: the listener closes, streams not yet begun end unfinished
+    // Graceful stop (SIGTERM): accepts no new connection, lets the requests in flight finish
+    // (a request arriving on an open connection gets 503), and after timeout_s seconds cancels
+    // those still running (their streams end well-formed, finish_reason "cancelled"). Returns,
+    // with the number of requests it cancelled, once none is in flight; listen() returns when
+    // the connection threads are done. Call from a thread other than listen()'s.
+    int shutdown(double timeout_s);
+    void cancel_in_flight();  // cancels every request in flight now (a second signal)
+    int in_flight() const;    // completion requests whose response is not yet written
 
 private:
     struct Impl;

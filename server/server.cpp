@@ -66,6 +66,10 @@ struct StreamChannel {
     explicit StreamChannel(int n) : choices(size_t(n)) {}
 };
 
+// How long a stream waits for its next piece before it sends an SSE comment (checking that the
+// client is still there).
+constexpr std::chrono::milliseconds kPing{500};
+
 // Connection threads: every slot's request (blocking or streaming) and a few waiting.
 int http_threads(const Engine& e) { return e.options().n_parallel * 2 + 4; }
 
@@ -489,7 +493,16 @@ struct Server::Impl {
             // Until every choice is done (after a stop_all too: cancelled choices end at once).
             for (int running = r.n; running > 0;) {
                 std::unique_lock<std::mutex> lock(ch->mu);
-                ch->cv.wait(lock, [&] { return !ch->events.empty(); });
+                // While nothing comes (queued for a slot, a long prompt), an SSE comment every
+                // kPing: a client that left is only seen by a failing write, and one that left
+                // while queued would otherwise hold its place in the queue until it got a slot
+                // (enough of them fill the queue: 503s for clients still there). Clients skip
+                // comment lines (the SSE format).
+                if (!ch->cv.wait_for(lock, kPing, [&] { return !ch->events.empty(); })) {
+                    lock.unlock();
+                    write(": ping\n\n");
+                    continue;
+                }
                 StreamChannel::Event e = std::move(ch->events.front());
                 ch->events.pop_front();
                 const GenerationResult* g = e.done ? &ch->choices[size_t(e.choice)].result : nullptr;

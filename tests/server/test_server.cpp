@@ -7,6 +7,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -423,6 +424,60 @@ TEST_F(Serve, AStreamingClientThatLeavesCancelsItsRequest) {
     }
     EXPECT_EQ(now.active, 0);
     EXPECT_LT(now.generated_tokens - before.generated_tokens, 200u) << "the request ran on after its client left";
+}
+
+// A streaming client that leaves while its request waits for a slot is noticed (the stream's
+// comment pings fail to write) and its request leaves the queue, long before the slot frees.
+TEST_F(Serve, AStreamingClientThatLeavesWhileQueuedLeavesTheQueue) {
+    EngineOptions eo;
+    eo.model_path = engine->options().model_path;
+    eo.n_ctx = 32768;
+    eo.n_parallel = 1;
+    Engine one(eo);
+    ServerOptions o;
+    o.port = 0;
+    Server srv(one, o);
+    const int p = srv.bind();
+    std::thread t([&] { srv.listen(); });
+    auto stream_req = [](int max_tokens) {
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/completions";
+        req.headers = {{"Content-Type", "application/json"}};
+        req.body = json{{"prompt", "Once upon a time"}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stream", true},
+                        {"stop", json::array()}}.dump();
+        return req;
+    };
+    // A holds the one slot for seconds (30000 tokens; its client reads until told to leave).
+    std::atomic<bool> leave_a{false}, a_done{false};
+    std::thread a([&] {
+        httplib::Client c("127.0.0.1", p);
+        c.set_read_timeout(120);
+        httplib::Request req = stream_req(30000);
+        req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return !leave_a.load(); };
+        c.send(req);
+        a_done = true;
+    });
+    for (int i = 0; i < 200 && one.stats().active == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(one.stats().active, 1);
+    {  // B queues behind A; its client leaves at the first bytes of the body (a ping).
+        httplib::Client c("127.0.0.1", p);
+        c.set_read_timeout(30);
+        httplib::Request req = stream_req(8);
+        req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return false; };
+        c.send(req);
+    }
+    EngineStats st = one.stats();
+    for (int i = 0; i < 300 && st.queued > 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        st = one.stats();
+    }
+    EXPECT_FALSE(a_done) << "A ended before the check: it must hold the slot throughout";
+    EXPECT_EQ(st.queued, 0) << "the request of a client that left stays queued";
+    leave_a = true;
+    a.join();
+    srv.stop();
+    t.join();
 }
 
 TEST_F(Serve, StopStringsCutTheTextEvenAcrossTokens) {

@@ -1,7 +1,9 @@
 #include "cli/common.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "alloy/error.h"
@@ -9,7 +11,7 @@
 namespace alloy::cli {
 
 void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
-    auto* m = cmd->add_option("-m,--model", model, "GGUF model file");
+    auto* m = cmd->add_option("-m,--model", model, "GGUF model: a file, or a name in the models folder ($ALLOY_MODELS, default ~/.cache/alloy/models)");
     if (model_required) m->required();
     cmd->add_option("--gdn", gdn, "GDN prefill kernel: serial | chunked")->capture_default_str();
     cmd->add_option("--chunk", chunk, "GDN chunk size for the chunked kernel")->capture_default_str();
@@ -53,7 +55,44 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
     return e;
 }
 
-std::string ModelOptions::model_path() const { return model.empty() ? default_model_path() : model; }
+std::string ModelOptions::model_path() const { return model.empty() ? default_model_path() : resolve_model(model); }
+
+std::string models_dir() {
+    if (const char* d = std::getenv("ALLOY_MODELS"); d && *d) return d;
+    const char* home = std::getenv("HOME");
+    return std::string(home && *home ? home : ".") + "/.cache/alloy/models";
+}
+
+std::string resolve_model(const std::string& m) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto ends_with = [&](const char* suffix) {
+        const std::string s = suffix;
+        return m.size() >= s.size() && m.compare(m.size() - s.size(), s.size(), s) == 0;
+    };
+    if (m.empty() || fs::is_regular_file(m, ec) || m.find('/') != std::string::npos || ends_with(".gguf") ||
+        ends_with(".json"))
+        return m;
+    const fs::path dir = models_dir();
+    for (const fs::path& p : {dir / (m + ".gguf"), dir / m})
+        if (fs::is_regular_file(p, ec)) return p.string();
+    // Unknown: say where we looked and what is there (the names -m takes).
+    std::vector<std::string> names;
+    if (fs::is_directory(dir, ec))
+        for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+            if (e.is_regular_file(ec)) {
+                const fs::path f = e.path().filename();
+                names.push_back(f.extension() == ".gguf" ? f.stem().string() : f.string());
+            }
+    std::sort(names.begin(), names.end());
+    std::string there;
+    for (const std::string& n : names) there += (there.empty() ? "" : ", ") + n;
+    const std::string where = dir.string() + " ($ALLOY_MODELS)";
+    if (!fs::is_directory(dir, ec))
+        throw Error("-m " + m + ": not a file, and no model of that name: the models folder " + where + " does not exist");
+    if (names.empty()) throw Error("-m " + m + ": not a file, and no model of that name: the models folder " + where + " is empty");
+    throw Error("-m " + m + ": not a file, and no model of that name in " + where + "; models there: " + there);
+}
 
 std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value) {
     std::vector<int> out;

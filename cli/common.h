@@ -28,6 +28,14 @@ struct ModelOptions {
     alloy::EngineOptions engine_options(int n_parallel) const;
 };
 
+// -m as a path or a model name. A path: an existing file, or a value with a '/' or ending in
+// ".gguf" / ".json" (a missing one is the loader's error, naming it). Else a name, found in the
+// models folder ($ALLOY_MODELS, default ~/.cache/alloy/models) as NAME.gguf or NAME; an unknown
+// name throws, listing the names the folder holds. Empty: empty (the caller's default).
+std::string resolve_model(const std::string& m);
+// The models folder resolve_model looks in.
+std::string models_dir();
+
 // "1,2,3" -> integers >= min_value; throws naming the flag and the bad entry.
 std::vector<int> parse_int_list(const std::string& s, const char* flag, int min_value);
 // "1 2 3" or "1,2,3" -> ids; throws naming the bad entry.

@@ -5,6 +5,7 @@
 
 #include "alloy/quantize.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 
 namespace alloy::cli {
 
@@ -13,7 +14,7 @@ void add_quantize_command(CLI::App& app) {
     for (const std::string& n : quantize_type_names()) types += (types.empty() ? "" : " | ") + n;
     auto* cmd = app.add_subcommand("quantize", "quantize a GGUF model as llama-quantize does (same mixes, same bytes)");
     static QuantizeRequest req;
-    cmd->add_option("input", req.input, "input .gguf (F32 / F16 / BF16, or quantized with --allow-requantize)")->required();
+    cmd->add_option("input", req.input, "input .gguf (F32 / F16 / BF16, or quantized with --allow-requantize; or a model name, as -m)")->required();
     cmd->add_option("output", req.output, "output .gguf")->required();
     cmd->add_option("type", req.type, types)->required();
     cmd->add_option("-t,--threads", req.threads, "threads (0: all)")->capture_default_str();
@@ -24,6 +25,7 @@ void add_quantize_command(CLI::App& app) {
     cmd->add_flag("--dry-run", req.dry_run, "print each tensor's type and the sizes, write nothing");
     cmd->callback([] {
         const auto t0 = std::chrono::steady_clock::now();
+        req.input = resolve_model(req.input);  // a file, or a name in the models folder as -m takes
         const QuantizeResult rep = quantize_model(req);
         for (const auto& p : rep.tensors) {
             std::string shape;

@@ -10,6 +10,7 @@
 #include "alloy/error.h"
 #include "alloy/tokenize.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 
 namespace alloy::cli {
 
@@ -20,7 +21,7 @@ void add_tokenize_command(CLI::App& app) {
     };
     auto opt = std::make_shared<Options>();
     auto* cmd = app.add_subcommand("tokenize", "print the token ids of stdin");
-    cmd->add_option("-m,--model", opt->model, "GGUF model, or a Hugging Face tokenizer.json")->required();
+    cmd->add_option("-m,--model", opt->model, "GGUF model (a file or a name in $ALLOY_MODELS), or a Hugging Face tokenizer.json")->required();
     cmd->add_flag("--special", opt->special, "parse special tokens such as <|im_start|> in the input");
     cmd->callback([opt] {
         std::ios::sync_with_stdio(false);
@@ -28,7 +29,7 @@ void add_tokenize_command(CLI::App& app) {
         const std::string text((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
         if (std::cin.bad()) throw Error("tokenize: cannot read stdin");
         std::string line;
-        for (int32_t id : tokenize_text(opt->model, text, opt->special)) {
+        for (int32_t id : tokenize_text(resolve_model(opt->model), text, opt->special)) {
             if (!line.empty()) line += ' ';
             line += std::to_string(id);
         }

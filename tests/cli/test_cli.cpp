@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
@@ -23,8 +25,9 @@ struct Result {
     std::string output;   // stdout + stderr
 };
 
-Result run(const std::string& args, bool with_stderr = true) {
-    const std::string cmd = std::string(ALLOY_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+// env: variable assignments for the command ("NAME=value "), or empty.
+Result run(const std::string& args, bool with_stderr = true, const std::string& env = "") {
+    const std::string cmd = env + std::string(ALLOY_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
     Result r;
     FILE* p = popen(cmd.c_str(), "r");
     char buf[4096];
@@ -163,6 +166,37 @@ TEST_F(Cli, LogitsDumpsNamedTensors) {
 TEST_F(Cli, UnknownFlag) { expect_error(run("run -m " + model + " --bogus-flag 3"), "bogus-flag"); }
 TEST_F(Cli, UnknownSubcommand) { EXPECT_NE(run("frobnicate").code, 0); }
 TEST_F(Cli, MissingModelFile) { expect_error(run("logits -m /nonexistent.gguf --ids 1 -o /dev/null"), "/nonexistent.gguf"); }
+// -m by name: NAME.gguf in $ALLOY_MODELS runs as its path does (the same logits bytes); an
+// unknown name is refused, listing the names the folder holds; a path still works, a missing
+// path is still named as a file.
+TEST_F(Cli, ModelsByName) {
+    const fs::path models = dir / "models";
+    fs::create_directories(models);
+    fs::copy_file(model, models / "qwen3.5-test.gguf", fs::copy_options::overwrite_existing);
+    std::ofstream(models / "other.gguf") << "x";
+    const std::string env = "ALLOY_MODELS=" + models.string() + " ";
+    const std::string by_path = (dir / "by_path.f32").string(), by_name = (dir / "by_name.f32").string();
+    ASSERT_EQ(run("logits -m " + model + " --ids \"1 2 3\" -o " + by_path).code, 0);
+    Result r = run("logits -m qwen3.5-test --ids \"1 2 3\" -o " + by_name, true, env);
+    ASSERT_EQ(r.code, 0) << r.output;
+    ASSERT_GT(fs::file_size(by_name), 0u);
+    std::ifstream a(by_path, std::ios::binary), b(by_name, std::ios::binary);
+    EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
+        << "the name ran another model";
+    Result unknown = run("run -m qwen3.5-9b -p hi -n 1", true, env);
+    EXPECT_NE(unknown.code, 0);
+    EXPECT_NE(unknown.output.find("qwen3.5-9b"), std::string::npos) << unknown.output;
+    EXPECT_NE(unknown.output.find(models.string()), std::string::npos) << unknown.output;
+    EXPECT_NE(unknown.output.find("other, qwen3.5-test"), std::string::npos) << "the names there: " << unknown.output;
+    Result none = run("bench -m qwen3.5-9b -p 8 -n 0 -r 2", true, "ALLOY_MODELS=" + (dir / "no_such_dir").string() + " ");
+    EXPECT_NE(none.code, 0);
+    EXPECT_NE(none.output.find("does not exist"), std::string::npos) << none.output;
+    // tokenize resolves the name too (this file has no tokenizer: the error names the file found).
+    Result tok = run("tokenize -m qwen3.5-test < /dev/null", true, env);
+    EXPECT_NE(tok.output.find((models / "qwen3.5-test.gguf").string()), std::string::npos) << tok.output;
+    expect_error(run("logits -m /nonexistent/qwen3.5-test --ids 1 -o /dev/null"), "/nonexistent/qwen3.5-test");
+}
+
 TEST_F(Cli, BadGdnMode) { expect_error(run("logits -m " + model + " --ids 1 -o /dev/null --gdn fast"), "--gdn"); }
 TEST_F(Cli, BadTokenIdText) { expect_error(run("logits -m " + model + " --ids \"1 x2 3\" -o /dev/null"), "x2"); }
 TEST_F(Cli, TokenIdOutsideVocabulary) { expect_error(run("logits -m " + model + " --ids \"1 384\" -o /dev/null"), "384"); }

@@ -17,8 +17,8 @@ void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
     cmd->add_option("--chunk", chunk, "GDN chunk size for the chunked kernel")->capture_default_str();
     cmd->add_option("-c,--ctx", ctx, "context size in tokens")->capture_default_str();
     cmd->add_option("-t,--threads", threads, "threads (0 = all cores)")->capture_default_str();
-    cmd->add_option("-b,--batch-size", batch, "longest prefill piece in tokens (a multiple of --chunk)")
-        ->capture_default_str();
+    cmd->add_option("-b,--batch-size", batch,
+                    "longest prefill piece in tokens (a multiple of --chunk; default 512, 4096 with --backend cuda)");
     cmd->add_option("--cache-type-k", cache_type_k, "-ctk: KV cache type for K: f32 | f16 | bf16")->capture_default_str();
     cmd->add_option("--cache-type-v", cache_type_v, "-ctv: KV cache type for V: f32 | f16 | bf16")->capture_default_str();
     cmd->add_flag("--mmap", mmap, "use the file mapping for the weights instead of reading them into memory "
@@ -30,7 +30,8 @@ void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
 void ModelOptions::validate() const {
     if (gdn != "serial" && gdn != "chunked") throw Error("--gdn must be 'serial' or 'chunked', got '" + gdn + "'");
     if (chunk < 1 || chunk > 1024) throw Error("--chunk must be in [1, 1024], got " + std::to_string(chunk));
-    if (batch < chunk) throw Error("--batch-size must be >= --chunk (" + std::to_string(chunk) + ")");
+    if (batch < 0) throw Error("--batch-size must be positive (0: the backend's default), got " + std::to_string(batch));
+    if (batch_or_default() < chunk) throw Error("--batch-size must be >= --chunk (" + std::to_string(chunk) + ")");
     if (ctx < 1) throw Error("--ctx must be positive, got " + std::to_string(ctx));
     if (threads < 0) throw Error("--threads must be >= 0");
     check_cache_type(cache_type_k, kCacheTypeKFlag);  // a bad -ctk/-ctv fails before the model is loaded
@@ -45,7 +46,7 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
     e.n_parallel = n_parallel;
     e.n_ctx = ctx;
     e.threads = threads;
-    e.batch_size = batch;
+    e.batch_size = batch_or_default();
     e.gdn = gdn;
     e.gdn_chunk = chunk;
     e.cache_type_k = cache_type_k;

@@ -16,7 +16,10 @@ struct ModelOptions {
     int chunk = 64;
     int ctx = 4096;
     int threads = 0;         // 0: all cores
-    int batch = 512;         // longest prefill piece (llama.cpp's ubatch)
+    int batch = 0;           // longest prefill piece (llama.cpp's ubatch); 0: the backend's default (batch_or_default)
+    // 512 on the CPU (llama.cpp's), 4096 on cuda, where a 512-token piece re-reads every weight
+    // per piece and leaves the GPU half idle (bench/RESULTS.md: pp4096 2.3x faster).
+    int batch_or_default() const { return batch > 0 ? batch : backend == "cuda" ? 4096 : 512; }
     std::string cache_type_k = "f16", cache_type_v = "f16";  // -ctk / -ctv, llama.cpp's defaults
     bool mmap = false;       // use the file mapping instead of reading the weights into memory
     std::string backend = "cpu";  // cpu | cuda

@@ -78,6 +78,7 @@ struct Engine::Impl {
     bool stopping = false;                         // guarded by mu
     uint64_t next_id = 1;                          // guarded by mu
     EngineStats st;                                // guarded by mu
+    EngineSlots view;                              // guarded by mu: published by the scheduler (publish_slots)
     std::vector<std::unique_ptr<Sequence>> active;  // scheduler thread only
     std::vector<int> free_slots;                    // scheduler thread only
     bool last_step_decoded = false;                 // scheduler thread only
@@ -171,6 +172,28 @@ struct Engine::Impl {
         st.queued = int(queue.size());
         lock.unlock();
         for (auto& s : dropped) finish(*s, "cancelled");
+    }
+
+    // The slots as the scheduler holds them now, copied for Engine::slots(): the Sequences are
+    // this thread's alone (no lock around a step), so readers get this copy, made between steps.
+    void publish_slots() {
+        std::vector<SlotInfo> v(size_t(opt.n_parallel));
+        for (size_t i = 0; i < v.size(); ++i) v[i].id = int(i);
+        for (const auto& s : active) {
+            if (s->slot < 0) continue;
+            SlotInfo& o = v[size_t(s->slot)];
+            o.state = s->decoding ? "decoding" : "prefilling";
+            o.request = s->id;
+            // Admitted but not started: the slot still holds its last request's tokens until start() resets it.
+            o.n_past = s->started == clock::time_point{} ? 0 : slots->n_past(s->slot);
+            o.n_prompt = int(s->req.prompt.size());
+            o.n_prompt_done = int(s->fed);
+            o.n_cached = s->r.n_cached;
+            o.n_generated = int(s->r.ids.size());
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        view.slots = std::move(v);
+        view.queued = int(queue.size());
     }
 
     // The slot's state as a checkpoint of its tokens (the prompt, then the generated ids fed).
@@ -338,7 +361,9 @@ struct Engine::Impl {
                 job();
             }
             admit_and_cancel();
+            publish_slots();  // the admitted requests show before their (maybe long) first step
             step();
+            publish_slots();
             std::lock_guard<std::mutex> lock(mu);
             if (stopping && queue.empty() && active.empty() && jobs.empty()) return;
         }
@@ -363,6 +388,8 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     // Checkpoints copy host state; a device backend's state has no such copies yet.
     if (o.cache_ram_mib > 0 && !m.slots->state().device) m.prefix.emplace(size_t(o.cache_ram_mib) << 20);
     for (int s = o.n_parallel - 1; s >= 0; --s) m.free_slots.push_back(s);  // slot 0 first
+    m.view.slots.resize(size_t(o.n_parallel));
+    for (int s = 0; s < o.n_parallel; ++s) m.view.slots[size_t(s)].id = s;
     m.thread = std::thread([&m] { m.loop(); });
 }
 
@@ -537,6 +564,13 @@ int Engine::n_vocab() const { return impl_->lm.model->hparams().n_vocab; }
 EngineStats Engine::stats() const {
     std::lock_guard<std::mutex> lock(impl_->mu);
     return impl_->st;
+}
+
+EngineSlots Engine::slots() const {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    EngineSlots v = impl_->view;
+    v.queued = int(impl_->queue.size());  // submit() queues between the scheduler's publications
+    return v;
 }
 
 }  // namespace alloy

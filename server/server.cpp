@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <future>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -91,7 +92,8 @@ struct Server::Impl {
     struct Flight {
         Impl& s;
         std::mutex mu;
-        std::vector<uint64_t> ids;
+        std::vector<uint64_t> ids;   // the engine's requests, choice i at i
+        std::string response_id;     // the id its response carries (chatcmpl-N), for /slots
         explicit Flight(Impl& server) : s(server) {
             std::lock_guard<std::mutex> lock(s.flights_mu);
             s.flights.insert(this);
@@ -318,6 +320,10 @@ struct Server::Impl {
                                             " requests are waiting for a slot; retry later", "server_busy");
         }
         const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+        {
+            std::lock_guard<std::mutex> lock(flight->mu);
+            flight->response_id = id;
+        }
         GenerationRequest gp = params(r, std::move(ids));
         if (chat) gp.checkpoint_at = message_ends(gp.prompt);
         if (!r.stream) {
@@ -575,6 +581,38 @@ struct Server::Impl {
         return o.str();
     }
 
+    // GET /slots: every engine slot (llama-server's /slots, in this server's terms): its state, the
+    // response id and choice of the request holding it (the id the client sees), the tokens in its
+    // context, the prompt's progress and the tokens generated; and the queue depth.
+    json slots_json() {
+        const EngineSlots v = engine.slots();
+        std::map<uint64_t, std::pair<std::string, int>> owner;  // engine request -> (response id, choice)
+        {
+            std::lock_guard<std::mutex> lock(flights_mu);
+            for (Flight* f : flights) {
+                std::lock_guard<std::mutex> l2(f->mu);
+                for (size_t i = 0; i < f->ids.size(); ++i) owner[f->ids[i]] = {f->response_id, int(i)};
+            }
+        }
+        json out = json::array();
+        for (const SlotInfo& s : v.slots) {
+            json o = {{"id", s.id}, {"state", s.state}, {"request_id", nullptr}, {"choice", nullptr}, {"task_id", nullptr},
+                      {"n_past", s.n_past}, {"prompt", nullptr}, {"n_generated", s.n_generated}};
+            if (s.request != 0) {
+                o["task_id"] = s.request;
+                // Absent for a moment: the engine admits a request before its submit() returns
+                // to the handler that records it.
+                if (auto it = owner.find(s.request); it != owner.end()) {
+                    o["request_id"] = it->second.first;
+                    o["choice"] = it->second.second;
+                }
+                o["prompt"] = {{"done", s.n_prompt_done}, {"total", s.n_prompt}, {"cached", s.n_cached}};
+            }
+            out.push_back(std::move(o));
+        }
+        return {{"object", "slots"}, {"n_parallel", int(v.slots.size())}, {"queue_depth", v.queued}, {"slots", out}};
+    }
+
     void routes() {
         http.set_payload_max_length(opt.max_body_bytes);
         // CORS for browser clients: any origin; preflights answered here.
@@ -621,6 +659,9 @@ struct Server::Impl {
                            "connect-src 'self'; img-src 'self' data:");
             res.set_header("Cache-Control", "no-cache");
             res.set_content(reinterpret_cast<const char*>(kChatPage), kChatPage_size, "text/html; charset=utf-8");
+        });
+        http.Get("/slots", [this](const httplib::Request&, httplib::Response& res) {
+            res.set_content(dump(slots_json()), "application/json");
         });
         http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content(R"({"status":"ok"})", "application/json");

@@ -133,6 +133,25 @@ struct EngineStats {
     uint64_t cache_bytes = 0;
 };
 
+// One state slot as the scheduler last left it (Engine::slots): what `GET /slots` shows.
+struct SlotInfo {
+    int id = 0;                      // the slot, 0 .. n_parallel - 1
+    std::string state = "idle";      // idle | prefilling (prompt pieces left) | decoding
+    uint64_t request = 0;            // the engine's id of the request holding it (submit's); 0: idle
+    int n_past = 0;                  // tokens in the slot's context (prompt run + tokens fed)
+    int n_prompt = 0;                // the request's prompt tokens
+    int n_prompt_done = 0;           // of which run or resumed from the prefix cache
+    int n_cached = 0;                // of which resumed from the prefix cache
+    int n_generated = 0;             // tokens sampled so far
+};
+
+// Every slot as of the scheduler's last step, and the queue now (a request that just took a
+// slot can be missing from both for the moment between its admission and the next publication).
+struct EngineSlots {
+    std::vector<SlotInfo> slots;     // [n_parallel], by id
+    int queued = 0;                  // requests waiting for a slot
+};
+
 class Engine {
 public:
     // Loads the model and starts the scheduler; throws alloy::Error naming the file or the
@@ -189,6 +208,8 @@ public:
     const EngineOptions& options() const;  // model_path resolved
     int n_vocab() const;
     EngineStats stats() const;
+    // Thread-safe; the view the scheduler published after its last step (or admission).
+    EngineSlots slots() const;
 
 private:
     struct Impl;

@@ -2,6 +2,7 @@
 // one Engine, as llama.cpp's llama-server and vLLM offer it:
 //   GET  /health                 {"status": "ok"}
 //   GET  /v1/models              the one model
+//   GET  /slots                  each engine slot's state and request, and the queue depth
 //   POST /v1/completions         {"prompt": ...} -> text_completion (or SSE chunks with "stream": true)
 //   POST /v1/chat/completions    {"messages": [...]} -> chat.completion (or chat.completion.chunk SSE)
 // Requests run on the Engine (include/alloy/engine.h): up to its n_parallel at once, batched

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <atomic>
 #include <filesystem>
@@ -281,6 +282,83 @@ TEST_F(EngineTest, CancelStopsARequestAtTheNextStep) {
     EXPECT_EQ(b.get_future().get().finish_reason, "cancelled");
     e.cancel(first);
     EXPECT_EQ(a.get_future().get().finish_reason, "cancelled");
+}
+
+// Engine::slots(), the view GET /slots shows. A decodes; from its first token on, B (a prompt
+// of ten 64-token pieces) and C arrive; with two slots C waits. Decode steps and B's pieces
+// alternate, so each of A's tokens sees the view the step before left: B prefilling piece by
+// piece (prompt done = tokens in its context), C queued, A decoding with its own counts.
+TEST_F(EngineTest, SlotsShowEachRequestsProgress) {
+    EngineOptions o = options(2);
+    o.n_ctx = 1024;
+    o.batch_size = 64;
+    Engine e(o);
+    {  // nothing running: every slot idle
+        const EngineSlots v = e.slots();
+        ASSERT_EQ(v.slots.size(), 2u);
+        for (int i = 0; i < 2; ++i) {
+            EXPECT_EQ(v.slots[size_t(i)].id, i);
+            EXPECT_EQ(v.slots[size_t(i)].state, "idle");
+            EXPECT_EQ(v.slots[size_t(i)].request, 0u);
+        }
+        EXPECT_EQ(v.queued, 0);
+    }
+    const GenerationRequest b_req = greedy(ids(640, 11), 2), c_req = greedy(ids(8, 12), 2);
+    std::vector<EngineSlots> seen;
+    std::vector<int> a_tokens;  // A's tokens sampled when each view was taken
+    std::atomic<uint64_t> a_id{0}, b_id{0}, c_id{0};
+    GenerationCallbacks a_cb;
+    a_cb.on_token = [&](int32_t) {
+        if (a_tokens.empty()) {
+            b_id = e.submit(b_req);
+            c_id = e.submit(c_req);
+        }
+        a_tokens.push_back(int(a_tokens.size()) + 1);
+        seen.push_back(e.slots());
+    };
+    const GenerationRequest a_req = greedy(ids(20, 10), 40);
+    std::promise<GenerationResult> a_done;
+    a_cb.on_done = [&](const GenerationResult& r) { a_done.set_value(r); };
+    a_id = e.submit(a_req, a_cb);
+    ASSERT_EQ(a_done.get_future().get().ids.size(), 40u);
+    int prefilling = 0, queued_seen = 0, last_done = -1;
+    for (size_t k = 0; k < seen.size(); ++k) {
+        const EngineSlots& v = seen[k];
+        ASSERT_EQ(v.slots.size(), 2u);
+        for (const SlotInfo& s : v.slots) {
+            if (s.request == a_id && k == 0) {  // its first token comes from its prompt's step
+                EXPECT_EQ(s.state, "prefilling");
+                EXPECT_EQ(s.n_prompt_done, 0);
+                EXPECT_EQ(s.n_past, 0);
+            } else if (s.request == a_id) {
+                EXPECT_EQ(s.state, "decoding");
+                EXPECT_EQ(s.n_prompt, 20);
+                EXPECT_EQ(s.n_prompt_done, 20);
+                // The view is the previous step's: A's tokens then were one fewer than now.
+                EXPECT_EQ(s.n_generated, a_tokens[k] - 1) << "view " << k;
+                EXPECT_EQ(s.n_past, 20 + s.n_generated - 1) << "view " << k;
+            } else if (s.request == b_id && s.state == "prefilling") {
+                EXPECT_EQ(s.n_prompt, 640);
+                EXPECT_EQ(s.n_prompt_done % 64, 0);
+                EXPECT_GE(s.n_prompt_done, last_done);
+                last_done = s.n_prompt_done;
+                EXPECT_EQ(s.n_past, s.n_prompt_done);
+                EXPECT_EQ(s.n_generated, 0);
+                if (s.n_prompt_done > 0 && s.n_prompt_done < 640) ++prefilling;
+            }
+        }
+        if (v.queued == 1) ++queued_seen;
+    }
+    EXPECT_GE(prefilling, 8) << "B's pieces were not seen one by one";
+    EXPECT_GE(queued_seen, 8) << "C was not seen waiting";
+    // Every request done: the slots are idle again (the view after the last step).
+    for (int i = 0; i < 500; ++i) {
+        const EngineSlots v = e.slots();
+        if (v.queued == 0 && std::all_of(v.slots.begin(), v.slots.end(), [](const SlotInfo& s) { return s.state == "idle"; }))
+            return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "the slots did not return to idle";
 }
 
 TEST_F(EngineTest, StopAndZeroTokens) {

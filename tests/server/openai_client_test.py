@@ -6,7 +6,7 @@ with the real Qwen3 vocabulary: random weights, so answers are gibberish, but ev
 the API is real) and an API key, then checks through the client: completions and chat, each
 streaming and not (a stream adds up to the whole answer), reasoning_content, logprobs, n (whole and
 streamed), a tool round trip (tools + an assistant tool call + the tool's message), errors as the client's
-exception types with their status and param, and the API key (a wrong key is a 401).
+exception types with their status and param, the API key (a wrong key is a 401) and GET /slots.
 
 Usage: openai_client_test.py --alloy build/alloy
 Exit 0: all passed; 1: a check failed; 77: the `openai` package is not installed (skipped).
@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 try:
@@ -170,6 +171,25 @@ def run_checks(c, port):
         check(False, "top_logprobs 50 is refused")
     except openai.BadRequestError as e:
         check(e.status_code == 400, "top_logprobs 50: 400")
+
+    # GET /slots (not an OpenAI endpoint: plain HTTP): behind the key, one idle entry per slot
+    # (--parallel 4) once the requests above are done.
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/slots")
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        check(False, "/slots without the key is refused")
+    except urllib.error.HTTPError as e:
+        check(e.code == 401, "/slots without the key: 401")
+    req.add_header("Authorization", f"Bearer {KEY}")
+    for _ in range(100):  # the engine publishes its view after the step that finished the last request
+        with urllib.request.urlopen(req, timeout=10) as r:
+            slots = json.loads(r.read())
+        if all(s["state"] == "idle" for s in slots["slots"]):
+            break
+        time.sleep(0.05)
+    check(len(slots["slots"]) == 4 and slots["queue_depth"] == 0 and
+          [s["id"] for s in slots["slots"]] == [0, 1, 2, 3] and all(s["state"] == "idle" for s in slots["slots"]),
+          "/slots: four idle slots, an empty queue")
 
     # The API key.
     bad = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0)

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unistd.h>
@@ -563,11 +564,108 @@ TEST_F(Serve, ApiKeyIsRequiredButNotForHealth) {
     auto health = c.Get("/health");
     ASSERT_TRUE(health);
     EXPECT_EQ(health->status, 200);
+    // /slots names requests and their progress: behind the key like the API itself.
+    auto slots = c.Get("/slots");
+    ASSERT_TRUE(slots);
+    EXPECT_EQ(slots->status, 401);
+    auto slots_keyed = c.Get("/slots", httplib::Headers{{"Authorization", "Bearer sk-test"}});
+    ASSERT_TRUE(slots_keyed);
+    EXPECT_EQ(slots_keyed->status, 200);
+    EXPECT_EQ(json::parse(slots_keyed->body)["slots"].size(), 8u);
     auto page = c.Get("/");  // the chat page holds no secret; its API calls carry the key
     ASSERT_TRUE(page);
     EXPECT_EQ(page->status, 200);
     keyed.stop();
     t.join();
+}
+
+// GET /slots: one entry per engine slot; idle ones say so and hold no request.
+TEST_F(Serve, SlotsAreIdleWithNothingRunning) {
+    httplib::Client c("127.0.0.1", port);
+    json j;
+    for (int i = 0; i < 200; ++i) {  // requests of earlier tests may still be leaving
+        auto r = c.Get("/slots");
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        j = json::parse(r->body);
+        if (j["slots"].size() == 8 && std::all_of(j["slots"].begin(), j["slots"].end(), [](const json& s) { return s["state"] == "idle"; }))
+            break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(j["n_parallel"], 8);
+    EXPECT_EQ(j["queue_depth"], 0);
+    ASSERT_EQ(j["slots"].size(), 8u);
+    for (int i = 0; i < 8; ++i) {
+        const json& s = j["slots"][size_t(i)];
+        EXPECT_EQ(s["id"], i);
+        EXPECT_EQ(s["state"], "idle") << s.dump();
+        EXPECT_TRUE(s["request_id"].is_null()) << s.dump();
+        EXPECT_TRUE(s["prompt"].is_null()) << s.dump();
+    }
+}
+
+// While a long stream runs, /slots shows its slot decoding under the stream's own id, with the
+// prompt done, the tokens generated so far and a context of prompt + fed tokens; after the
+// client leaves the slot is idle again.
+TEST_F(Serve, SlotsShowALongStreamDecoding) {
+    const std::string prompt = "Once upon a time";
+    const int n_prompt = int(lm->tokenizer->encode(prompt, true).size());
+    std::atomic<bool> leave{false};
+    std::string stream_id;
+    std::mutex id_mu;
+    std::thread client([&] {
+        httplib::Client c("127.0.0.1", port);
+        c.set_read_timeout(60);
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/completions";
+        req.headers = {{"Content-Type", "application/json"}};
+        req.body = json{{"prompt", prompt}, {"max_tokens", 220}, {"temperature", 0}, {"stream", true}}.dump();
+        std::string got;
+        req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+            got.append(d, n);
+            if (const size_t p = got.find("\"id\":\""); p != std::string::npos) {
+                std::lock_guard<std::mutex> lock(id_mu);
+                if (stream_id.empty()) stream_id = got.substr(p + 6, got.find('"', p + 6) - p - 6);
+            }
+            return !leave.load();
+        };
+        c.send(req);
+    });
+    httplib::Client c("127.0.0.1", port);
+    json busy;
+    for (int i = 0; i < 500 && busy.is_null(); ++i) {
+        auto r = c.Get("/slots");
+        ASSERT_TRUE(r && r->status == 200);
+        const json j = json::parse(r->body);
+        for (const json& s : j["slots"])
+            if (s["state"] == "decoding" && s["n_generated"].get<int>() >= 4 && s["request_id"].is_string()) busy = s;
+        if (busy.is_null()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    leave = true;
+    client.join();
+    ASSERT_FALSE(busy.is_null()) << "no slot was seen decoding the stream";
+    {
+        std::lock_guard<std::mutex> lock(id_mu);
+        EXPECT_EQ(busy["request_id"], stream_id) << busy.dump();
+    }
+    EXPECT_EQ(busy["choice"], 0);
+    EXPECT_GT(busy["task_id"].get<uint64_t>(), 0u);
+    EXPECT_EQ(busy["prompt"]["total"], n_prompt) << busy.dump();
+    EXPECT_EQ(busy["prompt"]["done"], n_prompt) << busy.dump();
+    // The last sampled token has not run yet: the context is the prompt + all tokens but one.
+    EXPECT_EQ(busy["n_past"].get<int>(), n_prompt + busy["n_generated"].get<int>() - 1) << busy.dump();
+    EXPECT_LT(busy["n_generated"].get<int>(), 220);
+    // The client left: its request is cancelled and its slot idle again.
+    bool idle = false;
+    for (int i = 0; i < 200 && !idle; ++i) {
+        auto r = c.Get("/slots");
+        ASSERT_TRUE(r && r->status == 200);
+        idle = true;
+        for (const json& s : json::parse(r->body)["slots"]) idle = idle && s["state"] == "idle";
+        if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_TRUE(idle) << "the stream's slot stayed busy after its client left";
 }
 
 TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {

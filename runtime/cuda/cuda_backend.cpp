@@ -32,17 +32,23 @@ void check(cudaError_t e, const std::string& what) {
     if (e != cudaSuccess) throw Error("cuda backend: " + what + ": " + cudaGetErrorString(e));
 }
 
-// Device memory owned by one object (freed with it).
-class DeviceBuffer {
+// Memory owned by one object (freed with it): device memory, or page-locked host memory
+// (cudaMallocHost), which copies to and from the device run from at the link's speed without
+// the driver's staging copy (a pageable 1 MB logits row cost ~0.1 ms a token).
+class CudaBuffer {
 public:
-    explicit DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
-        if (bytes) check(cudaMalloc(&p_, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes for " + what);
+    enum Kind { kDevice, kPinnedHost };
+    CudaBuffer(size_t bytes, const std::string& what, Kind kind = kDevice) : bytes_(bytes), kind_(kind) {
+        if (bytes)
+            check(kind == kDevice ? cudaMalloc(&p_, bytes) : cudaMallocHost(&p_, bytes),
+                  std::string(kind == kDevice ? "cudaMalloc" : "cudaMallocHost") + " of " + std::to_string(bytes) +
+                      " bytes for " + what);
     }
-    ~DeviceBuffer() {
-        if (p_) cudaFree(p_);
+    ~CudaBuffer() {
+        if (p_) kind_ == kDevice ? cudaFree(p_) : cudaFreeHost(p_);
     }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    CudaBuffer(const CudaBuffer&) = delete;
+    CudaBuffer& operator=(const CudaBuffer&) = delete;
     template <class T = void>
     T* get() const { return static_cast<T*>(p_); }
     size_t bytes() const { return bytes_; }
@@ -50,28 +56,9 @@ public:
 private:
     void* p_ = nullptr;
     size_t bytes_ = 0;
+    Kind kind_;
 };
-
-// Page-locked host memory (cudaMallocHost): copies from and to it run at the link's speed and
-// without a staging copy by the driver (a pageable 1 MB logits row cost ~0.1 ms a token).
-class PinnedBuffer {
-public:
-    explicit PinnedBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
-        if (bytes) check(cudaMallocHost(&p_, bytes), "cudaMallocHost of " + std::to_string(bytes) + " bytes for " + what);
-    }
-    ~PinnedBuffer() {
-        if (p_) cudaFreeHost(p_);
-    }
-    PinnedBuffer(const PinnedBuffer&) = delete;
-    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-    template <class T = void>
-    T* get() const { return static_cast<T*>(p_); }
-    size_t bytes() const { return bytes_; }
-
-private:
-    void* p_ = nullptr;
-    size_t bytes_ = 0;
-};
+using DeviceBuffer = CudaBuffer;
 
 bool env_is(const char* name, const char* value) {
     const char* e = std::getenv(name);
@@ -121,8 +108,8 @@ public:
           // Rows the step can return: the last token's one, or up to the bucket's.
           logits_(size_t(logits == Rows::Last ? 1 : logits == Rows::None ? 0 : bucket) * size_t(n_logits) * sizeof(float),
                   "logits"),
-          host_io_(size_t(kIoFields) * io_stride(bucket) * sizeof(int32_t), "step inputs"),
-          host_logits_(logits_.bytes(), "logits") {}
+          host_io_(size_t(kIoFields) * io_stride(bucket) * sizeof(int32_t), "step inputs", CudaBuffer::kPinnedHost),
+          host_logits_(logits_.bytes(), "logits", CudaBuffer::kPinnedHost) {}
     // Device arrays of the step's inputs, each [bucket + 1] int32, 256-byte aligned (the
     // kernels load offsets and slots as vectors).
     // kTokSlots: each token's slot (the KV store's and decode attention's cache).
@@ -202,7 +189,7 @@ private:
     int64_t n_vocab_, n_logits_;  // token ids' range (the embedding's rows, 0: no Embed); a logits row's width
     Rows logits_rows_;
     DeviceBuffer io_, logits_;
-    PinnedBuffer host_io_, host_logits_;
+    CudaBuffer host_io_, host_logits_;  // page-locked
     // [steps] how a step runs under CUDA graphs: kRecorded, kEager (add_eager), kEagerUnless16BitKv
     // (recorded when the state's K and V caches are both f16 / bf16: decode attention).
     enum StepKind : char { kRecorded, kEager, kEagerUnless16BitKv };

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -29,6 +31,7 @@
 
 #include "alloy/error.h"
 #include "kernels/cpu/thread_pool.h"
+#include "runtime/json_constraint.h"
 #include "runtime/model_runner.h"
 #include "runtime/loaded_model.h"
 #include "runtime/sampler.h"
@@ -57,6 +60,8 @@ struct Sequence {
     std::optional<Sampler> sampler;
     std::optional<StreamDecoder> dec;
     std::optional<StopFilter> filter;
+    std::optional<JsonPrefix> json;  // request.format JsonObject: the text so far, as a JSON prefix
+    bool json_on = false;            // the constraint applies (after format_after, when set)
     GenerationResult r;
     clock::time_point submitted, started, prompt_done;
 };
@@ -83,6 +88,10 @@ struct Engine::Impl {
     std::vector<int> free_slots;                    // scheduler thread only
     bool last_step_decoded = false;                 // scheduler thread only
     std::vector<float> logits;                      // scheduler thread only: the step's rows, kept (grows only)
+    // Constrained output: the vocabulary's token trie and mask cache, built by the first request
+    // that asks (~0.1 s for 150k tokens), and the masked row handed to the sampler.
+    std::optional<JsonTokenMask> json_mask;         // scheduler thread only
+    std::vector<float> masked;                      // scheduler thread only
     std::thread thread;
 
     void emit(Sequence& s, const std::string& text, bool& hit) {
@@ -137,6 +146,15 @@ struct Engine::Impl {
             s.dec.reset();  // the rest is dropped
             finish(s, "stop");
             return false;
+        }
+        if (s.json && !s.json_on) {
+            s.json_on = token == s.req.format_after;  // the answer's JSON starts with the next token
+        } else if (s.json) {
+            if (!s.json->push(json_mask->token(token))) throw Error("a token outside the JSON constraint was sampled");
+            if (s.json->complete()) {  // the object closed: nothing may follow it
+                finish(s, "stop");
+                return false;
+            }
         }
         if (int(s.r.ids.size()) >= s.req.max_tokens) {
             finish(s, "length");
@@ -225,6 +243,32 @@ struct Engine::Impl {
                                         s.req.sampling.min_p, s.req.sampling.seed});
         if (s.req.text) s.dec.emplace(*lm.tokenizer);
         s.filter.emplace(s.req.stop);
+        if (s.req.format == GenerationRequest::Format::JsonObject) {
+            if (!json_mask) json_mask.emplace(*lm.tokenizer, lm.model->hparams().n_vocab);
+            s.json.emplace(/*object_only=*/true);
+            s.json_on = s.req.format_after < 0;
+        }
+    }
+
+    // The logits row with every token the JSON constraint refuses at -inf, or nullptr when it
+    // allows none. A token is allowed when its bytes keep the text a JSON prefix and the
+    // shortest completion after it fits in the tokens left after it (one byte per token: the
+    // vocabulary has every byte), so max_tokens never cuts an object open.
+    const float* constrain(const Sequence& s, const float* row, size_t V) {
+        const std::vector<uint16_t>& after = json_mask->after(*s.json);
+        const long left = long(s.req.max_tokens) - long(s.r.ids.size()) - 1;
+        masked.resize(V);
+        constexpr float kOff = -std::numeric_limits<float>::infinity();
+        bool any = false;
+        for (size_t i = 0; i < V; ++i) {
+            const bool ok = after[i] != JsonTokenMask::kRefused && long(after[i]) <= left;
+            masked[i] = ok ? row[i] : kOff;
+            any |= ok;
+        }
+        if (!any)  // max_tokens is below the shortest object: at least a valid prefix
+            for (size_t i = 0; i < V; ++i)
+                if (after[i] != JsonTokenMask::kRefused) masked[i] = row[i], any = true;
+        return any ? masked.data() : nullptr;
     }
 
     // Requests that finish() released (slot -1) leave the active list.
@@ -313,7 +357,14 @@ struct Engine::Impl {
                 s.prompt_done = clock::now();
             }
             const float* row_logits = logits.data() + row * V;
-            const int32_t token = s.sampler->sample(row_logits, int(V));
+            const float* pick = s.json_on ? constrain(s, row_logits, V) : row_logits;
+            if (!pick) {
+                ++row;
+                s.r.error = "the JSON constraint allows no token of the vocabulary";
+                finish(s, "error");
+                continue;
+            }
+            const int32_t token = s.sampler->sample(pick, int(V));
             if (s.req.logprobs >= 0) {
                 s.r.logprobs.push_back(token_logprob(row_logits, int(V), token, s.req.logprobs));
                 if (s.cb.on_logprob) s.cb.on_logprob(s.r.logprobs.back());
@@ -427,6 +478,12 @@ uint64_t Engine::submit(GenerationRequest request, GenerationCallbacks callbacks
         throw Error("request: logprobs = " + std::to_string(request.logprobs) + " must be -1 (none) or 0.." +
                     std::to_string(kMaxTopLogprobs) + " alternatives");
     if (request.text) m.lm.require_tokenizer();
+    if (request.format != GenerationRequest::Format::Text) {
+        if (!request.text) throw Error("request: an output format needs text (the tokenizer's bytes of each token)");
+        if (request.format_after < -1 || request.format_after >= V)
+            throw Error("request: format_after = " + std::to_string(request.format_after) + " is outside the vocabulary [0, " +
+                        std::to_string(V) + ")");
+    }
     auto s = std::make_unique<Sequence>();
     s->req = std::move(request);
     s->cb = std::move(callbacks);

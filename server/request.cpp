@@ -184,6 +184,21 @@ CompletionRequest parse_completion_request(const std::string& body, bool chat) {
             r.tools.push_back(std::move(spec));
         }
     }
+    if (has("response_format")) {
+        const json& f = j["response_format"];
+        if (!f.is_object()) throw RequestError("response_format", "response_format must be an object with a \"type\"");
+        if (!f.contains("type") || !f["type"].is_string())
+            throw RequestError("response_format.type", "response_format.type must be a string: text or json_object");
+        const std::string type = f["type"].get<std::string>();
+        if (type == "json_object") {
+            r.json_object = true;
+        } else if (type == "json_schema") {
+            throw RequestError("response_format.type",
+                               "response_format.type json_schema is not supported (json_object is: any JSON object)");
+        } else if (type != "text") {
+            throw RequestError("response_format.type", "response_format.type must be text or json_object, got '" + type + "'");
+        }
+    }
     if (has("stream")) {
         if (!j["stream"].is_boolean()) throw RequestError("stream", "stream must be a boolean");
         r.stream = j["stream"].get<bool>();

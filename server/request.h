@@ -37,6 +37,10 @@ struct CompletionRequest {
     // top_logprobs; completions: the integer logprobs).
     int logprobs = -1;
     int n = 1;                          // choices (each its own generation; seed + i for choice i)
+    // response_format {"type": "json_object"}: the answer is one JSON object (grammar-constrained
+    // sampling, GenerationRequest::format); "text" (the default) leaves it free. json_schema is
+    // refused by name (no schema-constrained sampling yet).
+    bool json_object = false;
 };
 
 // body: the raw request body; chat: which endpoint. Throws RequestError.

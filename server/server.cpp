@@ -134,8 +134,10 @@ struct Server::Impl {
         im_end = one("<|im_end|>", true);
         newline = one("\n", false);
         assistant = one("assistant", false);
+        think_end = one("</think>", true);
     }
     int32_t im_start = -1, im_end = -1, newline = -1, assistant = -1;  // ChatML's tokens (-1: absent)
+    int32_t think_end = -1;  // "</think>": where a thinking answer's content begins
 
     // Where a chat prompt's messages end (after each "<|im_end|>\n") and where the assistant's
     // turn begins (after the last "<|im_start|>assistant\n", before the generation prompt's
@@ -159,6 +161,9 @@ struct Server::Impl {
 
     // The prompt's token ids; RequestError when it cannot be run.
     std::vector<int32_t> tokenize(const CompletionRequest& r) const {
+        if (r.json_object && r.chat && r.enable_thinking && think_end < 0)
+            throw RequestError("response_format", "response_format json_object with thinking needs a \"</think>\" token, which "
+                                                  "this model's vocabulary lacks: set chat_template_kwargs.enable_thinking false");
         std::string text;
         try {
             std::vector<std::string> tools;
@@ -206,6 +211,13 @@ struct Server::Impl {
         gp.sampling = r.sampler;
         gp.stop = r.stop;
         gp.logprobs = r.logprobs;
+        if (r.json_object) {
+            gp.format = GenerationRequest::Format::JsonObject;
+            // With thinking on the answer opens a think block: the reasoning stays free text and
+            // the JSON is the content after "</think>" (as vLLM's structured output with a
+            // reasoning parser). The template's generation prompt opens it (chat_template.cpp).
+            if (r.chat && r.enable_thinking) gp.format_after = think_end;
+        }
         return gp;
     }
 

@@ -66,6 +66,20 @@ struct GenerationRequest {
     // the prefix cache on, checkpoints are taken: e.g. the end of each chat message, so the next
     // request that shares the system prompt or the earlier turns resumes there.
     std::vector<int> checkpoint_at;
+    // Constrained output (the server's response_format). JsonObject: every sampled token keeps
+    // the text a prefix of one JSON object (valid UTF-8, strings with escapes, numbers,
+    // literals, nesting up to 32, at most 16 whitespace bytes in a row); the generation stops
+    // ("stop") when the object closes, end-of-generation tokens are never sampled, and while
+    // the object is open no token is taken that leaves more bytes to close it than tokens
+    // remain of max_tokens, so the text parses as a JSON object whenever max_tokens allows the
+    // shortest one ("{}"; a stop string or a cancel can still cut it). The sampler (temperature,
+    // top-k, top-p, min-p) draws from the allowed tokens; logprobs stay the model's.
+    // Needs the tokenizer (text).
+    enum class Format { Text, JsonObject };
+    Format format = Format::Text;
+    // >= 0 with a Format: the constraint starts after this token is sampled (a reasoning
+    // model's "</think>": the reasoning is free text, the answer JSON); -1: from the first token.
+    int32_t format_after = -1;
     // >= 0: report each generated token's log-probability (GenerationResult::logprobs) with this
     // many most likely alternatives (at most kMaxTopLogprobs); -1: none (no extra work).
     int logprobs = -1;

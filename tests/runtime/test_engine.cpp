@@ -19,6 +19,7 @@
 
 #include "alloy/engine.h"
 #include "alloy/error.h"
+#include <nlohmann/json.hpp>
 #include "format/gguf.h"
 #include "model/qwen35.h"
 #include "runtime/model_runner.h"
@@ -359,6 +360,96 @@ TEST_F(EngineTest, SlotsShowEachRequestsProgress) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ADD_FAILURE() << "the slots did not return to idle";
+}
+
+// response_format json_object: with random weights (the tiny model's answers are noise) and
+// sampling at temperature 1 over several seeds, with and without truncation, the text always
+// parses as one JSON object and the generation stops where the object closes; a budget far
+// below a free answer's length still closes it in time. Unconstrained, the same requests are
+// not JSON (so the check can fail).
+TEST_F(EngineTest, JsonObjectOutputAlwaysParses) {
+    Engine e(options(8));
+    const std::vector<int32_t> prompt = e.tokenize("Give me a JSON object describing a cat:", false);
+    std::vector<GenerationRequest> reqs;
+    for (uint64_t seed = 1; seed <= 6; ++seed)
+        for (int variant = 0; variant < 3; ++variant) {
+            GenerationRequest r;
+            r.prompt = prompt;
+            r.max_tokens = variant == 2 ? 6 : 32;  // 6: the budget rule must close it early
+            r.sampling.temperature = 1;
+            r.sampling.seed = seed;
+            if (variant == 1) r.sampling.top_k = 0, r.sampling.top_p = 1, r.sampling.min_p = 0;  // the whole vocabulary
+            reqs.push_back(r);
+        }
+    // All at once (they batch); then the same requests unconstrained.
+    auto run_all = [&](bool json) {
+        std::vector<std::future<GenerationResult>> f;
+        for (GenerationRequest r : reqs) {
+            if (json) r.format = GenerationRequest::Format::JsonObject;
+            auto done = std::make_shared<std::promise<GenerationResult>>();
+            f.push_back(done->get_future());
+            GenerationCallbacks cb;
+            cb.on_done = [done](const GenerationResult& g) { done->set_value(g); };
+            e.submit(std::move(r), std::move(cb));
+        }
+        std::vector<GenerationResult> out;
+        for (auto& x : f) out.push_back(x.get());
+        return out;
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    const std::vector<GenerationResult> got = run_all(true);
+    const double t_json = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int nonempty = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const GenerationResult& g = got[i];
+        SCOPED_TRACE("request " + std::to_string(i) + ": " + g.text);
+        const nlohmann::json j = nlohmann::json::parse(g.text, nullptr, /*allow_exceptions=*/false);
+        ASSERT_FALSE(j.is_discarded()) << "not JSON";
+        EXPECT_TRUE(j.is_object());
+        EXPECT_EQ(g.finish_reason, "stop");
+        EXPECT_LE(int(g.ids.size()), reqs[i].max_tokens);
+        EXPECT_EQ(g.text.back(), '}') << "the generation goes on after the object";
+        nonempty += !j.empty();
+    }
+    EXPECT_GT(nonempty, 0) << "only {} came out: the constraint leaves the model no room";
+    int free_json = 0;
+    t0 = std::chrono::steady_clock::now();
+    const std::vector<GenerationResult> free = run_all(false);
+    const double t_free = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    size_t n_json = 0, n_free = 0;
+    for (const GenerationResult& g : got) n_json += g.ids.size();
+    for (const GenerationResult& u : free) n_free += u.ids.size();
+    std::printf("constrained %zu tokens in %.2f s, free %zu tokens in %.2f s\n", n_json, t_json, n_free, t_free);
+    for (const GenerationResult& u : free) free_json += !nlohmann::json::parse(u.text, nullptr, false).is_discarded();
+    EXPECT_EQ(free_json, 0) << "the model writes JSON unconstrained: the check above proves nothing";
+    std::printf("e.g. %s\n    %s\n", got[0].text.c_str(), got[2].text.c_str());
+}
+
+// format_after: the text up to and including that token is free, the JSON starts after it.
+TEST_F(EngineTest, JsonObjectAfterATokenStartsThere) {
+    Engine e(options(1));
+    GenerationRequest r = greedy(ids(10, 21), 40);
+    r.text = true;
+    r.ignore_eos = false;
+    const GenerationResult free = e.generate(r);
+    ASSERT_GE(free.ids.size(), 1u);
+    r.format = GenerationRequest::Format::JsonObject;
+    r.format_after = free.ids[0];  // greedy: the first token comes again, unconstrained
+    const GenerationResult g = e.generate(r);
+    ASSERT_GE(g.ids.size(), 3u);
+    EXPECT_EQ(g.ids[0], free.ids[0]);
+    const std::string head = e.token_bytes(g.ids[0]);
+    EXPECT_NE(head.front(), '{') << "the free token would also start the JSON";
+    ASSERT_EQ(g.text.substr(0, head.size()), head);
+    const nlohmann::json j = nlohmann::json::parse(g.text.substr(head.size()), nullptr, false);
+    EXPECT_TRUE(j.is_object()) << g.text;
+    // A format needs the text; format_after must be a token.
+    GenerationRequest bad = r;
+    bad.text = false;
+    EXPECT_THROW(e.submit(bad), Error);
+    bad = r;
+    bad.format_after = e.n_vocab();
+    EXPECT_THROW(e.submit(bad), Error);
 }
 
 TEST_F(EngineTest, StopAndZeroTokens) {

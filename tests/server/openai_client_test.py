@@ -6,7 +6,8 @@ with the real Qwen3 vocabulary: random weights, so answers are gibberish, but ev
 the API is real) and an API key, then checks through the client: completions and chat, each
 streaming and not (a stream adds up to the whole answer), reasoning_content, logprobs, n (whole and
 streamed), a tool round trip (tools + an assistant tool call + the tool's message), errors as the client's
-exception types with their status and param, the API key (a wrong key is a 401) and GET /slots.
+exception types with their status and param, the API key (a wrong key is a 401), response_format
+json_object (the content parses) and GET /slots.
 
 Usage: openai_client_test.py --alloy build/alloy
 Exit 0: all passed; 1: a check failed; 77: the `openai` package is not installed (skipped).
@@ -158,6 +159,27 @@ def run_checks(c, port):
                                   extra_body=off)
     check(r.choices[0].finish_reason in ("stop", "length", "tool_calls") and r.usage.prompt_tokens > 40,
           "tools: the round trip is accepted and answered")
+
+    # response_format json_object: the content parses as a JSON object (random weights, temperature 1:
+    # grammar-constrained sampling, not the model, makes it so); json_schema is refused by name.
+    for seed in (5, 6):
+        r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=24, temperature=1.0, seed=seed,
+                                      response_format={"type": "json_object"}, extra_body=off)
+        try:
+            obj = json.loads(r.choices[0].message.content)
+        except ValueError:
+            obj = None
+        check(isinstance(obj, dict) and r.choices[0].finish_reason == "stop",
+              f"response_format json_object (seed {seed}): the content is a JSON object")
+    try:
+        c.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, extra_body=off,
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "x", "schema": {"type": "object"}}})
+        check(False, "response_format json_schema is refused")
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        check(e.status_code == 400 and body.get("param") == "response_format.type",
+              "response_format json_schema: 400 naming response_format.type")
 
     # Errors: the client's exception types, with the field named.
     try:

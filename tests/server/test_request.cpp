@@ -76,6 +76,21 @@ TEST(Request, ChatMessagesAndThinking) {
     EXPECT_TRUE(parse(R"({"messages": [{"role": "user", "content": "x"}]})", true).enable_thinking);
 }
 
+TEST(Request, ResponseFormat) {
+    EXPECT_FALSE(parse(R"({"prompt": "x"})").json_object);
+    EXPECT_FALSE(parse(R"({"prompt": "x", "response_format": {"type": "text"}})").json_object);
+    EXPECT_FALSE(parse(R"({"prompt": "x", "response_format": null})").json_object);
+    const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+    EXPECT_TRUE(parse("{" + msgs + R"(, "response_format": {"type": "json_object"}})", true).json_object);
+    EXPECT_TRUE(parse(R"({"prompt": "x", "response_format": {"type": "json_object"}})").json_object);
+    expect_error(R"({"prompt": "x", "response_format": "json_object"})", false, "response_format", "object");
+    expect_error(R"({"prompt": "x", "response_format": {}})", false, "response_format.type", "string");
+    expect_error(R"({"prompt": "x", "response_format": {"type": 1}})", false, "response_format.type", "string");
+    expect_error(R"({"prompt": "x", "response_format": {"type": "xml"}})", false, "response_format.type", "'xml'");
+    expect_error("{" + msgs + R"(, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}}})",
+                 true, "response_format.type", "json_schema is not supported");
+}
+
 TEST(Request, EveryBadFieldIsNamed) {
     expect_error("", false, "", "not valid JSON");
     expect_error("{\"prompt\": ", false, "", "not valid JSON");

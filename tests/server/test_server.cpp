@@ -668,6 +668,44 @@ TEST_F(Serve, SlotsShowALongStreamDecoding) {
     EXPECT_TRUE(idle) << "the stream's slot stayed busy after its client left";
 }
 
+// response_format json_object end to end: the content of every answer (random weights,
+// temperature 1, several seeds; chat and completions; whole and streamed) parses as a JSON
+// object and ends the generation ("stop"); json_schema and unknown types are refused by name.
+TEST_F(Serve, ResponseFormatJsonObjectAnswersAreJsonObjects) {
+    const json msgs = json::array({{{"role", "user"}, {"content", "Describe a cat as JSON."}}});
+    const json off = {{"enable_thinking", false}};
+    const json fmt = {{"type", "json_object"}};
+    for (int seed = 1; seed <= 4; ++seed) {
+        const json body = {{"messages", msgs}, {"max_tokens", 24}, {"temperature", 1}, {"seed", seed},
+                           {"chat_template_kwargs", off}, {"response_format", fmt}};
+        auto r = post("/v1/chat/completions", body.dump());
+        ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+        const json j = json::parse(r->body);
+        const std::string content = j["choices"][0]["message"]["content"];
+        EXPECT_TRUE(json::parse(content, nullptr, false).is_object()) << "seed " << seed << ": " << content;
+        EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << content;
+        EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 24);
+        if (seed == 1) {  // the same request streamed adds up to the same object
+            json sb = body;
+            sb["stream"] = true;
+            auto st = post("/v1/chat/completions", sb.dump());
+            ASSERT_TRUE(st && st->status == 200);
+            const Streamed got = read_stream(st->body, true);
+            EXPECT_EQ(got.text, content);
+            EXPECT_EQ(got.finish, "stop");
+        }
+    }
+    auto c = post("/v1/completions", json{{"prompt", "cat ="}, {"max_tokens", 16}, {"temperature", 1}, {"seed", 9},
+                                          {"response_format", fmt}}.dump());
+    ASSERT_TRUE(c && c->status == 200) << (c ? c->body : "no response");
+    const std::string text = json::parse(c->body)["choices"][0]["text"];
+    EXPECT_TRUE(json::parse(text, nullptr, false).is_object()) << text;
+    expect_error(post("/v1/chat/completions", json{{"messages", msgs}, {"response_format", {{"type", "json_schema"}}}}.dump()),
+                 400, "response_format.type", "json_schema");
+    expect_error(post("/v1/chat/completions", json{{"messages", msgs}, {"response_format", "json"}}.dump()), 400,
+                 "response_format", "object");
+}
+
 TEST_F(Serve, BadRequestsGetJsonErrorsNamingTheField) {
     expect_error(post("/v1/completions", "{not json"), 400, "", "not valid JSON");
     expect_error(post("/v1/completions", R"({"max_tokens": 5})"), 400, "prompt", "required");

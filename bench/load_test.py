@@ -35,15 +35,13 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "server"))
+from live_server import free_port, wait_healthy  # noqa: E402 (tests/server/live_server.py)
+
 WORDS = ("the of and to in is was for on that with as by at from it an be this are or which his her "
          "river mountain engine sky ocean garden city story machine light window paper music winter "
          "quickly slowly under over between after before during because although while").split()
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_bytes(pid):
@@ -62,20 +60,6 @@ def metrics(port):
                 k, v = line.rsplit(" ", 1)
                 out[k] = float(v)
     return out
-
-
-def wait_healthy(port, proc, timeout=120):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"alloy serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if json.loads(r.read())["status"] == "ok":
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("alloy serve did not become healthy")
 
 
 class Stats:
@@ -324,7 +308,7 @@ def one_setting(args, parallel):
     log = tempfile.NamedTemporaryFile(prefix=f"alloy_load_test_p{parallel}_", suffix=".log", delete=False)  # the server's output
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(port, proc)
+        wait_healthy(port, proc, timeout=120)
         asyncio.run(warm_up(port, args))
         m0 = wait_idle(port)
         time.sleep(1)

@@ -21,6 +21,8 @@ import time
 import urllib.error
 import urllib.request
 
+from live_server import check, failures, free_port, wait_healthy  # tests/server/live_server.py
+
 try:
     import openai
 except ImportError:
@@ -28,33 +30,7 @@ except ImportError:
     sys.exit(77)
 
 KEY = "test-key-1"
-failures = []
 
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(port, proc, timeout=60):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"alloy serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if json.loads(r.read())["status"] == "ok":
-                    return
-        except Exception:
-            time.sleep(0.2)
-    raise RuntimeError("alloy serve did not become healthy")
 
 
 def main():

@@ -30,6 +30,7 @@ __device__ __forceinline__ unsigned long long key(float v, uint32_t i) {
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ logits, int64_t n,
                                                            unsigned long long* keys, unsigned* done,
                                                            int32_t* __restrict__ out) {
+    detail::pdl_entry();
     __shared__ unsigned long long red[kThreads / 32];
     const int64_t r = blockIdx.y;
     const float* row = logits + r * n;
@@ -65,7 +66,7 @@ void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* wo
     auto* keys = static_cast<unsigned long long*>(workspace);
     auto* done = reinterpret_cast<unsigned*>(keys + rows);
     const dim3 grid(unsigned(std::min<int64_t>(detail::ceil_div(n, kThreads * kPerThread), 1024)), unsigned(rows));
-    argmax_kernel<<<grid, kThreads, 0, st>>>(logits, n, keys, done, out);
+    detail::launch(op, argmax_kernel, dim3(grid), dim3(kThreads), 0, st, logits, n, keys, done, out);
     ALLOY_CUDA_LAUNCHED(op);
 }
 

@@ -189,6 +189,7 @@ __device__ __forceinline__ void load_row(const void* base, GgmlType ty, int64_t 
 // group tile).
 template <int EPL, int G, int kKeys>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const Args a) {
+    detail::pdl_entry();
     constexpr int HD = EPL * 32;
     __shared__ float sm_o[kWarps][G][HD];
     __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
@@ -443,13 +444,12 @@ __device__ __forceinline__ float reduce_scatter32(float (&v)[32], int lane) {
 
 template <int EPL>
 __global__ void __launch_bounds__(kDecWarps * 32, 1) attn_decode_kernel(const DecArgs a) {
+    detail::pdl_entry();
     constexpr int HD = EPL * 32, R = kDecRows;
     static_assert(kDecKeys * R == 32, "one score per lane after the reduce-scatter");
     __shared__ float sm_o[kDecWarps][R][HD];
     __shared__ float sm_m[kDecWarps][R], sm_l[kDecWarps][R];
     __shared__ __align__(16) float sm_p[kDecWarps][32];
-    // The merge kernel may be scheduled now: it waits for this grid's writes before reading.
-    asm volatile("griddepcontrol.launch_dependents;");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t t = a.T - 1 - blockIdx.z;  // the longest rows first
     const int split = blockIdx.x;
@@ -592,7 +592,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 1) attn_decode_kernel(const De
 // thread per dimension. Skips tokens of one split (written directly).
 constexpr int kMergeThreads = 64;
 __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(const DecArgs a, int hd) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials of the grid before are visible
+    detail::pdl_entry();
     const int64_t th = blockIdx.x, t = th / a.n_head;
     const int ns = dec_splits(a.n_keys(t));
     if (ns == 1) return;
@@ -619,36 +619,28 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge_kernel(const DecArgs
 template <int EPL>
 void launch_dec16(const DecArgs& a, cudaStream_t st, const char* op) {
     const dim3 grid(unsigned(a.S), unsigned(a.n_head_kv * (a.group / a.G)), unsigned(a.T));
-    attn_decode_kernel<EPL><<<grid, kDecWarps * 32, 0, st>>>(a);
+    detail::launch(op, attn_decode_kernel<EPL>, dim3(grid), dim3(kDecWarps * 32), 0, st, a);
     ALLOY_CUDA_LAUNCHED(op);
     if (a.S == 1) return;  // every token has one split: written directly
 #ifdef ALLOY_ATTN_EXP
     static const int exp_mode = [] { const char* e = getenv("ALLOY_ATTN_EXP"); return e ? atoi(e) : 0; }();
     if (exp_mode == 2) return;  // timing experiment: no merge
     if (exp_mode == 1) {
-        attn_merge_kernel<<<dim3(unsigned(a.T * a.n_head), unsigned(EPL * 32 / kMergeThreads)), kMergeThreads, 0, st>>>(a, EPL * 32);
+        detail::launch(op, attn_merge_kernel, dim3(unsigned(a.T * a.n_head), unsigned(EPL * 32 / kMergeThreads)), dim3(kMergeThreads), 0, st, a, EPL * 32);
         ALLOY_CUDA_LAUNCHED(op);
         return;
     }
 #endif
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(a.T * a.n_head), unsigned(EPL * 32 / kMergeThreads));
-    cfg.blockDim = dim3(kMergeThreads);
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    ALLOY_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, attn_merge_kernel, a, EPL * 32));
+    detail::launch(op, attn_merge_kernel, dim3(unsigned(a.T * a.n_head), unsigned(EPL * 32 / kMergeThreads)),
+                   dim3(kMergeThreads), 0, st, a, EPL * 32);
 }
 
 template <int EPL, int kKeys>
 void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
     switch (G) {
-        case 4: attention_kernel<EPL, 4, kKeys><<<grid, kThreads, 0, st>>>(a); break;
-        case 2: attention_kernel<EPL, 2, kKeys><<<grid, kThreads, 0, st>>>(a); break;
-        default: attention_kernel<EPL, 1, kKeys><<<grid, kThreads, 0, st>>>(a); break;
+        case 4: detail::launch("cuda::attention", attention_kernel<EPL, 4, kKeys>, dim3(grid), dim3(kThreads), 0, st, a); break;
+        case 2: detail::launch("cuda::attention", attention_kernel<EPL, 2, kKeys>, dim3(grid), dim3(kThreads), 0, st, a); break;
+        default: detail::launch("cuda::attention", attention_kernel<EPL, 1, kKeys>, dim3(grid), dim3(kThreads), 0, st, a); break;
     }
 }
 
@@ -709,6 +701,7 @@ __device__ __forceinline__ uint32_t pack_16(float lo, float hi) {
 
 template <int D, bool kF16>
 __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args a) {
+    detail::pdl_entry();
     constexpr int QS = D + 8;  // row stride of Q, K, V in bf16 elements (16-byte pad: the 8 row
                                // addresses of an ldmatrix fall in 32 different banks)
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -852,7 +845,7 @@ void launch_tc_t(const Args& a, cudaStream_t st) {
     ALLOY_CUDA_CHECK("cuda::attention", cudaFuncSetAttribute(attention_tc_kernel<D, kF16>,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const dim3 grid(unsigned(detail::ceil_div(a.T, kTcRows / a.group)), unsigned(a.n_head_kv));
-    attention_tc_kernel<D, kF16><<<grid, kTcThreads, smem, st>>>(a);
+    detail::launch("cuda::attention", attention_tc_kernel<D, kF16>, dim3(grid), dim3(kTcThreads), smem, st, a);
 }
 template <int D>
 void launch_tc(const Args& a, cudaStream_t st) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "alloy/error.h"
@@ -22,6 +23,67 @@ namespace alloy::cuda::detail {
 #define ALLOY_CUDA_LAUNCHED(op) ALLOY_CUDA_CHECK(op, cudaGetLastError())
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// ---- programmatic dependent launch (sm_90) ----
+// Decode is a chain of ~250 small kernels a token, each too short to hide its own launch; with
+// PDL a kernel is scheduled while the one before it drains. Every kernel of kernels/cuda is
+// launched through launch() and follows one rule: it calls pdl_wait() before it reads anything
+// an earlier kernel wrote or writes anything an earlier kernel reads (and before any early
+// return, so a grid never completes ahead of its predecessor), and may call pdl_trigger() at
+// entry so that the next kernel is scheduled at once. Work that depends on no earlier kernel
+// (weights, a GDN layer's own state) may come before the wait. Both are no-ops in a kernel
+// launched without the attribute. `ALLOY_CUDA_PDL=0` launches everything plainly (A/B).
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Both, first thing in a kernel that has nothing to do before its inputs are ready.
+__device__ __forceinline__ void pdl_entry() {
+    pdl_trigger();
+    pdl_wait();
+}
+
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("ALLOY_CUDA_PDL");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+
+// kernel<<<grid, block, smem, st>>>(args...) with programmatic serialization (when enabled)
+// and, for cluster_x > 1, thread-block clusters of cluster_x blocks along x; throws naming op
+// when the launch is refused.
+template <class... Params, class... Args>
+void launch_cluster(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                    unsigned cluster_x, Args... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl_enabled()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        ++n;
+    }
+    if (cluster_x > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n].val.clusterDim.z = 1;
+        ++n;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    ALLOY_CUDA_CHECK(op, cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+template <class... Params, class... Args>
+void launch(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+            Args... args) {
+    launch_cluster(op, kernel, grid, block, smem, st, 1u, args...);
+}
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -35,6 +35,7 @@ struct GateOp {  // (x, g)
 // out[i] = f(a[i], b[i]) over n, 4 at a time (kVec: every pointer 16-byte aligned).
 template <class F, bool kVec>
 __global__ void __launch_bounds__(kThreads) binary_kernel(const float* a, const float* b, float* out, int64_t n, F f) {
+    detail::pdl_entry();
     const int64_t stride = int64_t(gridDim.x) * kThreads;
     int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x;
     if constexpr (kVec) {
@@ -58,9 +59,9 @@ void binary(const float* a, const float* b, float* out, int64_t n, cudaStream_t 
     const int64_t per = vec ? 4 : 1;
     const unsigned grid = unsigned(std::min<int64_t>(detail::ceil_div(n, kThreads * per), 132 * 16));
     if (vec)
-        binary_kernel<F, true><<<grid, kThreads, 0, st>>>(a, b, out, n, F{});
+        detail::launch(op, binary_kernel<F, true>, dim3(grid), dim3(kThreads), 0, st, a, b, out, n, F{});
     else
-        binary_kernel<F, false><<<grid, kThreads, 0, st>>>(a, b, out, n, F{});
+        detail::launch(op, binary_kernel<F, false>, dim3(grid), dim3(kThreads), 0, st, a, b, out, n, F{});
     ALLOY_CUDA_LAUNCHED(op);
 }
 
@@ -70,6 +71,7 @@ void binary(const float* a, const float* b, float* out, int64_t n, cudaStream_t 
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads) gate_rows_kernel(float* x, const float* __restrict__ g, int64_t rows,
                                                              int64_t n, int64_t g_stride) {
+    detail::pdl_entry();
     constexpr int V = kVec ? 4 : 1;
     const int64_t nv = n / V, total = rows * nv;
     for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) gate_rows_kernel(float* x, const flo
 // block b of row r at value r n + 32 b; the op's inputs by (row, column).
 template <class Value>
 __global__ void __launch_bounds__(kThreads) q8_rows_kernel(float* out, int64_t rows, int64_t n, Q8Input q8, Value f) {
-    asm volatile("griddepcontrol.launch_dependents;");  // the GEMV after may stream its weights
+    detail::pdl_entry();
     const int lane = threadIdx.x & 31;
     const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
     const int64_t nb = n / 32, total = rows * nb;
@@ -106,7 +108,7 @@ template <class Value>
 void q8_rows(float* out, int64_t rows, int64_t n, const Q8Input& q8, Value f, cudaStream_t st, const char* op) {
     if (n % 32 || !q8.d) throw Error(std::string(op) + ": a Q8Input needs whole blocks of 32 and both arrays");
     const unsigned grid = unsigned(std::min<int64_t>(detail::ceil_div(rows * (n / 32), kThreads / 32), 132 * 16));
-    q8_rows_kernel<<<grid, kThreads, 0, st>>>(out, rows, n, q8, f);
+    detail::launch(op, q8_rows_kernel<Value>, dim3(grid), dim3(kThreads), 0, st, out, rows, n, q8, f);
     ALLOY_CUDA_LAUNCHED(op);
 }
 
@@ -152,9 +154,9 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t
     const int64_t units = rows * (vec ? n / 4 : n);
     const unsigned grid = unsigned(std::min<int64_t>(detail::ceil_div(units, kThreads), 132 * 16));
     if (vec)
-        gate_rows_kernel<true><<<grid, kThreads, 0, detail::as_stream(stream)>>>(x, g, rows, n, g_stride);
+        detail::launch(op, gate_rows_kernel<true>, dim3(grid), dim3(kThreads), 0, detail::as_stream(stream), x, g, rows, n, g_stride);
     else
-        gate_rows_kernel<false><<<grid, kThreads, 0, detail::as_stream(stream)>>>(x, g, rows, n, g_stride);
+        detail::launch(op, gate_rows_kernel<false>, dim3(grid), dim3(kThreads), 0, detail::as_stream(stream), x, g, rows, n, g_stride);
     ALLOY_CUDA_LAUNCHED(op);
 }
 

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "alloy/error.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.h"
 #include "kernels/ref/gdn_common.h"
 
@@ -248,6 +249,7 @@ __device__ __forceinline__ void delta_tokens(float (&s)[kC][kE], int j0, int h, 
 // z: sequence); the small-batch path.
 template <bool kVec, bool kPrep, int kE, int kC>
 __global__ void __launch_bounds__(kWarps * 32, kC == 4 ? ALLOY_GDN_DELTA_MINB : 1) delta_serial_kernel(DELTA_PARAMS) {
+    detail::pdl_entry();
     const int seq = blockIdx.z, h = blockIdx.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int j0 = (blockIdx.x * kWarps + warp) * kC;
@@ -307,6 +309,7 @@ __device__ __forceinline__ float conv_silu_token(const float (&wt)[N], float (&w
 __global__ void conv_silu_kernel(const int32_t* __restrict__ offs, const float* __restrict__ qkv, int conv_dim, int K,
                                  const float* __restrict__ w, float* __restrict__ conv_state, float* __restrict__ u,
                                  const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, seq = blockIdx.y;
     if (c >= conv_dim) return;
     const int t0 = offs[seq], t1 = offs[seq + 1];
@@ -338,6 +341,7 @@ template <typename OT, int kJ>
 __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, int n_tokens, int H_v, int d_v,
                                   const OT* __restrict__ o, const float* __restrict__ z,
                                   const float* __restrict__ norm, float eps, float* __restrict__ y) {
+    detail::pdl_entry();
     const int lane = threadIdx.x & 31;
     const int64_t pair = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     if (pair >= int64_t(n_tokens) * H_v) return;
@@ -378,8 +382,8 @@ void launch_gated_norm(const int32_t* offs, int n_seqs, int n_tokens, int H_v, i
                        const float* norm, float eps, float* y, cudaStream_t st) {
     const int64_t pairs = int64_t(n_tokens) * H_v;
     const unsigned grid = unsigned((pairs + kWarps - 1) / kWarps);
-    if (d_v == 128) gated_norm_kernel<OT, 4><<<grid, kWarps * 32, 0, st>>>(offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
-    else gated_norm_kernel<OT, 0><<<grid, kWarps * 32, 0, st>>>(offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
+    if (d_v == 128) detail::launch("cuda::gdn_fused", gated_norm_kernel<OT, 4>, dim3(grid), dim3(kWarps * 32), 0, st, offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
+    else detail::launch("cuda::gdn_fused", gated_norm_kernel<OT, 0>, dim3(grid), dim3(kWarps * 32), 0, st, offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
 }
 
 // ---- fused layer op, chunked mode (prefill, d_k = d_v = 128): conv + SiLU, the q/k norms,
@@ -422,6 +426,7 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
 // the result is rounded to bf16 next) and K = 4 at compile time.
 template <int kK>
 __global__ void __launch_bounds__(128, 4) chunked_prep_kernel(const PrepArgs A) {
+    detail::pdl_entry();
     const int role = blockIdx.x, lane = threadIdx.x & 31;
     const int tw = blockIdx.y * kPrepTok + (threadIdx.x >> 5) * kPrepWarpTok;  // the warp's first token
     const int lo = max(tw, A.offs[0]), hi = min(tw + kPrepWarpTok, A.offs[A.n_seqs]);
@@ -513,6 +518,7 @@ __global__ void __launch_bounds__(128, 4) chunked_prep_kernel(const PrepArgs A) 
 // after chunked_prep_kernel, which reads the old state.
 __global__ void conv_state_kernel(const int32_t* __restrict__ offs, const float* __restrict__ qkv, int conv_dim, int K,
                                   float* __restrict__ conv_state, const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
     const int c = blockIdx.x * blockDim.x + threadIdx.x, seq = blockIdx.y;
     if (c >= conv_dim) return;
     const int t0 = offs[seq], n = offs[seq + 1] - t0, Km1 = K - 1;
@@ -617,6 +623,7 @@ __device__ __forceinline__ unsigned long long gtimer() {
 // registers without spills (ptxas -v; windows sized for K = 4 measured 24 bytes of spill).
 template <bool kVec, int kE>
 __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const FusedArgs A) {
+    detail::pdl_entry();
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
     const int d_k = A.sh.d_k, d_v = A.sh.d_v, H_v = A.sh.H_v, H_k = A.sh.H_k, g = H_v / H_k;
@@ -888,6 +895,7 @@ __device__ __forceinline__ float group8_sum(float x) {
 // dependent load there measured +0.26 us at H_v 48, B = 1).
 template <bool kVec, int kP, int kK, int kCh, bool kSlots>
 __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(const FusedArgs A) {
+    detail::pdl_entry();
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
     const int d_k = A.sh.d_k, d_v = A.sh.d_v, H_v = A.sh.H_v, H_k = A.sh.H_k, g = H_v / H_k;
@@ -1091,7 +1099,7 @@ void launch_delta(const DeltaArgs& A, bool prep, int n_seqs, void* stream, const
     const int cols_per_block = (wide ? 4 : 2) * kWarps;
     const dim3 grid((A.sh.d_v + cols_per_block - 1) / cols_per_block, A.sh.H_v, n_seqs);
     auto run = [&](auto kernel) {
-        kernel<<<grid, kWarps * 32, 0, st>>>(A.sh, A.offs, A.q, A.k, A.v, int(A.qk_stride), int(A.v_stride), A.g, A.beta,
+        detail::launch(op, kernel, dim3(grid), dim3(kWarps * 32), 0, st, A.sh, A.offs, A.q, A.k, A.v, int(A.qk_stride), int(A.v_stride), A.g, A.beta,
                                              A.a, A.b, A.ssm_a, A.dt_bias, A.eps, A.q_scale, A.state, A.out, A.slots);
     };
     auto pick = [&](auto prep_c) {
@@ -1260,7 +1268,7 @@ void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int
     float* u = static_cast<float*>(workspace);
     float* o = u + size_t(n_tokens) * conv_dim;
     const cudaStream_t st = static_cast<cudaStream_t>(stream);
-    conv_silu_kernel<<<dim3((conv_dim + 127) / 128, n_seqs), 128, 0, st>>>(seq_offsets, qkv, conv_dim, p.conv_kernel,
+    detail::launch(op, conv_silu_kernel, dim3(dim3((conv_dim + 127) / 128, n_seqs)), dim3(128), 0, st, seq_offsets, qkv, conv_dim, p.conv_kernel,
                                                                            w.conv1d, conv_state, u, seq_slots);
     check_launch(op);
     DeltaArgs A{sh, seq_offsets, u, u + key_dim, u + 2 * key_dim, conv_dim, conv_dim, nullptr, nullptr, a, b,
@@ -1325,11 +1333,11 @@ void fused_chunked(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs
     A.eps = p.eps, A.q_scale = 1.0f / sqrtf(float(sh.d_k));
     A.q = ws.q, A.k = ws.k, A.v = ws.v, A.g = ws.g, A.beta = ws.beta;
     const dim3 grid(unsigned(2 * sh.H_k + sh.H_v), unsigned(tiles));
-    if (K <= 4) chunked_prep_kernel<4><<<grid, 128, 0, st>>>(A);
-    else chunked_prep_kernel<kMaxConvK><<<grid, 128, 0, st>>>(A);
+    if (K <= 4) detail::launch(op, chunked_prep_kernel<4>, dim3(grid), dim3(128), 0, st, A);
+    else detail::launch(op, chunked_prep_kernel<kMaxConvK>, dim3(grid), dim3(128), 0, st, A);
     check_launch(op);
     if (K > 1) {
-        conv_state_kernel<<<dim3((conv_dim + 127) / 128, n_seqs), 128, 0, st>>>(seq_offsets, qkv, conv_dim, K, conv_state,
+        detail::launch(op, conv_state_kernel, dim3(dim3((conv_dim + 127) / 128, n_seqs)), dim3(128), 0, st, seq_offsets, qkv, conv_dim, K, conv_state,
                                                                                 seq_slots);
         check_launch(op);
     }
@@ -1434,19 +1442,8 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
         A.n_tokens = n_tokens;
         A.eps = p.eps;
         A.q_scale = 1.0f / sqrtf(float(sh.d_k));
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(unsigned(sh.H_v * sp.C), unsigned(n_seqs), 1);
-        cfg.blockDim = dim3(unsigned(sp.warps * 32), 1, 1);
-        cfg.stream = static_cast<cudaStream_t>(stream);
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = unsigned(g * sp.C);
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, A);
-        if (err != cudaSuccess) throw Error(std::string(op) + ": launch failed: " + cudaGetErrorString(err));
+        detail::launch_cluster(op, kernel, dim3(unsigned(sh.H_v * sp.C), unsigned(n_seqs), 1), dim3(unsigned(sp.warps * 32), 1, 1), 0, static_cast<cudaStream_t>(stream),
+                               unsigned(g * sp.C), A);
         check_launch(op);
         return;
     }
@@ -1464,20 +1461,8 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
     A.ustride = plan.ustride;
     A.eps = p.eps;
     A.q_scale = 1.0f / sqrtf(float(sh.d_k));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(sh.H_v * plan.C), unsigned(n_seqs), 1);
-    cfg.blockDim = dim3(unsigned(plan.warps * 32), 1, 1);
-    cfg.dynamicSmemBytes = plan.smem;
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(g * plan.C);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, A);
-    if (err != cudaSuccess) throw Error(std::string(op) + ": launch failed: " + cudaGetErrorString(err));
+    detail::launch_cluster(op, kernel, dim3(unsigned(sh.H_v * plan.C), unsigned(n_seqs), 1), dim3(unsigned(plan.warps * 32), 1, 1), plan.smem, static_cast<cudaStream_t>(stream),
+                           unsigned(g * plan.C), A);
     check_launch(op);
 }
 }  // namespace alloy::cuda

@@ -39,6 +39,7 @@
 #include <string>
 
 #include "alloy/error.h"
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.h"
 #include "kernels/ref/gdn_common.h"
 
@@ -166,6 +167,7 @@ __device__ __forceinline__ int key_head(const ref::GdnShape& sh, int h) {
 // ---- chunk table: cstart[s] = index of sequence s's first chunk, cstart[n_seqs] = total ----
 
 __global__ void chunk_table_kernel(const int32_t* __restrict__ offs, int n_seqs, int32_t* __restrict__ cstart) {
+    detail::pdl_entry();
     const int lane = threadIdx.x;
     int carry = 0;
     if (lane == 0) cstart[0] = 0;
@@ -206,6 +208,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
                                                           const float* __restrict__ g,
                                                           const float* __restrict__ beta,
                                                           ChunkRecord* __restrict__ rec) {
+    detail::pdl_entry();
     __shared__ Stage1Smem sm;
     const int c = blockIdx.x, h = blockIdx.y;
     if (c >= cstart[n_seqs]) return;
@@ -429,6 +432,7 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
                                                         const ChunkRecord* __restrict__ rec,
                                                         float* __restrict__ state, OutT* __restrict__ out,
                                                         const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
     constexpr int MT = BV / 16;  // m-tiles of value columns
     constexpr int kNBuf = nbuf<BV>();
     constexpr int kW2 = scan_warps<BV>(), kT2 = 32 * kW2;
@@ -745,6 +749,7 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
 
 // fp32 -> bf16 (round to nearest even), 8 values per thread.
 __global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ y, size_t n) {
+    detail::pdl_entry();
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (i + 4 <= n) {
         const float4 f = *reinterpret_cast<const float4*>(x + i);
@@ -786,7 +791,7 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
         cudaFuncSetAttribute(stage2_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         configured = true;
     }
-    stage2_kernel<BV, OutT><<<dim3(kD / BV, sh.H_v, n_seqs), 32 * scan_warps<BV>(), smem, st>>>(sh, offs, cstart, q, k, v, rec,
+    detail::launch("cuda::gdn_delta_chunked", stage2_kernel<BV, OutT>, dim3(dim3(kD / BV, sh.H_v, n_seqs)), dim3(32 * scan_warps<BV>()), smem, st, sh, offs, cstart, q, k, v, rec,
                                                                                     state, out, slots);
 }
 
@@ -829,11 +834,11 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     if (n_seqs == 0 || n_tokens == 0) return;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
-    chunk_table_kernel<<<1, 32, 0, st>>>(offs, n_seqs, cstart);
+    detail::launch(op, chunk_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, cstart);
     check_launch(op);
     const size_t chunks = chunk_slots(n_seqs, n_tokens);
     if (chunks > 0x7fffffff) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " too large");
-    stage1_kernel<<<dim3(unsigned(chunks), sh.H_v), kThreads, 0, st>>>(sh, offs, cstart, n_seqs, q, k, g, beta, rec);
+    detail::launch(op, stage1_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), 0, st, sh, offs, cstart, n_seqs, q, k, g, beta, rec);
     check_launch(op);
     // Launch gate: 32-column slices unless they would leave a quarter of the SMs idle
     // (H_v n_seqs 4 blocks < 3/4 SMs), then 16-column slices (twice the blocks, each chunk step
@@ -917,7 +922,7 @@ void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* se
     bf16* kb = qb + nqk;
     bf16* vb = kb + nqk;
     auto convert = [&](const float* x, bf16* y, size_t n) {
-        to_bf16_kernel<<<unsigned((n / 4 + 255) / 256 + 1), 256, 0, st>>>(x, y, n);
+        detail::launch(op, to_bf16_kernel, dim3(unsigned((n / 4 + 255) / 256 + 1)), dim3(256), 0, st, x, y, n);
     };
     convert(q, qb, nqk);
     convert(k, kb, nqk);

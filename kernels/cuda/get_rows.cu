@@ -20,6 +20,7 @@ template <GgmlType kType>
 __global__ void __launch_bounds__(kThreads) get_rows_kernel(const uint8_t* __restrict__ table, size_t row_bytes,
                                                              const int32_t* __restrict__ ids, float* __restrict__ out,
                                                              int64_t n) {
+    detail::pdl_entry();
     const int64_t t = blockIdx.x;
     const uint8_t* row = table + size_t(ids[t]) * row_bytes;
     float* o = out + t * n;
@@ -51,17 +52,17 @@ void get_rows(const WeightView& table, const int32_t* ids, float* out, int64_t T
     const int64_t n = table.n_in;
     switch (table.type) {
         case GgmlType::F32:
-            get_rows_kernel<GgmlType::F32><<<grid, kThreads, 0, st>>>(table.data, table.row_bytes, ids, out, n);
+            detail::launch(op, get_rows_kernel<GgmlType::F32>, dim3(grid), dim3(kThreads), 0, st, table.data, table.row_bytes, ids, out, n);
             break;
         case GgmlType::F16:
-            get_rows_kernel<GgmlType::F16><<<grid, kThreads, 0, st>>>(table.data, table.row_bytes, ids, out, n);
+            detail::launch(op, get_rows_kernel<GgmlType::F16>, dim3(grid), dim3(kThreads), 0, st, table.data, table.row_bytes, ids, out, n);
             break;
         case GgmlType::BF16:
-            get_rows_kernel<GgmlType::BF16><<<grid, kThreads, 0, st>>>(table.data, table.row_bytes, ids, out, n);
+            detail::launch(op, get_rows_kernel<GgmlType::BF16>, dim3(grid), dim3(kThreads), 0, st, table.data, table.row_bytes, ids, out, n);
             break;
         case GgmlType::Q8_0:
             if (n % 32) throw Error(std::string(op) + ": Q8_0 rows must be whole blocks");
-            get_rows_kernel<GgmlType::Q8_0><<<grid, kThreads, 0, st>>>(table.data, table.row_bytes, ids, out, n);
+            detail::launch(op, get_rows_kernel<GgmlType::Q8_0>, dim3(grid), dim3(kThreads), 0, st, table.data, table.row_bytes, ids, out, n);
             break;
         default:
             throw Error(std::string(op) + ": table type " + std::to_string(int(table.type)) +

@@ -68,6 +68,7 @@ __device__ __forceinline__ uint16_t convert(float f) {
 template <bool kBf16, bool kVec>
 __global__ void __launch_bounds__(kThreads) kv_store_kernel(const float* __restrict__ src, uint16_t* __restrict__ dst,
                                                           int64_t n) {
+    detail::pdl_entry();
     const int64_t stride = int64_t(gridDim.x) * kThreads;
     const int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x;
     int64_t done = 0;
@@ -93,6 +94,7 @@ __global__ void __launch_bounds__(kThreads) kv_store_rows_kernel(const float* __
                                                                void* const* __restrict__ caches,
                                                                const int32_t* __restrict__ slot,
                                                                const int32_t* __restrict__ pos) {
+    detail::pdl_entry();
     const int64_t t = blockIdx.y;
     const int64_t j = (blockIdx.x * int64_t(kThreads) + threadIdx.x) * 4;
     if (j >= cols) return;
@@ -125,9 +127,9 @@ void kv_store_rows(const float* src, int64_t T, int64_t cols, void* const* cache
     const cudaStream_t st = detail::as_stream(stream);
     const dim3 grid(unsigned(detail::ceil_div(cols, int64_t(kThreads) * 4)), unsigned(T));
     switch (type) {
-        case GgmlType::F32: kv_store_rows_kernel<0><<<grid, kThreads, 0, st>>>(src, cols, caches, slot, pos); break;
-        case GgmlType::F16: kv_store_rows_kernel<1><<<grid, kThreads, 0, st>>>(src, cols, caches, slot, pos); break;
-        default: kv_store_rows_kernel<2><<<grid, kThreads, 0, st>>>(src, cols, caches, slot, pos); break;
+        case GgmlType::F32: detail::launch(op, kv_store_rows_kernel<0>, dim3(grid), dim3(kThreads), 0, st, src, cols, caches, slot, pos); break;
+        case GgmlType::F16: detail::launch(op, kv_store_rows_kernel<1>, dim3(grid), dim3(kThreads), 0, st, src, cols, caches, slot, pos); break;
+        default: detail::launch(op, kv_store_rows_kernel<2>, dim3(grid), dim3(kThreads), 0, st, src, cols, caches, slot, pos); break;
     }
     ALLOY_CUDA_LAUNCHED(op);
 }
@@ -152,10 +154,10 @@ void kv_store(const float* src, void* dst, GgmlType type, int64_t n, void* strea
                                                                           int64_t(detail::sm_count()) * 16)));
     uint16_t* d = static_cast<uint16_t*>(dst);
     const bool bf16 = type == GgmlType::BF16;
-    if (bf16 && vec) kv_store_kernel<true, true><<<grid, kThreads, 0, st>>>(src, d, n);
-    else if (bf16) kv_store_kernel<true, false><<<grid, kThreads, 0, st>>>(src, d, n);
-    else if (vec) kv_store_kernel<false, true><<<grid, kThreads, 0, st>>>(src, d, n);
-    else kv_store_kernel<false, false><<<grid, kThreads, 0, st>>>(src, d, n);
+    if (bf16 && vec) detail::launch(op, kv_store_kernel<true, true>, dim3(grid), dim3(kThreads), 0, st, src, d, n);
+    else if (bf16) detail::launch(op, kv_store_kernel<true, false>, dim3(grid), dim3(kThreads), 0, st, src, d, n);
+    else if (vec) detail::launch(op, kv_store_kernel<false, true>, dim3(grid), dim3(kThreads), 0, st, src, d, n);
+    else detail::launch(op, kv_store_kernel<false, false>, dim3(grid), dim3(kThreads), 0, st, src, d, n);
     ALLOY_CUDA_LAUNCHED(op);
 }
 

@@ -72,13 +72,14 @@ cublasHandle_t handle(const char* op) {
 
 // x fp32 [n] -> bf16 [n], round to nearest even (as format/quant.h's fp32_to_bf16).
 __global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int64_t n) {
+    detail::pdl_entry();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         y[i] = __float2bfloat16_rn(x[i]);
 }
 
 void to_bf16(const float* x, void* y, int64_t n, cudaStream_t st, const char* op) {
     const int64_t blocks = std::min<int64_t>(ceil_div(n, 256), 4 * 1024);
-    to_bf16_kernel<<<unsigned(blocks), 256, 0, st>>>(x, static_cast<__nv_bfloat16*>(y), n);
+    detail::launch(op, to_bf16_kernel, dim3(unsigned(blocks)), dim3(256), 0, st, x, static_cast<__nv_bfloat16*>(y), n);
     ALLOY_CUDA_LAUNCHED(op);
 }
 
@@ -113,26 +114,15 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restric
 
 __device__ __forceinline__ uint32_t ld_u32(const uint32_t* p) { return __ldg(p); }
 
-// Programmatic dependent launch (sm_90): a GEMV is launched so that it may start while the
-// kernel before it drains; it issues its first weight loads (which depend on nothing) and
-// then waits here until the previous kernel's writes are visible. A no-op when launched
-// normally or first in the stream.
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
+// The GEMVs are launched with programmatic serialization (detail::launch): a GEMV issues its
+// first weight loads (which depend on nothing) and then waits (pdl_wait) until the previous
+// kernel's writes are visible.
+using detail::pdl_trigger;
+using detail::pdl_wait;
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, size_t smem, cudaStream_t st,
                 Args... args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    ALLOY_CUDA_CHECK("cuda::matmul", cudaLaunchKernelEx(&cfg, kernel, args...));
+    detail::launch("cuda::matmul", kernel, dim3(grid), dim3(block), smem, st, args...);
 }
 
 // Batch invariance (T <= kGemvMaxT = 16): a row's arithmetic is fixed by (n_out, n_in) alone:
@@ -181,11 +171,6 @@ __device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red
         }
     }
 }
-
-// Lets the next kernel of the stream, when launched with programmatic serialization, start
-// (and stream its weights) once every block of this one has started; it still waits for this
-// kernel's completion (griddepcontrol.wait) before it reads what this kernel writes.
-__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // The matrices of one GEMV launch (matmul_multi: up to kMaxParts weights on the same x, of one
 // type and n_in): part m takes blocks [block_end[m - 1], block_end[m]) of the grid, rows of
@@ -496,6 +481,7 @@ int q8_warps_per_row(int64_t n_out, int64_t nb, bool q8) {
 // (read as a funnel-shifted word at any even offset), times the block's f16 scale.
 __global__ void q8_to_bf16_kernel(const uint8_t* __restrict__ W, int64_t nb, int64_t rows,
                                   __nv_bfloat16* __restrict__ out) {
+    detail::pdl_entry();
     const int64_t n_words = rows * nb * 8;  // 8 words of 4 quants per block
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words;
          i += int64_t(gridDim.x) * blockDim.x) {
@@ -646,7 +632,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
             for (int64_t r0 = 0; r0 < W.n_out; r0 += kQ8PanelRows) {
                 const int64_t rows = std::min(kQ8PanelRows, W.n_out - r0);
                 const int64_t words = rows * nb * 8;
-                q8_to_bf16_kernel<<<unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024)), 256, 0, st>>>(
+                detail::launch(op, q8_to_bf16_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024))), dim3(256), 0, st, 
                     W.row(r0), nb, rows, wb);
                 ALLOY_CUDA_LAUNCHED(op);
                 cublasHandle_t h = handle(op);

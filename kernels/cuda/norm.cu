@@ -23,9 +23,7 @@ template <bool kAdd>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(float* x, const float* __restrict__ y,
                                                              const float* __restrict__ w, float* out, int64_t n,
                                                              float eps, Q8Input q8) {
-    // A GEMV launched after this kernel with programmatic serialization may start streaming
-    // its weights now; it waits for this grid before reading out / q8.
-    asm volatile("griddepcontrol.launch_dependents;");
+    detail::pdl_entry();
     __shared__ float red[32];
     const int lane = threadIdx.x & 31;
     int8_t* qrow = q8.q ? q8.q + blockIdx.x * n : nullptr;
@@ -94,7 +92,7 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t 
     check(rows, n, op, q8);
     if (rows == 0) return;
     // out may alias x: each element is read before it is written, by the same thread.
-    rms_norm_kernel<false><<<unsigned(rows), kThreads, 0, detail::as_stream(stream)>>>(const_cast<float*>(x), nullptr,
+    detail::launch(op, rms_norm_kernel<false>, dim3(unsigned(rows)), dim3(kThreads), 0, detail::as_stream(stream), const_cast<float*>(x), nullptr,
                                                                                        w, out, n, eps, q8);
     ALLOY_CUDA_LAUNCHED(op);
 }
@@ -104,7 +102,7 @@ void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t 
     const char* op = "cuda::add_rms_norm";
     check(rows, n, op, q8);
     if (rows == 0) return;
-    rms_norm_kernel<true><<<unsigned(rows), kThreads, 0, detail::as_stream(stream)>>>(x, y, w, out, n, eps, q8);
+    detail::launch(op, rms_norm_kernel<true>, dim3(unsigned(rows)), dim3(kThreads), 0, detail::as_stream(stream), x, y, w, out, n, eps, q8);
     ALLOY_CUDA_LAUNCHED(op);
 }
 

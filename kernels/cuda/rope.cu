@@ -37,6 +37,7 @@ void check(int64_t T, int n_heads, int head_dim, int n_rot, const char* op) {
 // One block per token, threads over (head, pair) in head-major order.
 __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int n_heads, int head_dim, int half,
                             const InvFreq f) {
+    detail::pdl_entry();
     const int64_t t = blockIdx.x;
     const float p = float(pos[t]);
     for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
@@ -56,6 +57,7 @@ __global__ void rope_kernel(float* x, const int32_t* __restrict__ pos, int n_hea
 __global__ void rms_norm_rope_kernel(const float* x, int64_t x_head_stride, const float* __restrict__ w, float* out,
                                      const int32_t* __restrict__ pos, int n_heads, int head_dim, int half, float eps,
                                      const InvFreq f) {
+    detail::pdl_entry();
     extern __shared__ float y[];  // [head_dim]
     __shared__ float red[32];
     const int64_t row = blockIdx.x;  // t * n_heads + h
@@ -85,6 +87,7 @@ constexpr int kRowsPerBlock = 8;
 __global__ void __launch_bounds__(kRowsPerBlock * 32) rms_norm_rope_warp_kernel(
     const float* x, int64_t x_head_stride, const float* __restrict__ w, float* out, const int32_t* __restrict__ pos,
     int64_t rows, int n_heads, int head_dim, int half, float eps, const InvFreq f) {
+    detail::pdl_entry();
     __shared__ float ys[kRowsPerBlock][256];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + warp;
@@ -129,7 +132,7 @@ void rope_partial(float* x, const int32_t* pos, int64_t T, int n_heads, int head
     if (T == 0 || n_rot == 0) return;
     const int half = n_rot / 2;
     const int threads = std::min(256, (n_heads * half + 31) / 32 * 32);
-    rope_kernel<<<unsigned(T), threads, 0, detail::as_stream(stream)>>>(x, pos, n_heads, head_dim, half,
+    detail::launch(op, rope_kernel, dim3(unsigned(T)), dim3(threads), 0, detail::as_stream(stream), x, pos, n_heads, head_dim, half,
                                                                         inv_freq(n_rot, base));
     ALLOY_CUDA_LAUNCHED(op);
 }
@@ -144,14 +147,13 @@ void rms_norm_rope(const float* x, int64_t x_head_stride, const float* w, float*
     // the barrier and writes only that row after it.
     if (head_dim <= 256) {
         const int64_t rows = T * n_heads;
-        rms_norm_rope_warp_kernel<<<unsigned(detail::ceil_div(rows, kRowsPerBlock)), kRowsPerBlock * 32, 0,
-                                    detail::as_stream(stream)>>>(x, x_head_stride, w, out, pos, rows, n_heads,
+        detail::launch(op, rms_norm_rope_warp_kernel, dim3(unsigned(detail::ceil_div(rows, kRowsPerBlock))), dim3(kRowsPerBlock * 32), 0, detail::as_stream(stream), x, x_head_stride, w, out, pos, rows, n_heads,
                                                                  head_dim, n_rot / 2, eps, inv_freq(n_rot, base));
         ALLOY_CUDA_LAUNCHED(op);
         return;
     }
     const int threads = (head_dim + 31) / 32 * 32;
-    rms_norm_rope_kernel<<<unsigned(T * n_heads), threads, size_t(head_dim) * 4, detail::as_stream(stream)>>>(
+    detail::launch(op, rms_norm_rope_kernel, dim3(unsigned(T * n_heads)), dim3(threads), size_t(head_dim) * 4, detail::as_stream(stream), 
         x, x_head_stride, w, out, pos, n_heads, head_dim, n_rot / 2, eps, inv_freq(n_rot, base));
     ALLOY_CUDA_LAUNCHED(op);
 }

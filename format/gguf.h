@@ -139,8 +139,12 @@ public:
     // Convenience: quantizes fp32 values to `type` row by row (ne[0] is the row length).
     void add_tensor_f32(const std::string& name, GgmlType type, std::vector<int64_t> ne,
                         const float* values);
+    // fp32 values of a tensor of shape ne in `type`'s layout (rows of ne[0], each quantized on
+    // its own, so big tensors use every core with the same bytes); out is resized.
+    static void encode_f32(GgmlType type, const std::vector<int64_t>& ne, const float* values,
+                           std::vector<uint8_t>& out);
     // Declares a tensor whose bytes are produced only when write() reaches it, so a file
-    // larger than memory is written one tensor at a time (alloy quantize).
+    // larger than memory is written one tensor at a time (alloy quantize, alloy synth).
     void declare_tensor(const std::string& name, GgmlType type, std::vector<int64_t> ne);
     // Called once per declared tensor, in order, with its index among all tensors; must fill
     // `out` with exactly the tensor's byte size (checked).

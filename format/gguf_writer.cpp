@@ -3,7 +3,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <thread>
+#include <vector>
 
 #include "alloy/error.h"
 #include "format/gguf.h"
@@ -165,16 +168,30 @@ void Writer::declare_tensor(const std::string& name, GgmlType type, std::vector<
     tensors_.push_back({name, type, std::move(ne), {}, nbytes, true});
 }
 
+void Writer::encode_f32(GgmlType type, const std::vector<int64_t>& ne, const float* values, std::vector<uint8_t>& out) {
+    out.resize(tensor_nbytes("encode_f32", type, ne));
+    const int64_t row = ne.empty() ? 0 : ne[0];
+    if (row <= 0) return;
+    int64_t rows = 1;
+    for (size_t d = 1; d < ne.size(); ++d) rows *= ne[d];
+    const size_t rb = row_bytes(type, row);
+    uint8_t* bytes = out.data();
+    auto run = [=](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) quantize_row(type, values + r * row, bytes + r * rb, row);
+    };
+    const int64_t threads =
+        std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), rows * row / (1 << 22) + 1);
+    const int64_t per = (rows + threads - 1) / threads;
+    std::vector<std::thread> pool;
+    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(run, std::min(rows, t * per), std::min(rows, (t + 1) * per));
+    run(0, std::min(rows, per));
+    for (std::thread& th : pool) th.join();
+}
+
 void Writer::add_tensor_f32(const std::string& name, GgmlType type, std::vector<int64_t> ne, const float* values) {
-    const size_t nbytes = tensor_nbytes(name, type, ne);
-    std::vector<uint8_t> bytes(nbytes);
-    const int64_t row = ne[0];
-    if (row > 0) {
-        int64_t rows = 1;
-        for (size_t d = 1; d < ne.size(); ++d) rows *= ne[d];
-        const size_t rb = row_bytes(type, row);
-        for (int64_t r = 0; r < rows; ++r) quantize_row(type, values + r * row, bytes.data() + r * rb, row);
-    }
+    tensor_nbytes(name, type, ne);  // checks the shape, naming the tensor
+    std::vector<uint8_t> bytes;
+    encode_f32(type, ne, values, bytes);
     add_tensor(name, type, std::move(ne), std::move(bytes));
 }
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "alloy/error.h"
@@ -48,13 +50,30 @@ struct Rng {
         return z ^ (z >> 31);
     }
     double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
-    void normals(std::vector<float>& v, float mean, float std) {
-        for (size_t i = 0; i < v.size(); i += 2) {
-            const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
-            const double r = std::sqrt(-2.0 * std::log(u1));
-            v[i] = mean + std * float(r * std::cos(6.283185307179586 * u2));
-            if (i + 1 < v.size()) v[i + 1] = mean + std * float(r * std::sin(6.283185307179586 * u2));
+    // v[i] for i in [begin, end) (begin even) of a stream whose pair i / 2 takes draws i and
+    // i + 1 after the state `base`: the draws are a counter (s += golden), so any range can be
+    // computed on its own and every split gives the same values.
+    static void normals_range(uint64_t base, float* v, size_t begin, size_t end, size_t n, float mean, float std) {
+        Rng r{base + uint64_t(begin) * 0x9e3779b97f4a7c15ull};
+        for (size_t i = begin; i < end; i += 2) {
+            const double u1 = std::max(r.uniform(), 1e-300), u2 = r.uniform();
+            const double rad = std::sqrt(-2.0 * std::log(u1));
+            v[i] = mean + std * float(rad * std::cos(6.283185307179586 * u2));
+            if (i + 1 < n) v[i + 1] = mean + std * float(rad * std::sin(6.283185307179586 * u2));
         }
+    }
+    // Box-Muller pairs over v, on every core for big tensors (the 27b preset draws 2.7e10
+    // values); the values do not depend on the thread count.
+    void normals(std::vector<float>& v, float mean, float std) {
+        const size_t n = v.size(), pairs = (n + 1) / 2;
+        const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), pairs / (1 << 20) + 1);
+        const size_t per = (pairs + threads - 1) / threads * 2;  // elements per thread, even
+        std::vector<std::thread> pool;
+        for (size_t t = 1; t < threads; ++t)
+            pool.emplace_back(normals_range, s, v.data(), std::min(n, t * per), std::min(n, (t + 1) * per), n, mean, std);
+        normals_range(s, v.data(), 0, std::min(n, per), n, mean, std);
+        for (std::thread& th : pool) th.join();
+        s += uint64_t(pairs * 2) * 0x9e3779b97f4a7c15ull;
     }
 };
 
@@ -115,29 +134,46 @@ std::string synth_qwen35(const SynthOptions& opt) {
     w.set(A + "ssm.inner_size", gguf::Value::u32(uint32_t(vd)));
     add_vocab_to_gguf(vocab, w);
 
+    // Tensors are declared here and drawn when the writer reaches them, one at a time and in
+    // this order (so the random stream, and the file, are those of drawing them all up front),
+    // so a preset bigger than memory (27b) is written with one tensor's values in memory.
     Rng rng{opt.seed};
     std::vector<float> buf;
+    struct Draw {
+        GgmlType type;
+        std::vector<int64_t> ne;
+        std::function<void(std::vector<float>&)> fill;  // resizes and fills the values
+    };
+    std::vector<Draw> draws;
+    auto declare = [&](const std::string& name, GgmlType type, std::vector<int64_t> ne,
+                       std::function<void(std::vector<float>&)> fill) {
+        w.declare_tensor(name, type, ne);
+        draws.push_back({type, std::move(ne), std::move(fill)});
+    };
     // A matrix, or with n_expert > 0 one per expert stacked (ne {n_in, n_out, n_expert}).
     auto matrix = [&](const std::string& name, int64_t n_in, int64_t n_out, int64_t n_expert = 0,
                       std::optional<GgmlType> type = std::nullopt) {
         const int64_t n = std::max<int64_t>(1, n_expert);
-        buf.resize(size_t(n_in * n_out * n));
-        rng.normals(buf, 0.0f, 0.02f);
         std::vector<int64_t> ne{n_in, n_out};
         if (n_expert) ne.push_back(n_expert);
-        w.add_tensor_f32(name, type.value_or(opt.dtype), ne, buf.data());
+        declare(name, type.value_or(opt.dtype), ne, [&rng, n = size_t(n_in * n_out * n)](std::vector<float>& v) {
+            v.resize(n);
+            rng.normals(v, 0.0f, 0.02f);
+        });
     };
-    auto vec = [&](const std::string& name, std::vector<int64_t> ne, auto gen) {
+    auto vec = [&](const std::string& name, std::vector<int64_t> ne, std::function<float()> gen) {
         int64_t n = 1;
         for (auto e : ne) n *= e;
-        buf.resize(size_t(n));
-        for (auto& v : buf) v = gen();
-        w.add_tensor_f32(name, GgmlType::F32, ne, buf.data());
+        declare(name, GgmlType::F32, ne, [n, gen](std::vector<float>& v) {
+            v.resize(size_t(n));
+            for (auto& x : v) x = gen();
+        });
     };
     auto norm = [&](const std::string& name, int64_t n) {
-        buf.resize(size_t(n));
-        rng.normals(buf, 1.0f, 0.02f);
-        w.add_tensor_f32(name, GgmlType::F32, {n}, buf.data());
+        declare(name, GgmlType::F32, {n}, [&rng, n](std::vector<float>& v) {
+            v.resize(size_t(n));
+            rng.normals(v, 1.0f, 0.02f);
+        });
     };
 
     matrix("token_embd.weight", P.D, n_vocab);
@@ -183,7 +219,11 @@ std::string synth_qwen35(const SynthOptions& opt) {
             matrix(p + "ssm_out.weight", vd, P.D);
         }
     }
-    w.write(opt.out_path);
+    w.write(opt.out_path, [&](size_t i, std::vector<uint8_t>& out) {
+        const Draw& d = draws[i];
+        d.fill(buf);
+        gguf::Writer::encode_f32(d.type, d.ne, buf.data(), out);
+    });
     return "wrote " + opt.out_path + " (preset " + opt.preset + ", " + std::to_string(P.n_layer) +
            " layers, vocab " + std::to_string(n_vocab) + ")";
 }

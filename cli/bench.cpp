@@ -81,7 +81,7 @@ void add_bench_command(CLI::App& app) {
     static std::string model, prompts = "512", gens = "128", depths = "0", threads_list, gdn_list = "chunked",
                               output = "md", ctk_list = "f16", ctv_list = "f16";
     static int reps = 5, chunk = 64;
-    static bool interleave = false, use_mmap = false;
+    static bool interleave = false, use_mmap = false, greedy_tokens = false;
     static std::string backend = "cpu";
     static int batch_size = 512;
     cmd->add_option("-m,--model", model, "GGUF model file or a name in $ALLOY_MODELS (default: the embedded tiny model)");
@@ -104,6 +104,10 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::Range(1, 1 << 20));
     cmd->add_flag("--mmap", use_mmap, "use the file mapping for the weights (llama-bench -mmp 1) instead of reading "
                                       "them into memory");
+    cmd->add_flag("--greedy-tokens", greedy_tokens,
+                  "generation steps return each token's greedy id, picked where the logits are (on the GPU: a "
+                  "4-byte copy), as `alloy run --temp 0` decodes; by default they return the logits row, as "
+                  "llama-bench's do");
     cmd->add_flag("--interleave", interleave,
                   "run repetition r of every test before repetition r+1 (A/B comparisons on a drifting host)");
     cmd->callback([cmd] {
@@ -196,7 +200,16 @@ void add_bench_command(CLI::App& app) {
             if (t.n_prompt) {
                 m.forward(st, ids.data(), t.n_prompt, fo, logits.data());
             } else {
-                for (int i = 0; i < t.n_gen; ++i) m.forward(st, &ids[size_t(i)], 1, step, logits.data());
+                for (int i = 0; i < t.n_gen; ++i) {
+                    if (greedy_tokens) {
+                        Batch b;
+                        b.add(0, &ids[size_t(i)], 1, BatchLogits::Last, /*serial=*/true);
+                        int32_t token = 0;
+                        m.forward(st, b, step, nullptr, nullptr, &token);
+                    } else {
+                        m.forward(st, &ids[size_t(i)], 1, step, logits.data());
+                    }
+                }
             }
             t.samples_ns.push_back(std::chrono::duration<double, std::nano>(clock::now() - t0).count());
             if (r == reps - 1) {
@@ -280,6 +293,7 @@ void add_bench_command(CLI::App& app) {
             }
             std::printf("\nbuild %s, cpu %s, peak RSS %.2f GiB, %d repetitions (first reported as cold)\n",
                         ALLOY_GIT_COMMIT, cpu_name().c_str(), double(rss) / (1 << 30), reps);
+            if (greedy_tokens) std::printf("generation steps returned greedy tokens, not logits (--greedy-tokens)\n");
             for (const auto& [t, c] : sync)
                 std::printf("thread pool, %d threads: %.2f us per parallel region (an empty OpenMP region: %.2f us)\n",
                             t, c.pool_us, c.omp_us);

@@ -35,6 +35,9 @@ public:
     virtual ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) = 0;
     // Frees the scratch the plans compiled so far share (call after dropping them).
     virtual void drop_scratch() = 0;
+    // Whether its plans compute StepContext::argmax themselves (a GPU: then a greedy token costs
+    // one 4-byte copy instead of its logits row); else the runner picks it from the logits.
+    virtual bool greedy_on_device() const { return false; }
 };
 
 // The backend a name selects: "cpu", or "cuda" in a build with nvcc (runtime/cuda/); throws

@@ -88,6 +88,7 @@ struct Engine::Impl {
     std::vector<int> free_slots;                    // scheduler thread only
     bool last_step_decoded = false;                 // scheduler thread only
     std::vector<float> logits;                      // scheduler thread only: the step's rows, kept (grows only)
+    std::vector<int32_t> greedy;                    // scheduler thread only: the step's greedy tokens
     // Constrained output: the vocabulary's token trie and mask cache, built by the first request
     // that asks (~0.1 s for 150k tokens), and the masked row handed to the sampler.
     std::optional<JsonTokenMask> json_mask;         // scheduler thread only
@@ -330,9 +331,21 @@ struct Engine::Impl {
         const size_t V = size_t(lm.model->hparams().n_vocab);
         // Kept between steps: 32 decoding requests need 19 MB of rows, not worth allocating and
         // zeroing every token.
-        if (logits.size() < size_t(batch.logit_rows()) * V) logits.resize(size_t(batch.logit_rows()) * V);
+        // Every row greedy, unconstrained and without logprobs: only the tokens are needed (a
+        // GPU picks them on the device and copies 4 bytes a row instead of the logits).
+        bool tokens_only = true;
+        for (size_t i = 0; i < order.size(); ++i)
+            if (piece[i] == 0 || order[i]->fed + size_t(piece[i]) == order[i]->req.prompt.size())
+                tokens_only = tokens_only && order[i]->sampler->greedy() && !order[i]->json_on &&
+                              order[i]->req.logprobs < 0;
+        if (tokens_only) {
+            greedy.resize(size_t(batch.logit_rows()));
+        } else if (logits.size() < size_t(batch.logit_rows()) * V) {
+            logits.resize(size_t(batch.logit_rows()) * V);
+        }
         try {
-            lm.runner->forward(slots->state(), batch, run, logits.data());
+            lm.runner->forward(slots->state(), batch, run, tokens_only ? nullptr : logits.data(), nullptr,
+                               tokens_only ? greedy.data() : nullptr);
         } catch (const std::exception& e) {
             // Nothing a request can send reaches here (submit checks ids and sizes); fail the
             // step's requests rather than the engine.
@@ -356,16 +369,22 @@ struct Engine::Impl {
                 if (s.fed < s.req.prompt.size()) continue;  // no logits yet
                 s.prompt_done = clock::now();
             }
-            const float* row_logits = logits.data() + row * V;
-            const float* pick = s.json_on ? constrain(s, row_logits, V) : row_logits;
-            if (!pick) {
-                ++row;
-                s.r.error = "the JSON constraint allows no token of the vocabulary";
-                finish(s, "error");
-                continue;
+            int32_t token = 0;
+            if (tokens_only) {
+                token = greedy[row];
+            } else {
+                const float* row_logits = logits.data() + row * V;
+                const float* pick = s.json_on ? constrain(s, row_logits, V) : row_logits;
+                if (!pick) {
+                    ++row;
+                    s.r.error = "the JSON constraint allows no token of the vocabulary";
+                    finish(s, "error");
+                    continue;
+                }
+                token = s.sampler->sample(pick, int(V));
             }
-            const int32_t token = s.sampler->sample(pick, int(V));
             if (s.req.logprobs >= 0) {
+                const float* row_logits = logits.data() + row * V;
                 s.r.logprobs.push_back(token_logprob(row_logits, int(V), token, s.req.logprobs));
                 if (s.cb.on_logprob) s.cb.on_logprob(s.r.logprobs.back());
             }

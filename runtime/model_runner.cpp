@@ -6,6 +6,7 @@
 #include "alloy/error.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/graph_passes.h"
+#include "runtime/sampler.h"
 
 namespace alloy {
 
@@ -43,7 +44,18 @@ void ModelRunner::forward(ModelState& st, const int32_t* ids, int n, const Forwa
 }
 
 void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptions& opts, float* logits,
-                          Profiler* prof) const {
+                          Profiler* prof, int32_t* argmax) const {
+    const size_t V = size_t(hparams().n_vocab);
+    if (argmax && !backend_->greedy_on_device()) {  // pick it here, from logits rows
+        const size_t rows = size_t(batch.logit_rows());
+        if (!logits) {
+            host_logits_.resize(rows * V);
+            logits = host_logits_.data();
+        }
+        forward(st, batch, opts, logits, prof);
+        for (size_t r = 0; r < rows; ++r) argmax[r] = greedy_token(logits + r * V, int(V));
+        return;
+    }
     const int n_seqs = int(batch.seqs.size());
     if (n_seqs == 0) throw Error("forward: the batch has no sequences");
     int64_t total = 0;
@@ -63,7 +75,6 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
     if (total != int64_t(batch.ids.size()))
         throw Error("forward: the batch has " + std::to_string(batch.ids.size()) + " token ids but its sequences count " +
                     std::to_string(total));
-    const size_t V = size_t(hparams().n_vocab);
     StepContext ctx;
     ctx.state = &st;
     if (!opts.dump.empty()) ctx.dump = &opts.dump_sink;
@@ -88,7 +99,8 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
             ctx.slots = &slot;
             ctx.n_past = &n_past;
             ctx.serial = &serial;
-            ctx.logits = q.logits == BatchLogits::All ? logits + size_t(done) * V : logits;
+            ctx.logits = !logits ? nullptr : q.logits == BatchLogits::All ? logits + size_t(done) * V : logits;
+            ctx.argmax = !argmax ? nullptr : q.logits == BatchLogits::All ? argmax + done : argmax;
             run_plan(ctx, bucket_for(len, opts), opts, rows, prof);
             st.n_past[size_t(slot)] += len;
             done += len;
@@ -119,6 +131,7 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
     ctx.out_rows = out_rows.data();
     ctx.n_out = int(out_rows.size());
     ctx.logits = logits;
+    ctx.argmax = argmax;
     run_plan(ctx, bucket_for(int(total), opts), opts, out_rows.empty() ? graph::Rows::None : graph::Rows::Listed, prof);
     for (const BatchSeq& q : batch.seqs) st.n_past[size_t(q.slot)] += q.n_tokens;
 }

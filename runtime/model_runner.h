@@ -38,8 +38,11 @@ public:
     // the call above (pieces of opts.max_batch); a batch of several runs as one piece (the
     // caller bounds its size). Throws naming the sequence for a bad slot, an empty sequence or
     // one that would overflow its slot's context.
+    // argmax: if given, [batch.logit_rows()] each returned row's greedy token (greedy_token);
+    // logits may then be nullptr: a backend that picks it on the device (greedy_on_device)
+    // never copies the rows back, and the others use a buffer of the runner's.
     void forward(ModelState& state, const Batch& batch, const ForwardOptions& opts, float* logits,
-                 Profiler* prof = nullptr) const;
+                 Profiler* prof = nullptr, int32_t* argmax = nullptr) const;
     // The bucket a call of n tokens runs in: 1 for decode, else n rounded up to the GDN chunk.
     static int bucket_for(int n, const ForwardOptions& opts);
     // The graph a step of this kind runs, after prune_rows and the backend's rewrites.
@@ -52,6 +55,7 @@ private:
     std::unique_ptr<Backend> backend_;
     // Plans by (bucket, logits rows, gdn mode, chunk, dumped names); built lazily, reused.
     mutable std::map<std::tuple<int, int, int, int, std::string>, std::unique_ptr<Plan>> plans_;
+    mutable std::vector<float> host_logits_;  // argmax without logits on a host backend
     void run_plan(StepContext& ctx, int bucket, const ForwardOptions& opts, graph::Rows logits, Profiler* prof) const;
 };
 

@@ -36,7 +36,10 @@ struct StepContext {
     const uint8_t* serial = nullptr;   // [n_seqs] 1: the GDN layers take the serial kernel
     const int32_t* out_rows = nullptr; // [n_out] rows whose logits a rows plan returns, ascending
     int n_out = 0;
-    float* logits = nullptr;
+    float* logits = nullptr;  // [rows, n_vocab] the returned rows; nullptr: not wanted (argmax is)
+    // [rows] each returned row's greedy token (sampler.h greedy_token), set only for a backend
+    // whose plans pick it where the logits are (Backend::greedy_on_device); else nullptr.
+    int32_t* argmax = nullptr;
     const TensorSink* dump = nullptr;  // where the plan's dumped tensors go (nullptr: nowhere)
 };
 

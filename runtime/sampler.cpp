@@ -14,13 +14,17 @@ Sampler::Sampler(const SamplerParams& p) : p_(p), rng_(p.seed) {
     if (!(p.min_p >= 0 && p.min_p < 1)) throw Error("--min-p must be in [0, 1)");
 }
 
-int32_t Sampler::sample(const float* logits, int n_vocab) {
-    if (p_.temp == 0) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < n_vocab; ++i)
-            if (logits[i] > logits[best]) best = i;
-        return best;
+int32_t greedy_token(const float* logits, int n_vocab) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab; ++i) {
+        if (std::isnan(logits[best])) break;  // nothing ranks above the first NaN
+        if (std::isnan(logits[i]) || logits[i] > logits[best]) best = i;
     }
+    return best;
+}
+
+int32_t Sampler::sample(const float* logits, int n_vocab) {
+    if (is_greedy(p_)) return greedy_token(logits, n_vocab);
     cand_.resize(size_t(n_vocab));
     for (int32_t i = 0; i < n_vocab; ++i) cand_[size_t(i)] = {logits[i], i};
     auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };

@@ -17,10 +17,19 @@ struct SamplerParams {
     uint64_t seed = 0;
 };
 
+// The greedy token of logits [n_vocab]: the largest logit, the lowest id on ties, a NaN above
+// +inf (the rule of cuda::argmax, so a greedy token is the same whether the device or the
+// host picks it).
+int32_t greedy_token(const float* logits, int n_vocab);
+
+// Whether p samples greedily (temperature 0): its token is greedy_token's.
+inline bool is_greedy(const SamplerParams& p) { return p.temp == 0; }
+
 class Sampler {
 public:
     explicit Sampler(const SamplerParams& p);
     int32_t sample(const float* logits, int n_vocab);  // ties break to the lowest id
+    bool greedy() const { return is_greedy(p_); }
 
 private:
     SamplerParams p_;

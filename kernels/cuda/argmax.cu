@@ -22,8 +22,11 @@ constexpr int kThreads = 256;
 constexpr int kPerThread = 8;  // a block covers 2048 logits: 122 blocks for a 248320 vocabulary
 
 __device__ __forceinline__ unsigned long long key(float v, uint32_t i) {
-    const uint32_t u = __float_as_uint(v);
-    const uint32_t ord = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // NaN (positive) above +inf
+    // -0 is +0 (they compare equal: the lower index wins), and every NaN, whatever its sign
+    // and payload, ranks above +inf and equal to the others (the first NaN wins), as the
+    // host's greedy_token (runtime/sampler.h) ranks them.
+    const uint32_t u = v == 0.0f ? 0u : __float_as_uint(v);
+    const uint32_t ord = v != v ? 0xffffffffu : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
     return (static_cast<unsigned long long>(ord) << 32) | (0xffffffffu - i);
 }
 

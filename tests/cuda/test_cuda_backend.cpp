@@ -25,6 +25,7 @@
 #include "runtime/backend.h"
 #include "runtime/batch.h"
 #include "runtime/model_runner.h"
+#include "runtime/sampler.h"
 #include "tests/logits_error.h"
 
 namespace alloy {
@@ -238,6 +239,46 @@ TEST_P(CudaBackend, Q8WeightsFusedQuantizationGivesTheSameBits) {
         const std::vector<float> want =
             read_f32(source_dir() + "/tests/fixtures/" + GetParam() + "/" + f.ref["sequences"][1]["file"].get<std::string>());
         EXPECT_LT(max_row_rel_error(fused, want, V), 0.5) << "kv type " << int(kv.k);
+    }
+}
+
+// Greedy tokens picked on the device (StepContext::argmax: one int32 a row copied back, the
+// logits left there) are the host's greedy_token of the same step's logits, in a decode batch of
+// three sequences and a single-sequence prompt; the states advance the same either way.
+TEST_P(CudaBackend, DeviceGreedyTokensAreTheHostsOfTheSameLogits) {
+    OnDevice& f = fixture(GetParam());
+    const ModelRunner& m = *f.gpu;
+    ASSERT_TRUE(make_backend("cuda")->greedy_on_device());
+    const size_t V = size_t(m.hparams().n_vocab);
+    ModelState a = m.new_state(64, {}, 3), b = m.new_state(64, {}, 3);
+    ForwardOptions fo;
+    fo.gdn_mode = ref::GdnMode::Serial;
+    std::vector<int32_t> cur = {3, 17, 29};
+    for (int slot = 0; slot < 3; ++slot) {  // prompts of 5, 6, 7 tokens, one sequence per call
+        std::vector<int32_t> p;
+        for (int i = 0; i < 5 + slot; ++i) p.push_back(int32_t((7 * i + 11 * slot + 1) % int(V)));
+        Batch one;
+        one.add(slot, p.data(), int(p.size()), BatchLogits::Last, true);
+        std::vector<float> row(V);
+        int32_t tok = -1;
+        m.forward(a, one, fo, row.data());
+        m.forward(b, one, fo, nullptr, nullptr, &tok);
+        EXPECT_EQ(tok, greedy_token(row.data(), int(V))) << "prompt of slot " << slot;
+        cur[size_t(slot)] = tok;
+    }
+    for (int step = 0; step < 4; ++step) {
+        Batch batch;
+        for (int slot = 0; slot < 3; ++slot) batch.add(slot, &cur[size_t(slot)], 1, BatchLogits::Last, true);
+        std::vector<float> rows(3 * V);
+        std::vector<int32_t> got(3, -1), both(3, -1);
+        m.forward(a, batch, fo, rows.data(), nullptr, both.data());  // logits and tokens together
+        m.forward(b, batch, fo, nullptr, nullptr, got.data());
+        for (int s = 0; s < 3; ++s) {
+            const int32_t want = greedy_token(rows.data() + size_t(s) * V, int(V));
+            EXPECT_EQ(got[size_t(s)], want) << "step " << step << " sequence " << s;
+            EXPECT_EQ(both[size_t(s)], want) << "step " << step << " sequence " << s;
+        }
+        cur = got;
     }
 }
 

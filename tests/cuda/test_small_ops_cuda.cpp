@@ -25,6 +25,7 @@
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
 #include "kernels/ref/swiglu.h"
+#include "runtime/sampler.h"
 #include "tests/cuda/device_array.h"
 
 namespace alloy {
@@ -190,19 +191,31 @@ TEST(CudaSmallOps, GetRowsIsExact) {
     }
 }
 
-TEST(CudaSmallOps, ArgmaxMatchesMaxElement) {
+TEST(CudaSmallOps, ArgmaxMatchesTheHostsGreedyToken) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     for (int64_t n : {1, 1000, 248320}) {
-        const int64_t rows = 3;
+        const int64_t rows = n > 1 ? 6 : 3;
         auto logits = randn(size_t(rows * n), uint32_t(n), 4.0f);
-        if (n > 1000) {
+        if (n > 1) {
+            float* r = logits.data();
+            const int64_t far = n > 1000 ? 200000 : 900;
             // Row 1: a tie between two far-apart positions (the smaller index must win);
             // row 2: every value negative, the maximum the last element.
             const float top = 100.0f;
-            logits[size_t(n + 200000)] = top;
-            logits[size_t(n + 3)] = top;
-            for (int64_t i = 0; i < n; ++i) logits[size_t(2 * n + i)] = -std::fabs(logits[size_t(2 * n + i)]) - 1.0f;
-            logits[size_t(3 * n - 1)] = -0.5f;
+            r[n + far] = top;
+            r[n + 3] = top;
+            for (int64_t i = 0; i < n; ++i) r[2 * n + i] = -std::fabs(r[2 * n + i]) - 1.0f;
+            r[3 * n - 1] = -0.5f;
+            // Row 3: -0 before +0 as the maximum (equal: the first wins); row 4: NaNs of both
+            // signs and another payload after +inf (the first NaN wins); row 5: +inf twice.
+            for (int64_t i = 0; i < n; ++i) r[3 * n + i] = -std::fabs(r[3 * n + i]) - 1.0f;
+            r[3 * n + 7] = -0.0f;
+            r[3 * n + far] = 0.0f;
+            r[4 * n + 2] = INFINITY;
+            r[4 * n + 9] = -NAN;
+            r[4 * n + far] = NAN;
+            r[5 * n + far] = INFINITY;
+            r[5 * n + 5] = INFINITY;
         }
         DeviceArray<float> d(logits);
         DeviceArray<int32_t> out(std::vector<int32_t>(size_t(rows), -1));
@@ -211,10 +224,8 @@ TEST(CudaSmallOps, ArgmaxMatchesMaxElement) {
             cuda::argmax(d.p, rows, n, out.p, ws.p);
             sync();
             const auto got = out.host();
-            for (int64_t r = 0; r < rows; ++r) {
-                const float* row = logits.data() + r * n;
-                EXPECT_EQ(got[size_t(r)], int32_t(std::max_element(row, row + n) - row)) << "n " << n << " row " << r;
-            }
+            for (int64_t r = 0; r < rows; ++r)
+                EXPECT_EQ(got[size_t(r)], greedy_token(logits.data() + r * n, int(n))) << "n " << n << " row " << r;
         }
     }
 }

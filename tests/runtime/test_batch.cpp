@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -24,6 +25,7 @@
 #include "format/gguf.h"
 #include "model/qwen35.h"
 #include "runtime/model_runner.h"
+#include "runtime/sampler.h"
 #include "model/synth.h"
 #include "tests/logits_error.h"
 
@@ -221,6 +223,44 @@ TEST(Batch, MixedPrefillAndDecodeStepEqualsSingleRuns) {
             EXPECT_EQ(rows(2, 9), c_want);
         }
     }
+}
+
+// greedy_token's rule (the device argmax's too): the largest logit, the lowest id on ties (-0
+// equals +0), any NaN above +inf and the first NaN winning.
+TEST(Batch, GreedyTokenRule) {
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    EXPECT_EQ(greedy_token(std::vector<float>{1, 3, 3, 2}.data(), 4), 1);
+    EXPECT_EQ(greedy_token(std::vector<float>{-1, -0.0f, 0.0f, -2}.data(), 4), 1);
+    EXPECT_EQ(greedy_token(std::vector<float>{1, inf, -nan, nan, inf}.data(), 5), 2);
+    EXPECT_EQ(greedy_token(std::vector<float>{nan, 5, nan}.data(), 3), 0);
+    EXPECT_EQ(greedy_token(std::vector<float>{-inf, -inf}.data(), 2), 0);
+}
+
+// On a backend without device sampling the runner picks the greedy tokens from the logits
+// rows: the same tokens with or without a logits array of the caller's, and the same state.
+TEST(Batch, GreedyTokensOfABatchAreThoseOfItsLogits) {
+    const ModelRunner& m = model("tiny", GgmlType::Q8_0);
+    const size_t V = size_t(m.hparams().n_vocab);
+    ModelState a = m.new_state(64, {}, 2), b = m.new_state(64, {}, 2);
+    const auto p0 = ids(9, 1), p1 = ids(4, 2);
+    Batch batch;
+    batch.add(0, p0.data(), int(p0.size()), BatchLogits::Last, true);
+    batch.add(1, p1.data(), int(p1.size()), BatchLogits::All, true);
+    ForwardOptions fo;
+    std::vector<float> rows(size_t(batch.logit_rows()) * V);
+    std::vector<int32_t> got(size_t(batch.logit_rows()), -1), with_rows(got);
+    m.forward(a, batch, fo, rows.data(), nullptr, with_rows.data());
+    m.forward(b, batch, fo, nullptr, nullptr, got.data());
+    for (size_t r = 0; r < got.size(); ++r) {
+        EXPECT_EQ(got[r], greedy_token(rows.data() + r * V, int(V))) << "row " << r;
+        EXPECT_EQ(with_rows[r], got[r]) << "row " << r;
+    }
+    Batch next;
+    next.add(0, &got[0], 1, BatchLogits::Last, true);
+    std::vector<float> ra(V), rb(V);
+    m.forward(a, next, fo, ra.data());
+    m.forward(b, next, fo, rb.data());
+    EXPECT_EQ(ra, rb);
 }
 
 TEST(Batch, BadBatchesNameTheSequence) {

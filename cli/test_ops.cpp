@@ -1,10 +1,12 @@
-// alloy test-ops [-o OPNAME] [--quick] [--full]: every op variant against its kernels/ref
-// reference on random inputs, in the manner of llama.cpp's test-backend-ops. One line per
+// alloy test-ops [-o OPNAME] [--quick] [--full] [--backend cpu|cuda]: every op variant against
+// its kernels/ref reference on random inputs, in the manner of llama.cpp's test-backend-ops
+// (--backend cuda: the kernels/cuda versions of the ops that have one, on the same cases). One line per
 // (op, variant, case); a case fails on NaN/Inf or when the normalised MSE
 // sum((x - ref)^2) / sum(ref^2) of any output tensor exceeds the op's threshold.
 //
 // To add a variant (an optimized kernel in kernels/cpu, say), append {name, function} to the
 // op's variant list below; the reference, the input generator and the case grid stay as they are.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -40,11 +42,23 @@
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
 #include "kernels/ref/swiglu.h"
+#if ALLOY_CUDA
+#include "cli/cuda/test_ops_cuda.h"
+#endif
 
 namespace alloy::cli {
 namespace {
 
 using Tensors = std::vector<std::pair<const char*, std::vector<float>>>;  // named outputs
+
+// Which implementation of an op a case runs: the reference, kernels/cpu on an ISA path, or
+// kernels/cuda (cli/cuda/test_ops_cuda.h, in builds with nvcc).
+enum class Impl { Ref, Cpu, Cuda };
+#if ALLOY_CUDA
+#define ALLOY_CUDA_OP(call) cuda_ops::call
+#else
+#define ALLOY_CUDA_OP(call) throw Error("test-ops: this build has no CUDA backend (nvcc was not found at configure time)")
+#endif
 
 // One variant of an op: a name and a function from the op's inputs to its named outputs.
 template <class In>
@@ -52,6 +66,7 @@ struct Variant {
     const char* name;
     std::function<Tensors(const In&)> run;
     int max_T = 1 << 30;  // GDN ops: cases with more tokens skip this variant
+    double limit = 1e-7;  // the NMSE it must stay within (kMaxNmseF32 unless its arithmetic is coarser)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -239,6 +254,42 @@ const std::vector<Variant<FusedIn>>& fused_variants() {
     return v;
 }
 
+#if ALLOY_CUDA
+// kernels/cuda's GDN ops: serial in fp32 (ref's contract, the rounding of another summation
+// order) and chunked with bf16 tensor-core products (~4e-3 relative: NMSE ~2e-5; 1e-4 allowed).
+constexpr double kCudaChunkedNmse = 1e-4;
+Tensors delta_cuda(const DeltaIn& in, int chunk) {
+    std::vector<float> out(in.v.size()), state = in.state;
+    cuda_ops::gdn_delta(in.shape, in.offs, in.q, in.k, in.v, in.g, in.beta, state, out, chunk);
+    return {{"out", std::move(out)}, {"state", std::move(state)}};
+}
+Tensors fused_cuda(const FusedIn& in, alloy::ref::GdnMode mode) {
+    alloy::ref::GdnParams p = in.p;
+    p.mode = mode;
+    p.chunk_size = mode == alloy::ref::GdnMode::Chunked ? 64 : 1;
+    std::vector<float> y(in.z.size()), conv_state = in.conv_state, state = in.state;
+    cuda_ops::gdn_fused(p, in.conv1d, in.ssm_a, in.dt_bias, in.norm, in.offs, in.qkv, in.z, in.a, in.b, conv_state,
+                        state, y);
+    return {{"y", std::move(y)}, {"conv_state", std::move(conv_state)}, {"state", std::move(state)}};
+}
+const std::vector<Variant<DeltaIn>>& cuda_delta_variants() {
+    static const std::vector<Variant<DeltaIn>> v = {
+        {"cuda-serial", [](const DeltaIn& in) { return delta_cuda(in, 0); }},
+        {"cuda-chunked64", [](const DeltaIn& in) { return delta_cuda(in, 64); }, 1 << 30, kCudaChunkedNmse},
+    };
+    return v;
+}
+const std::vector<Variant<FusedIn>>& cuda_fused_variants() {
+    using alloy::ref::GdnMode;
+    static const std::vector<Variant<FusedIn>> v = {
+        {"cuda-serial", [](const FusedIn& in) { return fused_cuda(in, GdnMode::Serial); }},
+        {"cuda-chunked64", [](const FusedIn& in) { return fused_cuda(in, GdnMode::Chunked); }, 1 << 30,
+         kCudaChunkedNmse},
+    };
+    return v;
+}
+#endif
+
 // ---------------------------------------------------------------------------------------
 // Comparison and driver.
 
@@ -305,8 +356,8 @@ void run_op(const char* op, const std::vector<GdnCase>& cases, In (*make)(const 
             const Tensors got = var.run(in);
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            report_case(std::string(op) + "(variant=" + var.name + "," + gdn_label(c) + ")", got, want, kMaxNmseF32,
-                        ms, tally);
+            report_case(std::string(op) + "(variant=" + var.name + "," + gdn_label(c) + ")", got, want, var.limit, ms,
+                        tally);
         }
     }
 }
@@ -315,6 +366,7 @@ struct Options {
     std::string op;  // empty: all ops
     bool quick = false;
     bool full = false;
+    std::string backend = "cpu";  // cpu: kernels/cpu on every ISA path; cuda: kernels/cuda
 };
 
 // The grid: H_v in {16, 32, 48} x r in {1, 2} x T x seqs in {1, 3} x init in {0, 1}.
@@ -347,6 +399,20 @@ std::vector<std::pair<const char*, cpu::Isa>> cpu_isas() {
     std::vector<std::pair<const char*, cpu::Isa>> v{{"cpu-scalar", cpu::Isa::Scalar}};
     if (cpu::active_isa() >= cpu::Isa::Avx2) v.push_back({"cpu-avx2", cpu::Isa::Avx2});
     if (cpu::active_isa() >= cpu::Isa::Avx512) v.push_back({"cpu-avx512", cpu::Isa::Avx512});
+    return v;
+}
+
+// What a kernel op's cases run against the reference: kernels/cpu on each ISA path this CPU
+// has, or (--backend cuda) kernels/cuda.
+struct Target {
+    const char* name;
+    cpu::Isa isa;
+    Impl impl;
+};
+std::vector<Target> targets(const Options& o) {
+    if (o.backend == "cuda") return {{"cuda", cpu::Isa::Scalar, Impl::Cuda}};
+    std::vector<Target> v;
+    for (auto [name, isa] : cpu_isas()) v.push_back({name, isa, Impl::Cpu});
     return v;
 }
 
@@ -383,15 +449,20 @@ alloy::ref::AttentionShape attn_shape(const AttnCase& c) {
 }
 
 // The bf16-products prefill path of bf16 caches rounds q and the probabilities to bf16
-// (kernels/cpu/attention.h): nmse up to 1e-4 there (row errors ~1e-3 to 6e-3).
-double attn_threshold(const AttnCase& c, cpu::Isa isa) {
-    return cpu::attention_uses_bf16_products(attn_shape(c), c.T, isa) ? 1e-4 : kMaxNmseF32;
+// (kernels/cpu/attention.h): nmse up to 1e-4 there (row errors ~1e-3 to 6e-3). CUDA's prefill
+// on 16-bit caches rounds them to the cache's type for its tensor cores likewise.
+double attn_threshold(const AttnCase& c, const Target& t) {
+#if ALLOY_CUDA
+    if (t.impl == Impl::Cuda) return cuda_ops::attention_nmse_limit(attn_shape(c), c.T);
+#endif
+    return cpu::attention_uses_bf16_products(attn_shape(c), c.T, t.isa) ? 1e-4 : kMaxNmseF32;
 }
 
-Tensors attn_run(const AttnIn& in, cpu::Isa isa, bool reference) {
+Tensors attn_run(const AttnIn& in, cpu::Isa isa, Impl impl) {
     const alloy::ref::AttentionShape s = attn_shape(in.c);
     std::vector<float> out(in.q.size(), NAN);
-    if (reference) alloy::ref::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past);
+    if (impl == Impl::Ref) alloy::ref::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past);
+    else if (impl == Impl::Cuda) ALLOY_CUDA_OP(attention(s, in.q.data(), in.k, in.v, out.data(), in.c.T, in.c.n_past));
     else cpu::attention(s, in.q.data(), in.k.data(), in.v.data(), out.data(), in.c.T, in.c.n_past, isa);
     return {{"out", std::move(out)}};
 }
@@ -413,6 +484,10 @@ std::vector<AttnCase> attn_cases(const Options& o) {
         shapes.push_back({8, 2, 256, 512, 0});
         shapes.push_back({16, 4, 256, 129, 1000});
     }
+    if (o.backend == "cuda")  // cuda::attention takes head_dim 64, 128 or 256
+        shapes.erase(std::remove_if(shapes.begin(), shapes.end(),
+                                    [](const AttnCase& c) { return c.hd != 64 && c.hd != 128 && c.hd != 256; }),
+                     shapes.end());
     std::vector<AttnCase> v;
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
         for (AttnCase c : shapes) {
@@ -447,11 +522,12 @@ std::string small_label(const SmallCase& c) { return "rows=" + std::to_string(c.
 
 // KV_STORE: fp32 rows -> f16 cache rows (round to nearest even), compared as the fp32 values
 // of the stored halves (the kernel is bit-exact: nmse 0; tests/kernels checks the bits).
-Tensors kv_store_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors kv_store_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> x = in.a;  // scaled to cover f16's normal and subnormal range
     for (size_t i = 0; i < x.size(); ++i) x[i] *= i % 3 == 0 ? 1e-5f : i % 3 == 1 ? 1.0f : 5000.0f;
     std::vector<uint16_t> h(x.size());
-    if (reference) alloy::ref::kv_store(x.data(), h.data(), GgmlType::F16, int64_t(x.size()));
+    if (impl == Impl::Ref) alloy::ref::kv_store(x.data(), h.data(), GgmlType::F16, int64_t(x.size()));
+    else if (impl == Impl::Cuda) ALLOY_CUDA_OP(kv_store(x.data(), h.data(), GgmlType::F16, int64_t(x.size())));
     else cpu::kv_store(x.data(), h.data(), GgmlType::F16, int64_t(x.size()), isa);
     std::vector<float> out(h.size());
     for (size_t i = 0; i < h.size(); ++i) out[i] = fp16_to_fp32(h[i]);
@@ -460,67 +536,81 @@ Tensors kv_store_run(const SmallIn& in, cpu::Isa isa, bool reference) {
 
 constexpr int kRopeHeadDim = 256, kRopeRot = 64;  // Qwen3.5: partial RoPE on 64 of 256 dims
 
-Tensors rms_norm_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors rms_norm_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> out(in.a.size(), NAN);
-    if (reference) alloy::ref::rms_norm(in.a.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f);
+    if (impl == Impl::Ref) alloy::ref::rms_norm(in.a.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f);
+    else if (impl == Impl::Cuda) ALLOY_CUDA_OP(rms_norm(in.a.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f));
     else cpu::rms_norm(in.a.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f, isa);
     return {{"out", std::move(out)}};
 }
 
-Tensors rope_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors rope_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> x = in.a;  // [T, n / 256, 256]
     const int heads = int(in.c.n / kRopeHeadDim);
-    if (reference) alloy::ref::rope_partial(x.data(), in.pos.data(), in.c.rows, heads, kRopeHeadDim, kRopeRot, 1e7f);
+    if (impl == Impl::Ref) alloy::ref::rope_partial(x.data(), in.pos.data(), in.c.rows, heads, kRopeHeadDim, kRopeRot, 1e7f);
+    else if (impl == Impl::Cuda)
+        ALLOY_CUDA_OP(rope_partial(x.data(), in.pos.data(), in.c.rows, heads, kRopeHeadDim, kRopeRot, 1e7f));
     else cpu::rope_partial(cpu::rope_table(in.pos.data(), in.c.rows, kRopeRot, 1e7f), x.data(), heads, kRopeHeadDim, isa);
     return {{"x", std::move(x)}};
 }
 
-Tensors swiglu_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors swiglu_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> out(in.a.size(), NAN);
-    if (reference) alloy::ref::swiglu(in.a.data(), in.b.data(), out.data(), int64_t(in.a.size()));
+    if (impl == Impl::Ref) alloy::ref::swiglu(in.a.data(), in.b.data(), out.data(), int64_t(in.a.size()));
+    else if (impl == Impl::Cuda) ALLOY_CUDA_OP(swiglu(in.a.data(), in.b.data(), out.data(), int64_t(in.a.size())));
     else cpu::swiglu(in.a.data(), in.b.data(), out.data(), int64_t(in.a.size()), isa);
     return {{"out", std::move(out)}};
 }
 
-Tensors gate_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors gate_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> x = in.b;
-    if (reference) alloy::ref::sigmoid_gate_mul(x.data(), in.a.data(), int64_t(x.size()));
+    if (impl == Impl::Ref) alloy::ref::sigmoid_gate_mul(x.data(), in.a.data(), int64_t(x.size()));
+    else if (impl == Impl::Cuda) ALLOY_CUDA_OP(sigmoid_gate_mul(x.data(), in.a.data(), 1, int64_t(x.size()), 0));
     else cpu::sigmoid_gate_mul(x.data(), in.a.data(), int64_t(x.size()), isa);
     return {{"x", std::move(x)}};
 }
 
 // rows = (token, head) pairs, n = head_dim; the gate rows read 2 * head_dim apart, as the
 // model reads them in place in the interleaved q/gate projection.
-Tensors gate_strided_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors gate_strided_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> x = in.b, g(in.a.size() * 2);
     for (int64_t r = 0; r < in.c.rows; ++r)
         std::copy(in.a.begin() + r * in.c.n, in.a.begin() + (r + 1) * in.c.n, g.begin() + (2 * r + 1) * in.c.n);
-    if (reference) alloy::ref::sigmoid_gate_mul(x.data(), g.data() + in.c.n, in.c.rows, in.c.n, 2 * in.c.n);
+    if (impl == Impl::Ref) alloy::ref::sigmoid_gate_mul(x.data(), g.data() + in.c.n, in.c.rows, in.c.n, 2 * in.c.n);
+    else if (impl == Impl::Cuda)
+        ALLOY_CUDA_OP(sigmoid_gate_mul(x.data(), g.data() + in.c.n, in.c.rows, in.c.n, 2 * in.c.n));
     else cpu::sigmoid_gate_mul(x.data(), g.data() + in.c.n, in.c.rows, in.c.n, 2 * in.c.n, isa);
     return {{"x", std::move(x)}};
 }
 
 // x += y, then the norm of x: both outputs compared.
-Tensors add_rms_norm_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors add_rms_norm_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> x = in.a, out(in.a.size(), NAN);
-    if (reference) alloy::ref::add_rms_norm(x.data(), in.b.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f);
+    if (impl == Impl::Ref) alloy::ref::add_rms_norm(x.data(), in.b.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f);
+    else if (impl == Impl::Cuda)
+        ALLOY_CUDA_OP(add_rms_norm(x.data(), in.b.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f));
     else cpu::add_rms_norm(x.data(), in.b.data(), in.w.data(), out.data(), in.c.rows, in.c.n, 1e-6f, isa);
     return {{"x", std::move(x)}, {"out", std::move(out)}};
 }
 
 // rows = tokens, n = heads * 256: the q path (heads read from [query | gate] pairs) and the
 // k path (in place).
-Tensors rms_norm_rope_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors rms_norm_rope_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     const int heads = int(in.c.n / kRopeHeadDim);
     std::vector<float> qg(in.a.size() * 2), q(in.a.size(), NAN), k = in.b;
     for (int64_t r = 0; r < in.c.rows * heads; ++r)
         std::copy(in.a.begin() + r * kRopeHeadDim, in.a.begin() + (r + 1) * kRopeHeadDim, qg.begin() + 2 * r * kRopeHeadDim);
     const float* w = in.w.data();  // the first 256 of the row weights
-    if (reference) {
+    if (impl == Impl::Ref) {
         alloy::ref::rms_norm_rope(qg.data(), 2 * kRopeHeadDim, w, q.data(), in.pos.data(), in.c.rows, heads,
                                   kRopeHeadDim, kRopeRot, 1e7f, 1e-6f);
         alloy::ref::rms_norm_rope(k.data(), kRopeHeadDim, w, k.data(), in.pos.data(), in.c.rows, heads, kRopeHeadDim,
                                   kRopeRot, 1e7f, 1e-6f);
+    } else if (impl == Impl::Cuda) {
+        ALLOY_CUDA_OP(rms_norm_rope(qg.data(), 2 * kRopeHeadDim, w, q.data(), in.pos.data(), in.c.rows, heads,
+                                    kRopeHeadDim, kRopeRot, 1e7f, 1e-6f));
+        ALLOY_CUDA_OP(rms_norm_rope(k.data(), kRopeHeadDim, w, k.data(), in.pos.data(), in.c.rows, heads, kRopeHeadDim,
+                                    kRopeRot, 1e7f, 1e-6f));
     } else {
         const cpu::RopeTable tab = cpu::rope_table(in.pos.data(), in.c.rows, kRopeRot, 1e7f);
         cpu::rms_norm_rope(tab, qg.data(), 2 * kRopeHeadDim, w, q.data(), heads, kRopeHeadDim, 1e-6f, isa);
@@ -529,9 +619,10 @@ Tensors rms_norm_rope_run(const SmallIn& in, cpu::Isa isa, bool reference) {
     return {{"q", std::move(q)}, {"k", std::move(k)}};
 }
 
-Tensors add_run(const SmallIn& in, cpu::Isa isa, bool reference) {
+Tensors add_run(const SmallIn& in, cpu::Isa isa, Impl impl) {
     std::vector<float> x = in.a;
-    if (reference) alloy::ref::add(x.data(), in.b.data(), int64_t(x.size()));
+    if (impl == Impl::Ref) alloy::ref::add(x.data(), in.b.data(), int64_t(x.size()));
+    else if (impl == Impl::Cuda) ALLOY_CUDA_OP(add(x.data(), in.b.data(), int64_t(x.size())));
     else cpu::add(x.data(), in.b.data(), int64_t(x.size()), isa);
     return {{"x", std::move(x)}};
 }
@@ -539,20 +630,20 @@ Tensors add_run(const SmallIn& in, cpu::Isa isa, bool reference) {
 // Runs the reference once per case and every variant against it (run_op for any case type).
 // max_nmse: the op's threshold for a case on an ISA path (nullptr: kMaxNmseF32 everywhere).
 template <class In, class Case>
-void run_kernel_op(const char* op, const std::vector<Case>& cases, In (*make)(const Case&, uint32_t),
-                   std::string (*label)(const Case&), Tensors (*run)(const In&, cpu::Isa, bool), Tally& tally,
-                   double (*threshold)(const Case&, cpu::Isa) = nullptr) {
+void run_kernel_op(const Options& o, const char* op, const std::vector<Case>& cases, In (*make)(const Case&, uint32_t),
+                   std::string (*label)(const Case&), Tensors (*run)(const In&, cpu::Isa, Impl), Tally& tally,
+                   double (*threshold)(const Case&, const Target&) = nullptr) {
     uint32_t seed = 1000;
     for (const Case& c : cases) {
         const In in = make(c, seed++);
-        const Tensors want = run(in, cpu::Isa::Scalar, /*reference=*/true);
-        for (auto [name, isa] : cpu_isas()) {
+        const Tensors want = run(in, cpu::Isa::Scalar, Impl::Ref);
+        for (const Target& t : targets(o)) {
             const auto t0 = std::chrono::steady_clock::now();
-            const Tensors got = run(in, isa, /*reference=*/false);
+            const Tensors got = run(in, t.isa, t.impl);
             const double ms =
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            report_case(std::string(op) + "(variant=" + name + "," + label(c) + ")", got, want,
-                        threshold ? threshold(c, isa) : kMaxNmseF32, ms, tally);
+            report_case(std::string(op) + "(variant=" + t.name + "," + label(c) + ")", got, want,
+                        threshold ? threshold(c, t) : kMaxNmseF32, ms, tally);
         }
     }
 }
@@ -564,35 +655,35 @@ const std::vector<std::string> kKernelOps{"ATTENTION",        "KV_STORE", "RMS_N
 void run_kernel_ops(const Options& o, Tally& tally) {
     auto want = [&](const char* op) { return o.op.empty() || o.op == op; };
     if (want("ATTENTION"))
-        run_kernel_op<AttnIn, AttnCase>("ATTENTION", attn_cases(o), make_attn_in, attn_label, attn_run, tally,
+        run_kernel_op<AttnIn, AttnCase>(o, "ATTENTION", attn_cases(o), make_attn_in, attn_label, attn_run, tally,
                                         attn_threshold);
     const int64_t Tbig = o.quick ? 65 : 512;  // prefill-sized rows
     if (want("KV_STORE"))  // one decode row, an odd tail, a prefill piece (n = n_kv * hd = 512)
-        run_kernel_op<SmallIn, SmallCase>("KV_STORE", {{1, 512}, {1, 1031}, {Tbig, 512}}, make_small_in, small_label,
+        run_kernel_op<SmallIn, SmallCase>(o, "KV_STORE", {{1, 512}, {1, 1031}, {Tbig, 512}}, make_small_in, small_label,
                                           kv_store_run, tally);
     if (want("RMS_NORM"))  // hidden rows (D = 1024) and per-head q/k norms (256)
-        run_kernel_op<SmallIn, SmallCase>("RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig * 8, 256}, {Tbig, 1024}},
+        run_kernel_op<SmallIn, SmallCase>(o, "RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig * 8, 256}, {Tbig, 1024}},
                                           make_small_in, small_label, rms_norm_run, tally);
     if (want("ADD_RMS_NORM"))  // the residual stream: D = 1024
-        run_kernel_op<SmallIn, SmallCase>("ADD_RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig, 1024}}, make_small_in,
+        run_kernel_op<SmallIn, SmallCase>(o, "ADD_RMS_NORM", {{1, 1024}, {7, 1000}, {Tbig, 1024}}, make_small_in,
                                           small_label, add_rms_norm_run, tally);
     if (want("ROPE"))  // rows = tokens, n = heads * 256
-        run_kernel_op<SmallIn, SmallCase>("ROPE", {{1, 8 * 256}, {7, 2 * 256}, {Tbig, 8 * 256}}, make_small_in,
+        run_kernel_op<SmallIn, SmallCase>(o, "ROPE", {{1, 8 * 256}, {7, 2 * 256}, {Tbig, 8 * 256}}, make_small_in,
                                           small_label, rope_run, tally);
     if (want("RMS_NORM_ROPE"))  // rows = tokens, n = heads * 256
-        run_kernel_op<SmallIn, SmallCase>("RMS_NORM_ROPE", {{1, 8 * 256}, {7, 2 * 256}, {Tbig, 8 * 256}},
+        run_kernel_op<SmallIn, SmallCase>(o, "RMS_NORM_ROPE", {{1, 8 * 256}, {7, 2 * 256}, {Tbig, 8 * 256}},
                                           make_small_in, small_label, rms_norm_rope_run, tally);
     if (want("SWIGLU"))
-        run_kernel_op<SmallIn, SmallCase>("SWIGLU", {{1, 3584}, {7, 3584}, {Tbig, 3584}}, make_small_in, small_label,
+        run_kernel_op<SmallIn, SmallCase>(o, "SWIGLU", {{1, 3584}, {7, 3584}, {Tbig, 3584}}, make_small_in, small_label,
                                           swiglu_run, tally);
     if (want("SIGMOID_GATE_MUL"))
-        run_kernel_op<SmallIn, SmallCase>("SIGMOID_GATE_MUL", {{1, 2048}, {7, 2051}, {Tbig, 2048}}, make_small_in,
+        run_kernel_op<SmallIn, SmallCase>(o, "SIGMOID_GATE_MUL", {{1, 2048}, {7, 2051}, {Tbig, 2048}}, make_small_in,
                                           small_label, gate_run, tally);
     if (want("SIGMOID_GATE_MUL"))  // strided gate rows: rows = tokens * heads, n = head_dim
-        run_kernel_op<SmallIn, SmallCase>("SIGMOID_GATE_MUL", {{8, 256}, {7, 83}, {Tbig * 8, 256}}, make_small_in,
+        run_kernel_op<SmallIn, SmallCase>(o, "SIGMOID_GATE_MUL", {{8, 256}, {7, 83}, {Tbig * 8, 256}}, make_small_in,
                                           small_label, gate_strided_run, tally);
     if (want("ADD"))
-        run_kernel_op<SmallIn, SmallCase>("ADD", {{1, 1024}, {7, 1027}, {Tbig, 1024}}, make_small_in, small_label,
+        run_kernel_op<SmallIn, SmallCase>(o, "ADD", {{1, 1024}, {7, 1027}, {Tbig, 1024}}, make_small_in, small_label,
                                           add_run, tally);
 }
 
@@ -677,6 +768,24 @@ void run_matmul_op(const Options& o, Tally& tally, bool swiglu) {
         const Tensors ref{{"y", want}};
         const std::string label = std::string("type=") + type_traits(c.type).name + ",n_in=" + std::to_string(c.n_in) +
                                   ",n_out=" + std::to_string(c.n_out) + ",T=" + std::to_string(c.T);
+#if ALLOY_CUDA
+        if (o.backend == "cuda") {  // F32, BF16, Q8_0 only (cuda::matmul throws for the others)
+            if (swiglu || !cuda_ops::matmul_supported(c.type)) continue;
+            std::vector<float> y(want.size(), NAN), want_cuda(want.size());
+            // The GEMVs take x in fp32 (Q8_0: quantized as the CPU's effective input, ties
+            // aside); cuBLAS paths round x to bf16: compared with ref on the fp32 x, coarser.
+            const bool quantized = cuda_ops::matmul_quantizes_x(c.type, c.T);
+            alloy::ref::matmul(W, quantized ? xe.data() : in.x.data(), want_cuda.data(), c.T);
+            const auto t0 = std::chrono::steady_clock::now();
+            cuda_ops::matmul(W, in.x.data(), y.data(), c.T);
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            report_case(std::string(op) + "(variant=cuda:" + cuda_ops::matmul_path(c.type, c.n_in, c.T) + "," + label +
+                            ")",
+                        {{"y", std::move(y)}}, {{"y", want_cuda}}, cuda_ops::matmul_nmse_limit(c.type, c.n_in, c.T),
+                        ms, tally);
+            continue;
+        }
+#endif
         for (auto [name, isa] : cpu_isas()) {
             std::vector<float> y(want.size(), NAN), u(want.size(), NAN);
             const auto t0 = std::chrono::steady_clock::now();
@@ -770,18 +879,33 @@ void run_test_ops(const Options& o) {
     else if (!o.full)
         std::printf("test-ops: heavy corner sampled: T=4096 runs only with seqs=1 and H_v in {16,48} (--full for all)\n");
     std::printf("test-ops: the reference's own chunked variants run up to T=%d only\n", kRefMaxT);
+    const bool cuda = o.backend == "cuda";
+    if (cuda) {
+#if ALLOY_CUDA
+        if (!cuda_ops::available()) throw Error("test-ops --backend cuda: no usable CUDA device");
+        std::printf("test-ops: --backend cuda on %s: kernels/cuda against kernels/ref (MATMUL: F32, BF16, Q8_0; "
+                    "no CUDA MATMUL_SWIGLU or MOE_FFN yet)\n",
+                    cuda_ops::device_name().c_str());
+#else
+        ALLOY_CUDA_OP(available());
+#endif
+    }
     const auto t0 = std::chrono::steady_clock::now();
     Tally tally;
-    if (o.op.empty() || o.op == "GDN_DELTA")
-        run_op<DeltaIn>("GDN_DELTA", cases, make_delta_in, delta_serial, delta_variants(), tally);
+    const std::vector<Variant<DeltaIn>>* delta = &delta_variants();
+    const std::vector<Variant<FusedIn>>* fused = &fused_variants();
+#if ALLOY_CUDA
+    if (cuda) delta = &cuda_delta_variants(), fused = &cuda_fused_variants();
+#endif
+    if (o.op.empty() || o.op == "GDN_DELTA") run_op<DeltaIn>("GDN_DELTA", cases, make_delta_in, delta_serial, *delta, tally);
     if (o.op.empty() || o.op == "GDN_FUSED")
         run_op<FusedIn>("GDN_FUSED", cases, make_fused_in,
-                        [](const FusedIn& in) { return fused_run(in, alloy::ref::GdnMode::Serial, 1); },
-                        fused_variants(), tally);
+                        [](const FusedIn& in) { return fused_run(in, alloy::ref::GdnMode::Serial, 1); }, *fused,
+                        tally);
     run_kernel_ops(o, tally);
     if (o.op.empty() || o.op == "MATMUL") run_matmul_op(o, tally, false);
-    if (o.op.empty() || o.op == "MATMUL_SWIGLU") run_matmul_op(o, tally, true);
-    if (o.op.empty() || o.op == "MOE_FFN") run_moe_op(o, tally);
+    if (!cuda && (o.op.empty() || o.op == "MATMUL_SWIGLU")) run_matmul_op(o, tally, true);
+    if (!cuda && (o.op.empty() || o.op == "MOE_FFN")) run_moe_op(o, tally);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%d/%d passed (%.1f s)\n", tally.passed, tally.run, s);
     std::fflush(stdout);
@@ -799,6 +923,9 @@ void add_test_ops_command(CLI::App& app) {
                    "RMS_NORM_ROPE, SWIGLU, SIGMOID_GATE_MUL, ADD, MATMUL, MATMUL_SWIGLU, MOE_FFN)");
     cmd->add_flag("--quick", opts->quick, "small grid (H_v=16, T<=65)");
     cmd->add_flag("--full", opts->full, "do not sample the T=4096 corner of the grid");
+    cmd->add_option("--backend", opts->backend, "cpu: kernels/cpu on every ISA path; cuda: kernels/cuda")
+        ->check(CLI::IsMember({"cpu", "cuda"}))
+        ->capture_default_str();
     cmd->callback([opts] { run_test_ops(*opts); });
 }
 

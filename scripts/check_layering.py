@@ -35,6 +35,9 @@ KNOWN = {
     ("cli/batched_bench.cpp", "kernels/"): "allowed: a benchmark reaches kernels (DESIGN.md)",
     ("cli/batched_bench.cpp", "runtime/"): "allowed: a benchmark of the batched forward itself, below the Engine",
     ("cli/test_ops.cpp", "format/"): "allowed: test-ops builds quantized weights",
+    ("cli/cuda/test_ops_cuda.h", "kernels/"): "allowed: test-ops --backend cuda reaches kernels (DESIGN.md)",
+    ("cli/cuda/test_ops_cuda.cpp", "kernels/"): "allowed: test-ops --backend cuda reaches kernels (DESIGN.md)",
+    ("cli/cuda/test_ops_cuda.cpp", "format/"): "allowed: test-ops --backend cuda names weight types",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

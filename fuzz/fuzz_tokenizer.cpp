@@ -1,7 +1,8 @@
 // libFuzzer target for the tokenizer's inputs. The first byte picks what the rest is:
 //   0: a tokenizer.json (Tokenizer::from_hf_json_text),
 //   1: a GGUF file whose tokenizer.ggml.* keys are read (Tokenizer::from_gguf),
-//   2: text for the real Qwen3 vocabulary (testdata/qwen3-tokenizer) to encode and decode.
+//   2: text for the real Qwen3 vocabulary (testdata/qwen3-tokenizer) to encode and decode,
+//   3: a tiktoken ranks file (qwen35_vocab_from_tiktoken_text).
 // A loader must either give a working tokenizer or throw alloy::Error; encoding any bytes,
 // decoding the ids and streaming them back must never fail. Checked properties (a violation
 // traps): every id is in range; the stream decoder returns valid UTF-8 only; with NFC off,
@@ -69,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size == 0) return 0;
     const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
     try {
-        switch (data[0] % 3) {
+        switch (data[0] % 4) {
             case 0: {
                 const Tokenizer tok = Tokenizer::from_hf_json_text(rest, "fuzz/tokenizer.json");
                 exercise(tok, kSample, false);
@@ -79,6 +80,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             case 1: {
                 auto f = alloy::gguf::File::parse(data + 1, size - 1, "fuzz.gguf");
                 const Tokenizer tok = Tokenizer::from_gguf(*f);
+                exercise(tok, kSample, false);
+                break;
+            }
+            case 3: {
+                const Tokenizer tok(alloy::qwen35_vocab_from_tiktoken_text(rest, "fuzz.tiktoken"));
                 exercise(tok, kSample, false);
                 break;
             }

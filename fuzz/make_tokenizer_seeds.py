@@ -73,3 +73,10 @@ with open(os.path.join(out, "vocab.gguf.seed"), "wb") as f:
     f.write(b"\x01" + gguf)
 with open(os.path.join(out, "text.seed"), "wb") as f:
     f.write(b"\x02" + "the other thing: Hello, world! 12345 \u4f60\u597d caf\u00e9 <|im_start|>user\n".encode("utf-8") + b"\xff\xc3")
+# A tiktoken ranks file (qwen35_vocab_from_tiktoken_text): the 256 single bytes, then merged
+# tokens of the small vocabulary above, each "base64(bytes) rank".
+import base64
+from itertools import count
+ranked = [bytes([b]) for b in range(256)] + [b"he", b"the", b"ll", b"hello", b" w", b" wor", b" world"]
+with open(os.path.join(out, "ranks.tiktoken.seed"), "wb") as f:
+    f.write(b"\x03" + b"".join(base64.b64encode(t) + b" " + str(r).encode() + b"\n" for t, r in zip(ranked, count())))

@@ -130,6 +130,8 @@ Tokenizer Tokenizer::from_path(const std::string& path) {
         auto file = gguf::File::open(path);
         return from_gguf(*file);
     }
+    if (path.size() >= 9 && path.compare(path.size() - 9, 9, ".tiktoken") == 0)
+        return Tokenizer(qwen35_vocab_from_tiktoken(path));
     return from_hf_json(path);
 }
 

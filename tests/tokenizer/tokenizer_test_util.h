@@ -1,6 +1,7 @@
 // Shared fixtures for the tokenizer tests: the real Qwen3 tokenizer (loaded once) and the
 // HF-generated vectors (scripts/make_tokenizer_vectors.py).
 #pragma once
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -64,6 +65,25 @@ std::string join(const V& v) {
         else out += std::to_string(x);
     }
     return out;
+}
+
+// Compares one id field of every case of a vectors file against `encode` (100% required;
+// every mismatch is reported). `oracle` names the reference in the summary.
+template <class F>
+void expect_all_cases(const nlohmann::json& cases, const char* field, const char* oracle, F encode) {
+    ASSERT_GE(cases.size(), 150u);
+    int bad = 0;
+    for (const auto& c : cases) {
+        const std::string text = c["text"];
+        const auto want = c[field].get<std::vector<int32_t>>();
+        const auto got = encode(text);
+        if (got != want) {
+            ++bad;
+            ADD_FAILURE() << field << " mismatch for " << show(text) << "\n  want: " << join(want)
+                          << "\n  got:  " << join(got);
+        }
+    }
+    EXPECT_EQ(bad, 0) << bad << " of " << cases.size() << " cases differ from " << oracle << " (" << field << ")";
 }
 
 }  // namespace alloy::test

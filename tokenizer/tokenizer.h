@@ -81,6 +81,9 @@ private:
 Vocab qwen35_vocab_from_tiktoken(const std::string& path);
 // The same from the file's text in memory; `path` names it in errors.
 Vocab qwen35_vocab_from_tiktoken_text(std::string_view text, const std::string& path);
+// The Qwen3.5 vocabulary compiled into the binary (tokenizer/default_vocab.cpp): what the
+// default model and `alloy synth` embed, with no file to find.
+Vocab qwen35_default_vocab();
 
 // The vocabulary as a Hugging Face tokenizer.json (byte-level BPE, the Qwen files' layout):
 // HF `tokenizers` and Tokenizer::from_hf_json_text read it back as the same tokenizer.

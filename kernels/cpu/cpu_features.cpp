@@ -41,6 +41,22 @@ Isa active_isa() {
     return isa;
 }
 
+bool cpu_is_intel() {
+#if defined(__x86_64__)
+    static const bool intel = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+        char v[13];
+        std::memcpy(v, &b, 4), std::memcpy(v + 4, &d, 4), std::memcpy(v + 8, &c, 4);
+        v[12] = 0;
+        return std::strcmp(v, "GenuineIntel") == 0;
+    }();
+    return intel;
+#else
+    return false;
+#endif
+}
+
 const char* isa_name(Isa isa) {
     switch (isa) {
         case Isa::Avx512: return "avx512";

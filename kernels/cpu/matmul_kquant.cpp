@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "format/quant.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul_gemv_rows.h"
 
 namespace alloy::cpu::mm {
@@ -177,7 +178,11 @@ void gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, 
 }  // namespace
 
 GemvFn kquant_gemv(GgmlType type, Isa isa) {
-    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni()) {
+    // The VNNI variant (one vpdpwssd per vpmaddwd + vpaddd: the same bits) only where it is the
+    // faster one: on an Intel Xeon (KVM, family 6 model 167, 2026-12-02) the 0.8B Q5_K_M decoded
+    // at 28.6 t/s with it and 34.3 with the AVX2 one (Q4_K_M and IQ4_XS equal within 2%): its
+    // accumulator chains wait on vpdpwssd's latency. Zen 4 keeps VNNI (measured there before).
+    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni() && !cpu_is_intel()) {
         if (GemvFn f = kquant_gemv_vnni(type)) return f;
     }
     if (isa >= Isa::Avx2) {

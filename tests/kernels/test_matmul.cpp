@@ -324,6 +324,39 @@ TEST(Matmul, KQuantAvx2TilesGiveTheVnniTilesBits) {
             }
 }
 
+// The K-quant decode GEMVs' two SIMD builds (vpdpwssd vs vpmaddwd + vpaddd: the same integers)
+// give the same bits, called directly: kquant_gemv picks the AVX2 one on Intel CPUs, so the
+// matmul tests there would not reach the VNNI one.
+TEST(Matmul, KQuantVnniGemvGivesTheAvx2GemvsBits) {
+    if (cpu::active_isa() != cpu::Isa::Avx512 || !cpu::mm::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI here";
+    std::mt19937 rng(23);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
+        const cpu::mm::GemvFn vnni = cpu::mm::kquant_gemv_vnni(type), avx2 = cpu::mm::kquant_gemv_avx2(type);
+        ASSERT_TRUE(vnni && avx2) << type_traits(type).name;
+        for (const Shape& sh : shapes_for(type))
+            for (int nt : {1, 2, 3, 4}) {
+                const int64_t K = sh.n_in;
+                const std::vector<uint8_t> bytes = random_weights(type, K, sh.n_out, rng);
+                const WeightView W{type, K, sh.n_out, bytes.data(), row_bytes(type, K)};
+                std::vector<float> x(size_t(nt * K)), d(size_t(nt * K / 256));
+                std::vector<int8_t> q(x.size());
+                std::vector<int16_t> bsums(size_t(nt * K / 16));
+                for (auto& v : x) v = nd(rng);
+                for (int t = 0; t < nt; ++t)
+                    cpu::mm::quantize_q8k(x.data() + t * K, K, q.data() + t * K, d.data() + t * (K / 256),
+                                          bsums.data() + t * (K / 16));
+                cpu::mm::ActRows a;
+                a.K = K, a.q = q.data(), a.d = d.data(), a.bsums = bsums.data();
+                std::vector<float> ya(size_t(nt * sh.n_out), NAN), yb(ya.size(), NAN);
+                vnni(W, 0, sh.n_out, a, 0, nt, ya.data(), sh.n_out);
+                avx2(W, 0, sh.n_out, a, 0, nt, yb.data(), sh.n_out);
+                EXPECT_EQ(0, std::memcmp(ya.data(), yb.data(), ya.size() * 4))
+                    << type_traits(type).name << " n_in=" << K << " n_out=" << sh.n_out << " T=" << nt;
+            }
+    }
+}
+
 // matmul_multi gives each weight the bits matmul() gives it alone: shared activations and one
 // pool region change no arithmetic. Covers every path (GEMV, GEMM, row-dot, converted rows),
 // odd row counts, an empty weight, and mixed types (which fall back to one call each).

@@ -215,7 +215,11 @@ std::string convert_hf_qwen35(const ConvertOptions& opt) {
     std::string tok = opt.tokenizer_json;
     if (tok.empty() && fs::exists(fs::path(opt.hf_dir) / "tokenizer.json"))
         tok = (fs::path(opt.hf_dir) / "tokenizer.json").string();
-    if (!tok.empty()) add_vocab_to_gguf(Tokenizer::from_hf_json(tok).vocab(), w);
+    if (!tok.empty()) {
+        Vocab v = Tokenizer::from_hf_json(tok).vocab();
+        pad_vocab(v, size_t(c.vocab), tok + " against vocab_size of " + opt.hf_dir + "/config.json");
+        add_vocab_to_gguf(v, w);
+    }
 
     const std::vector<int> src_of = tiled_order(c.H_k, c.H_v);
     const int64_t key_dim = int64_t(c.H_k) * c.d_k, vd = int64_t(c.H_v) * c.d_v;

@@ -89,14 +89,7 @@ std::string synth_qwen35(const SynthOptions& opt) {
     if (opt.n_layer > 0) P.n_layer = opt.n_layer;
     Vocab vocab = opt.tokenizer_json.empty() ? qwen35_default_vocab() : Tokenizer::from_path(opt.tokenizer_json).vocab();
     int n_vocab = P.n_vocab ? P.n_vocab : int((vocab.tokens.size() + 127) / 128 * 128);
-    if (int(vocab.tokens.size()) > n_vocab)
-        throw Error("synth: tokenizer has " + std::to_string(vocab.tokens.size()) +
-                    " tokens, more than the preset's vocabulary of " + std::to_string(n_vocab));
-    // Pad as the converter does: [PAD<id>] tokens of type UNUSED.
-    while (int(vocab.tokens.size()) < n_vocab) {
-        vocab.tokens.push_back("[PAD" + std::to_string(vocab.tokens.size()) + "]");
-        vocab.types.push_back(TokenType::Unused);
-    }
+    pad_vocab(vocab, size_t(n_vocab), "synth --preset " + opt.preset);
 
     gguf::Writer w;
     const bool moe = P.n_expert > 0;

@@ -38,6 +38,11 @@ public:
     // Whether its plans compute StepContext::argmax themselves (a GPU: then a greedy token costs
     // one 4-byte copy instead of its logits row); else the runner picks it from the logits.
     virtual bool greedy_on_device() const { return false; }
+    // Host memory for a step's logits rows [n_floats] that this backend's copies reach fastest
+    // (page-locked for a GPU: its copy then runs at the link's speed, while a pageable 1 MB row
+    // costs ~0.1 ms a token in the driver's staging copy), or nullptr where any memory does.
+    // Valid until the next call that asks for more, or the backend's end.
+    virtual float* host_output(size_t n_floats) { (void)n_floats; return nullptr; }
 };
 
 // The backend a name selects: "cpu", or "cuda" in a build with nvcc (runtime/cuda/); throws

@@ -338,14 +338,15 @@ struct Engine::Impl {
             if (piece[i] == 0 || order[i]->fed + size_t(piece[i]) == order[i]->req.prompt.size())
                 tokens_only = tokens_only && order[i]->sampler->greedy() && !order[i]->json_on &&
                               order[i]->req.logprobs < 0;
+        float* rows_out = nullptr;  // [batch.logit_rows(), V]: the backend's host_output, or `logits`
         if (tokens_only) {
             greedy.resize(size_t(batch.logit_rows()));
-        } else if (logits.size() < size_t(batch.logit_rows()) * V) {
-            logits.resize(size_t(batch.logit_rows()) * V);
+        } else if (!(rows_out = lm.runner->host_output(size_t(batch.logit_rows()) * V))) {
+            if (logits.size() < size_t(batch.logit_rows()) * V) logits.resize(size_t(batch.logit_rows()) * V);
+            rows_out = logits.data();
         }
         try {
-            lm.runner->forward(slots->state(), batch, run, tokens_only ? nullptr : logits.data(), nullptr,
-                               tokens_only ? greedy.data() : nullptr);
+            lm.runner->forward(slots->state(), batch, run, rows_out, nullptr, tokens_only ? greedy.data() : nullptr);
         } catch (const std::exception& e) {
             // Nothing a request can send reaches here (submit checks ids and sizes); fail the
             // step's requests rather than the engine.
@@ -373,7 +374,7 @@ struct Engine::Impl {
             if (tokens_only) {
                 token = greedy[row];
             } else {
-                const float* row_logits = logits.data() + row * V;
+                const float* row_logits = rows_out + row * V;
                 const float* pick = s.json_on ? constrain(s, row_logits, V) : row_logits;
                 if (!pick) {
                     ++row;
@@ -384,7 +385,7 @@ struct Engine::Impl {
                 token = s.sampler->sample(pick, int(V));
             }
             if (s.req.logprobs >= 0) {
-                const float* row_logits = logits.data() + row * V;
+                const float* row_logits = rows_out + row * V;
                 s.r.logprobs.push_back(token_logprob(row_logits, int(V), token, s.req.logprobs));
                 if (s.cb.on_logprob) s.cb.on_logprob(s.r.logprobs.back());
             }

@@ -31,13 +31,38 @@ LoadedModel load_model(const std::string& path, gguf::TensorData where, const st
     return m;
 }
 
+namespace {
+
+// The trained default model (testdata/default-model): beside the binary (the build tree's
+// share/alloy/) or in the install prefix the binary sits in (bin/../share/alloy/).
+std::string trained_default_model() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (ec) return {};
+    for (const fs::path& dir : {exe.parent_path() / "share" / "alloy", exe.parent_path().parent_path() / "share" / "alloy"}) {
+        const fs::path model = dir / kDefaultModelFile;
+        if (fs::is_regular_file(model, ec)) return model.string();
+    }
+    return {};
+}
+
+}  // namespace
+
 std::string default_model_path() {
     namespace fs = std::filesystem;
+    if (std::string trained = trained_default_model(); !trained.empty()) return trained;
     fs::path dir;
     if (const char* h = std::getenv("ALLOY_HOME")) dir = h;
     else if (const char* home = std::getenv("HOME")) dir = fs::path(home) / ".cache" / "alloy";
     else dir = fs::temp_directory_path() / "alloy";
     const fs::path model = dir / "tiny-default-qwen35.gguf";  // the Qwen3.5 vocabulary (248k)
+    static bool said = false;
+    if (!said)
+        std::fprintf(stderr, "note: no %s in share/alloy/ beside this binary or in its install prefix "
+                             "(cmake --install puts it there): using %s, a model with random weights\n",
+                     kDefaultModelFile, model.c_str());
+    said = true;
     if (!fs::exists(model)) {
         fs::create_directories(dir);
         SynthOptions opt;

@@ -27,8 +27,14 @@ struct LoadedModel {
 LoadedModel load_model(const std::string& path, gguf::TensorData where = gguf::TensorData::Resident,
                        const std::string& backend = "cpu");
 
-// The embedded default: a tiny synthetic Qwen3.5 with the real Qwen3 vocabulary, written on
-// first use (no download). Returns its path.
+// The default model's file name: a tiny Qwen3.5 trained on the King James Bible, with its MTP
+// head (testdata/default-model/SOURCE.md), unpacked into share/alloy/ by the build.
+inline constexpr const char* kDefaultModelFile = "alloy-default-kjv.gguf";
+
+// The default model: the trained one in share/alloy/ beside the binary or in its install
+// prefix; else (a binary copied alone) a tiny random-weight Qwen3.5 with the built-in Qwen3.5
+// vocabulary, written on first use to $ALLOY_HOME or ~/.cache/alloy (no download), with a note
+// on stderr. Returns its path.
 std::string default_model_path();
 
 }  // namespace alloy

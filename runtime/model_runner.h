@@ -43,6 +43,9 @@ public:
     // never copies the rows back, and the others use a buffer of the runner's.
     void forward(ModelState& state, const Batch& batch, const ForwardOptions& opts, float* logits,
                  Profiler* prof = nullptr, int32_t* argmax = nullptr) const;
+    // Where the caller best puts the logits rows it asks for (Backend::host_output), or nullptr
+    // where any memory does.
+    float* host_output(size_t n_floats) const { return backend_->host_output(n_floats); }
     // The bucket a call of n tokens runs in: 1 for decode, else n rounded up to the GDN chunk.
     static int bucket_for(int n, const ForwardOptions& opts);
     // The graph a step of this kind runs, after prune_rows and the backend's rewrites.

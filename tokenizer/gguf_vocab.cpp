@@ -60,6 +60,17 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     }
 }
 
+void pad_vocab(Vocab& v, size_t n_tokens, const std::string& what) {
+    if (v.tokens.size() > n_tokens)
+        throw Error(what + ": the vocabulary has " + std::to_string(v.tokens.size()) + " tokens, more than the " +
+                    std::to_string(n_tokens) + " rows of the embedding");
+    v.types.resize(v.tokens.size(), TokenType::Normal);
+    while (v.tokens.size() < n_tokens) {
+        v.tokens.push_back("[PAD" + std::to_string(v.tokens.size()) + "]");
+        v.types.push_back(TokenType::Unused);
+    }
+}
+
 void add_vocab_to_gguf(const Vocab& v, gguf::Writer& w) {
     std::vector<int32_t> types;
     types.reserve(v.types.size());

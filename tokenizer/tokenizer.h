@@ -99,6 +99,11 @@ const char* pre_tokenizer_name(PreTokenizer pre);
 // token_type, merges, bos/eos/padding ids when set, add_bos_token, chat_template when not
 // empty), so a synthetic GGUF carries a real vocabulary.
 void add_vocab_to_gguf(const Vocab& vocab, gguf::Writer& writer);
+// Pads the token list to n_tokens (the embedding's rows) with "[PAD<id>]" tokens of type Unused,
+// as llama.cpp's converter does: llama.cpp takes n_vocab from the token list and refuses an
+// embedding with more rows. `what` names the file or config for the error when the vocabulary
+// has more than n_tokens tokens.
+void pad_vocab(Vocab& vocab, size_t n_tokens, const std::string& what);
 
 // Streaming detokenizer: push ids one at a time, get back only complete UTF-8 characters;
 // an incomplete tail is held until the next push (flush() returns whatever is left, with

@@ -20,8 +20,9 @@
 
 namespace alloy {
 
-// The embedded default model: a tiny synthetic Qwen3.5 with a real vocabulary, written on first
-// use to $ALLOY_HOME or ~/.cache/alloy (no download). Returns its path.
+// The default model: a tiny Qwen3.5 trained on the King James Bible (share/alloy/ beside the
+// binary or in its install prefix); a binary copied alone falls back to a random-weight one
+// written to $ALLOY_HOME or ~/.cache/alloy (no download). Returns its path.
 std::string default_model_path();
 
 struct EngineOptions {

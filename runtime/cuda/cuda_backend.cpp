@@ -361,6 +361,12 @@ public:
         cudaStreamDestroy(stream_);
     }
     std::string name() const override { return "cuda"; }
+    float* host_output(size_t n_floats) override {
+        if (!host_output_ || host_output_->bytes() < n_floats * sizeof(float))
+            host_output_ = std::make_unique<CudaBuffer>(n_floats * sizeof(float), "the logits rows on the host",
+                                                        CudaBuffer::kPinnedHost);
+        return host_output_->get<float>();
+    }
     // kernels/cuda has the residual add fused with the next norm, and matmuls on one input as
     // one launch at decode (matmul_multi); SwiGLU runs as its own op.
     void optimize(graph::Graph& g) const override {
@@ -378,6 +384,7 @@ private:
     std::unordered_map<const void*, std::unique_ptr<DeviceBuffer>> uploads_;
     // Attention's split-K workspace, zeroed when (re)allocated (its counters stay zeroed).
     std::unique_ptr<DeviceBuffer> attn_ws_;
+    std::unique_ptr<CudaBuffer> host_output_;  // host_output's page-locked rows
 
     const void* upload(const void* host, size_t bytes, const std::string& what) {
         auto it = uploads_.find(host);

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -20,6 +21,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/loaded_model.h"
 #include "runtime/model_info.h"
+#include "runtime/sampler.h"
 
 #include "alloy_build_commit.h"  // generated at build time: ALLOY_GIT_COMMIT
 
@@ -80,7 +82,7 @@ void add_bench_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("bench", "benchmark prefill and decode (llama-bench conventions)");
     static std::string model, prompts = "512", gens = "128", depths = "0", threads_list, gdn_list = "chunked",
                               output = "md", ctk_list = "f16", ctv_list = "f16";
-    static int reps = 5, chunk = 64;
+    static int reps = 5, chunk = 64, sample_top_k = -1;
     static bool interleave = false, use_mmap = false, greedy_tokens = false;
     static std::string backend = "cpu";
     static int batch_size = 512;
@@ -108,6 +110,11 @@ void add_bench_command(CLI::App& app) {
                   "generation steps return each token's greedy id, picked where the logits are (on the GPU: a "
                   "4-byte copy), as `alloy run --temp 0` decodes; by default they return the logits row, as "
                   "llama-bench's do");
+    cmd->add_option("--sample-top-k", sample_top_k,
+                    "generation steps sample each token as `alloy run --temp 0.8 --top-k K` does (top-p 0.95, "
+                    "min-p 0.05): on the GPU only each row's K best pairs come back (K <= 64); K = 0: top-k off, "
+                    "the whole row comes back and is sorted on the host")
+        ->check(CLI::Range(0, 1 << 20));
     cmd->add_flag("--interleave", interleave,
                   "run repetition r of every test before repetition r+1 (A/B comparisons on a drifting host)");
     cmd->callback([cmd] {
@@ -141,6 +148,11 @@ void add_bench_command(CLI::App& app) {
         std::vector<float> logits_vec;
         float* logits = m.host_output(size_t(V));
         if (!logits) logits = (logits_vec.resize(size_t(V)), logits_vec.data());
+        // --sample-top-k: a seeded sampler (its draws are not checked; they cost what a user's do).
+        std::optional<Sampler> sampler;
+        if (sample_top_k >= 0) sampler.emplace(SamplerParams{0.8f, sample_top_k, 0.95f, 0.05f, 1234});
+        std::vector<float> top_values;
+        std::vector<int32_t> top_ids;
         std::mt19937 rng(1234);
         auto random_ids = [&](int n) {
             std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -209,6 +221,20 @@ void add_bench_command(CLI::App& app) {
                         b.add(0, &ids[size_t(i)], 1, BatchLogits::Last, /*serial=*/true);
                         int32_t token = 0;
                         m.forward(st, b, step, nullptr, nullptr, &token);
+                    } else if (sampler) {
+                        Batch b;
+                        b.add(0, &ids[size_t(i)], 1, BatchLogits::Last, /*serial=*/true);
+                        const int k = sampler->candidates_needed(int(V));
+                        if (k < int(V)) {  // the runner picks the pairs from `logits` if the backend does not
+                            top_values.resize(size_t(k));
+                            top_ids.resize(size_t(k));
+                            const TopKRows top{k, top_values.data(), top_ids.data()};
+                            m.forward(st, b, step, k > m.max_top_k_on_device() ? logits : nullptr, nullptr, nullptr, &top);
+                            sampler->sample_top(top_values.data(), top_ids.data(), k);
+                        } else {
+                            m.forward(st, b, step, logits);
+                            sampler->sample(logits, int(V));
+                        }
                     } else {
                         m.forward(st, &ids[size_t(i)], 1, step, logits);
                     }
@@ -297,6 +323,10 @@ void add_bench_command(CLI::App& app) {
             std::printf("\nbuild %s, cpu %s, peak RSS %.2f GiB, %d repetitions (first reported as cold)\n",
                         ALLOY_GIT_COMMIT, cpu_name().c_str(), double(rss) / (1 << 30), reps);
             if (greedy_tokens) std::printf("generation steps returned greedy tokens, not logits (--greedy-tokens)\n");
+            if (sampler)
+                std::printf("generation steps sampled with top-k %d (--sample-top-k): %s\n", sample_top_k,
+                            sample_top_k > 0 && sample_top_k <= m.max_top_k_on_device() ? "the k best pairs came back"
+                                                                                          : "the logits row came back");
             for (const auto& [t, c] : sync)
                 std::printf("thread pool, %d threads: %.2f us per parallel region (an empty OpenMP region: %.2f us)\n",
                             t, c.pool_us, c.omp_us);

@@ -38,6 +38,9 @@ public:
     // Whether its plans compute StepContext::argmax themselves (a GPU: then a greedy token costs
     // one 4-byte copy instead of its logits row); else the runner picks it from the logits.
     virtual bool greedy_on_device() const { return false; }
+    // The largest StepContext::top_k its plans compute themselves (a GPU: a sampled token then
+    // costs a copy of k pairs instead of its logits row); 0: none (the runner picks them).
+    virtual int max_top_k_on_device() const { return 0; }
     // Host memory for a step's logits rows [n_floats] that this backend's copies reach fastest
     // (page-locked for a GPU: its copy then runs at the link's speed, while a pageable 1 MB row
     // costs ~0.1 ms a token in the driver's staging copy), or nullptr where any memory does.

@@ -89,6 +89,8 @@ struct Engine::Impl {
     bool last_step_decoded = false;                 // scheduler thread only
     std::vector<float> logits;                      // scheduler thread only: the step's rows, kept (grows only)
     std::vector<int32_t> greedy;                    // scheduler thread only: the step's greedy tokens
+    std::vector<float> top_values;                  // scheduler thread only: the step's top-k pairs
+    std::vector<int32_t> top_ids;
     // Constrained output: the vocabulary's token trie and mask cache, built by the first request
     // that asks (~0.1 s for 150k tokens), and the masked row handed to the sampler.
     std::optional<JsonTokenMask> json_mask;         // scheduler thread only
@@ -338,15 +340,34 @@ struct Engine::Impl {
             if (piece[i] == 0 || order[i]->fed + size_t(piece[i]) == order[i]->req.prompt.size())
                 tokens_only = tokens_only && order[i]->sampler->greedy() && !order[i]->json_on &&
                               order[i]->req.logprobs < 0;
+        // Else, every row sampled with top-k on (and unconstrained, without logprobs), and a
+        // backend that picks the k best pairs where the logits are: only those come back, and
+        // each sampler draws from its row's (the same draw: Sampler::sample_top).
+        TopKRows top;
+        bool top_only = !tokens_only;
+        for (size_t i = 0; i < order.size() && top_only; ++i)
+            if (piece[i] == 0 || order[i]->fed + size_t(piece[i]) == order[i]->req.prompt.size()) {
+                const Sequence& s = *order[i];
+                top_only = !s.sampler->greedy() && !s.json_on && s.req.logprobs < 0 &&
+                           s.sampler->candidates_needed(int(V)) < int(V);
+                if (top_only) top.k = std::max(top.k, s.sampler->candidates_needed(int(V)));
+            }
+        top_only = top_only && top.k >= 1 && top.k <= lm.runner->max_top_k_on_device();
         float* rows_out = nullptr;  // [batch.logit_rows(), V]: the backend's host_output, or `logits`
         if (tokens_only) {
             greedy.resize(size_t(batch.logit_rows()));
+        } else if (top_only) {
+            top_values.resize(size_t(batch.logit_rows()) * size_t(top.k));
+            top_ids.resize(top_values.size());
+            top.values = top_values.data();
+            top.ids = top_ids.data();
         } else if (!(rows_out = lm.runner->host_output(size_t(batch.logit_rows()) * V))) {
             if (logits.size() < size_t(batch.logit_rows()) * V) logits.resize(size_t(batch.logit_rows()) * V);
             rows_out = logits.data();
         }
         try {
-            lm.runner->forward(slots->state(), batch, run, rows_out, nullptr, tokens_only ? greedy.data() : nullptr);
+            lm.runner->forward(slots->state(), batch, run, rows_out, nullptr, tokens_only ? greedy.data() : nullptr,
+                               top_only ? &top : nullptr);
         } catch (const std::exception& e) {
             // Nothing a request can send reaches here (submit checks ids and sizes); fail the
             // step's requests rather than the engine.
@@ -373,6 +394,8 @@ struct Engine::Impl {
             int32_t token = 0;
             if (tokens_only) {
                 token = greedy[row];
+            } else if (top_only) {
+                token = s.sampler->sample_top(top_values.data() + row * size_t(top.k), top_ids.data() + row * size_t(top.k), top.k);
             } else {
                 const float* row_logits = rows_out + row * V;
                 const float* pick = s.json_on ? constrain(s, row_logits, V) : row_logits;

@@ -1,11 +1,13 @@
 #include "runtime/model_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "alloy/error.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/graph_passes.h"
+#include "kernels/ref/top_k.h"
 #include "runtime/sampler.h"
 
 namespace alloy {
@@ -19,6 +21,12 @@ ModelState ModelRunner::new_state(int n_ctx, KvCacheTypes kv_types, int n_slots)
 
 int ModelRunner::bucket_for(int n, const ForwardOptions& opts) {
     if (n == 1) return 1;  // decode has its own plan
+    // ALLOY_SMALL_STEP_BUCKET=0: those steps round up to the chunk as prompts do (A/B).
+    static const bool small = [] {
+        const char* e = std::getenv("ALLOY_SMALL_STEP_BUCKET");
+        return !(e && e[0] == '0');
+    }();
+    if (small && n <= kSmallStepBucket && opts.gdn_mode == ref::GdnMode::Serial) return kSmallStepBucket;
     const int c = std::max(1, opts.gdn_chunk);
     return (n + c - 1) / c * c;
 }
@@ -44,16 +52,23 @@ void ModelRunner::forward(ModelState& st, const int32_t* ids, int n, const Forwa
 }
 
 void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptions& opts, float* logits,
-                          Profiler* prof, int32_t* argmax) const {
+                          Profiler* prof, int32_t* argmax, const TopKRows* top) const {
     const size_t V = size_t(hparams().n_vocab);
-    if (argmax && !backend_->greedy_on_device()) {  // pick it here, from logits rows
+    if (top && top->k <= 0) top = nullptr;
+    if (top && (top->k > int(V) || !top->values || !top->ids))
+        throw Error("forward: top-k of " + std::to_string(top->k) + " from a vocabulary of " + std::to_string(V));
+    const bool host_argmax = argmax && !backend_->greedy_on_device();
+    const bool host_top = top && top->k > backend_->max_top_k_on_device();
+    if (host_argmax || host_top) {  // pick them here, from logits rows
         const size_t rows = size_t(batch.logit_rows());
         if (!logits) {
             host_logits_.resize(rows * V);
             logits = host_logits_.data();
         }
-        forward(st, batch, opts, logits, prof);
-        for (size_t r = 0; r < rows; ++r) argmax[r] = greedy_token(logits + r * V, int(V));
+        forward(st, batch, opts, logits, prof, host_argmax ? nullptr : argmax, host_top ? nullptr : top);
+        if (host_argmax)
+            for (size_t r = 0; r < rows; ++r) argmax[r] = greedy_token(logits + r * V, int(V));
+        if (host_top) ref::top_k(logits, int64_t(rows), int64_t(V), top->k, top->values, top->ids);
         return;
     }
     const int n_seqs = int(batch.seqs.size());
@@ -101,6 +116,10 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
             ctx.serial = &serial;
             ctx.logits = !logits ? nullptr : q.logits == BatchLogits::All ? logits + size_t(done) * V : logits;
             ctx.argmax = !argmax ? nullptr : q.logits == BatchLogits::All ? argmax + done : argmax;
+            const size_t top_at = q.logits == BatchLogits::All ? size_t(done) * size_t(top ? top->k : 0) : 0;
+            ctx.top_k = top ? top->k : 0;
+            ctx.top_values = top ? top->values + top_at : nullptr;
+            ctx.top_ids = top ? top->ids + top_at : nullptr;
             run_plan(ctx, bucket_for(len, opts), opts, rows, prof);
             st.n_past[size_t(slot)] += len;
             done += len;
@@ -132,6 +151,9 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
     ctx.n_out = int(out_rows.size());
     ctx.logits = logits;
     ctx.argmax = argmax;
+    ctx.top_k = top ? top->k : 0;
+    ctx.top_values = top ? top->values : nullptr;
+    ctx.top_ids = top ? top->ids : nullptr;
     run_plan(ctx, bucket_for(int(total), opts), opts, out_rows.empty() ? graph::Rows::None : graph::Rows::Listed, prof);
     for (const BatchSeq& q : batch.seqs) st.n_past[size_t(q.slot)] += q.n_tokens;
 }

@@ -15,6 +15,13 @@
 
 namespace alloy {
 
+// Where a step's top-k pairs go: values, ids [rows, k] in ref::top_k's order.
+struct TopKRows {
+    int k = 0;
+    float* values = nullptr;
+    int32_t* ids = nullptr;
+};
+
 class ModelRunner {
 public:
     // backend: nullptr = the CPU backend. The model must outlive the runner.
@@ -41,12 +48,19 @@ public:
     // argmax: if given, [batch.logit_rows()] each returned row's greedy token (greedy_token);
     // logits may then be nullptr: a backend that picks it on the device (greedy_on_device)
     // never copies the rows back, and the others use a buffer of the runner's.
+    // top: if given (top->k >= 1), each returned row's top->k most likely pairs (ref::top_k),
+    // the same way: a backend with max_top_k_on_device() >= k copies back only those.
     void forward(ModelState& state, const Batch& batch, const ForwardOptions& opts, float* logits,
-                 Profiler* prof = nullptr, int32_t* argmax = nullptr) const;
+                 Profiler* prof = nullptr, int32_t* argmax = nullptr, const TopKRows* top = nullptr) const;
     // Where the caller best puts the logits rows it asks for (Backend::host_output), or nullptr
     // where any memory does.
     float* host_output(size_t n_floats) const { return backend_->host_output(n_floats); }
-    // The bucket a call of n tokens runs in: 1 for decode, else n rounded up to the GDN chunk.
+    // The largest top-k the backend picks where the logits are (Backend::max_top_k_on_device).
+    int max_top_k_on_device() const { return backend_->max_top_k_on_device(); }
+    // The bucket a call of n tokens runs in: 1 for decode; kSmallStepBucket for a serial step of
+    // 2..16 tokens (a batch's decode, a verification: a GPU records plans of up to 16 tokens as
+    // CUDA graphs); else n rounded up to the GDN chunk.
+    static constexpr int kSmallStepBucket = 16;
     static int bucket_for(int n, const ForwardOptions& opts);
     // The graph a step of this kind runs, after prune_rows and the backend's rewrites.
     graph::Graph step_graph(const graph::GraphSpec& spec) const;
@@ -58,7 +72,7 @@ private:
     std::unique_ptr<Backend> backend_;
     // Plans by (bucket, logits rows, gdn mode, chunk, dumped names); built lazily, reused.
     mutable std::map<std::tuple<int, int, int, int, std::string>, std::unique_ptr<Plan>> plans_;
-    mutable std::vector<float> host_logits_;  // argmax without logits on a host backend
+    mutable std::vector<float> host_logits_;  // argmax / top-k without logits on a host backend
     void run_plan(StepContext& ctx, int bucket, const ForwardOptions& opts, graph::Rows logits, Profiler* prof) const;
 };
 

@@ -40,6 +40,12 @@ struct StepContext {
     // [rows] each returned row's greedy token (sampler.h greedy_token), set only for a backend
     // whose plans pick it where the logits are (Backend::greedy_on_device); else nullptr.
     int32_t* argmax = nullptr;
+    // [rows, top_k] each returned row's top_k most likely (value, id) pairs in ref::top_k's
+    // order, set only for a backend whose plans pick them where the logits are
+    // (Backend::max_top_k_on_device() >= top_k); else top_k is 0.
+    int top_k = 0;
+    float* top_values = nullptr;
+    int32_t* top_ids = nullptr;
     const TensorSink* dump = nullptr;  // where the plan's dumped tensors go (nullptr: nowhere)
 };
 

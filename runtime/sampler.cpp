@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "alloy/error.h"
+#include "kernels/ref/top_k.h"
 
 namespace alloy {
 
@@ -25,38 +26,38 @@ int32_t greedy_token(const float* logits, int n_vocab) {
 
 int32_t Sampler::sample(const float* logits, int n_vocab) {
     if (is_greedy(p_)) return greedy_token(logits, n_vocab);
-    cand_.resize(size_t(n_vocab));
-    for (int32_t i = 0; i < n_vocab; ++i) cand_[size_t(i)] = {logits[i], i};
-    auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
-    size_t n = cand_.size();
-    if (p_.top_k > 0 && size_t(p_.top_k) < n) {
-        std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
-        n = size_t(p_.top_k);
-    } else {
-        std::sort(cand_.begin(), cand_.end(), by_logit);
-    }
+    const int n = candidates_needed(n_vocab);
+    values_.resize(size_t(n));
+    ids_.resize(size_t(n));
+    ref::top_k(logits, 1, n_vocab, n, values_.data(), ids_.data(), &keys_);
+    return sample_top(values_.data(), ids_.data(), n);
+}
+
+int32_t Sampler::sample_top(const float* values, const int32_t* ids, int n_given) {
+    if (is_greedy(p_)) return ids[0];
+    const size_t n = size_t(p_.top_k > 0 ? std::min(p_.top_k, n_given) : n_given);
     // Softmax at temperature 1 for the top-p / min-p cuts (as llama.cpp's chain does).
-    std::vector<double> prob(n);
-    const double mx = cand_[0].first;
+    prob_.resize(n);
+    const double mx = values[0];
     double sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += (prob[i] = std::exp(double(cand_[i].first) - mx));
+    for (size_t i = 0; i < n; ++i) sum += (prob_[i] = std::exp(double(values[i]) - mx));
     size_t keep = n;
     if (p_.top_p < 1) {
         double cum = 0;
         for (size_t i = 0; i < n; ++i) {
-            cum += prob[i] / sum;
+            cum += prob_[i] / sum;
             if (cum >= p_.top_p) { keep = i + 1; break; }
         }
     }
     if (p_.min_p > 0) {
         size_t m = 1;
-        while (m < keep && prob[m] >= p_.min_p * prob[0]) ++m;
+        while (m < keep && prob_[m] >= p_.min_p * prob_[0]) ++m;
         keep = m;
     }
-    std::vector<double> w(keep);
-    for (size_t i = 0; i < keep; ++i) w[i] = std::exp((double(cand_[i].first) - mx) / p_.temp);
-    std::discrete_distribution<size_t> dist(w.begin(), w.end());
-    return cand_[dist(rng_)].second;
+    w_.resize(keep);
+    for (size_t i = 0; i < keep; ++i) w_[i] = std::exp((double(values[i]) - mx) / p_.temp);
+    std::discrete_distribution<size_t> dist(w_.begin(), w_.end());
+    return ids[dist(rng_)];
 }
 
 double log_sum_exp(const float* x, int n) {

@@ -30,11 +30,20 @@ public:
     explicit Sampler(const SamplerParams& p);
     int32_t sample(const float* logits, int n_vocab);  // ties break to the lowest id
     bool greedy() const { return is_greedy(p_); }
+    // How many of a row's most likely tokens sample_top needs: top_k's, or the whole vocabulary
+    // when top-k is off (top-p then reaches over every token).
+    int candidates_needed(int n_vocab) const { return p_.top_k > 0 && p_.top_k < n_vocab ? p_.top_k : n_vocab; }
+    // The same draw as sample(logits) from the row's first n >= candidates_needed pairs in
+    // ref::top_k's order (values, ids [n]; a GPU sends only those), for a non-greedy sampler.
+    int32_t sample_top(const float* values, const int32_t* ids, int n);
 
 private:
     SamplerParams p_;
     std::mt19937_64 rng_;
-    std::vector<std::pair<float, int32_t>> cand_;
+    std::vector<float> values_;
+    std::vector<int32_t> ids_;
+    std::vector<uint64_t> keys_;  // ref::top_k's scratch
+    std::vector<double> prob_, w_;
 };
 
 // The log-probability of `id` under logits [n_vocab] (log-softmax in double) and the `top` most

@@ -117,6 +117,17 @@ void get_rows(const WeightView& table, const int32_t* ids, float* out, int64_t T
 size_t argmax_workspace_bytes(int64_t rows);
 void argmax(const float* logits, int64_t rows, int64_t n, int32_t* out, void* workspace, void* stream = nullptr);
 
+// ---- top-k for sampling (kernels/cuda/top_k.cu) ---------------------------------------------
+// ref::top_k on the device: values, ids [rows, k] = each row of logits [rows, n] fp32's k most
+// likely (value, id) pairs, larger value first, the lower id on ties, -0 = +0, NaN above +inf
+// (the same pairs in the same order, bit for bit). k in [1, min(n, kTopKMax)], rows <= 65535.
+// workspace: top_k_workspace_bytes(rows, n, k) bytes, zeroed once when allocated; every call
+// leaves its counters zeroed again (a graph needs no memset node). One launch.
+constexpr int kTopKMax = 64;
+size_t top_k_workspace_bytes(int64_t rows, int64_t n, int k);
+void top_k(const float* logits, int64_t rows, int64_t n, int k, float* values, int32_t* ids, void* workspace,
+           void* stream = nullptr);
+
 // ---- attention (kernels/cuda/attention.cu) --------------------------------------------------
 // ref::attention on device arrays: q [T, n_head, head_dim] fp32; k_cache, v_cache
 // [n_ctx, n_head_kv, head_dim] of s.type_k / s.type_v (F32, F16, BF16) with rows

@@ -81,12 +81,17 @@ struct CudaState final : DeviceState {
         static std::atomic<uint64_t> n{0};
         return ++n;
     }
+    // cudaMemset runs on the legacy stream, which a non-blocking stream (the backend's) does not
+    // wait for: the zeros are in place before the next step only after the synchronize below.
+    // (The workspaces the plans zero use cudaMemsetAsync on their stream: their first kernel
+    // raced a plain cudaMemset, a counter left nonzero, and cuda::top_k read unwritten keys.)
     void reset(int slot) override {
         for (size_t l = 0; l < conv.size(); ++l) {
             if (!conv[l]) continue;
             check(cudaMemset(conv[l]->get<float>() + size_t(slot) * conv_elems, 0, conv_elems * sizeof(float)), "reset");
             check(cudaMemset(ssm[l]->get<float>() + size_t(slot) * ssm_elems, 0, ssm_elems * sizeof(float)), "reset");
         }
+        check(cudaDeviceSynchronize(), "reset");
     }
 };
 
@@ -173,12 +178,30 @@ public:
         if (rows > 0 && c.argmax) {
             if (!argmax_) {  // cuda::argmax's workspace must start zeroed (each call leaves it so)
                 argmax_ = std::make_unique<DeviceBuffer>(argmax_ws_at_ + cuda::argmax_workspace_bytes(bucket()), "argmax");
-                check(cudaMemset(argmax_->get(), 0, argmax_->bytes()), "argmax workspace");
+                check(cudaMemsetAsync(argmax_->get(), 0, argmax_->bytes(), stream_), "argmax workspace");
             }
             int32_t* out = argmax_->get<int32_t>();
             cuda::argmax(logits(), rows, n_logits_, out, argmax_->get<char>() + argmax_ws_at_, stream_);
             check(cudaMemcpyAsync(c.argmax, out, size_t(rows) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
                   "argmax");
+        }
+        // Sampled tokens: the k best (value, id) pairs of each row come back (one copy into
+        // page-locked memory, values then ids), and the host's sampler draws from them.
+        const bool top = rows > 0 && c.top_k > 0;
+        if (top) {
+            if (c.top_k > cuda::kTopKMax) throw Error("cuda backend: top-k above " + std::to_string(cuda::kTopKMax));
+            const size_t pairs = size_t(bucket()) * cuda::kTopKMax;
+            if (!top_) {  // cuda::top_k's counters must start zeroed (each call leaves them so)
+                top_ = std::make_unique<DeviceBuffer>(pairs * 8 + cuda::top_k_workspace_bytes(bucket(), n_logits_, cuda::kTopKMax),
+                                                      "top-k");
+                check(cudaMemsetAsync(top_->get(), 0, top_->bytes(), stream_), "top-k workspace");
+                top_host_ = std::make_unique<CudaBuffer>(pairs * 8, "top-k pairs", CudaBuffer::kPinnedHost);
+            }
+            const size_t n_pairs = size_t(rows) * size_t(c.top_k);
+            float* values = top_->get<float>();
+            auto* ids = reinterpret_cast<int32_t*>(values + n_pairs);
+            cuda::top_k(logits(), rows, n_logits_, c.top_k, values, ids, top_->get<char>() + pairs * 8, stream_);
+            check(cudaMemcpyAsync(top_host_->get(), values, n_pairs * 8, cudaMemcpyDeviceToHost, stream_), "top-k");
         }
         // Straight into the caller's array: staging through page-locked memory and a host memcpy
         // measured the same (H200, tg128 588-611 vs 598-604 t/s) for one more copy.
@@ -188,6 +211,11 @@ public:
                   "logits");
         const auto t_queued = std::chrono::steady_clock::now();
         check(cudaStreamSynchronize(stream_), "step");
+        if (top) {
+            const size_t n_pairs = size_t(rows) * size_t(c.top_k);
+            std::memcpy(c.top_values, top_host_->get<float>(), n_pairs * sizeof(float));
+            std::memcpy(c.top_ids, top_host_->get<float>() + n_pairs, n_pairs * sizeof(int32_t));
+        }
         if (stats_) stats_->add(t_start, t_queued, std::chrono::steady_clock::now());
     }
 
@@ -199,6 +227,9 @@ private:
     // [bucket] tokens, then (at argmax_ws_at_, 8-byte keys) cuda::argmax's workspace.
     mutable std::unique_ptr<DeviceBuffer> argmax_;
     const size_t argmax_ws_at_ = (size_t(bucket()) * sizeof(int32_t) + 255) / 256 * 256;
+    // [bucket, kTopKMax] values, ids, then cuda::top_k's workspace; the pairs' page-locked copy.
+    mutable std::unique_ptr<DeviceBuffer> top_;
+    mutable std::unique_ptr<CudaBuffer> top_host_;
     CudaBuffer host_io_;  // page-locked
     // [steps] how a step runs under CUDA graphs: kRecorded, kEager (add_eager), kEagerUnless16BitKv
     // (recorded when the state's K and V caches are both f16 / bf16: decode attention).
@@ -377,6 +408,14 @@ public:
     ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
     void drop_scratch() override {}
     bool greedy_on_device() const override { return true; }
+    // ALLOY_CUDA_TOP_K=0: none (the runner then picks the pairs from the logits rows; A/B).
+    int max_top_k_on_device() const override {
+        static const bool off = [] {
+            const char* e = std::getenv("ALLOY_CUDA_TOP_K");
+            return e && e[0] == '0';
+        }();
+        return off ? 0 : cuda::kTopKMax;
+    }
 
 private:
     cudaStream_t stream_ = nullptr;
@@ -408,7 +447,7 @@ private:
             check(cudaStreamSynchronize(stream_), "attention workspace");  // the old one may be in use
             attn_ws_.reset();
             attn_ws_ = std::make_unique<DeviceBuffer>(std::max<size_t>(bytes, 1 << 20), "the attention workspace");
-            check(cudaMemset(attn_ws_->get(), 0, attn_ws_->bytes()), "attention workspace");
+            check(cudaMemsetAsync(attn_ws_->get(), 0, attn_ws_->bytes(), stream_), "attention workspace");
         }
         return attn_ws_->get();
     }

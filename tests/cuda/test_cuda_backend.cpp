@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "runtime/backend.h"
 #include "runtime/batch.h"
 #include "runtime/model_runner.h"
+#include "kernels/ref/top_k.h"
 #include "runtime/sampler.h"
 #include "tests/logits_error.h"
 
@@ -279,6 +281,33 @@ TEST_P(CudaBackend, DeviceGreedyTokensAreTheHostsOfTheSameLogits) {
             EXPECT_EQ(both[size_t(s)], want) << "step " << step << " sequence " << s;
         }
         cur = got;
+    }
+}
+
+// Top-k pairs picked on the device (StepContext::top_k: k pairs a row copied back) are
+// ref::top_k's of the same step's logits, for a decode batch of three sequences.
+TEST_P(CudaBackend, DeviceTopKPairsAreTheHostsOfTheSameLogits) {
+    OnDevice& f = fixture(GetParam());
+    const ModelRunner& m = *f.gpu;
+    ASSERT_GE(m.max_top_k_on_device(), 40);
+    const size_t V = size_t(m.hparams().n_vocab);
+    ModelState a = m.new_state(64, {}, 3), b = m.new_state(64, {}, 3);
+    ForwardOptions fo;
+    fo.gdn_mode = ref::GdnMode::Serial;
+    std::vector<int32_t> cur = {3, 17, 29};
+    for (int step = 0; step < 4; ++step) {
+        const int k = step == 0 ? 1 : step == 1 ? 40 : m.max_top_k_on_device();
+        Batch batch;
+        for (int slot = 0; slot < 3; ++slot) batch.add(slot, &cur[size_t(slot)], 1, BatchLogits::Last, true);
+        std::vector<float> rows(3 * V), values(3 * size_t(k)), want_v(3 * size_t(k));
+        std::vector<int32_t> ids(3 * size_t(k), -1), want_i(3 * size_t(k));
+        const TopKRows top{k, values.data(), ids.data()};
+        m.forward(a, batch, fo, rows.data());
+        m.forward(b, batch, fo, nullptr, nullptr, nullptr, &top);
+        ref::top_k(rows.data(), 3, int64_t(V), k, want_v.data(), want_i.data());
+        EXPECT_EQ(ids, want_i) << "step " << step;
+        EXPECT_EQ(std::memcmp(values.data(), want_v.data(), values.size() * 4), 0) << "step " << step;
+        for (int s = 0; s < 3; ++s) cur[size_t(s)] = ids[size_t(s) * size_t(k)];
     }
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "alloy/error.h"
 #include "format/quant.h"
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/ops.h"
@@ -25,6 +26,7 @@
 #include "kernels/ref/rms_norm.h"
 #include "kernels/ref/rope.h"
 #include "kernels/ref/swiglu.h"
+#include "kernels/ref/top_k.h"
 #include "runtime/sampler.h"
 #include "tests/cuda/device_array.h"
 
@@ -228,6 +230,48 @@ TEST(CudaSmallOps, ArgmaxMatchesTheHostsGreedyToken) {
                 EXPECT_EQ(got[size_t(r)], greedy_token(logits.data() + r * n, int(n))) << "n " << n << " row " << r;
         }
     }
+}
+
+// cuda::top_k gives ref::top_k's pairs bit for bit: sizes around the 4096-key sort and the
+// vocabulary's, k from 1 to kTopKMax, ties far apart, -0 / +0, NaNs and infinities, many equal
+// values (more ties than k), and a row whose blocks each hold several rounds of keys.
+TEST(CudaSmallOps, TopKIsTheReferencesPairs) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    for (int64_t n : {5, 1000, 4097, 100003, 248320, 600000}) {
+        const int64_t rows = 4;
+        auto logits = randn(size_t(rows * n), uint32_t(n) + 7, 4.0f);
+        float* r = logits.data();
+        for (int64_t i = 0; i < n; i += 3) r[i] = std::round(r[i]);  // row 0: many ties
+        r[n + n - 1] = 50.0f;                                            // row 1: ties at the ends
+        r[n + 0] = 50.0f;
+        r[n + n / 2] = -0.0f;
+        r[n + n / 3 + 1] = 0.0f;
+        r[2 * n + n / 2] = NAN;  // row 2: NaNs, infinities
+        r[2 * n + 1] = -NAN;
+        r[2 * n + n - 2] = INFINITY;
+        r[2 * n + 3] = -INFINITY;
+        for (int64_t i = 0; i < n; ++i) r[3 * n + i] = i % 17 == 0 ? 1.0f : -1.0f;  // row 3: k-way ties
+        DeviceArray<float> d(logits);
+        for (int k : {1, 2, 7, 20, 40, 64}) {
+            if (k > n) continue;
+            DeviceArray<float> values(std::vector<float>(size_t(rows * k), -7.0f));
+            DeviceArray<int32_t> ids(std::vector<int32_t>(size_t(rows * k), -1));
+            DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::top_k_workspace_bytes(rows, n, k)));
+            std::vector<float> want_v(size_t(rows * k));
+            std::vector<int32_t> want_i(size_t(rows * k));
+            ref::top_k(logits.data(), rows, n, k, want_v.data(), want_i.data());
+            for (int rep = 0; rep < 2; ++rep) {  // the counters are cleared by each call
+                cuda::top_k(d.p, rows, n, k, values.p, ids.p, ws.p);
+                sync();
+                const auto gv = values.host();
+                const auto gi = ids.host();
+                EXPECT_EQ(gi, want_i) << "n " << n << " k " << k;
+                EXPECT_EQ(std::memcmp(gv.data(), want_v.data(), gv.size() * 4), 0) << "n " << n << " k " << k;
+            }
+        }
+    }
+    EXPECT_THROW(cuda::top_k(nullptr, 1, 10, 65, nullptr, nullptr, nullptr), Error);
+    EXPECT_THROW(cuda::top_k(nullptr, 1, 10, 11, nullptr, nullptr, nullptr), Error);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "model/qwen35.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
+#include "kernels/ref/top_k.h"
 #include "model/synth.h"
 #include "tests/logits_error.h"
 
@@ -261,6 +262,45 @@ TEST(Batch, GreedyTokensOfABatchAreThoseOfItsLogits) {
     m.forward(a, next, fo, ra.data());
     m.forward(b, next, fo, rb.data());
     EXPECT_EQ(ra, rb);
+}
+
+// A backend that does not pick top-k pairs itself (the CPU) gets them from the runner: the
+// pairs are ref::top_k's of the step's logits, with and without the rows asked for too, for a
+// batch with an all-rows sequence and in one-sequence pieces.
+TEST(Batch, TopKPairsOfABatchAreThoseOfItsLogits) {
+    const ModelRunner& m = model("tiny", GgmlType::Q8_0);
+    EXPECT_EQ(m.max_top_k_on_device(), 0);
+    const size_t V = size_t(m.hparams().n_vocab);
+    const auto p0 = ids(9, 3), p1 = ids(4, 4);
+    for (int n_seqs : {1, 2}) {
+        ModelState a = m.new_state(64, {}, 2), b = m.new_state(64, {}, 2), c = m.new_state(64, {}, 2);
+        Batch batch;
+        batch.add(0, p0.data(), int(p0.size()), n_seqs == 1 ? BatchLogits::All : BatchLogits::Last, true);
+        if (n_seqs == 2) batch.add(1, p1.data(), int(p1.size()), BatchLogits::All, true);
+        ForwardOptions fo;
+        fo.gdn_chunk = 2;  // one sequence: pieces of 4 tokens (the rows of each land at their offset)
+        fo.max_batch = 4;
+        const size_t rows_n = size_t(batch.logit_rows());
+        const int k = 33;
+        std::vector<float> rows(rows_n * V), rows_c(rows_n * V), v(rows_n * k), vc(rows_n * k), want_v(rows_n * k);
+        std::vector<int32_t> id(rows_n * k, -1), idc(rows_n * k, -1), want_i(rows_n * k);
+        m.forward(a, batch, fo, rows.data());
+        const TopKRows top{k, v.data(), id.data()}, top_c{k, vc.data(), idc.data()};
+        m.forward(b, batch, fo, nullptr, nullptr, nullptr, &top);
+        m.forward(c, batch, fo, rows_c.data(), nullptr, nullptr, &top_c);
+        ref::top_k(rows.data(), int64_t(rows_n), int64_t(V), k, want_v.data(), want_i.data());
+        EXPECT_EQ(id, want_i) << n_seqs << " sequences";
+        EXPECT_EQ(v, want_v) << n_seqs << " sequences";
+        EXPECT_EQ(idc, want_i) << n_seqs << " sequences";
+        EXPECT_EQ(rows_c, rows) << n_seqs << " sequences";
+    }
+    ModelState a = m.new_state(64, {}, 2);
+    Batch one;
+    one.add(0, p0.data(), 2, BatchLogits::Last, true);
+    std::vector<float> v(size_t(V) + 1);
+    std::vector<int32_t> id(v.size());
+    const TopKRows too_many{int(V) + 1, v.data(), id.data()};
+    EXPECT_THROW(m.forward(a, one, ForwardOptions{}, nullptr, nullptr, nullptr, &too_many), Error);
 }
 
 TEST(Batch, BadBatchesNameTheSequence) {

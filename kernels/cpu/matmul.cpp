@@ -58,6 +58,11 @@ struct Plan {
     // guided_items): Q8_0 with VNNI and BF16 with AVX512-BF16, and both on AVX2. nullptr:
     // the row-dot kernel over short row items.
     mm::GemvFn gemv = nullptr;
+    // The most tokens the GEMV takes (when there is one); above, the GEMM tiles. Q8_0's GEMVs
+    // and tiles compute one chain per output (matmul_q8_avx512.cpp), so the tiles, cheaper
+    // from 5 tokens on (one pass over the weights), take over there; elsewhere the GEMVs keep
+    // up to kGemvMaxTokens = 16, where their bits are the batch-invariant ones.
+    int64_t gemv_max = mm::kGemvMaxTokens;
     bool avx2_tiles = false;   // the GEMM tiles are the AVX2 ones (their transposed store too)
     // K-quant and Q4_0 prefill (converted weights): the activations are first rounded through
     // Q8_K (K-quants) or Q8_0 (Q4_0), as the decode GEMVs and llama.cpp (vec_dot_type) see them,
@@ -83,12 +88,14 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 p.rowdot = mm::rowdot_avx512(type);
                 p.tile = mm::tile_avx512(type);
                 p.gemv = mm::q8_gemv_avx512;
+                p.gemv_max = mm::kRowDotTokens;
                 p.name = "avx512-vnni";
             } else {
                 p.rowdot = avx2 ? mm::rowdot_avx2(type) : mm::rowdot_scalar(type);
                 if (avx2) p.tile = mm::tile_avx2(type);
                 p.avx2_tiles = avx2;
                 if (avx2) p.gemv = mm::gemv_avx2(type);
+                p.gemv_max = mm::kRowDotTokens;
                 p.name = avx2 ? "avx2" : "scalar";
             }
             return p;
@@ -215,7 +222,7 @@ Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
 Isa act_isa(const Plan& p) { return p.vector ? Isa::Avx512 : p.avx2_tiles ? Isa::Avx2 : Isa::Scalar; }
 
 bool use_gemm(const Plan& p, int64_t T) {
-    return p.tile.fn != nullptr && T > (p.gemv ? mm::kGemvMaxTokens : mm::kRowDotTokens);
+    return p.tile.fn != nullptr && T > (p.gemv ? p.gemv_max : mm::kRowDotTokens);
 }
 
 // Row-dot over rows [r0, r0 + rc) and tokens [t0, t0 + tn).

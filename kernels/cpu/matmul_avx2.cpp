@@ -26,51 +26,46 @@ using avx2::hsum;
 // guided items) left AVX2 decode at 75-81% of the bandwidth floor.
 constexpr int kGemvStreams = 2;
 
-// One block's contribution for NS rows and NT tokens: acc[s * NT + t] += (exact block sum)
-// * d_w * d_x. Flat accumulator arrays: GCC 12 keeps 2-D vector arrays in memory. Q4_0 and
-// IQ4_NL weights take the same arithmetic once unpacked (ggml's vec_dot_q4_0_q8_0 and
-// vec_dot_iq4_nl_q8_0 on Q8_0 activations).
-template <Blocks kB, int NS, int NT>
-ALLOY_TARGET_AVX2 inline void q8_block(const uint8_t* const* w, const ActRows& a, int64_t t0, int64_t nb, int64_t b,
-                                       __m256* acc) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i x[NT];
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t)
-        x[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * a.K + b * kQ8));
-#pragma GCC unroll 4
-    for (int s = 0; s < NS; ++s) {
-        const uint8_t* blk = w[s] + b * block_bytes<kB>();
-        const __m256i wq = block_int8<kB>(blk);
-        const __m256i aw = _mm256_abs_epi8(wq);
-        const float dw = block_scale<kB>(blk);
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) {
-            const __m256i s16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[t], wq));
-            const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
-            acc[s * NT + t] =
-                _mm256_fmadd_ps(sum, _mm256_set1_ps(dw * a.d[(t0 + t) * nb + b]), acc[s * NT + t]);
-        }
-    }
-}
-
-// Rows w[0..NS) x NT tokens into out[s * NT + t]. Even and odd blocks in two accumulators
-// per output (independent FMA chains), as float_rows. The arithmetic per output does not
-// depend on NS or NT: every grouping gives the same bits.
+// Rows w[0..NS) x NT tokens into out[s * NT + t], rows in lanes (row_sums): per (row, token)
+// y = fma(float(isum_b), d_w * d_x, y) over the blocks b in order from 0, the Q8_0 GEMM
+// tiles' chain (matmul_q8_avx2.cpp, matmul_q8_avx512.cpp), so every grouping of rows and
+// tokens, and the GEMM, give the same bits. Q4_0, IQ4_NL and MXFP4 weights take the same
+// arithmetic once unpacked (ggml's vec_dot_q4_0_q8_0 / vec_dot_iq4_nl_q8_0 on Q8_0 activations).
 template <Blocks kB, int NS, int NT>
 ALLOY_TARGET_AVX2 void q8_rows(const uint8_t* const* w, const ActRows& a, int64_t t0, float* out) {
     const int64_t nb = a.K / kQ8;
-    __m256 acc[NS * NT], acc2[NS * NT];
-#pragma GCC unroll 8
-    for (int i = 0; i < NS * NT; ++i) acc[i] = acc2[i] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2) {
-        q8_block<kB, NS, NT>(w, a, t0, nb, b, acc);
-        q8_block<kB, NS, NT>(w, a, t0, nb, b + 1, acc2);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m128 acc[NT];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) acc[t] = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i wq[NS], aw[NS];
+        float dw[NS];
+#pragma GCC unroll 4
+        for (int s = 0; s < NS; ++s) {
+            const uint8_t* blk = w[s] + b * block_bytes<kB>();
+            wq[s] = block_int8<kB>(blk);
+            aw[s] = _mm256_abs_epi8(wq[s]);
+            dw[s] = block_scale<kB>(blk);
+        }
+        const __m128 dw4 = row_lanes<NS>(dw);
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+            const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * a.K + b * kQ8));
+            __m256i dp[NS];
+#pragma GCC unroll 4
+            for (int s = 0; s < NS; ++s)
+                dp[s] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[s], _mm256_sign_epi8(x, wq[s])), ones);
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<NS>(dp)), _mm_mul_ps(dw4, _mm_set1_ps(a.d[(t0 + t) * nb + b])),
+                                  acc[t]);
+        }
     }
-    if (b < nb) q8_block<kB, NS, NT>(w, a, t0, nb, b, acc);
-#pragma GCC unroll 8
-    for (int i = 0; i < NS * NT; ++i) out[i] = hsum(_mm256_add_ps(acc[i], acc2[i]));
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+        float lanes[4];
+        _mm_storeu_ps(lanes, acc[t]);
+        for (int s = 0; s < NS; ++s) out[s * NT + t] = lanes[s];
+    }
 }
 
 enum class Kind { Q8, Q4_0, Iq4Nl, Mxfp4, Bf16, F16, F32 };  // weight row formats

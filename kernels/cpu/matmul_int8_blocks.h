@@ -44,4 +44,28 @@ ALLOY_TARGET_AVX2 inline __m256i block_int8(const uint8_t* blk) {
     }
 }
 
+// The decode GEMVs keep rows in lanes: lane s (s < NS, NS in {1, 2, 4}; the other lanes repeat
+// them) of an xmm belongs to row s, so a block's step is one fma for NS rows, the same
+// y = fma(float(isum), d_w * d_x, y) per (row, token) as the GEMM tiles' lanes.
+// row_sums: lane s = the exact sum of dp[s]'s 8 int32 lanes (a block's integer dot product).
+template <int NS>
+ALLOY_TARGET_AVX2 inline __m128i row_sums(const __m256i* dp) {
+    static_assert(NS == 1 || NS == 2 || NS == 4);
+    __m256i h;
+    if constexpr (NS == 4) {
+        h = _mm256_hadd_epi32(_mm256_hadd_epi32(dp[0], dp[1]), _mm256_hadd_epi32(dp[2], dp[3]));
+    } else {
+        h = _mm256_hadd_epi32(dp[0], dp[NS - 1]);
+        h = _mm256_hadd_epi32(h, h);
+    }
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+// row_lanes: lane s = v[s], in row_sums' lane order.
+template <int NS>
+ALLOY_TARGET_AVX2 inline __m128 row_lanes(const float* v) {
+    if constexpr (NS == 4) return _mm_setr_ps(v[0], v[1], v[2], v[3]);
+    else if constexpr (NS == 2) return _mm_setr_ps(v[0], v[1], v[0], v[1]);
+    else return _mm_set1_ps(v[0]);
+}
+
 }  // namespace alloy::cpu::mm

@@ -5,7 +5,9 @@
 //   sum((w + 128) * x) = sum(w * x) + 128 * sum(x),
 // and the excess is removed by starting the block's int32 accumulator at corr = -128 * sum(x),
 // which the activation quantizer already computed. Block sums are exact integers; each is
-// scaled by d_w * d_x in fp32 and summed in fp32, as ggml_vec_dot_q8_0_q8_0.
+// scaled by d_w * d_x in fp32 and summed in fp32, as ggml_vec_dot_q8_0_q8_0: per (row, token)
+// y = fma(float(isum_b), d_w * d_x, y) over the blocks b in order, from y = 0, on every Q8_0
+// path (this tile, the AVX2 tile, both decode GEMVs), so every token count gives the same bits.
 // GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* internally and trip this warning.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -41,9 +43,12 @@ ALLOY_Q8_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p,
     const int32_t* xc = p.corr + g0 * gs;
     const __m512i flip = _mm512_set1_epi8(char(0x80));
 
+    // One fp32 chain per (row, token) over every block of the row, in order: the chunk starts
+    // from the tile (zero for the first), so chunking changes no bit and the decode GEMVs
+    // (matmul_q8_gemv_avx512.cpp, matmul_avx2.cpp) and the AVX2 tile compute the same chain.
     __m512 f[R][NV];
-    for (auto& r : f)
-        for (auto& v : r) v = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r)
+        for (int v = 0; v < NV; ++v) f[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * ldt + v * kGroup);
     const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));  // rows of the next tile (<= 0: none)
     for (int64_t b = k0 / kQ8; b < k1 / kQ8; ++b) {
         // The same block of the next R rows, which the next call of gemm_range reads (as in
@@ -74,12 +79,7 @@ ALLOY_Q8_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p,
         }
     }
     for (int r = 0; r < R; ++r)
-        for (int v = 0; v < NV; ++v) {
-            float* o = tile + r * ldt + v * kGroup;
-            // The first chunk adds to zero, not to the tile (same bits as a zeroed tile).
-            const __m512 prev = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o);
-            _mm512_storeu_ps(o, _mm512_add_ps(prev, f[r][v]));
-        }
+        for (int v = 0; v < NV; ++v) _mm512_storeu_ps(tile + r * ldt + v * kGroup, f[r][v]);
 }
 
 constexpr int kQ8Rows = 4, kQ8Groups = 3;

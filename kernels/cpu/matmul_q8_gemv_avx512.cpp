@@ -1,10 +1,10 @@
 // Q8_0 (and Q4_0, IQ4_NL) decode GEMV on AVX512-VNNI (VL, 256-bit): the streaming kernel for T <= 4 tokens.
 //
-// Per (row, token) the arithmetic is fixed: for each 32-element block in order, the exact
-// integer dot |x| . sign(w, x) by vpdpbusd, converted to fp32 and accumulated into 8 lanes
-// with an FMA by d_w * d_x; at the end the 8 lanes are summed by one fixed tree. So every
-// T in 1..4 gives the same bits per output (speculative verification of up to 4 tokens
-// reproduces decode exactly); the T > 4 GEMM sums in another order.
+// Per (row, token) the arithmetic is the GEMM tile's (matmul_q8_avx512.cpp): for each 32-element
+// block in order, the exact integer dot (vpdpbusd on 8 lanes, summed across them), converted
+// to fp32 and accumulated with one FMA by d_w * d_x, from 0. So every token count gives the
+// same bits per output, whichever kernel runs it: decode, speculative verification, a batch of
+// sequences, a prompt. Rows sit in the lanes of an xmm (row_sums): one FMA per 4 rows a block.
 //
 // Bandwidth: one thread streams 4 rows from 4 distant parts of its range at once, with a
 // software prefetch 16 blocks ahead. On this host (2026-11-30, tg16 of the 0.8B Q8_0 model,
@@ -26,14 +26,9 @@ constexpr int kStreams = 4;
 
 #define ALLOY_Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-ALLOY_Q8_TARGET inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-// Rows rows[0..NS) (NS <= kStreams), NT tokens.
+// Rows rows[0..NS) (NS = 1 or kStreams), NT tokens. Weights are flipped to u8 (w + 128) for
+// vpdpbusd and the excess removed with the activation's corr = -128 * sum(x), as the GEMM
+// tile: exact for every int8 weight, -128 included.
 template <Blocks kB, int NS, int NT>
 ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const ActRows& a, int64_t t0, float* y,
                              int64_t ldy) {
@@ -41,37 +36,37 @@ ALLOY_Q8_TARGET void rows_q8(const WeightView& W, const int64_t* rows, const Act
     const int64_t K = W.n_in, nb = K / 32;
     const uint8_t* wr[NS];
     for (int s = 0; s < NS; ++s) wr[s] = W.row(rows[s]);
-    __m256 acc[NS][NT];
-#pragma GCC unroll 16
-    for (int s = 0; s < NS; ++s)
+    const __m256i flip = _mm256_set1_epi8(char(0x80));
+    __m128 acc[NT];  // lane s: row s
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) acc[s][t] = _mm256_setzero_ps();
+    for (int t = 0; t < NT; ++t) acc[t] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        __m256i xq[NT];
-        float dx[NT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) {
-            xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * K + b * 32));
-            dx[t] = a.d[(t0 + t) * nb + b];
-        }
+        __m256i wu[NS];
+        float dw[NS];
 #pragma GCC unroll 4
         for (int s = 0; s < NS; ++s) {
             const uint8_t* blk = wr[s] + size_t(b) * kBytes;
             _mm_prefetch(reinterpret_cast<const char*>(blk) + 16 * kBytes, _MM_HINT_T0);
-            const float dw = block_scale<kB>(blk);
-            const __m256i w = block_int8<kB>(blk);
+            dw[s] = block_scale<kB>(blk);
+            wu[s] = _mm256_xor_si256(block_int8<kB>(blk), flip);
+        }
+        const __m128 dw4 = row_lanes<NS>(dw);
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; ++t) {
-                const __m256i dp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(xq[t]),
-                                                       _mm256_sign_epi8(w, xq[t]));
-                acc[s][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_set1_ps(dw * dx[t]), acc[s][t]);
-            }
+        for (int t = 0; t < NT; ++t) {
+            const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * K + b * 32));
+            __m256i dp[NS];
+#pragma GCC unroll 4
+            for (int s = 0; s < NS; ++s) dp[s] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[s], xq);
+            const __m128i isum = _mm_add_epi32(row_sums<NS>(dp), _mm_set1_epi32(a.corr[(t0 + t) * nb + b]));
+            acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw4, _mm_set1_ps(a.d[(t0 + t) * nb + b])), acc[t]);
         }
     }
-#pragma GCC unroll 16
-    for (int s = 0; s < NS; ++s)
 #pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) y[(t0 + t) * ldy + rows[s]] = hsum8(acc[s][t]);
+    for (int t = 0; t < NT; ++t) {
+        float lanes[4];
+        _mm_storeu_ps(lanes, acc[t]);
+        for (int s = 0; s < NS; ++s) y[(t0 + t) * ldy + rows[s]] = lanes[s];
+    }
 }
 
 template <Blocks kB, int NT>

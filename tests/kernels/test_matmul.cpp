@@ -274,8 +274,12 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                 const bool k_quant_native =
                     type == GgmlType::Q4_K || type == GgmlType::Q5_K || type == GgmlType::Q6_K || type == GgmlType::IQ4_XS ||
                     ((type == GgmlType::Q4_0 || type == GgmlType::IQ4_NL || type == GgmlType::MXFP4) && eff != cpu::Isa::Scalar);
+                // Q8_0's GEMVs and GEMM tiles (and the Q8_0 tiles Q4_0 / IQ4_NL prefill converts
+                // to) compute one chain per output.
+                const bool q8_chain = eff != cpu::Isa::Scalar && (type == GgmlType::Q8_0 || type == GgmlType::Q4_0 ||
+                                                                  type == GgmlType::IQ4_NL);
                 const bool gemm_matches_decode =
-                    !k_quant_native && ((eff == cpu::Isa::Scalar) || (type != GgmlType::Q8_0 && type != GgmlType::BF16));
+                    q8_chain || (!k_quant_native && ((eff == cpu::Isa::Scalar) || (type != GgmlType::Q8_0 && type != GgmlType::BF16)));
                 if (gemm_matches_decode) {
                     cpu::matmul(W, x.data(), all.data(), T, isa, scratch);
                 } else {
@@ -297,6 +301,33 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                     EXPECT_EQ(0, std::memcmp(three.data(), all.data() + 5 * sh.n_out, size_t(n * sh.n_out) * 4))
                         << type_traits(type).name << " " << cpu::isa_name(isa) << " T=" << n;
                 }
+            }
+        }
+    }
+}
+
+// Q8_0 (and Q4_0, IQ4_NL on their Q8_0 path) give the same bits on the AVX-512 VNNI and the
+// AVX2 paths at every token count: the GEMVs and both GEMM tiles compute one fp32 chain per
+// output, y = fma(float(isum_b), d_w * d_x, y) over the blocks in order. K of several k-chunks
+// (1024) and a ragged last one, odd row counts.
+TEST(Matmul, Q8ChainIsTheSameOnEveryVectorPath) {
+    if (cpu::active_isa() < cpu::Isa::Avx512 || !cpu::mm::cpu_has_avx512_vnni()) GTEST_SKIP() << "needs AVX-512 VNNI";
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    cpu::MatmulScratch scratch;
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::IQ4_NL}) {
+        for (int64_t n_in : {32, 96, 1024, 2080, 3072}) {
+            const int64_t n_out = 37;
+            const std::vector<uint8_t> bytes = random_weights(type, n_in, n_out, rng);
+            const WeightView W{type, n_in, n_out, bytes.data(), row_bytes(type, n_in)};
+            for (int64_t T : {1, 2, 3, 4, 5, 7, 16, 17, 40}) {
+                std::vector<float> x(size_t(T * n_in));
+                for (auto& v : x) v = nd(rng);
+                std::vector<float> a(size_t(T * n_out), NAN), b(size_t(T * n_out), NAN);
+                cpu::matmul(W, x.data(), a.data(), T, cpu::Isa::Avx512, scratch);
+                cpu::matmul(W, x.data(), b.data(), T, cpu::Isa::Avx2, scratch);
+                EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+                    << type_traits(type).name << " n_in=" << n_in << " T=" << T;
             }
         }
     }

@@ -39,23 +39,24 @@ ALLOY_TARGET_AVX2 void q8_rows(const uint8_t* const* w, const ActRows& a, int64_
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) acc[t] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-        __m256i wq[NS], aw[NS];
+        __m256i wq[NS];
         float dw[NS];
 #pragma GCC unroll 4
         for (int s = 0; s < NS; ++s) {
             const uint8_t* blk = w[s] + b * block_bytes<kB>();
             wq[s] = block_int8<kB>(blk);
-            aw[s] = _mm256_abs_epi8(wq[s]);
             dw[s] = block_scale<kB>(blk);
         }
         const __m128 dw4 = row_lanes<NS>(dw);
+        // Tokens outer, rows inner: NS + NS + NT registers (|w| is recomputed per token, one
+        // instruction, rather than held: 4 rows x 4 tokens would not fit the 16 ymm).
 #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t) {
             const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * a.K + b * kQ8));
             __m256i dp[NS];
 #pragma GCC unroll 4
             for (int s = 0; s < NS; ++s)
-                dp[s] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[s], _mm256_sign_epi8(x, wq[s])), ones);
+                dp[s] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq[s]), _mm256_sign_epi8(x, wq[s])), ones);
             acc[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<NS>(dp)), _mm_mul_ps(dw4, _mm_set1_ps(a.d[(t0 + t) * nb + b])),
                                   acc[t]);
         }
@@ -256,7 +257,9 @@ void rowdot(const WeightView& W, int64_t r0, int nr, const ActRows& a, int64_t t
 template <Kind kind>
 void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y, int64_t ldy) {
     with_tokens(nt, [&]<int NT>() {
-        constexpr int NS = NT <= 2 ? kGemvStreams : 1;
+        // Q8_0-like rows fill an xmm's 4 lanes (q8_rows: one reduction and one FMA per 4 rows).
+        constexpr bool int8_rows = kind == Kind::Q8 || kind == Kind::Q4_0 || kind == Kind::Iq4Nl || kind == Kind::Mxfp4;
+        constexpr int NS = int8_rows ? 4 : NT <= 2 ? kGemvStreams : 1;
         stream_rows<NS>(
             r0, nr, [&](const int64_t* rows) { rows_to_y<kind, NS, NT>(W, rows, a, t0, y, ldy); },
             [&](const int64_t* row) { rows_to_y<kind, 1, NT>(W, row, a, t0, y, ldy); });

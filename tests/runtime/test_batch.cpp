@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -26,6 +27,7 @@
 #include "runtime/sampler.h"
 #include "kernels/ref/top_k.h"
 #include "model/synth.h"
+#include "runtime/speculative.h"
 #include "tests/logits_error.h"
 
 namespace alloy {
@@ -311,5 +313,61 @@ TEST(Batch, BadBatchesNameTheSequence) {
     EXPECT_EQ(st.n_past, (std::vector<int>{0, 0}));  // nothing ran
 }
 
+
+// Speculative decoding (issue 21) on the CPU: drafts verified by verify_greedy give plain
+// greedy decode's tokens and the logits of every emitted token bit for bit, with 1 to 3 drafts
+// a step, right and wrong ones (so rollbacks in between), on F32, Q8_0 and MoE models.
+TEST(Speculative, VerifiedDraftsGivePlainDecodeBitForBit) {
+    const std::pair<const char*, GgmlType> models[] = {
+        {"tiny", GgmlType::F32}, {"tiny", GgmlType::Q8_0}, {"moe-tiny", GgmlType::Q8_0}};
+    for (const auto& [preset, type] : models) {
+        const ModelRunner& m = model(preset, type);
+        const int V = m.hparams().n_vocab;
+        for (int p = 0; p < 3; ++p) {
+            SCOPED_TRACE(std::string(preset) + " " + std::to_string(int(type)) + " prompt " + std::to_string(p));
+            const std::vector<int32_t> prompt = ids(5 + 9 * p, 300 + uint32_t(p));
+            const int n_gen = 20;
+            const auto plain = run_alone(m, prompt, n_gen + kMaxVerifyTokens);
+            SlotStateCache cache(m, 1, 1024);
+            ForwardOptions fo;
+            std::vector<float> first(static_cast<size_t>(V));
+            m.forward(cache.state(), prompt.data(), int(prompt.size()), fo, first.data());
+            std::vector<int32_t> got = {argmax(first.data(), V)};
+            int accepted = 0, rejected = 0;
+            for (int step = 0; int(got.size()) < n_gen; ++step) {
+                const size_t at = got.size();  // plain.tokens[at] is the greedy token after got.back()
+                const int k = 1 + step % 3;
+                std::vector<int32_t> drafts(plain.tokens.begin() + long(at), plain.tokens.begin() + long(at) + k);
+                if (step % 2 == 1) drafts[size_t(step % k)] = (drafts[size_t(step % k)] + 1) % V;  // a wrong one
+                const VerifyResult r = verify_greedy(m, cache, 0, got.back(), drafts, fo);
+                accepted += r.accepted;
+                rejected += r.accepted < k;
+                ASSERT_EQ(r.tokens.size(), size_t(r.accepted) + 1);
+                for (size_t i = 0; i < r.tokens.size(); ++i) {
+                    ASSERT_EQ(r.tokens[i], plain.tokens[at + i]) << "step " << step << " row " << i;
+                    ASSERT_EQ(0, std::memcmp(r.logits.data() + i * size_t(V), plain.logits.data() + (at + i) * size_t(V),
+                                             size_t(V) * 4))
+                        << "step " << step << " row " << i;
+                    got.push_back(r.tokens[i]);
+                }
+                EXPECT_EQ(cache.n_past(0), int(prompt.size() + got.size()) - 1);
+            }
+            EXPECT_GT(accepted, 0);
+            EXPECT_GT(rejected, 0);
+        }
+        SlotStateCache cache(m, 1, 64);
+        EXPECT_THROW(verify_greedy(m, cache, 0, 1, {2, 3, 4, 5}, ForwardOptions{}), Error);
+    }
+}
+
+TEST(Speculative, NgramDrafterLooksUpThePrompt) {
+    const NgramDrafter d;
+    EXPECT_EQ(d.draft({1, 2, 3, 4, 5, 1, 2, 3}, 3), (std::vector<int32_t>{4, 5, 1}));
+    EXPECT_EQ(d.draft({1, 2, 3, 4, 5, 1, 2, 3}, 10), (std::vector<int32_t>{4, 5, 1, 2, 3}));
+    EXPECT_EQ(d.draft({1, 2, 9, 2}, 3), (std::vector<int32_t>{9, 2}));  // only the last token matches
+    EXPECT_EQ(d.draft({4, 1, 4, 2, 4}, 1), (std::vector<int32_t>{2}));  // the latest occurrence
+    EXPECT_TRUE(d.draft({7, 8, 9}, 3).empty());
+    EXPECT_TRUE(d.draft({}, 3).empty());
+}
 }  // namespace
 }  // namespace alloy

@@ -1,0 +1,60 @@
+#include "runtime/speculative.h"
+
+#include <algorithm>
+#include <string>
+
+#include "alloy/error.h"
+#include "runtime/batch.h"
+#include "runtime/sampler.h"
+
+namespace alloy {
+
+std::vector<int32_t> NgramDrafter::draft(const std::vector<int32_t>& h, int k) const {
+    const int len = int(h.size());
+    for (int n = std::min(n_max, len - 1); n >= std::max(1, n_min); --n) {
+        // The latest earlier end e (e < len - 1) with h[e - n + 1 .. e] == the last n tokens.
+        for (int e = len - 2; e >= n - 1; --e) {
+            if (!std::equal(h.end() - n, h.end(), h.begin() + (e - n + 1))) continue;
+            const int take = std::min(k, len - 1 - e);
+            return std::vector<int32_t>(h.begin() + e + 1, h.begin() + e + 1 + take);
+        }
+    }
+    return {};
+}
+
+VerifyResult verify_greedy(const ModelRunner& m, SlotStateCache& cache, int slot, int32_t next,
+                           const std::vector<int32_t>& drafts, const ForwardOptions& opts) {
+    if (int(drafts.size()) >= kMaxVerifyTokens)
+        throw Error("verify_greedy: " + std::to_string(drafts.size()) + " drafts; at most " +
+                    std::to_string(kMaxVerifyTokens - 1) + " keep a verification bit-identical to decode");
+    const size_t V = size_t(m.hparams().n_vocab);
+    const StateSnapshot before = cache.snapshot(slot);
+    std::vector<int32_t> ids = {next};
+    ids.insert(ids.end(), drafts.begin(), drafts.end());
+    ForwardOptions fo = opts;
+    fo.gdn_mode = ref::GdnMode::Serial;
+    Batch step;
+    step.add(slot, ids.data(), int(ids.size()), BatchLogits::All, /*serial=*/true);
+    std::vector<float> rows(ids.size() * V);
+    m.forward(cache.state(), step, fo, rows.data());
+    VerifyResult r;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const int32_t g = greedy_token(rows.data() + i * V, int(V));
+        r.tokens.push_back(g);
+        if (i < drafts.size() && drafts[i] == g) {
+            ++r.accepted;
+            continue;
+        }
+        break;
+    }
+    r.logits.assign(rows.begin(), rows.begin() + long(r.tokens.size() * V));
+    if (r.accepted < int(drafts.size())) {  // back to before the step; the kept tokens again
+        cache.restore(slot, before);
+        Batch kept;
+        kept.add(slot, ids.data(), 1 + r.accepted, BatchLogits::None, /*serial=*/true);
+        m.forward(cache.state(), kept, fo, nullptr);
+    }
+    return r;
+}
+
+}  // namespace alloy

@@ -1,0 +1,42 @@
+// Exact speculative decoding, the pieces under the engine (issue 21): a prompt-lookup drafter
+// and greedy verification with rollback. A verification feeds the sampled token and its drafts
+// as one serial step and keeps the logits of every row; on the CPU every kernel of that step
+// gives each row the bits of a decode step (Q8_0 / F32 matmuls for any token count, BF16 and
+// K-quants up to 16, attention up to kMaxVerifyTokens queries, the serial GDN kernel for any
+// split), so the accepted tokens and their logits are plain greedy decode's, bit for bit.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model_runner.h"
+#include "runtime/slot_cache.h"
+
+namespace alloy {
+
+// Tokens a verification step may hold (the sampled one and its drafts): attention's decode
+// kernel, whose rows do not depend on the step's width, takes up to 4 queries.
+constexpr int kMaxVerifyTokens = 4;
+
+// Prompt lookup: the k tokens that followed the latest earlier occurrence of the history's last
+// n tokens, for n from n_max down to n_min (the first n that matches); fewer where the history
+// ends, none without a match.
+struct NgramDrafter {
+    int n_min = 1, n_max = 3;
+    std::vector<int32_t> draft(const std::vector<int32_t>& history, int k) const;
+};
+
+struct VerifyResult {
+    int accepted = 0;             // drafts kept
+    std::vector<int32_t> tokens;  // [accepted + 1]: the kept drafts, then the greedy token after them
+    std::vector<float> logits;    // [accepted + 1, n_vocab]: the row each of `tokens` was picked from
+};
+
+// Feeds `next` (sampled, not yet in the slot) and `drafts` (at most kMaxVerifyTokens - 1) at
+// the slot's position in one serial step, keeps drafts while each equals the greedy token of
+// the row before it, and leaves the slot as 1 + accepted plain decode steps from `next` would:
+// after a rejection its GDN states go back to before the step and the kept tokens run again
+// (the serial kernel's bits do not depend on the split), and the KV cache is cut.
+VerifyResult verify_greedy(const ModelRunner& m, SlotStateCache& cache, int slot, int32_t next,
+                           const std::vector<int32_t>& drafts, const ForwardOptions& opts);
+
+}  // namespace alloy

@@ -334,25 +334,22 @@ struct Engine::Impl {
         // Kept between steps: 32 decoding requests need 19 MB of rows, not worth allocating and
         // zeroing every token.
         // Every row greedy, unconstrained and without logprobs: only the tokens are needed (a
-        // GPU picks them on the device and copies 4 bytes a row instead of the logits).
-        bool tokens_only = true;
-        for (size_t i = 0; i < order.size(); ++i)
-            if (piece[i] == 0 || order[i]->fed + size_t(piece[i]) == order[i]->req.prompt.size())
-                tokens_only = tokens_only && order[i]->sampler->greedy() && !order[i]->json_on &&
-                              order[i]->req.logprobs < 0;
-        // Else, every row sampled with top-k on (and unconstrained, without logprobs), and a
-        // backend that picks the k best pairs where the logits are: only those come back, and
-        // each sampler draws from its row's (the same draw: Sampler::sample_top).
+        // GPU picks them on the device and copies 4 bytes a row instead of the logits). Else,
+        // every row sampled with top-k on (unconstrained, without logprobs) and a backend that
+        // picks the k best pairs where the logits are: only those come back, and each sampler
+        // draws from its row's (the same draw: Sampler::sample_top).
+        bool tokens_only = true, top_only = true;
         TopKRows top;
-        bool top_only = !tokens_only;
-        for (size_t i = 0; i < order.size() && top_only; ++i)
+        for (size_t i = 0; i < order.size(); ++i)
             if (piece[i] == 0 || order[i]->fed + size_t(piece[i]) == order[i]->req.prompt.size()) {
                 const Sequence& s = *order[i];
-                top_only = !s.sampler->greedy() && !s.json_on && s.req.logprobs < 0 &&
-                           s.sampler->candidates_needed(int(V)) < int(V);
-                if (top_only) top.k = std::max(top.k, s.sampler->candidates_needed(int(V)));
+                const bool plain = !s.json_on && s.req.logprobs < 0;
+                const int k = s.sampler->candidates_needed(int(V));
+                tokens_only = tokens_only && plain && s.sampler->greedy();
+                top_only = top_only && plain && !s.sampler->greedy() && k < int(V);
+                top.k = std::max(top.k, k);
             }
-        top_only = top_only && top.k >= 1 && top.k <= lm.runner->max_top_k_on_device();
+        top_only = top_only && !tokens_only && top.k >= 1 && top.k <= lm.runner->max_top_k_on_device();
         float* rows_out = nullptr;  // [batch.logit_rows(), V]: the backend's host_output, or `logits`
         if (tokens_only) {
             greedy.resize(size_t(batch.logit_rows()));

@@ -68,7 +68,7 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
         forward(st, batch, opts, logits, prof, host_argmax ? nullptr : argmax, host_top ? nullptr : top);
         if (host_argmax)
             for (size_t r = 0; r < rows; ++r) argmax[r] = greedy_token(logits + r * V, int(V));
-        if (host_top) ref::top_k(logits, int64_t(rows), int64_t(V), top->k, top->values, top->ids);
+        if (host_top) ref::top_k(logits, int64_t(rows), int64_t(V), top->k, top->values, top->ids, &host_top_keys_);
         return;
     }
     const int n_seqs = int(batch.seqs.size());

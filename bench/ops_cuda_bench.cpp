@@ -10,10 +10,12 @@
 // `--only gemv`: the decode GEMVs (Q8_0 and BF16) at the 0.8B decode shapes (D = 1024: qkv
 // 6144, 2048, ffn 3584 / 7168, 1024, down 1024 x 3584, LM head 151936), T 1, 4, 8, 16, "cold"
 // (weights rotated over >= 256 MB) and "hot" (one copy, re-read: L2-resident below ~50 MB).
-//   ops_cuda_bench [--quick] [--only matmul|gemv|small|embed|attention|attn-decode] [--ctx N]
+// `--only gemv-27b`: the Q8_0 GEMVs at the 27b preset's decode shapes (grouped), T 1 and 2.
+//   ops_cuda_bench [--quick] [--only matmul|gemv|gemv-27b|small|embed|attention|attn-decode] [--ctx N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -72,6 +74,12 @@ void fill_f32(Buf& b, size_t n, float a) {
 
 // A weight of `type` with random contents (bf16 of N(0, 0.02)-sized values; Q8_0 blocks of
 // random int8 and scale ~0.02 / 127).
+// A device weight's view: Q8_0 in the split layout that fill_weight leaves (unless `layout`).
+WeightView weight_view(GgmlType t, int64_t n_in, int64_t n_out, const uint8_t* data, size_t rb,
+                       WeightLayout layout = WeightLayout::Q8Split) {
+    return {t, n_in, n_out, data, rb, t == GgmlType::Q8_0 ? layout : WeightLayout::Gguf};
+}
+
 void fill_weight(Buf& b, GgmlType t, size_t n_out, size_t n_in) {
     std::vector<uint8_t> h(b.n);
     if (t == GgmlType::Q8_0) {
@@ -91,7 +99,14 @@ void fill_weight(Buf& b, GgmlType t, size_t n_out, size_t n_in) {
         auto* q = reinterpret_cast<float*>(h.data());
         for (size_t i = 0; i < n_out * n_in; ++i) q[i] = 0.02f * uniform();
     }
-    CHECK(cudaMemcpy(b.p, h.data(), b.n, cudaMemcpyHostToDevice));
+    if (t != GgmlType::Q8_0) {
+        CHECK(cudaMemcpy(b.p, h.data(), b.n, cudaMemcpyHostToDevice));
+        return;
+    }
+    Buf stored(b.n);  // Q8_0: GGUF's blocks, then the device's split layout (cuda::split_q8)
+    CHECK(cudaMemcpy(stored.p, h.data(), b.n, cudaMemcpyHostToDevice));
+    cuda::split_q8(weight_view(t, int64_t(n_in), int64_t(n_out), stored.as<uint8_t>(), b.n / n_out, WeightLayout::Gguf), b.p);
+    CHECK(cudaDeviceSynchronize());
 }
 
 // Median microseconds per call of f(i), i = 0..inner-1, replayed from one CUDA graph.
@@ -152,12 +167,12 @@ void bench_matmul(GgmlType t, int64_t n_out, int64_t n_in, const std::vector<int
     for (int64_t T : Ts) {
         Buf x(size_t(T * n_in) * 4), y(size_t(T * n_out) * 4);
         fill_f32(x, size_t(T * n_in), 1.0f);
-        const WeightView W0{t, n_in, n_out, w[0]->as<uint8_t>(), rb};
+        const WeightView W0 = weight_view(t, n_in, n_out, w[0]->as<uint8_t>(), rb);
         Buf ws(cuda::matmul_workspace_bytes(W0, T));
         const int inner = std::max(copies, T >= 512 ? 10 : 40);
         const double us = time_us(
             [&](int i) {
-                const WeightView W{t, n_in, n_out, w[size_t(i % copies)]->as<uint8_t>(), rb};
+                const WeightView W = weight_view(t, n_in, n_out, w[size_t(i % copies)]->as<uint8_t>(), rb);
                 cuda::matmul(W, x.as<float>(), y.as<float>(), T, ws.p, g_stream);
             },
             inner);
@@ -173,10 +188,11 @@ void bench_matmul(GgmlType t, int64_t n_out, int64_t n_in, const std::vector<int
 }
 
 // The decode GEMVs, cold and hot: one line per (type, shape, T, cold|hot).
-void bench_gemv() {
-    const int64_t shapes[][2] = {{6144, D}, {2048, D}, {3584, D}, {7168, D}, {1024, D}, {1024, FFN}, {151936, D}};
+// shapes: {n_out, n_in}; Ts: token counts; both types or Q8_0 only.
+void bench_gemv(const std::vector<std::array<int64_t, 2>>& shapes, const std::vector<int64_t>& Ts, bool q8_only) {
     for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16})
         for (const auto& sh : shapes) {
+            if (q8_only && t != GgmlType::Q8_0) continue;
             const int64_t n_out = sh[0], n_in = sh[1];
             const size_t rb = t == GgmlType::Q8_0 ? size_t(n_in / 32) * 34 : size_t(n_in) * 2;
             const size_t wbytes = rb * size_t(n_out);
@@ -187,16 +203,16 @@ void bench_gemv() {
                 if (c == 0) fill_weight(*w[0], t, size_t(n_out), size_t(n_in));
                 else CHECK(cudaMemcpy(w[size_t(c)]->p, w[0]->p, wbytes, cudaMemcpyDeviceToDevice));
             }
-            for (int64_t T : {int64_t(1), int64_t(4), int64_t(8), int64_t(16)})
+            for (int64_t T : Ts)
                 for (bool cold : {true, false}) {
                     const int nc = cold ? copies : 1;
                     Buf x(size_t(T * n_in) * 4), y(size_t(T * n_out) * 4);
                     fill_f32(x, size_t(T * n_in), 1.0f);
-                    const WeightView W0{t, n_in, n_out, w[0]->as<uint8_t>(), rb};
+                    const WeightView W0 = weight_view(t, n_in, n_out, w[0]->as<uint8_t>(), rb);
                     Buf ws(cuda::matmul_workspace_bytes(W0, T));
                     const double us = time_us(
                         [&](int i) {
-                            const WeightView W{t, n_in, n_out, w[size_t(i % nc)]->as<uint8_t>(), rb};
+                            const WeightView W = weight_view(t, n_in, n_out, w[size_t(i % nc)]->as<uint8_t>(), rb);
                             cuda::matmul(W, x.as<float>(), y.as<float>(), T, ws.p, g_stream);
                         },
                         std::max(copies, 40));
@@ -265,7 +281,7 @@ void bench_embed_argmax() {
             CHECK(cudaMemcpy(dids.p, ids.data(), T * 4, cudaMemcpyHostToDevice));
             char what[96];
             std::snprintf(what, sizeof what, "get_rows %s [%lld of %d, %d]", type_name(t), (long long)T, VOCAB, D);
-            const WeightView W{t, D, VOCAB, table.as<uint8_t>(), rb};
+            const WeightView W = weight_view(t, D, VOCAB, table.as<uint8_t>(), rb);
             row_bw(what, time_us([&](int) { cuda::get_rows(W, dids.as<int32_t>(), out.as<float>(), T, g_stream); }, 50),
                    double(T) * (rb + D * 4));
         }
@@ -379,7 +395,7 @@ int main(int argc, char** argv) {
         else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
         else if (std::strcmp(argv[i], "--ctx") == 0 && i + 1 < argc) only_ctx = std::atoll(argv[++i]);
         else {
-            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|gemv|small|embed|attention|attn-decode] [--ctx N]\n");
+            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|gemv|gemv-27b|small|embed|attention|attn-decode] [--ctx N]\n");
             return 2;
         }
     }
@@ -400,7 +416,15 @@ int main(int argc, char** argv) {
         }
         bench_matmul(GgmlType::F32, FFN, D, {1, 512});
     }
-    if (only == "gemv") bench_gemv();
+    if (only == "gemv")
+        bench_gemv({{6144, D}, {2048, D}, {3584, D}, {7168, D}, {1024, D}, {1024, FFN}, {151936, D}}, {1, 4, 8, 16},
+                   false);
+    // The 27b preset's decode matrices as the model groups them: a GDN layer's qkv + z + a + b
+    // (16480 rows), attention's q-with-gate + k + v (14336), FFN gate + up (34816), the output
+    // projections (5120 x 6144), FFN down (5120 x 17408), the LM head.
+    if (only == "gemv-27b")
+        bench_gemv({{16480, 5120}, {14336, 5120}, {34816, 5120}, {5120, 6144}, {5120, 17408}, {248320, 5120}}, {1, 2},
+                   true);
     if (want("small")) {
         bench_small(1);
         bench_small(4096);

@@ -123,10 +123,13 @@ void attention(const ref::AttentionShape& s, const float* q, const std::vector<u
 }
 
 void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
-    Dev dw(size_t(W.n_out) * W.row_bytes, W.data), dx(f32(T * W.n_in), x), dy(f32(T * W.n_out));
-    Dev ws(cuda::matmul_workspace_bytes(W, T));
+    const size_t bytes = size_t(W.n_out) * W.row_bytes;
+    Dev dw(bytes, W.data), dx(f32(T * W.n_in), x), dy(f32(T * W.n_out));
+    Dev split(W.type == GgmlType::Q8_0 ? bytes : 0);
     WeightView on_device = W;
     on_device.data = dw.p<uint8_t>();
+    if (W.type == GgmlType::Q8_0) on_device = cuda::split_q8(on_device, split.p<void>());  // the device's layout
+    Dev ws(cuda::matmul_workspace_bytes(on_device, T));
     cuda::matmul(on_device, dx.p(), dy.p(), T, ws.p<void>());
     dy.to_host(y);
 }

@@ -5,11 +5,13 @@
 // sees as [n_in, n_out] with ld = n_in; x [T, n_in] is column-major [n_in, T]; y [T, n_out] is
 // column-major [n_out, T]. So y = op_T(W) x with m = n_out, n = T, k = n_in.
 //
-// Q8_0 GEMV: decode is bound by streaming the weight once, 34 bytes per 32 weights. A block
-// (f16 scale + 32 int8) is only 2-byte aligned, so a warp reads each 16-block step as a
-// contiguous 544-byte run: lane l takes half a block (16 quants) of block (l / 2), as 32-bit
-// loads at the 4-byte-aligned address below it, shifted into place with a funnel shift, so
-// neighbouring lanes read neighbouring words and every load instruction is coalesced. x is
+// Q8_0 GEMV: decode is bound by streaming the weight once, 34 bytes per 32 weights. GGUF's
+// block (f16 scale + 32 int8) is only 2-byte aligned, so the weights live on the device split
+// (split_q8: quants, then scales): lane l of a warp takes half a block (16 quants) of block
+// (l / 2) of each 16-block step with one 16-byte load (the warp: 512 contiguous bytes), and the
+// pair's scale with a 2-byte one (the warp: 32 contiguous bytes). GGUF's layout read in place
+// took five 4-byte loads and a funnel shift per lane, each instruction spanning the step's 17
+// sectors: L1 was the bound (ncu, H200, 10240 x 5120: L1/TEX 77%, DRAM 53%). x is
 // quantized to int8 per 32 (an fp32 scale each) once per call, so a lane's 16 products per
 // token are 4 dp4a and one scaled FMA, and x costs 1 byte per weight of L1 traffic, not 4.
 // Small matrices split each row's blocks over several warps of a block (from the shape alone),
@@ -36,7 +38,11 @@ using detail::ceil_div;
 
 constexpr int kQ8Block = 32, kQ8Bytes = 34;
 constexpr int kGemvThreads = 256;  // 8 warps
-constexpr int kGemvUnroll = 2;     // 16-block steps whose loads a lane issues before using them
+// 16-block steps whose loads a lane issues before using them (a compile-time knob for A/B runs)
+#ifndef ALLOY_Q8_GEMV_UNROLL
+#define ALLOY_Q8_GEMV_UNROLL 2
+#endif
+constexpr int kGemvUnroll = ALLOY_Q8_GEMV_UNROLL;
 constexpr int64_t kGemvMaxT = kQ8GemvMaxT;  // the BF16 GEMV's limit too (16: the CPU's kGemvMaxTokens)
 
 const char* cublas_status(cublasStatus_t s) {
@@ -111,8 +117,6 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restric
     if (b >= n_blocks) return;
     detail::quantize_block32(x[b * kQ8Block + lane], lane, xq + b * kQ8Block, xd + b);
 }
-
-__device__ __forceinline__ uint32_t ld_u32(const uint32_t* p) { return __ldg(p); }
 
 // The GEMVs are launched with programmatic serialization (detail::launch): a GEMV issues its
 // first weight loads (which depend on nothing) and then waits (pdl_wait) until the previous
@@ -213,17 +217,36 @@ __device__ __forceinline__ GemvPart gemv_part(const GemvParts& p) {
     return r;
 }
 
-// The Q8_0 GEMV: y [kT, n_out] = W [n_out, nb blocks] x. kWpr warps per row (1, 2, 4 or 8), so
-// a block of 8 warps covers 8 / kWpr rows. data must be 4-byte aligned; rows may start at any
-// even offset (row_bytes = 34 nb). xq / xd: x quantized by quantize_x_kernel.
+// griddepcontrol.wait once `v` is known (both arms wait: the predicate only adds the data
+// dependency, so the loads that produced v are issued before the wait).
+__device__ __forceinline__ void pdl_wait_after(uint32_t v) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0x9e3779b9;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}" ::"r"(v)
+        : "memory");
+}
+
+// 16 bytes through the read-only path, not kept in L1 (each weight is read once; L1 keeps x).
+__device__ __forceinline__ int4 ld_stream16(const void* p) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// The Q8_0 GEMV: y [kT, n_out] = W [n_out, nb blocks] x, W split (split_q8): quants
+// [n_out, 32 nb] int8 then scales [n_out, nb] f16. kWpr warps per row (1, 2, 4 or 8), so a
+// block of 8 warps covers 8 / kWpr rows. xq / xd: x quantized by quantize_x_kernel.
 template <int kT, int kWpr, int kR>
 __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const GemvParts parts, int64_t nb,
                                                                 const int8_t* __restrict__ xq,
                                                                 const float* __restrict__ xd, int trig) {
     const GemvPart part = gemv_part(parts);
-    const uint8_t* __restrict__ W = static_cast<const uint8_t*>(part.W);
-    float* __restrict__ y = part.y;
     const int64_t n_out = part.n_out;
+    const int64_t n_in = nb * kQ8Block;
+    const int8_t* __restrict__ Q = static_cast<const int8_t*>(part.W);
+    const unsigned short* __restrict__ S = reinterpret_cast<const unsigned short*>(Q + n_out * n_in);
+    float* __restrict__ y = part.y;
     // trig: 1 = trigger the next PDL kernel at once (pdl_trigger); 0 measured the same in a
     // chain of GEMVs (bench/RESULTS.md), kept for neighbours that are PDL-aware.
     constexpr int kU = kR == 1 ? kGemvUnroll : 1;  // 16-block steps in flight per row
@@ -234,67 +257,61 @@ __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const GemvParts p
     const int64_t row0 = part.block * int64_t(kRowsPerBlock) + (warp / kWpr) * kR;
     const int wir = warp % kWpr;  // this warp's share of the row
     const int half = lane & 1;    // which 16 quants of the block
-    const int64_t n_in = nb * kQ8Block;
     float acc[kR][kT];
 #pragma unroll
     for (int r = 0; r < kR; ++r)
 #pragma unroll
         for (int t = 0; t < kT; ++t) acc[r][t] = 0.0f;
     constexpr int64_t kStep = int64_t(kWpr) * 16;
-    const int64_t row_bytes = nb * kQ8Bytes;
-    uint32_t w[kR][kU][5];
+    int4 w[kR][kU];
     uint16_t sc[kR][kU];
-    bool ok[kR][kU];
+    // Branch-free (a lane past the matrix loads its row's first bytes and drops them): with the
+    // loads under an `if`, ptxas put the PDL wait (ACQBULK) before them, so the first weights
+    // were no longer in flight while the previous kernel drained (+0.4-0.5 us a small GEMV).
     auto load = [&](int64_t b0) {
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int64_t b = b0 + u * kStep + (lane >> 1);
 #pragma unroll
             for (int r = 0; r < kR; ++r) {
-                const int64_t row_off = (row0 + r) * row_bytes;
-                ok[r][u] = b < nb && row0 + r < n_out;
-                const int64_t p = row_off + b * kQ8Bytes + 2 + 16 * half;  // first quant byte
-                if (ok[r][u]) {
-                    const uint32_t* wp = reinterpret_cast<const uint32_t*>(W + (p & ~int64_t(3)));
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) w[r][u][i] = ld_u32(wp + i);
-                    // The fifth word only when misaligned: aligned, it may lie past the matrix.
-                    w[r][u][4] = (p & 3) ? ld_u32(wp + 4) : 0u;
-                    sc[r][u] = __ldg(reinterpret_cast<const unsigned short*>(W + row_off + b * kQ8Bytes));
-                } else {
-                    for (int i = 0; i < 5; ++i) w[r][u][i] = 0u;
-                    sc[r][u] = 0;
-                }
+                const bool ok = b < nb && row0 + r < n_out;
+                const int4 v = ld_stream16(Q + (ok ? (row0 + r) * n_in + b * kQ8Block + 16 * half : 0));
+                const uint16_t d = __ldg(S + (ok ? (row0 + r) * nb + b : 0));
+                w[r][u] = ok ? v : make_int4(0, 0, 0, 0);
+                sc[r][u] = ok ? d : uint16_t(0);
             }
         }
     };
     int64_t b0 = int64_t(wir) * 16;
     load(b0);  // the first weights depend on nothing: in flight before the wait
-    pdl_wait();
+    // ptxas otherwise schedules the wait (ACQBULK) before these loads (seen in the SASS of
+    // every instantiation once the loads were 16 bytes), so the first weights were no longer
+    // in flight while the previous kernel drained: +0.4-0.5 us a small GEMV. The wait here
+    // reads a value of every first load, which pins the loads ahead of it.
+    uint32_t dep = 0;
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+#pragma unroll
+        for (int u = 0; u < kU; ++u) dep ^= uint32_t(w[r][u].x) ^ uint32_t(w[r][u].w) ^ sc[r][u];
+    pdl_wait_after(dep);
     while (b0 < nb) {
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
             const int64_t b = b0 + u * kStep + (lane >> 1);
             if (b >= nb) continue;
-            int q[kR][4];
             float dw[kR];
 #pragma unroll
-            for (int r = 0; r < kR; ++r) {
-                const int sh = int(((row0 + r) * row_bytes + b * kQ8Bytes + 2 + 16 * half) & 3) * 8;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) q[r][i] = int(__funnelshift_r(w[r][u][i], w[r][u][i + 1], sh));
-                dw[r] = __half2float(__ushort_as_half(sc[r][u]));
-            }
+            for (int r = 0; r < kR; ++r) dw[r] = __half2float(__ushort_as_half(sc[r][u]));
 #pragma unroll
             for (int t = 0; t < kT; ++t) {
                 const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + t * n_in + b * kQ8Block + 16 * half));
                 const float xs = __ldg(xd + t * nb + b);
 #pragma unroll
                 for (int r = 0; r < kR; ++r) {
-                    int s = __dp4a(q[r][0], xv.x, 0);
-                    s = __dp4a(q[r][1], xv.y, s);
-                    s = __dp4a(q[r][2], xv.z, s);
-                    s = __dp4a(q[r][3], xv.w, s);
+                    int s = __dp4a(w[r][u].x, xv.x, 0);
+                    s = __dp4a(w[r][u].y, xv.y, s);
+                    s = __dp4a(w[r][u].z, xv.z, s);
+                    s = __dp4a(w[r][u].w, xv.w, s);
                     acc[r][t] = fmaf(dw[r] * xs, float(s), acc[r][t]);
                 }
             }
@@ -477,26 +494,34 @@ int q8_warps_per_row(int64_t n_out, int64_t nb, bool q8) {
     return wpr;
 }
 
-// Rows [0, rows) of a Q8_0 matrix -> bf16 [rows, n_in]: each thread 4 quants of one block
-// (read as a funnel-shifted word at any even offset), times the block's f16 scale.
-__global__ void q8_to_bf16_kernel(const uint8_t* __restrict__ W, int64_t nb, int64_t rows,
-                                  __nv_bfloat16* __restrict__ out) {
+// Rows [0, rows) of a split Q8_0 matrix (Q: their quants [rows, 32 nb], S: their scales
+// [rows, nb]) -> bf16 [rows, n_in]: each thread 4 quants (one word) times the block's scale.
+__global__ void q8_to_bf16_kernel(const uint32_t* __restrict__ Q, const unsigned short* __restrict__ S, int64_t nb,
+                                  int64_t rows, __nv_bfloat16* __restrict__ out) {
     detail::pdl_entry();
     const int64_t n_words = rows * nb * 8;  // 8 words of 4 quants per block
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words;
          i += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t blk = i >> 3;  // global block index (rows are back to back)
-        const int j = int(i & 7);
-        const int64_t p = blk * kQ8Bytes + 2 + 4 * j;
-        const uint32_t* wp = reinterpret_cast<const uint32_t*>(W + (p & ~int64_t(3)));
-        const int sh = int(p & 3) * 8;
-        const uint32_t v = sh ? __funnelshift_r(__ldg(wp), __ldg(wp + 1), sh) : __ldg(wp);
-        const float d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(W + blk * kQ8Bytes))));
-        __nv_bfloat16* o = out + blk * kQ8Block + 4 * j;
+        const uint32_t v = __ldg(Q + i);
+        const float d = __half2float(__ushort_as_half(__ldg(S + (i >> 3))));
+        __nv_bfloat16* o = out + 4 * i;
         const __nv_bfloat162 lo = __floats2bfloat162_rn(float(int8_t(v & 0xff)) * d, float(int8_t((v >> 8) & 0xff)) * d);
         const __nv_bfloat162 hi = __floats2bfloat162_rn(float(int8_t((v >> 16) & 0xff)) * d, float(int8_t(v >> 24)) * d);
         reinterpret_cast<__nv_bfloat162*>(o)[0] = lo;
         reinterpret_cast<__nv_bfloat162*>(o)[1] = hi;
+    }
+}
+
+// GGUF's Q8_0 blocks [rows, nb] -> split (Q [rows, 32 nb], S [rows, nb]); one thread a block,
+// its 34 bytes read as 2-byte words (the blocks' alignment).
+__global__ void split_q8_kernel(const unsigned short* __restrict__ in, int64_t blocks, uint32_t* __restrict__ Q,
+                                unsigned short* __restrict__ S) {
+    detail::pdl_entry();
+    for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
+        const unsigned short* blk = in + b * (kQ8Bytes / 2);
+        S[b] = blk[0];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) Q[b * 8 + j] = uint32_t(blk[1 + 2 * j]) | uint32_t(blk[2 + 2 * j]) << 16;
     }
 }
 
@@ -517,7 +542,9 @@ void check_weight(const WeightView& W, int64_t T, const char* op) {
         case GgmlType::Q8_0:
             if (W.n_in % kQ8Block || W.row_bytes != size_t(W.n_in / kQ8Block) * kQ8Bytes)
                 throw Error(std::string(op) + ": Q8_0 rows must be whole 34-byte blocks");
-            if (reinterpret_cast<uintptr_t>(W.data) % 4) throw Error(std::string(op) + ": Q8_0 data must be 4-byte aligned");
+            if (W.layout != WeightLayout::Q8Split)
+                throw Error(std::string(op) + ": Q8_0 weights on the device must be split first (cuda::split_q8)");
+            if (reinterpret_cast<uintptr_t>(W.data) % 16) throw Error(std::string(op) + ": Q8_0 data must be 16-byte aligned");
             break;
         default:
             throw Error(std::string(op) + ": weight type " + std::to_string(int(W.type)) +
@@ -526,6 +553,25 @@ void check_weight(const WeightView& W, int64_t T, const char* op) {
 }
 
 }  // namespace
+
+WeightView split_q8(const WeightView& gguf, void* out, void* stream) {
+    const char* op = "cuda::split_q8";
+    if (gguf.type != GgmlType::Q8_0 || gguf.layout != WeightLayout::Gguf || gguf.n_in <= 0 || gguf.n_out <= 0 ||
+        gguf.n_in % kQ8Block || gguf.row_bytes != size_t(gguf.n_in / kQ8Block) * kQ8Bytes || !gguf.data || !out)
+        throw Error(std::string(op) + ": needs GGUF Q8_0 rows of whole 34-byte blocks and an output");
+    if (reinterpret_cast<uintptr_t>(gguf.data) % 2 || reinterpret_cast<uintptr_t>(out) % 16)
+        throw Error(std::string(op) + ": input must be 2-byte and output 16-byte aligned");
+    const int64_t blocks = gguf.n_out * (gguf.n_in / kQ8Block);
+    auto* Q = static_cast<uint32_t*>(out);
+    auto* S = reinterpret_cast<unsigned short*>(static_cast<uint8_t*>(out) + gguf.n_out * gguf.n_in);
+    detail::launch(op, split_q8_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(blocks, 256), 16 * 1024))), dim3(256),
+                   0, as_stream(stream), reinterpret_cast<const unsigned short*>(gguf.data), blocks, Q, S);
+    ALLOY_CUDA_LAUNCHED(op);
+    WeightView v = gguf;
+    v.data = static_cast<const uint8_t*>(out);
+    v.layout = WeightLayout::Q8Split;
+    return v;
+}
 
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T) {
     switch (W.type) {
@@ -632,8 +678,10 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
             for (int64_t r0 = 0; r0 < W.n_out; r0 += kQ8PanelRows) {
                 const int64_t rows = std::min(kQ8PanelRows, W.n_out - r0);
                 const int64_t words = rows * nb * 8;
-                detail::launch(op, q8_to_bf16_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024))), dim3(256), 0, st, 
-                    W.row(r0), nb, rows, wb);
+                const auto* Q = reinterpret_cast<const uint32_t*>(W.data + r0 * W.n_in);
+                const auto* S = reinterpret_cast<const unsigned short*>(W.data + W.n_out * W.n_in) + r0 * nb;
+                detail::launch(op, q8_to_bf16_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024))),
+                               dim3(256), 0, st, Q, S, nb, rows, wb);
                 ALLOY_CUDA_LAUNCHED(op);
                 cublasHandle_t h = handle(op);
                 ALLOY_CUBLAS_CHECK(op, cublasSetStream(h, st));

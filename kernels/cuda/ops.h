@@ -20,7 +20,8 @@ namespace alloy::cuda {
 
 // ---- matmul (kernels/cuda/matmul.cu) --------------------------------------------------------
 // y[t][o] = sum_i W[o][i] x[t][i], as ref::matmul. W: WeightView whose data is on the device
-// (n_out rows of row_bytes each, the GGUF layout); x: [T, W.n_in] fp32; y: [T, W.n_out] fp32.
+// (F32 / BF16: n_out rows of row_bytes each, the GGUF layout; Q8_0: the split layout of
+// split_q8 below, else alloy::Error); x: [T, W.n_in] fp32; y: [T, W.n_out] fp32.
 //  * F32 weights, T <= kQ8GemvMaxT (n_in % 8 == 0): the BF16 GEMV's kernel on fp32 weights
 //    (fp32 FMAs, ~1e-6 relative to ref), for its batch invariance (below).
 //  * F32 weights, larger T: cuBLAS SGEMM in fp32 with TF32 off (CUBLAS_COMPUTE_32F_PEDANTIC):
@@ -55,6 +56,12 @@ struct Q8Input {
 };
 inline size_t q8_input_scales_offset(int64_t T, int64_t n) { return (size_t(T * n) + 255) / 256 * 256; }
 inline size_t q8_input_bytes(int64_t T, int64_t n) { return q8_input_scales_offset(T, n) + size_t(T * (n / 32)) * 4; }
+// Q8_0 weights on the device are split (WeightLayout::Q8Split: all rows' int8 quants, then all
+// rows' f16 scales; the same bytes as GGUF's 34-byte blocks, which are only 2-byte aligned), so
+// a GEMV lane reads 16 quants with one 16-byte load instead of five 4-byte ones and a shift.
+// gguf: a device copy of GGUF's Q8_0 rows; out: n_out * row_bytes bytes on the device, 16-byte
+// aligned, not overlapping gguf. Returns out's view. Enqueued on `stream`.
+WeightView split_q8(const WeightView& gguf, void* out, void* stream = nullptr);
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr,
             const Q8Input* xq = nullptr);
@@ -102,7 +109,7 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t
                       Q8Input q8 = {});
 
 // ---- embedding gather (kernels/cuda/get_rows.cu) --------------------------------------------
-// out[t] = dequantized row ids[t] of `table` (F32, F16, BF16 or Q8_0 rows, on the device):
+// out[t] = dequantized row ids[t] of `table` (F32, F16, BF16 rows or split Q8_0, on the device):
 // ids [T] (device, each in [0, table.n_out): the caller validates token ids on the host, the
 // kernel does not), out [T, table.n_in] fp32. Exact (every type converts exactly to fp32).
 void get_rows(const WeightView& table, const int32_t* ids, float* out, int64_t T, void* stream = nullptr);

@@ -425,18 +425,32 @@ private:
     std::unique_ptr<DeviceBuffer> attn_ws_;
     std::unique_ptr<CudaBuffer> host_output_;  // host_output's page-locked rows
 
-    const void* upload(const void* host, size_t bytes, const std::string& what) {
+    // split: a Q8_0 matrix (w), rearranged on the device after the copy (cuda::split_q8).
+    const void* upload(const void* host, size_t bytes, const std::string& what, const WeightView* split = nullptr) {
         auto it = uploads_.find(host);
         if (it == uploads_.end()) {
             auto buf = std::make_unique<DeviceBuffer>(bytes, what);
-            check(cudaMemcpy(buf->get(), host, bytes, cudaMemcpyHostToDevice), "upload of " + what);
+            if (split) {
+                DeviceBuffer staged(bytes, what + " (as stored)");
+                check(cudaMemcpy(staged.get(), host, bytes, cudaMemcpyHostToDevice), "upload of " + what);
+                WeightView g = *split;
+                g.data = static_cast<const uint8_t*>(staged.get());
+                cuda::split_q8(g, buf->get(), stream_);
+                check(cudaStreamSynchronize(stream_), "split of " + what);
+            } else {
+                check(cudaMemcpy(buf->get(), host, bytes, cudaMemcpyHostToDevice), "upload of " + what);
+            }
             it = uploads_.emplace(host, std::move(buf)).first;
         }
         return it->second->get();
     }
+    // Q8_0 matrices live split on the device (WeightLayout::Q8Split): every use of one (the
+    // GEMVs, the prefill panels, the embedding gather of a tied table) reads that layout.
     WeightView device_weight(const WeightView& w, const std::string& what) {
         WeightView d = w;
-        d.data = static_cast<const uint8_t*>(upload(w.data, size_t(w.n_out) * w.row_bytes, what));
+        const bool split = w.type == GgmlType::Q8_0;
+        d.data = static_cast<const uint8_t*>(upload(w.data, size_t(w.n_out) * w.row_bytes, what, split ? &w : nullptr));
+        if (split) d.layout = WeightLayout::Q8Split;
         return d;
     }
     const float* device_floats(const float* host, int64_t n, const std::string& what) {

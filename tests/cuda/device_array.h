@@ -1,5 +1,6 @@
 // A device copy of a host vector for the CUDA tests, freed on scope exit; every CUDA call's
-// status is checked with GoogleTest. Also the tests' error measure, max_rel.
+// status is checked with GoogleTest. Also a weight as the kernels take it (DeviceWeight) and
+// the tests' error measure, max_rel.
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -7,6 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "kernels/cuda/ops.h"
+#include "kernels/ref/weight.h"
 
 namespace alloy::test {
 
@@ -29,6 +33,23 @@ struct DeviceArray {
             EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
         }
         return h;
+    }
+};
+
+// A weight matrix on the device as the CUDA kernels take it: GGUF's rows copied (host: a view
+// of host bytes), Q8_0 then split (cuda::split_q8, the layout of every CUDA Q8_0 kernel).
+struct DeviceWeight {
+    DeviceArray<uint8_t> stored, split;
+    WeightView view;
+    explicit DeviceWeight(const WeightView& host)
+        : stored(std::vector<uint8_t>(host.data, host.data + size_t(host.n_out) * host.row_bytes)),
+          split(std::vector<uint8_t>(host.type == GgmlType::Q8_0 ? size_t(host.n_out) * host.row_bytes : 0)) {
+        view = host;
+        view.data = stored.p;
+        if (host.type == GgmlType::Q8_0) {
+            view = cuda::split_q8(view, split.p);
+            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        }
     }
 };
 

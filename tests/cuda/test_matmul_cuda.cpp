@@ -32,6 +32,7 @@ namespace alloy {
 namespace {
 
 using test::DeviceArray;
+using test::DeviceWeight;
 
 using test::max_rel;
 
@@ -81,10 +82,10 @@ std::vector<float> round_bf16(const std::vector<float>& x) {
 }
 
 std::vector<float> run_cuda(const HostWeight& w, const std::vector<float>& x, int64_t T) {
-    DeviceArray<uint8_t> dw(w.bytes);
+    const DeviceWeight dw(w.view(w.bytes.data()));
     DeviceArray<float> dx(x), dy(std::vector<float>(size_t(T * w.n_out), NAN));
-    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_workspace_bytes(w.view(dw.p), T)));
-    cuda::matmul(w.view(dw.p), dx.p, dy.p, T, ws.p);
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_workspace_bytes(dw.view, T)));
+    cuda::matmul(dw.view, dx.p, dy.p, T, ws.p);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return dy.host();
 }
@@ -202,9 +203,9 @@ TEST(CudaMatmul, GemvRowsDoNotDependOnTheBatch) {
             std::normal_distribution<float> nd(0.0f, 1.0f);
             std::vector<float> x(size_t(kMaxT * c.n_in));
             for (auto& v : x) v = nd(rng);
-            DeviceArray<uint8_t> dw(w.bytes);
+            const DeviceWeight dw(w.view(w.bytes.data()));
             DeviceArray<float> dx(x), dy(std::vector<float>(size_t(kMaxT * c.n_out)));
-            const WeightView W = w.view(dw.p);
+            const WeightView W = dw.view;
             DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_workspace_bytes(W, kMaxT)));
             auto run = [&](int64_t o, int64_t T) {
                 EXPECT_EQ(cudaMemset(dy.p, 0xff, dy.n * sizeof(float)), cudaSuccess);  // NaN poison
@@ -253,14 +254,14 @@ TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
     uint32_t seed = 900;
     for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
         std::vector<HostWeight> hw;
-        std::deque<DeviceArray<uint8_t>> dw;  // not movable: a deque never moves them
+        std::deque<DeviceWeight> dw;  // not movable: a deque never moves them
         std::vector<WeightView> views;
         for (int64_t r : rows) {
             std::vector<float> wf;
             hw.push_back(make_weight(t, r, n_in, wf, seed++));
         }
-        for (const HostWeight& w : hw) dw.emplace_back(w.bytes);
-        for (size_t m = 0; m < hw.size(); ++m) views.push_back(hw[m].view(dw[m].p));
+        for (const HostWeight& w : hw) dw.emplace_back(w.view(w.bytes.data()));
+        for (size_t m = 0; m < hw.size(); ++m) views.push_back(dw[m].view);
         const WeightView* W[3] = {&views[0], &views[1], &views[2]};
         const int64_t kMaxT = 17;
         std::mt19937 rng(seed++);
@@ -359,8 +360,8 @@ TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
                 std::vector<float> wf, wf2;
                 const HostWeight hw = make_weight(GgmlType::Q8_0, 333, n, wf, uint32_t(producer + 7 * T));
                 const HostWeight hw2 = make_weight(GgmlType::Q8_0, 64, n, wf2, uint32_t(producer + 7 * T + 1));
-                DeviceArray<uint8_t> W(hw.bytes), W2(hw2.bytes);
-                const WeightView v1 = hw.view(W.p), v2 = hw2.view(W2.p);
+                const DeviceWeight W(hw.view(hw.bytes.data())), W2(hw2.view(hw2.bytes.data()));
+                const WeightView v1 = W.view, v2 = W2.view;
                 const WeightView* both[2] = {&v1, &v2};
                 DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(both, 2, T)));
                 auto gemv = [&](const cuda::Q8Input* given) {
@@ -385,6 +386,10 @@ TEST(CudaMatmul, RefusesOtherTypes) {
     DeviceArray<uint8_t> d(dummy);
     const WeightView W{GgmlType::Q4_K, 256, 1, d.p, 144};
     EXPECT_THROW(cuda::matmul(W, nullptr, nullptr, 1, nullptr), Error);
+    // Q8_0 in GGUF's layout: the kernels read only the split one (cuda::split_q8).
+    const WeightView q8{GgmlType::Q8_0, 32, 1, d.p, 34};
+    EXPECT_THROW(cuda::matmul(q8, nullptr, nullptr, 1, nullptr), Error);
+    EXPECT_THROW(cuda::get_rows(q8, nullptr, nullptr, 1), Error);
 }
 
 }  // namespace

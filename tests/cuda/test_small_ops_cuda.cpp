@@ -175,7 +175,7 @@ TEST(CudaSmallOps, ElementwiseMatchReference) {
 
 TEST(CudaSmallOps, GetRowsIsExact) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-    const int64_t n_vocab = 301, n = 160;  // Q8_0 rows of 5 blocks: odd row starts
+    const int64_t n_vocab = 301, n = 160;  // Q8_0 rows of 5 blocks (odd scale offsets)
     const auto table = randn(size_t(n_vocab * n), 3);
     std::vector<int32_t> ids = {0, 300, 7, 7, 151, 2, 299};
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
@@ -184,10 +184,10 @@ TEST(CudaSmallOps, GetRowsIsExact) {
         for (int64_t r = 0; r < n_vocab; ++r) quantize_row(t, table.data() + r * n, bytes.data() + r * rb, n);
         std::vector<float> want(ids.size() * n);
         for (size_t i = 0; i < ids.size(); ++i) dequantize_row(t, bytes.data() + ids[i] * rb, want.data() + i * n, n);
-        DeviceArray<uint8_t> d(bytes);
+        const test::DeviceWeight d(WeightView{t, n, n_vocab, bytes.data(), rb});
         DeviceArray<int32_t> di(ids);
         DeviceArray<float> out(std::vector<float>(want.size(), NAN));
-        cuda::get_rows(WeightView{t, n, n_vocab, d.p, rb}, di.p, out.p, int64_t(ids.size()));
+        cuda::get_rows(d.view, di.p, out.p, int64_t(ids.size()));
         sync();
         EXPECT_EQ(0, std::memcmp(out.host().data(), want.data(), want.size() * 4)) << "type " << int(t);
     }

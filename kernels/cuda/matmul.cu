@@ -38,11 +38,9 @@ using detail::ceil_div;
 
 constexpr int kQ8Block = 32, kQ8Bytes = 34;
 constexpr int kGemvThreads = 256;  // 8 warps
-// 16-block steps whose loads a lane issues before using them (a compile-time knob for A/B runs)
-#ifndef ALLOY_Q8_GEMV_UNROLL
-#define ALLOY_Q8_GEMV_UNROLL 2
-#endif
-constexpr int kGemvUnroll = ALLOY_Q8_GEMV_UNROLL;
+// 16-block steps whose loads a lane issues before using them (4 measured mixed on the H200:
+// some 27b shapes +5-10%, the 0.8B's LM head -25%).
+constexpr int kGemvUnroll = 2;
 constexpr int64_t kGemvMaxT = kQ8GemvMaxT;  // the BF16 GEMV's limit too (16: the CPU's kGemvMaxTokens)
 
 const char* cublas_status(cublasStatus_t s) {
@@ -265,9 +263,8 @@ __global__ void __launch_bounds__(kGemvThreads) q8_gemv_kernel(const GemvParts p
     constexpr int64_t kStep = int64_t(kWpr) * 16;
     int4 w[kR][kU];
     uint16_t sc[kR][kU];
-    // Branch-free (a lane past the matrix loads its row's first bytes and drops them): with the
-    // loads under an `if`, ptxas put the PDL wait (ACQBULK) before them, so the first weights
-    // were no longer in flight while the previous kernel drained (+0.4-0.5 us a small GEMV).
+    // A lane past the matrix loads its row's first bytes and drops them (branch-free; the
+    // wait below is what keeps the first loads ahead of it).
     auto load = [&](int64_t b0) {
 #pragma unroll
         for (int u = 0; u < kU; ++u) {

@@ -118,6 +118,14 @@ __device__ __forceinline__ float block_sum_all(float x, float* red) {
     return warp_sum_all(s);
 }
 
+// ref::sigmoid (kernels/ref/activations.h) with full-precision expf: neither branch
+// exponentiates a large positive number.
+__device__ __forceinline__ float sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    const float e = expf(x);
+    return e / (1.0f + e);
+}
+
 // The Q8_0 GEMV's quantization of x (ops.h Q8Input), one block of 32 values held one per lane
 // of a warp (every lane active): d = amax / 127, q = round(v / d) to nearest even; q[lane] and
 // (lane 0) *d written. The quantize kernel and the producers that write a Q8Input beside their

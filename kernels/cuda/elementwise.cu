@@ -16,11 +16,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float sigmoid(float x) {
-    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-    const float e = expf(x);
-    return e / (1.0f + e);
-}
+using detail::sigmoid;
 
 struct AddOp {
     __device__ float operator()(float x, float y) const { return x + y; }

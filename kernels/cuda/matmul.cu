@@ -629,6 +629,14 @@ bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, in
 
 }  // namespace
 
+void quantize_q8_input(const float* x, int64_t T, int64_t n, Q8Input out, void* stream) {
+    if (n % kQ8Block || T < 0 || !out.q || !out.d) throw Error("cuda::quantize_q8_input: needs n % 32 == 0 and both arrays");
+    const int64_t blocks = T * (n / kQ8Block);
+    if (blocks == 0) return;
+    launch_pdl(quantize_x_kernel, unsigned(ceil_div(blocks * 32, 256)), 256, 0, as_stream(stream), x, out.q, out.d, blocks);
+    ALLOY_CUDA_LAUNCHED("cuda::quantize_q8_input");
+}
+
 size_t matmul_multi_workspace_bytes(const WeightView* const* W, int n, int64_t T) {
     size_t b = 0;
     for (int m = 0; m < n; ++m) b = std::max(b, matmul_workspace_bytes(*W[m], T));

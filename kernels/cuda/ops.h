@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/ref/attention.h"
+#include "kernels/ref/moe.h"
 #include "kernels/ref/weight.h"
 
 namespace alloy::cuda {
@@ -56,6 +57,9 @@ struct Q8Input {
 };
 inline size_t q8_input_scales_offset(int64_t T, int64_t n) { return (size_t(T * n) + 255) / 256 * 256; }
 inline size_t q8_input_bytes(int64_t T, int64_t n) { return q8_input_scales_offset(T, n) + size_t(T * (n / 32)) * 4; }
+// x [T, n] fp32 -> out, as the Q8_0 GEMV quantizes its input (n % 32 == 0), for a caller
+// that feeds several GEMVs or gathers rows of it (cuda::moe_ffn).
+void quantize_q8_input(const float* x, int64_t T, int64_t n, Q8Input out, void* stream = nullptr);
 // Q8_0 weights on the device are split (WeightLayout::Q8Split: all rows' int8 quants, then all
 // rows' f16 scales; the same bytes as GGUF's 34-byte blocks, which are only 2-byte aligned), so
 // a GEMV lane reads 16 quants with one 16-byte load instead of five 4-byte ones and a shift.
@@ -107,6 +111,20 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t n, void* stream = nullpt
 // q8 (optional; n % 32 == 0): x also written as a Q8Input of rows x n values.
 void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream = nullptr,
                       Q8Input q8 = {});
+
+// ---- MoE FFN (kernels/cuda/moe.cu) ---------------------------------------------------------
+// ref::moe_ffn on the device: x [T, D] -> y [T, D] (must not alias). w: every matrix a device
+// view (F32, BF16 or split Q8_0; the expert gate and up of one type; rows of 16-bit / F32
+// experts a multiple of 8 weights, of Q8_0 ones whole blocks); at most 1024 experts and 32
+// per token. Routing on the device as ref::moe_route; the experts' products are GEMVs over
+// gathered rows (x quantized per 32 for Q8_0, fp32 otherwise); each token's experts summed in
+// increasing id, then the shared expert. T <= kMoeDirectMaxT: one (token, expert) pair per
+// launch chunk and every row of y has the bits of a 1-token call (batch invariance); longer
+// calls group the pairs by expert on the device (same per-row arithmetic). No host
+// synchronization: graph-capturable. workspace: moe_ffn_workspace_bytes(w, T).
+constexpr int64_t kMoeDirectMaxT = kQ8GemvMaxT;
+size_t moe_ffn_workspace_bytes(const ref::MoeWeights& w, int64_t T);
+void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr);
 
 // ---- embedding gather (kernels/cuda/get_rows.cu) --------------------------------------------
 // out[t] = dequantized row ids[t] of `table` (F32, F16, BF16 rows or split Q8_0, on the device):

@@ -453,6 +453,21 @@ private:
         if (split) d.layout = WeightLayout::Q8Split;
         return d;
     }
+    // A MoE layer's matrices on the device (a fused gate_up tensor uploads once: by host address).
+    ref::MoeWeights device_moe(const ref::MoeWeights& w, const std::string& what) {
+        ref::MoeWeights d = w;
+        d.router = device_weight(w.router, what + " router");
+        d.gate.all = device_weight(w.gate.all, what + " expert gate");
+        d.up.all = device_weight(w.up.all, what + " expert up");
+        d.down.all = device_weight(w.down.all, what + " expert down");
+        if (w.has_shared()) {
+            d.shexp_gate = device_weight(w.shexp_gate, what + " shared expert gate");
+            d.shexp_up = device_weight(w.shexp_up, what + " shared expert up");
+            d.shexp_down = device_weight(w.shexp_down, what + " shared expert down");
+            d.shexp_router = device_weight(w.shexp_router, what + " shared expert router");
+        }
+        return d;
+    }
     const float* device_floats(const float* host, int64_t n, const std::string& what) {
         return host ? static_cast<const float*>(upload(host, size_t(n) * sizeof(float), what)) : nullptr;
     }
@@ -551,7 +566,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 p.mode = m;
                 ws_bytes = std::max(ws_bytes, cuda::gdn_fused_workspace_bytes(p, bucket, bucket));
             }
-        if (n.op == Op::MoeFfn) throw Error("cuda backend: '" + n.label + "': qwen35moe (MoE) layers are not supported yet");
+        if (n.op == Op::MoeFfn) ws_bytes = std::max(ws_bytes, cuda::moe_ffn_workspace_bytes(*n.moe, bucket));  // shapes and types only
         if (n.op == Op::MatmulSwiglu)
             throw Error("cuda backend: '" + n.label + "': fused op the cuda backend does not run");
     }
@@ -803,8 +818,16 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 });
                 break;
             }
+            case Op::MoeFfn: {
+                auto w = std::make_shared<ref::MoeWeights>(device_moe(*n.moe, n.label));
+                cuda::moe_ffn(*w, nullptr, nullptr, 0, nullptr, st);  // a call of no tokens checks the weights now
+                const TensorRef x = in(n, 0), y = out(n, 0);
+                plan->add("moe_ffn", n.label, [=](const StepContext& c) {
+                    cuda::moe_ffn(*w, x.at(c, r), y.at(c, r), n_rows(r, c), ws, st);
+                });
+                break;
+            }
             case Op::MatmulSwiglu:
-            case Op::MoeFfn:
                 break;  // refused above
         }
         for (int t : n.out) {

@@ -216,6 +216,9 @@ TEST_P(CudaBackend, F16CacheDecodeIsTheSameWithGraphsInVerificationAndInABatch) 
 // transformers (8-bit x on these small random models moves logits 13-40%, as on the CPU:
 // tests/model; the bound catches a wrong layout or scale, which errs by order 1).
 TEST_P(CudaBackend, Q8WeightsFusedQuantizationGivesTheSameBits) {
+    // moe_r2's expert and shared down matrices are 48 and 40 wide: its Q8_0 file keeps them F16
+    // (as llama.cpp's converter falls back), a type the CUDA matmuls do not run yet.
+    if (std::string(GetParam()) == "moe_r2") GTEST_SKIP() << "Q8_0 file of moe_r2 has F16 matrices";
     OnDevice& f = fixture(GetParam(), GgmlType::Q8_0);
     const size_t V = size_t(f.model->hparams().n_vocab);
     const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
@@ -320,7 +323,7 @@ TEST_P(CudaBackend, RefusesAStateOfAnotherBackend) {
     EXPECT_THROW(f.gpu->forward(host, &id, 1, ForwardOptions{}, row.data()), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBackend, ::testing::Values("r2_untied", "r3_deep_mtp"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBackend, ::testing::Values("r2_untied", "r3_deep_mtp", "moe_r2"));
 
 }  // namespace
 }  // namespace alloy

@@ -1,0 +1,523 @@
+// The MoE FFN of a qwen35moe layer on CUDA (kernels/cuda/ops.h; reference kernels/ref/moe.h):
+// router, top-k routing, the chosen experts' SwiGLU MLPs, the shared expert, the weighted sum.
+//
+// Decode reads k of E experts' weights per token, so the expert products are GEMVs over
+// gathered rows: a "chunk" is one expert and up to kT of its (token, rank) pairs; a block
+// takes 32 rows of that expert's matrix for the chunk's pairs, the weights loaded once for
+// all of them (a warp 4 rows, a lane 16 quants or 8 16-bit weights of each row per step, as
+// the dense GEMVs of matmul.cu). Steps of <= kMoeDirectMaxT tokens (decode, verification) take
+// one pair per chunk, in pair order, with no sort: nothing on the host depends on the routing,
+// so the step records into a CUDA graph. Longer steps (prefill) group the pairs by expert on
+// the device (one block: histogram, scan, scatter) in chunks of kT = 8, so an expert's weights
+// are read once per 8 of its tokens. A pair's arithmetic is the same in both (its own
+// accumulators; the order of the sums fixed by the shapes), so every row of a call has the
+// bits of a one-token call: the contract verification needs.
+//
+// gate and up run in one kernel (a warp's rows of both share x) and store silu(g) * u, and
+// when the down matrix is Q8_0 also its int8 quantization (a block's 32 rows are one 32-value
+// quant block of each pair's row), so the down GEMV reads int8. The output sums each token's
+// experts in increasing expert id, then adds sigmoid(g . x) times the shared expert, as
+// transformers and the CPU do.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace alloy::cuda {
+
+namespace {
+
+using detail::ceil_div;
+
+constexpr int kThreads = 256;          // 8 warps
+constexpr int kRowsPerWarp = 4;
+constexpr int kRowsPerBlock = 32;      // 8 warps x 4 rows: one Q8_0 block of the down's input
+constexpr int kChunkT = 8;             // pairs per chunk when grouped by expert
+constexpr int kMaxExperts = 1024;      // the routing and sort kernels hold E values in shared memory
+constexpr int kMaxUsed = 32;
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// Where a matrix's rows are: expert e's row r is row e * stride + offset + r of the tensor of
+// n_all rows; Q8_0 split: quants [n_all, n_in] then f16 scales [n_all, n_in / 32].
+struct Mat {
+    const uint8_t* data = nullptr;
+    int64_t stride = 0, offset = 0, n_all = 0;
+};
+
+// The chunks of one call: direct (pair c alone, expert ids[c]) or grouped by expert (sort_kernel).
+struct Chunks {
+    const int32_t* ids = nullptr;     // [P] each pair's expert (direct)
+    const int32_t* expert = nullptr;  // [C] grouped: the chunk's expert,
+    const int32_t* first = nullptr;   // [C] its first entry of pair_of,
+    const int32_t* count = nullptr;   // [C] its pairs (1..kChunkT),
+    const int32_t* pair_of = nullptr; // [P] the pairs sorted by expert,
+    const int32_t* n_chunks = nullptr;  // [1] how many chunks there are
+};
+
+// One GEMV launch over chunks: kM = 2 (gate, up: out = silu(g) * u, [P, rows]) or 1 (down:
+// out = the product, [P, rows]). The input row of pair p is p / in_div (x of its token: k;
+// h of its pair: 1). Q8_0 weights read xq / xd, 16-bit ones x.
+struct ExpertGemv {
+    Mat m[2];
+    int64_t rows, n_in, in_div;
+    const float* x;
+    const int8_t* xq;
+    const float* xd;
+    float* out;
+    int8_t* oq;  // kM = 2 with a Q8_0 down: out's quantization (rows % 32 == 0)
+    float* od;
+    Chunks ch;
+};
+
+enum class WKind { Q8, BF16, F32 };
+
+__device__ __forceinline__ int4 ld_stream16(const void* p) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <WKind kW, int kT, int kM>
+__global__ void __launch_bounds__(kThreads) expert_gemv_kernel(const ExpertGemv a) {
+    detail::pdl_entry();  // the chunk's expert is an earlier kernel's output
+    __shared__ float hs[kT][kRowsPerBlock];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // This block's chunk: its expert and pairs.
+    int expert, n = 1;
+    int32_t pair[kT];
+    const int c = int(blockIdx.x);
+    if (a.ch.expert) {
+        if (c >= *a.ch.n_chunks) return;
+        expert = a.ch.expert[c];
+        n = a.ch.count[c];
+        const int32_t f = a.ch.first[c];
+#pragma unroll
+        for (int t = 0; t < kT; ++t) pair[t] = a.ch.pair_of[f + (t < n ? t : 0)];  // padding repeats the first
+    } else {
+        expert = a.ch.ids[c];
+#pragma unroll
+        for (int t = 0; t < kT; ++t) pair[t] = c;
+    }
+    const int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock + warp * kRowsPerWarp;
+    float acc[kM][kRowsPerWarp][kT];
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+            for (int t = 0; t < kT; ++t) acc[m][r][t] = 0.0f;
+    const int64_t n_in = a.n_in;
+    if constexpr (kW == WKind::Q8) {
+        const int64_t nb = n_in / 32;
+        const int8_t* Q[kM][kRowsPerWarp];
+        const unsigned short* S[kM][kRowsPerWarp];
+        bool ok[kRowsPerWarp];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) ok[r] = r0 + r < a.rows;
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+            const int64_t base = int64_t(expert) * a.m[m].stride + a.m[m].offset;
+            const auto* scales = reinterpret_cast<const unsigned short*>(a.m[m].data + a.m[m].n_all * n_in);
+#pragma unroll
+            for (int r = 0; r < kRowsPerWarp; ++r) {
+                const int64_t row = base + (ok[r] ? r0 + r : 0);
+                Q[m][r] = reinterpret_cast<const int8_t*>(a.m[m].data) + row * n_in;
+                S[m][r] = scales + row * nb;
+            }
+        }
+        const int half = lane & 1;
+        for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+            const int64_t b = b0 + (lane >> 1);
+            if (b >= nb) continue;
+            int4 w[kM][kRowsPerWarp];
+            float dw[kM][kRowsPerWarp];
+#pragma unroll
+            for (int m = 0; m < kM; ++m)
+#pragma unroll
+                for (int r = 0; r < kRowsPerWarp; ++r) {
+                    w[m][r] = ld_stream16(Q[m][r] + b * 32 + 16 * half);
+                    dw[m][r] = __half2float(__ushort_as_half(__ldg(S[m][r] + b)));
+                }
+#pragma unroll
+            for (int t = 0; t < kT; ++t) {
+                const int64_t in_row = pair[t] / a.in_div;
+                const int4 xv = __ldg(reinterpret_cast<const int4*>(a.xq + in_row * n_in + b * 32 + 16 * half));
+                const float xs = __ldg(a.xd + in_row * nb + b);
+#pragma unroll
+                for (int m = 0; m < kM; ++m)
+#pragma unroll
+                    for (int r = 0; r < kRowsPerWarp; ++r) {
+                        int s = __dp4a(w[m][r].x, xv.x, 0);
+                        s = __dp4a(w[m][r].y, xv.y, s);
+                        s = __dp4a(w[m][r].z, xv.z, s);
+                        s = __dp4a(w[m][r].w, xv.w, s);
+                        acc[m][r][t] = fmaf(dw[m][r] * xs, float(s), acc[m][r][t]);
+                    }
+            }
+        }
+    } else {
+        // 8 weights a lane-step: 16 bytes of BF16, 32 of F32.
+        constexpr int kV = kW == WKind::F32 ? 2 : 1;
+        constexpr int64_t kElem = kW == WKind::F32 ? 4 : 2;
+        const int64_t nc = n_in / 8;
+        const uint4* W[kM][kRowsPerWarp];
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+            const int64_t base = int64_t(expert) * a.m[m].stride + a.m[m].offset;
+#pragma unroll
+            for (int r = 0; r < kRowsPerWarp; ++r) {
+                const int64_t row = base + (r0 + r < a.rows ? r0 + r : 0);
+                W[m][r] = reinterpret_cast<const uint4*>(a.m[m].data + row * n_in * kElem);
+            }
+        }
+        for (int64_t c0 = 0; c0 < nc; c0 += 32) {
+            const int64_t cc = c0 + lane;
+            if (cc >= nc) continue;
+            float wf[kM][kRowsPerWarp][8];
+#pragma unroll
+            for (int m = 0; m < kM; ++m)
+#pragma unroll
+                for (int r = 0; r < kRowsPerWarp; ++r) {
+                    if constexpr (kW == WKind::F32) {
+#pragma unroll
+                        for (int v = 0; v < kV; ++v) {
+                            const uint4 u = __ldg(W[m][r] + cc * kV + v);
+                            wf[m][r][4 * v + 0] = __uint_as_float(u.x);
+                            wf[m][r][4 * v + 1] = __uint_as_float(u.y);
+                            wf[m][r][4 * v + 2] = __uint_as_float(u.z);
+                            wf[m][r][4 * v + 3] = __uint_as_float(u.w);
+                        }
+                    } else {
+                        const uint4 u = __ldg(W[m][r] + cc);
+                        const uint32_t ws[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            wf[m][r][2 * i] = __uint_as_float(ws[i] << 16);
+                            wf[m][r][2 * i + 1] = __uint_as_float(ws[i] & 0xffff0000u);
+                        }
+                    }
+                }
+#pragma unroll
+            for (int t = 0; t < kT; ++t) {
+                const float4* xp = reinterpret_cast<const float4*>(a.x + (pair[t] / a.in_div) * n_in + cc * 8);
+                const float4 p = __ldg(xp), q = __ldg(xp + 1);
+#pragma unroll
+                for (int m = 0; m < kM; ++m)
+#pragma unroll
+                    for (int r = 0; r < kRowsPerWarp; ++r) {
+                        float s = acc[m][r][t];
+                        s = fmaf(wf[m][r][0], p.x, s);
+                        s = fmaf(wf[m][r][1], p.y, s);
+                        s = fmaf(wf[m][r][2], p.z, s);
+                        s = fmaf(wf[m][r][3], p.w, s);
+                        s = fmaf(wf[m][r][4], q.x, s);
+                        s = fmaf(wf[m][r][5], q.y, s);
+                        s = fmaf(wf[m][r][6], q.z, s);
+                        s = fmaf(wf[m][r][7], q.w, s);
+                        acc[m][r][t] = s;
+                    }
+            }
+        }
+    }
+    // Butterfly sums (every lane the same bits), then the row's value per pair.
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+            float v = detail::warp_sum_all(acc[0][r][t]);
+            if constexpr (kM == 2) {
+                const float u = detail::warp_sum_all(acc[1][r][t]);
+                v = v * detail::sigmoid(v) * u;  // silu(g) * u, as elementwise.cu's SwiGLU
+            }
+            if (lane == 0) hs[t][warp * kRowsPerWarp + r] = v;
+        }
+    __syncthreads();
+    // Warp t stores pair t's 32 values (and, for a Q8_0 down, their quantization).
+    const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + lane;
+    for (int t = warp; t < kT; t += kThreads / 32) {
+        if (t >= n) break;
+        const float v = hs[t][lane];
+        if (row < a.rows) a.out[int64_t(pair[t]) * a.rows + row] = v;
+        if (kM == 2 && a.oq)  // rows % 32 == 0 here: the block's rows are one whole quant block
+            detail::quantize_block32(v, lane, a.oq + int64_t(pair[t]) * a.rows + row - lane,
+                                     a.od + int64_t(pair[t]) * (a.rows / 32) + blockIdx.y);
+    }
+}
+
+// Router logits [T, E] -> ids [T, k] by decreasing probability (ties to the lower id) and
+// weights [T, k] renormalised over the k, as ref::moe_route. One warp a token.
+__global__ void __launch_bounds__(32) route_kernel(const float* __restrict__ logits, int E, int k,
+                                                   int32_t* __restrict__ ids, float* __restrict__ wt) {
+    detail::pdl_entry();
+    __shared__ float p[kMaxExperts];
+    const int lane = threadIdx.x;
+    const float* l = logits + int64_t(blockIdx.x) * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) sum += p[e] = expf(l[e] - mx);
+    sum = detail::warp_sum_all(sum);
+    for (int e = lane; e < E; e += 32) p[e] /= sum;
+    __syncwarp();
+    float top = 0.0f;
+    int32_t chosen[kMaxUsed];
+    for (int i = 0; i < k; ++i) {
+        float bv = -1.0f;
+        int bi = E;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] > bv) bv = p[e], bi = e;  // increasing e: the first of equals stays
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+        }
+        chosen[i] = bi;
+        top += bv;
+        __syncwarp();
+        if (lane == 0) p[bi] = -2.0f;  // taken (probabilities are >= 0)
+        __syncwarp();
+        if (lane == 0) wt[int64_t(blockIdx.x) * k + i] = bv;
+    }
+    __syncwarp();
+    if (lane == 0)
+        for (int i = 0; i < k; ++i) {
+            ids[int64_t(blockIdx.x) * k + i] = chosen[i];
+            wt[int64_t(blockIdx.x) * k + i] /= top;
+        }
+}
+
+// The P pairs grouped by expert, in chunks of up to kChunkT: one block. The order of the
+// pairs inside an expert follows atomics (each pair's result does not depend on it).
+__global__ void __launch_bounds__(1024) sort_kernel(const int32_t* __restrict__ ids, int P, int E, int32_t* expert,
+                                                    int32_t* first, int32_t* count, int32_t* pair_of, int32_t* n_chunks) {
+    detail::pdl_entry();
+    __shared__ int cnt[kMaxExperts], start[kMaxExperts], cbase[kMaxExperts], next[kMaxExperts];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0, next[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0, cb = 0;
+        for (int e = 0; e < E; ++e) {
+            start[e] = s, cbase[e] = cb;
+            s += cnt[e];
+            cb += (cnt[e] + kChunkT - 1) / kChunkT;
+        }
+        *n_chunks = cb;
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < P; p += blockDim.x) {
+        const int e = ids[p];
+        pair_of[start[e] + atomicAdd(&next[e], 1)] = p;
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int j = 0; j * kChunkT < cnt[e]; ++j) {
+            expert[cbase[e] + j] = e;
+            first[cbase[e] + j] = start[e] + j * kChunkT;
+            count[cbase[e] + j] = min(kChunkT, cnt[e] - j * kChunkT);
+        }
+}
+
+// y [T, D] = sum of w * ye over each token's k pairs in increasing expert id, then
+// + sigmoid(sg) * sy (sg null: no shared expert). One block a token.
+__global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ ids,
+                                                           const float* __restrict__ wt, int k, int64_t D,
+                                                           const float* __restrict__ sg, const float* __restrict__ sy,
+                                                           float* __restrict__ y) {
+    detail::pdl_entry();
+    __shared__ int order[kMaxUsed];
+    const int64_t t = blockIdx.x;
+    if (threadIdx.x == 0) {  // the token's ranks by increasing expert id (k is small)
+        for (int i = 0; i < k; ++i) order[i] = i;
+        for (int i = 1; i < k; ++i)
+            for (int j = i; j > 0 && ids[t * k + order[j]] < ids[t * k + order[j - 1]]; --j) {
+                const int o = order[j];
+                order[j] = order[j - 1], order[j - 1] = o;
+            }
+    }
+    __syncthreads();
+    const float s = sg ? detail::sigmoid(sg[t]) : 0.0f;
+    for (int64_t d = threadIdx.x; d < D; d += kThreads) {
+        float acc = 0.0f;
+        for (int i = 0; i < k; ++i) {
+            const int64_t p = t * k + order[i];
+            acc += wt[p] * ye[p * D + d];
+        }
+        if (sg) acc += s * sy[t * D + d];
+        y[t * D + d] = acc;
+    }
+}
+
+WKind kind_of(GgmlType t) { return t == GgmlType::Q8_0 ? WKind::Q8 : t == GgmlType::BF16 ? WKind::BF16 : WKind::F32; }
+
+// The call's scratch, carved from the caller's workspace in this order.
+struct MoeLayout {
+    float* logits;   // [T, E]
+    int32_t* ids;    // [P]
+    float* wt;       // [P]
+    int32_t *c_expert, *c_first, *c_count, *pair_of, *n_chunks;  // grouped calls: [C], [C], [C], [P], [1]
+    Q8Input xq;      // x quantized [T, D] (Q8_0 gate / up)
+    float* h;        // [P, I]
+    Q8Input hq;      // h quantized (Q8_0 down)
+    float* ye;       // [P, D]
+    float *sg, *sh, *su, *sy;  // shared expert: gate [T], [T, Is] twice, output [T, D]
+    void* mm;        // the shared expert's and router's matmul workspace
+    size_t bytes;
+};
+
+int64_t max_chunks(int64_t P, int E) { return std::min<int64_t>(P, P / kChunkT + E); }
+
+MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, uint8_t* base) {
+    const int64_t D = w.n_embd(), I = w.gate.rows, E = w.n_expert, P = T * w.n_used;
+    const int64_t Is = w.has_shared() ? w.shexp_gate.n_out : 0, C = max_chunks(P, int(E));
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+        uint8_t* p = base ? base + at : nullptr;
+        at += align256(bytes);
+        return p;
+    };
+    MoeLayout L{};
+    L.logits = reinterpret_cast<float*>(take(size_t(T * E) * 4));
+    L.ids = reinterpret_cast<int32_t*>(take(size_t(P) * 4));
+    L.wt = reinterpret_cast<float*>(take(size_t(P) * 4));
+    const bool grouped = T > kMoeDirectMaxT;
+    L.c_expert = reinterpret_cast<int32_t*>(take(grouped ? size_t(C) * 4 : 0));
+    L.c_first = reinterpret_cast<int32_t*>(take(grouped ? size_t(C) * 4 : 0));
+    L.c_count = reinterpret_cast<int32_t*>(take(grouped ? size_t(C) * 4 : 0));
+    L.pair_of = reinterpret_cast<int32_t*>(take(grouped ? size_t(P) * 4 : 0));
+    L.n_chunks = reinterpret_cast<int32_t*>(take(grouped ? 4 : 0));
+    if (w.gate.all.type == GgmlType::Q8_0) {
+        L.xq.q = reinterpret_cast<int8_t*>(take(size_t(T * D)));
+        L.xq.d = reinterpret_cast<float*>(take(size_t(T * (D / 32)) * 4));
+    }
+    L.h = reinterpret_cast<float*>(take(size_t(P * I) * 4));
+    if (w.down.all.type == GgmlType::Q8_0) {
+        L.hq.q = reinterpret_cast<int8_t*>(take(size_t(P * I)));
+        L.hq.d = reinterpret_cast<float*>(take(size_t(P * (I / 32)) * 4));
+    }
+    L.ye = reinterpret_cast<float*>(take(size_t(P * D) * 4));
+    L.sg = reinterpret_cast<float*>(take(size_t(Is ? T : 0) * 4));
+    L.sh = reinterpret_cast<float*>(take(size_t(T * Is) * 4));
+    L.su = reinterpret_cast<float*>(take(size_t(T * Is) * 4));
+    L.sy = reinterpret_cast<float*>(take(size_t(Is ? T * D : 0) * 4));
+    size_t mm = matmul_workspace_bytes(w.router, T);
+    if (Is) {
+        const WeightView* gu[2] = {&w.shexp_gate, &w.shexp_up};
+        mm = std::max({mm, matmul_multi_workspace_bytes(gu, 2, T), matmul_workspace_bytes(w.shexp_down, T),
+                       matmul_workspace_bytes(w.shexp_router, T)});
+    }
+    L.mm = take(mm);
+    L.bytes = at;
+    return L;
+}
+
+void check_moe(const ref::MoeWeights& w, int64_t T, const char* op) {
+    ref::check_moe_weights(w, op);
+    auto fail = [&](const std::string& what) { throw Error(std::string(op) + ": " + what); };
+    if (w.n_expert > kMaxExperts) fail(std::to_string(w.n_expert) + " experts (at most " + std::to_string(kMaxExperts) + ")");
+    if (w.n_used > kMaxUsed) fail(std::to_string(w.n_used) + " experts per token (at most " + std::to_string(kMaxUsed) + ")");
+    if (w.gate.all.type != w.up.all.type) fail("expert gate and up tensors of different types");
+    if (T * w.n_used > (int64_t(1) << 31) - 1) fail("too many (token, expert) pairs");
+    for (const ref::ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
+        const WeightView& v = m->all;
+        if (v.type == GgmlType::Q8_0) {
+            if (v.layout != WeightLayout::Q8Split) fail("Q8_0 expert weights on the device must be split first (cuda::split_q8)");
+            if (v.n_in % 32 || reinterpret_cast<uintptr_t>(v.data) % 16) fail("Q8_0 expert rows must be whole blocks, 16-byte aligned");
+        } else if (v.type == GgmlType::BF16 || v.type == GgmlType::F32) {
+            if (v.n_in % 8 || reinterpret_cast<uintptr_t>(v.data) % 16)
+                fail("16-bit / F32 expert rows must hold a multiple of 8 weights, 16-byte aligned");
+        } else {
+            fail(std::string("expert weight type ") + type_traits(v.type).name + " (CUDA runs F32, BF16 and Q8_0)");
+        }
+    }
+}
+
+template <WKind kW, int kM>
+void launch_expert_gemv(const ExpertGemv& a, unsigned chunks, bool grouped, cudaStream_t st, const char* op) {
+    const dim3 grid(chunks, unsigned(ceil_div(a.rows, kRowsPerBlock)));
+    if (grouped) detail::launch(op, expert_gemv_kernel<kW, kChunkT, kM>, grid, dim3(kThreads), 0, st, a);
+    else detail::launch(op, expert_gemv_kernel<kW, 1, kM>, grid, dim3(kThreads), 0, st, a);
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+template <int kM>
+void expert_gemv(WKind kind, const ExpertGemv& a, unsigned chunks, bool grouped, cudaStream_t st, const char* op) {
+    switch (kind) {
+        case WKind::Q8: launch_expert_gemv<WKind::Q8, kM>(a, chunks, grouped, st, op); break;
+        case WKind::BF16: launch_expert_gemv<WKind::BF16, kM>(a, chunks, grouped, st, op); break;
+        case WKind::F32: launch_expert_gemv<WKind::F32, kM>(a, chunks, grouped, st, op); break;
+    }
+}
+
+Mat mat(const ref::ExpertMatrix& m) { return {m.all.data, m.stride, m.offset, m.all.n_out}; }
+
+}  // namespace
+
+size_t moe_ffn_workspace_bytes(const ref::MoeWeights& w, int64_t T) {
+    return T > 0 ? moe_layout(w, T, nullptr).bytes : 0;
+}
+
+void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void* workspace, void* stream) {
+    const char* op = "cuda::moe_ffn";
+    check_moe(w, T, op);
+    if (T <= 0) return;
+    if (!workspace) throw Error(std::string(op) + ": workspace is null");
+    cudaStream_t st = detail::as_stream(stream);
+    const MoeLayout L = moe_layout(w, T, static_cast<uint8_t*>(workspace));
+    const int64_t D = w.n_embd(), I = w.gate.rows;
+    const int E = w.n_expert, k = w.n_used;
+    const int64_t P = T * k;
+    const bool grouped = T > kMoeDirectMaxT;
+
+    // Routing.
+    matmul(w.router, x, L.logits, T, L.mm, st);
+    detail::launch(op, route_kernel, dim3(unsigned(T)), dim3(32), 0, st, static_cast<const float*>(L.logits), E, k, L.ids,
+                   L.wt);
+    ALLOY_CUDA_LAUNCHED(op);
+    Chunks ch;
+    unsigned chunks = unsigned(P);
+    if (grouped) {
+        detail::launch(op, sort_kernel, dim3(1), dim3(1024), 0, st, static_cast<const int32_t*>(L.ids), int(P), E, L.c_expert,
+                       L.c_first, L.c_count, L.pair_of, L.n_chunks);
+        ALLOY_CUDA_LAUNCHED(op);
+        ch = {nullptr, L.c_expert, L.c_first, L.c_count, L.pair_of, L.n_chunks};
+        chunks = unsigned(max_chunks(P, E));
+    } else {
+        ch.ids = L.ids;
+    }
+
+    // The experts: gate and up -> h (and its quantization), then down -> ye.
+    if (L.xq.q) quantize_q8_input(x, T, D, L.xq, st);
+    ExpertGemv gu{{mat(w.gate), mat(w.up)}, I, D, k, x, L.xq.q, L.xq.d, L.h, L.hq.q, L.hq.d, ch};
+    expert_gemv<2>(kind_of(w.gate.all.type), gu, chunks, grouped, st, op);
+    ExpertGemv dn{{mat(w.down), {}}, D, I, 1, L.h, L.hq.q, L.hq.d, L.ye, nullptr, nullptr, ch};
+    expert_gemv<1>(kind_of(w.down.all.type), dn, chunks, grouped, st, op);
+
+    // The shared expert and its gate (the matmuls' own paths; x's quantization reused).
+    if (w.has_shared()) {
+        const int64_t Is = w.shexp_gate.n_out;
+        const WeightView* gu2[2] = {&w.shexp_gate, &w.shexp_up};
+        float* outs[2] = {L.sh, L.su};
+        const Q8Input* xq = w.shexp_gate.type == GgmlType::Q8_0 && L.xq.q ? &L.xq : nullptr;
+        matmul_multi(gu2, outs, 2, x, T, L.mm, st, xq);
+        swiglu(L.sh, L.su, L.sh, T * Is, st);
+        matmul(w.shexp_down, L.sh, L.sy, T, L.mm, st);
+        matmul(w.shexp_router, x, L.sg, T, L.mm, st, w.shexp_router.type == GgmlType::Q8_0 && L.xq.q ? &L.xq : nullptr);
+    }
+    detail::launch(op, combine_kernel, dim3(unsigned(T)), dim3(kThreads), 0, st, static_cast<const float*>(L.ye),
+                   static_cast<const int32_t*>(L.ids), static_cast<const float*>(L.wt), k, D,
+                   static_cast<const float*>(w.has_shared() ? L.sg : nullptr), static_cast<const float*>(L.sy), y);
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
+}  // namespace alloy::cuda

@@ -1,0 +1,143 @@
+// cuda::moe_ffn (kernels/cuda/moe.cu) against ref::moe_ffn on random layers: F32, BF16 and
+// Q8_0 experts, odd expert counts and widths, separate and fused gate/up, with and without the
+// shared expert, token counts on both sides of kMoeDirectMaxT (one pair per chunk / grouped by
+// expert, chunks of 1..8 pairs); calls of up to kMoeDirectMaxT tokens reproduce 1-token calls
+// bit for bit; unsupported weights are refused by name. Skips without a CUDA device (CI).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "alloy/error.h"
+#include "kernels/cuda/gdn.h"  // device_available
+#include "kernels/cuda/ops.h"
+#include "kernels/ref/moe.h"
+#include "tests/cuda/device_array.h"
+#include "tests/kernels/moe_test_util.h"
+
+namespace alloy {
+namespace {
+
+using test::DeviceArray;
+using test::DeviceWeight;
+using test::Layer;
+using test::Shape;
+
+// A layer's matrices on the device, in the views cuda::moe_ffn takes.
+struct DeviceLayer {
+    std::vector<std::unique_ptr<DeviceWeight>> own;
+    ref::MoeWeights w;
+    explicit DeviceLayer(const ref::MoeWeights& h) : w(h) {
+        auto dev = [&](const WeightView& v) {
+            own.push_back(std::make_unique<DeviceWeight>(v));
+            return own.back()->view;
+        };
+        w.router = dev(h.router);
+        w.gate.all = dev(h.gate.all);
+        w.up.all = dev(h.up.all);
+        w.down.all = dev(h.down.all);
+        if (h.has_shared()) {
+            w.shexp_gate = dev(h.shexp_gate);
+            w.shexp_up = dev(h.shexp_up);
+            w.shexp_down = dev(h.shexp_down);
+            w.shexp_router = dev(h.shexp_router);
+        }
+    }
+};
+
+std::vector<float> run(const ref::MoeWeights& w, const std::vector<float>& x, int64_t T) {
+    DeviceArray<float> dx(x), dy(std::vector<float>(x.size(), NAN));
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::moe_ffn_workspace_bytes(w, T), 0xff));
+    cuda::moe_ffn(w, dx.p, dy.p, T, ws.p, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return dy.host();
+}
+
+std::string name(const Shape& s, GgmlType t, int64_t T) {
+    return std::string(type_traits(t).name) + " D=" + std::to_string(s.D) + " I=" + std::to_string(s.I) +
+           " Is=" + std::to_string(s.Is) + " E=" + std::to_string(s.E) + " k=" + std::to_string(s.k) +
+           (s.fused ? " fused" : "") + " T=" + std::to_string(T);
+}
+
+// Relative L2 error: F32 rounds only the sums; BF16 experts take x in fp32 (the shared expert
+// past 16 tokens rounds x to bf16 in cuBLAS); Q8_0 rounds x and h to int8 per 32.
+double tolerance(GgmlType t) { return t == GgmlType::F32 ? 2e-5 : t == GgmlType::BF16 ? 1e-2 : 5e-2; }
+
+class CudaMoe : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    }
+};
+
+TEST_F(CudaMoe, EveryTypeAndShapeAgainstReference) {
+    // Q8_0 rows are whole 32-blocks; the 16-bit kernels take multiples of 8.
+    const std::vector<Shape> blocks = {{96, 64, 32, 7, 3, false}, {64, 32, 0, 4, 2, true}, {64, 96, 32, 130, 8, false}};
+    const std::vector<Shape> odd = {{40, 24, 16, 5, 2, false}, {40, 24, 0, 5, 5, true}, {72, 48, 40, 6, 1, false}};
+    uint32_t seed = 1;
+    for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0}) {
+        std::vector<Shape> shapes = blocks;
+        if (t != GgmlType::Q8_0) shapes.insert(shapes.end(), odd.begin(), odd.end());
+        for (const Shape& s : shapes) {
+            const Layer L(s, t, GgmlType::F32, seed++);
+            const DeviceLayer D(L.w);
+            for (int64_t T : {1, 3, 16, 17, 45}) {  // 17, 45: grouped by expert (4 experts x 45: chunks of 8, 8, 6)
+                const auto x = test::routed_input(L.w, T, 0.05f, seed++);
+                std::vector<float> want(x.size());
+                ref::moe_ffn(L.w, x.data(), want.data(), T);
+                const std::vector<float> got = run(D.w, x, T);
+                for (float v : got) ASSERT_TRUE(std::isfinite(v)) << name(s, t, T);
+                EXPECT_LE(rel_err(got, want), tolerance(t)) << name(s, t, T);
+            }
+        }
+    }
+}
+
+// Speculative verification: a call of up to kMoeDirectMaxT tokens gives every row the bits of
+// its 1-token call (router, experts, shared expert and sum), whatever the experts it shares.
+TEST_F(CudaMoe, ShortCallsReproduceOneTokenCallsBitForBit) {
+    uint32_t seed = 200;
+    for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0})
+        for (const Shape& s : {Shape{64, 32, 32, 6, 2, false}, Shape{64, 64, 0, 9, 3, true}}) {
+            const Layer L(s, t, t, seed++);
+            const DeviceLayer D(L.w);
+            for (int64_t T : {int64_t(2), int64_t(5), cuda::kMoeDirectMaxT}) {
+                std::mt19937 rng(seed++);
+                std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+                std::vector<float> x(size_t(T * s.D));
+                for (auto& v : x) v = u(rng);
+                const std::vector<float> all = run(D.w, x, T);
+                for (int64_t r = 0; r < T; ++r) {
+                    const std::vector<float> one = run(D.w, std::vector<float>(x.begin() + r * s.D, x.begin() + (r + 1) * s.D), 1);
+                    EXPECT_EQ(0, std::memcmp(one.data(), all.data() + r * s.D, size_t(s.D) * 4)) << name(s, t, T) << " row " << r;
+                }
+            }
+        }
+}
+
+TEST_F(CudaMoe, RefusesWeightsItCannotRun) {
+    const Shape s{64, 32, 0, 4, 2, false};
+    const Layer L(s, GgmlType::Q8_0, GgmlType::F32, 5);
+    DeviceLayer D(L.w);
+    ref::MoeWeights w = D.w;
+    w.down.all.layout = WeightLayout::Gguf;  // not split
+    try {
+        cuda::moe_ffn(w, nullptr, nullptr, 0, nullptr, nullptr);
+        ADD_FAILURE() << "GGUF-layout Q8_0 experts accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("split"), std::string::npos) << e.what();
+    }
+    const Layer B(s, GgmlType::BF16, GgmlType::F32, 6);
+    DeviceLayer DB(B.w);
+    w = D.w;
+    w.up = DB.w.up;  // gate Q8_0, up BF16
+    EXPECT_THROW(cuda::moe_ffn(w, nullptr, nullptr, 0, nullptr, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace alloy

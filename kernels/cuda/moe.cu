@@ -15,7 +15,14 @@
 //
 // gate and up run in one kernel (a warp's rows of both share x) and store silu(g) * u, and
 // when the down matrix is Q8_0 also its int8 quantization (a block's 32 rows are one 32-value
-// quant block of each pair's row), so the down GEMV reads int8. The output sums each token's
+// quant block of each pair's row), so the down GEMV reads int8.
+//
+// Prefill with every expert matrix Q8_0 (the published files) takes int8 tensor cores instead
+// (expert_mma_kernel): chunks of up to 32 pairs of one expert are the n side of
+// mma.m16n8k32.s8 (four n8 tiles), a warp's 32 weight rows the m side, one Q8_0 block the k
+// side, so each block's int32 sum is exact and is scaled by the weight's and the pair's block
+// scales into fp32, as the GEMV does. The GEMV kernel there held 8 pairs in 159 registers at
+// one block per SM and ran latency-bound (ncu: 30% SM, 7% DRAM; bench/RESULTS.md). The output sums each token's
 // experts in increasing expert id, then adds sigmoid(g . x) times the shared expert, as
 // transformers and the CPU do.
 #include <cuda_fp16.h>
@@ -36,7 +43,14 @@ using detail::ceil_div;
 constexpr int kThreads = 256;          // 8 warps
 constexpr int kRowsPerWarp = 4;
 constexpr int kRowsPerBlock = 32;      // 8 warps x 4 rows: one Q8_0 block of the down's input
-constexpr int kChunkT = 8;             // pairs per chunk when grouped by expert
+constexpr int kChunkT = 8;             // pairs per chunk when grouped by expert (GEMV kernels)
+// The tensor-core path (grouped calls, every expert matrix Q8_0): a chunk of up to 32 pairs is
+// four n8 tiles; a warp takes 32 rows (two m16 tiles: one Q8_0 block of the down's input).
+constexpr int kTcChunkT = 32;
+constexpr int kTcN = kTcChunkT / 8;
+constexpr int kTcWarps = 4;
+constexpr int kTcRowsPerWarp = 32;
+constexpr int kTcRowsPerBlock = kTcWarps * kTcRowsPerWarp;
 constexpr int kMaxExperts = 1024;      // the routing and sort kernels hold E values in shared memory
 constexpr int kMaxUsed = 32;
 
@@ -54,7 +68,7 @@ struct Chunks {
     const int32_t* ids = nullptr;     // [P] each pair's expert (direct)
     const int32_t* expert = nullptr;  // [C] grouped: the chunk's expert,
     const int32_t* first = nullptr;   // [C] its first entry of pair_of,
-    const int32_t* count = nullptr;   // [C] its pairs (1..kChunkT),
+    const int32_t* count = nullptr;   // [C] its pairs (1..kChunkT, or kTcChunkT),
     const int32_t* pair_of = nullptr; // [P] the pairs sorted by expert,
     const int32_t* n_chunks = nullptr;  // [1] how many chunks there are
 };
@@ -251,6 +265,154 @@ __global__ void __launch_bounds__(kThreads) expert_gemv_kernel(const ExpertGemv 
     }
 }
 
+// ---- grouped expert products on int8 tensor cores (prefill, Q8_0 experts) ----
+
+// c = a b, m16n8k32, int8 operands, int32 accumulators (exact: 32 products of |q| <= 127).
+// The k order inside the block is permuted alike on both sides (a lane's logical k 4 tq + i is
+// byte 8 tq + i of the block, 16 + 4 tq + i is byte 8 tq + 4 + i), so every lane loads one
+// 8-byte run of each row: the dot product is the same set of 32 products.
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint2 a_row, uint2 a_row8, uint2 b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a_row.x), "r"(a_row8.x), "r"(a_row.y), "r"(a_row8.y), "r"(b.x), "r"(b.y), "r"(0));
+}
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+// int32 -> fp32 for |i| < 2^22 without the conversion unit (a quarter-rate instruction): the
+// integer added to the mantissa of 1.5 * 2^23, then that subtracted. Exact.
+__device__ __forceinline__ float small_int_to_float(int i) {
+    return __int_as_float(0x4B400000 + i) - 12582912.0f;
+}
+
+// One chunk (an expert and up to kTcChunkT of its pairs) x kTcRowsPerBlock rows; each warp its
+// own 32 rows, no block barrier. Same input and output contract as expert_gemv_kernel<Q8, .., kM>
+// (a.out for kM = 1; a.oq / a.od only for kM = 2: the down is Q8_0 on this path).
+template <int kM>
+__global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertGemv a) {
+    detail::pdl_entry();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int c = int(blockIdx.x);
+    if (c >= *a.ch.n_chunks) return;
+    const int64_t r0 = int64_t(blockIdx.y) * kTcRowsPerBlock + warp * kTcRowsPerWarp;
+    if (r0 >= a.rows) return;  // rows % 32 == 0 on this path: a warp's rows are all in or all out
+    const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
+    const int64_t n_in = a.n_in, nb = n_in / 32;
+    // The B side: pair 8 j + gq of the chunk (padding repeats the last); the epilogue's columns:
+    // pairs 8 j + 2 tq + e.
+    const int8_t* xb[kTcN];
+    const float* xd[kTcN][2];
+    int32_t col_pair[kTcN][2];
+#pragma unroll
+    for (int j = 0; j < kTcN; ++j) {
+        const int64_t in = a.ch.pair_of[f + min(8 * j + gq, n - 1)] / a.in_div;
+        xb[j] = a.xq + in * n_in + 8 * tq;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int t = 8 * j + 2 * tq + e;
+            col_pair[j][e] = t < n ? a.ch.pair_of[f + t] : -1;
+            xd[j][e] = a.xd + (a.ch.pair_of[f + min(t, n - 1)] / a.in_div) * nb;
+        }
+    }
+    // The A side: rows r0 + 16 i + 8 h + gq of each matrix (one pointer a matrix, the four
+    // rows at 32-bit offsets: 64-bit pointers per row took the kernel to 255 registers).
+    const int8_t* wq[kM];
+    const unsigned short* ws[kM];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+        const int64_t row = int64_t(expert) * a.m[m].stride + a.m[m].offset + r0 + gq;
+        wq[m] = reinterpret_cast<const int8_t*>(a.m[m].data) + row * n_in + 8 * tq;
+        ws[m] = reinterpret_cast<const unsigned short*>(a.m[m].data + a.m[m].n_all * n_in) + row * nb;
+    }
+    const int q_step = int(8 * n_in), s_step = int(8 * nb);  // 8 rows
+    float acc[kM][2][kTcN][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
+#pragma unroll 1
+    for (int64_t b = 0; b < nb; ++b) {
+        uint2 w[kM][2][2];
+        float dw[kM][2][2];
+#pragma unroll
+        for (int m = 0; m < kM; ++m)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    w[m][i][h] = ld_stream8(wq[m] + (2 * i + h) * q_step + b * 32);
+                    dw[m][i][h] = __half2float(__ushort_as_half(__ldg(ws[m] + (2 * i + h) * s_step + b)));
+                }
+        uint2 x[kTcN];
+        float dx[kTcN][2];
+#pragma unroll
+        for (int j = 0; j < kTcN; ++j) {
+            x[j] = __ldg(reinterpret_cast<const uint2*>(xb[j] + b * 32));
+            dx[j][0] = __ldg(xd[j][0] + b);
+            dx[j][1] = __ldg(xd[j][1] + b);
+        }
+#pragma unroll
+        for (int m = 0; m < kM; ++m)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < kTcN; ++j) {
+                    int s[4];
+                    mma_s8(s, w[m][i][0], w[m][i][1], x[j]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)  // e: row gq (+8 for e >= 2), column 2 tq + (e & 1)
+                        acc[m][i][j][e] = fmaf(dw[m][i][e >> 1] * dx[j][e & 1], small_int_to_float(s[e]), acc[m][i][j][e]);
+                }
+    }
+    if constexpr (kM == 1) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int32_t p = col_pair[j][e & 1];
+                    if (p >= 0) a.out[int64_t(p) * a.rows + r0 + 16 * i + 8 * (e >> 1) + gq] = acc[0][i][j][e];
+                }
+    } else {
+        // h = silu(g) * u, then each pair's 32 rows (this warp's) as one int8 block: the amax over
+        // the lane's 4 rows, then over the 8 lanes of a column (lane bits 2..4), as quantize_block32.
+#pragma unroll
+        for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+            for (int col = 0; col < 2; ++col) {
+                float v[2][2];
+                float amax = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float g = acc[0][i][j][2 * h + col], u = acc[1][i][j][2 * h + col];
+                        v[i][h] = g * detail::sigmoid(g) * u;  // silu(g) * u, as the GEMV kernel
+                        amax = fmaxf(amax, fabsf(v[i][h]));
+                    }
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                const int32_t p = col_pair[j][col];
+                if (p < 0) continue;
+                const float sc = amax / 127.0f;
+                int8_t* q = a.oq + int64_t(p) * a.rows + r0;
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) q[16 * i + 8 * h + gq] = int8_t(sc > 0.0f ? __float2int_rn(v[i][h] / sc) : 0);
+                if (gq == 0) a.od[int64_t(p) * (a.rows / 32) + r0 / 32] = sc;
+            }
+    }
+}
+
 // Router logits [T, E] -> ids [T, k] by decreasing probability (ties to the lower id) and
 // weights [T, k] renormalised over the k, as ref::moe_route. One warp a token.
 __global__ void __launch_bounds__(32) route_kernel(const float* __restrict__ logits, int E, int k,
@@ -296,9 +458,9 @@ __global__ void __launch_bounds__(32) route_kernel(const float* __restrict__ log
         }
 }
 
-// The P pairs grouped by expert, in chunks of up to kChunkT: one block. The order of the
+// The P pairs grouped by expert, in chunks of up to `chunk`: one block. The order of the
 // pairs inside an expert follows atomics (each pair's result does not depend on it).
-__global__ void __launch_bounds__(1024) sort_kernel(const int32_t* __restrict__ ids, int P, int E, int32_t* expert,
+__global__ void __launch_bounds__(1024) sort_kernel(const int32_t* __restrict__ ids, int P, int E, int chunk, int32_t* expert,
                                                     int32_t* first, int32_t* count, int32_t* pair_of, int32_t* n_chunks) {
     detail::pdl_entry();
     __shared__ int cnt[kMaxExperts], start[kMaxExperts], cbase[kMaxExperts], next[kMaxExperts];
@@ -311,7 +473,7 @@ __global__ void __launch_bounds__(1024) sort_kernel(const int32_t* __restrict__ 
         for (int e = 0; e < E; ++e) {
             start[e] = s, cbase[e] = cb;
             s += cnt[e];
-            cb += (cnt[e] + kChunkT - 1) / kChunkT;
+            cb += (cnt[e] + chunk - 1) / chunk;
         }
         *n_chunks = cb;
     }
@@ -321,15 +483,16 @@ __global__ void __launch_bounds__(1024) sort_kernel(const int32_t* __restrict__ 
         pair_of[start[e] + atomicAdd(&next[e], 1)] = p;
     }
     for (int e = threadIdx.x; e < E; e += blockDim.x)
-        for (int j = 0; j * kChunkT < cnt[e]; ++j) {
+        for (int j = 0; j * chunk < cnt[e]; ++j) {
             expert[cbase[e] + j] = e;
-            first[cbase[e] + j] = start[e] + j * kChunkT;
-            count[cbase[e] + j] = min(kChunkT, cnt[e] - j * kChunkT);
+            first[cbase[e] + j] = start[e] + j * chunk;
+            count[cbase[e] + j] = min(chunk, cnt[e] - j * chunk);
         }
 }
 
 // y [T, D] = sum of w * ye over each token's k pairs in increasing expert id, then
-// + sigmoid(sg) * sy (sg null: no shared expert). One block a token.
+// + sigmoid(sg) * sy (sg null: no shared expert). Blocks (token, 256 columns): one block a
+// token walked D in a loop and took 17 us at decode (ncu, 35b-a3b).
 __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ ids,
                                                            const float* __restrict__ wt, int k, int64_t D,
                                                            const float* __restrict__ sg, const float* __restrict__ sy,
@@ -347,7 +510,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restri
     }
     __syncthreads();
     const float s = sg ? detail::sigmoid(sg[t]) : 0.0f;
-    for (int64_t d = threadIdx.x; d < D; d += kThreads) {
+    for (int64_t d = int64_t(blockIdx.y) * kThreads + threadIdx.x; d < D; d += int64_t(gridDim.y) * kThreads) {
         float acc = 0.0f;
         for (int i = 0; i < k; ++i) {
             const int64_t p = t * k + order[i];
@@ -375,11 +538,17 @@ struct MoeLayout {
     size_t bytes;
 };
 
-int64_t max_chunks(int64_t P, int E) { return std::min<int64_t>(P, P / kChunkT + E); }
+// The tensor-core path: grouped calls with every expert matrix Q8_0.
+bool tensor_core_path(const ref::MoeWeights& w, int64_t T) {
+    return T > kMoeDirectMaxT && w.gate.all.type == GgmlType::Q8_0 && w.up.all.type == GgmlType::Q8_0 &&
+           w.down.all.type == GgmlType::Q8_0;
+}
+int chunk_pairs(const ref::MoeWeights& w, int64_t T) { return tensor_core_path(w, T) ? kTcChunkT : kChunkT; }
+int64_t max_chunks(int64_t P, int E, int chunk) { return std::min<int64_t>(P, P / chunk + E); }
 
 MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, uint8_t* base) {
     const int64_t D = w.n_embd(), I = w.gate.rows, E = w.n_expert, P = T * w.n_used;
-    const int64_t Is = w.has_shared() ? w.shexp_gate.n_out : 0, C = max_chunks(P, int(E));
+    const int64_t Is = w.has_shared() ? w.shexp_gate.n_out : 0, C = max_chunks(P, int(E), chunk_pairs(w, T));
     size_t at = 0;
     auto take = [&](size_t bytes) {
         uint8_t* p = base ? base + at : nullptr;
@@ -487,11 +656,12 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
     Chunks ch;
     unsigned chunks = unsigned(P);
     if (grouped) {
-        detail::launch(op, sort_kernel, dim3(1), dim3(1024), 0, st, static_cast<const int32_t*>(L.ids), int(P), E, L.c_expert,
-                       L.c_first, L.c_count, L.pair_of, L.n_chunks);
+        const int chunk = chunk_pairs(w, T);
+        detail::launch(op, sort_kernel, dim3(1), dim3(1024), 0, st, static_cast<const int32_t*>(L.ids), int(P), E, chunk,
+                       L.c_expert, L.c_first, L.c_count, L.pair_of, L.n_chunks);
         ALLOY_CUDA_LAUNCHED(op);
         ch = {nullptr, L.c_expert, L.c_first, L.c_count, L.pair_of, L.n_chunks};
-        chunks = unsigned(max_chunks(P, E));
+        chunks = unsigned(max_chunks(P, E, chunk));
     } else {
         ch.ids = L.ids;
     }
@@ -499,9 +669,18 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
     // The experts: gate and up -> h (and its quantization), then down -> ye.
     if (L.xq.q) quantize_q8_input(x, T, D, L.xq, st);
     ExpertGemv gu{{mat(w.gate), mat(w.up)}, I, D, k, x, L.xq.q, L.xq.d, L.h, L.hq.q, L.hq.d, ch};
-    expert_gemv<2>(kind_of(w.gate.all.type), gu, chunks, grouped, st, op);
     ExpertGemv dn{{mat(w.down), {}}, D, I, 1, L.h, L.hq.q, L.hq.d, L.ye, nullptr, nullptr, ch};
-    expert_gemv<1>(kind_of(w.down.all.type), dn, chunks, grouped, st, op);
+    if (tensor_core_path(w, T)) {
+        detail::launch(op, expert_mma_kernel<2>, dim3(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), dim3(kTcWarps * 32), 0,
+                       st, gu);
+        ALLOY_CUDA_LAUNCHED(op);
+        detail::launch(op, expert_mma_kernel<1>, dim3(chunks, unsigned(ceil_div(D, kTcRowsPerBlock))), dim3(kTcWarps * 32), 0,
+                       st, dn);
+        ALLOY_CUDA_LAUNCHED(op);
+    } else {
+        expert_gemv<2>(kind_of(w.gate.all.type), gu, chunks, grouped, st, op);
+        expert_gemv<1>(kind_of(w.down.all.type), dn, chunks, grouped, st, op);
+    }
 
     // The shared expert and its gate (the matmuls' own paths; x's quantization reused).
     if (w.has_shared()) {
@@ -514,7 +693,7 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
         matmul(w.shexp_down, L.sh, L.sy, T, L.mm, st);
         matmul(w.shexp_router, x, L.sg, T, L.mm, st, w.shexp_router.type == GgmlType::Q8_0 && L.xq.q ? &L.xq : nullptr);
     }
-    detail::launch(op, combine_kernel, dim3(unsigned(T)), dim3(kThreads), 0, st, static_cast<const float*>(L.ye),
+    detail::launch(op, combine_kernel, dim3(unsigned(T), unsigned(ceil_div(D, kThreads))), dim3(kThreads), 0, st, static_cast<const float*>(L.ye),
                    static_cast<const int32_t*>(L.ids), static_cast<const float*>(L.wt), k, D,
                    static_cast<const float*>(w.has_shared() ? L.sg : nullptr), static_cast<const float*>(L.sy), y);
     ALLOY_CUDA_LAUNCHED(op);

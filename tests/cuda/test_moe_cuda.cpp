@@ -1,7 +1,8 @@
 // cuda::moe_ffn (kernels/cuda/moe.cu) against ref::moe_ffn on random layers: F32, BF16 and
 // Q8_0 experts, odd expert counts and widths, separate and fused gate/up, with and without the
 // shared expert, token counts on both sides of kMoeDirectMaxT (one pair per chunk / grouped by
-// expert, chunks of 1..8 pairs); calls of up to kMoeDirectMaxT tokens reproduce 1-token calls
+// expert: chunks of 1..8 pairs on the GEMV kernels, of 1..32 on the int8 tensor-core kernels
+// that grouped Q8_0 calls take); calls of up to kMoeDirectMaxT tokens reproduce 1-token calls
 // bit for bit; unsupported weights are refused by name. Skips without a CUDA device (CI).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -86,7 +87,9 @@ TEST_F(CudaMoe, EveryTypeAndShapeAgainstReference) {
         for (const Shape& s : shapes) {
             const Layer L(s, t, GgmlType::F32, seed++);
             const DeviceLayer D(L.w);
-            for (int64_t T : {1, 3, 16, 17, 45}) {  // 17, 45: grouped by expert (4 experts x 45: chunks of 8, 8, 6)
+            // 17, 45, 100: grouped by expert (4 experts, k 2, T 100: ~50 pairs an expert, so
+            // chunks of 32 and a partial one on the tensor-core path)
+            for (int64_t T : {1, 3, 16, 17, 45, 100}) {
                 const auto x = test::routed_input(L.w, T, 0.05f, seed++);
                 std::vector<float> want(x.size());
                 ref::moe_ffn(L.w, x.data(), want.data(), T);

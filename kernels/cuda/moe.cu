@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -291,8 +292,8 @@ __device__ __forceinline__ float small_int_to_float(int i) {
 // One chunk (an expert and up to kTcChunkT of its pairs) x kTcRowsPerBlock rows; each warp its
 // own 32 rows, no block barrier. Same input and output contract as expert_gemv_kernel<Q8, .., kM>
 // (a.out for kM = 1; a.oq / a.od only for kM = 2: the down is Q8_0 on this path).
-template <int kM>
-__global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertGemv a) {
+template <int kM, int kU, int kMinB>
+__global__ void __launch_bounds__(kTcWarps * 32, kMinB) expert_mma_kernel(const ExpertGemv a, int prefetch) {
     detail::pdl_entry();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
     const int c = int(blockIdx.x);
@@ -301,21 +302,15 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
     if (r0 >= a.rows) return;  // rows % 32 == 0 on this path: a warp's rows are all in or all out
     const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
     const int64_t n_in = a.n_in, nb = n_in / 32;
-    // The B side: pair 8 j + gq of the chunk (padding repeats the last); the epilogue's columns:
-    // pairs 8 j + 2 tq + e.
-    const int8_t* xb[kTcN];
-    const float* xd[kTcN][2];
-    int32_t col_pair[kTcN][2];
+    // The B side: pair 8 j + gq of the chunk (padding repeats the last), its int8 row and the
+    // scales of the epilogue's columns (pairs 8 j + 2 tq + e), as 32-bit offsets from a.xq / a.xd
+    // (tensor_core_path keeps P x n_in below 2^31): registers decide the blocks per SM here.
+    int xo[kTcN], xdo[kTcN][2];
 #pragma unroll
     for (int j = 0; j < kTcN; ++j) {
-        const int64_t in = a.ch.pair_of[f + min(8 * j + gq, n - 1)] / a.in_div;
-        xb[j] = a.xq + in * n_in + 8 * tq;
+        xo[j] = int(a.ch.pair_of[f + min(8 * j + gq, n - 1)] / a.in_div * n_in) + 8 * tq;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int t = 8 * j + 2 * tq + e;
-            col_pair[j][e] = t < n ? a.ch.pair_of[f + t] : -1;
-            xd[j][e] = a.xd + (a.ch.pair_of[f + min(t, n - 1)] / a.in_div) * nb;
-        }
+        for (int e = 0; e < 2; ++e) xdo[j][e] = int(a.ch.pair_of[f + min(8 * j + 2 * tq + e, n - 1)] / a.in_div * nb);
     }
     // The A side: rows r0 + 16 i + 8 h + gq of each matrix (one pointer a matrix, the four
     // rows at 32-bit offsets: 64-bit pointers per row took the kernel to 255 registers).
@@ -337,10 +332,17 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
             for (int j = 0; j < kTcN; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
-#pragma unroll 1
+#pragma unroll kU
     for (int64_t b = 0; b < nb; ++b) {
         uint2 w[kM][2][2];
         float dw[kM][2][2];
+        // EXPERIMENT: `prefetch` k-blocks ahead into L2 (no registers held; lanes tq 0 only).
+        if (prefetch && tq == 0 && b + prefetch < nb)
+#pragma unroll
+            for (int m = 0; m < kM; ++m)
+#pragma unroll
+                for (int r = 0; r < 4; ++r)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(wq[m] + r * q_step + (b + prefetch) * 32));
 #pragma unroll
         for (int m = 0; m < kM; ++m)
 #pragma unroll
@@ -354,9 +356,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
         float dx[kTcN][2];
 #pragma unroll
         for (int j = 0; j < kTcN; ++j) {
-            x[j] = __ldg(reinterpret_cast<const uint2*>(xb[j] + b * 32));
-            dx[j][0] = __ldg(xd[j][0] + b);
-            dx[j][1] = __ldg(xd[j][1] + b);
+            x[j] = __ldg(reinterpret_cast<const uint2*>(a.xq + xo[j] + b * 32));
+            dx[j][0] = __ldg(a.xd + xdo[j][0] + b);
+            dx[j][1] = __ldg(a.xd + xdo[j][1] + b);
         }
 #pragma unroll
         for (int m = 0; m < kM; ++m)
@@ -371,6 +373,11 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
                         acc[m][i][j][e] = fmaf(dw[m][i][e >> 1] * dx[j][e & 1], small_int_to_float(s[e]), acc[m][i][j][e]);
                 }
     }
+    int32_t col_pair[kTcN][2];  // the pair of column 8 j + 2 tq + e, -1 past the chunk's n
+#pragma unroll
+    for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) col_pair[j][e] = 8 * j + 2 * tq + e < n ? a.ch.pair_of[f + 8 * j + 2 * tq + e] : -1;
     if constexpr (kM == 1) {
 #pragma unroll
         for (int i = 0; i < 2; ++i)
@@ -430,8 +437,11 @@ __global__ void __launch_bounds__(32) route_kernel(const float* __restrict__ log
     sum = detail::warp_sum_all(sum);
     for (int e = lane; e < E; e += 32) p[e] /= sum;
     __syncwarp();
-    float top = 0.0f;
-    int32_t chosen[kMaxUsed];
+    // Rank i's id and probability stay in lane i's registers: the old loop stored each weight
+    // to global memory and read it back to renormalise, a dependent round trip per rank (the
+    // kernel took 7.7 us at decode, ncu).
+    float top = 0.0f, mine_w = 0.0f;
+    int32_t mine_id = 0;
     for (int i = 0; i < k; ++i) {
         float bv = -1.0f;
         int bi = E;
@@ -443,19 +453,16 @@ __global__ void __launch_bounds__(32) route_kernel(const float* __restrict__ log
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
         }
-        chosen[i] = bi;
         top += bv;
+        if (lane == i) mine_w = bv, mine_id = bi;
         __syncwarp();
         if (lane == 0) p[bi] = -2.0f;  // taken (probabilities are >= 0)
         __syncwarp();
-        if (lane == 0) wt[int64_t(blockIdx.x) * k + i] = bv;
     }
-    __syncwarp();
-    if (lane == 0)
-        for (int i = 0; i < k; ++i) {
-            ids[int64_t(blockIdx.x) * k + i] = chosen[i];
-            wt[int64_t(blockIdx.x) * k + i] /= top;
-        }
+    if (lane < k) {
+        ids[int64_t(blockIdx.x) * k + lane] = mine_id;
+        wt[int64_t(blockIdx.x) * k + lane] = mine_w / top;
+    }
 }
 
 // The P pairs grouped by expert, in chunks of up to `chunk`: one block. The order of the
@@ -498,12 +505,14 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restri
                                                            const float* __restrict__ sg, const float* __restrict__ sy,
                                                            float* __restrict__ y) {
     detail::pdl_entry();
-    __shared__ int order[kMaxUsed];
+    __shared__ int order[kMaxUsed], id[kMaxUsed];
     const int64_t t = blockIdx.x;
-    if (threadIdx.x == 0) {  // the token's ranks by increasing expert id (k is small)
+    if (threadIdx.x < k) id[threadIdx.x] = ids[t * k + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the token's ranks by increasing expert id (k is small), in shared memory
         for (int i = 0; i < k; ++i) order[i] = i;
         for (int i = 1; i < k; ++i)
-            for (int j = i; j > 0 && ids[t * k + order[j]] < ids[t * k + order[j - 1]]; --j) {
+            for (int j = i; j > 0 && id[order[j]] < id[order[j - 1]]; --j) {
                 const int o = order[j];
                 order[j] = order[j - 1], order[j - 1] = o;
             }
@@ -538,10 +547,11 @@ struct MoeLayout {
     size_t bytes;
 };
 
-// The tensor-core path: grouped calls with every expert matrix Q8_0.
+// The tensor-core path: grouped calls with every expert matrix Q8_0, whose pair rows index in
+// 32 bits (P x max(D, I) < 2^31).
 bool tensor_core_path(const ref::MoeWeights& w, int64_t T) {
     return T > kMoeDirectMaxT && w.gate.all.type == GgmlType::Q8_0 && w.up.all.type == GgmlType::Q8_0 &&
-           w.down.all.type == GgmlType::Q8_0;
+           w.down.all.type == GgmlType::Q8_0 && T * w.n_used * std::max(w.n_embd(), w.gate.rows) < (int64_t(1) << 31);
 }
 int chunk_pairs(const ref::MoeWeights& w, int64_t T) { return tensor_core_path(w, T) ? kTcChunkT : kChunkT; }
 int64_t max_chunks(int64_t P, int E, int chunk) { return std::min<int64_t>(P, P / chunk + E); }
@@ -671,11 +681,18 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
     ExpertGemv gu{{mat(w.gate), mat(w.up)}, I, D, k, x, L.xq.q, L.xq.d, L.h, L.hq.q, L.hq.d, ch};
     ExpertGemv dn{{mat(w.down), {}}, D, I, 1, L.h, L.hq.q, L.hq.d, L.ye, nullptr, nullptr, ch};
     if (tensor_core_path(w, T)) {
-        detail::launch(op, expert_mma_kernel<2>, dim3(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), dim3(kTcWarps * 32), 0,
-                       st, gu);
+        // EXPERIMENT (A/B in one device call): ALLOY_MOE_MMA_VARIANT 0: unroll 1; 1: gate/up
+        // capped at 128 registers (4 blocks / SM); 2: unroll 2. ALLOY_MOE_PREFETCH: L2 prefetch distance.
+        static const int variant = [] { const char* e = getenv("ALLOY_MOE_MMA_VARIANT"); return e ? atoi(e) : 0; }();
+        static const int pf = [] { const char* e = getenv("ALLOY_MOE_PREFETCH"); return e ? atoi(e) : 0; }();
+        const dim3 g2(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), g1(chunks, unsigned(ceil_div(D, kTcRowsPerBlock)));
+        const dim3 blk(kTcWarps * 32);
+        if (variant == 1) detail::launch(op, expert_mma_kernel<2, 1, 4>, g2, blk, 0, st, gu, pf);
+        else if (variant == 2) detail::launch(op, expert_mma_kernel<2, 2, 1>, g2, blk, 0, st, gu, pf);
+        else detail::launch(op, expert_mma_kernel<2, 1, 1>, g2, blk, 0, st, gu, pf);
         ALLOY_CUDA_LAUNCHED(op);
-        detail::launch(op, expert_mma_kernel<1>, dim3(chunks, unsigned(ceil_div(D, kTcRowsPerBlock))), dim3(kTcWarps * 32), 0,
-                       st, dn);
+        if (variant == 2) detail::launch(op, expert_mma_kernel<1, 2, 1>, g1, blk, 0, st, dn, pf);
+        else detail::launch(op, expert_mma_kernel<1, 1, 1>, g1, blk, 0, st, dn, pf);
         ALLOY_CUDA_LAUNCHED(op);
     } else {
         expert_gemv<2>(kind_of(w.gate.all.type), gu, chunks, grouped, st, op);

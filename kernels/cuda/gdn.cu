@@ -68,13 +68,16 @@ __device__ __forceinline__ float warp_sum(float x) {
 // access, so a warp reads a 512-byte state column in one instruction).
 
 // kElems values of a d_k-long row into registers (zero past d_k).
-template <bool kVec, int N>
+// kCs: the state's streaming form (ld/st.global.cs: evict first), for batches whose states are
+// read and written once each (EXPERIMENT: ALLOY_GDN_DELTA_CS=1, B = 32 decode).
+template <bool kVec, int N, bool kCs = false>
 __device__ __forceinline__ void load_row(const float* __restrict__ p, int d_k, int lane, float (&x)[N]) {
     if constexpr (kVec) {
 #pragma unroll
         for (int e4 = 0; e4 < N / 4; ++e4) {
             const int i = 128 * e4 + 4 * lane;
-            const float4 f = i < d_k ? *reinterpret_cast<const float4*>(p + i) : make_float4(0, 0, 0, 0);
+            const float4 f = i < d_k ? (kCs ? __ldcs(reinterpret_cast<const float4*>(p + i)) : *reinterpret_cast<const float4*>(p + i))
+                                     : make_float4(0, 0, 0, 0);
             x[4 * e4] = f.x, x[4 * e4 + 1] = f.y, x[4 * e4 + 2] = f.z, x[4 * e4 + 3] = f.w;
         }
     } else {
@@ -86,13 +89,17 @@ __device__ __forceinline__ void load_row(const float* __restrict__ p, int d_k, i
     }
 }
 
-template <bool kVec, int N>
+template <bool kVec, int N, bool kCs = false>
 __device__ __forceinline__ void store_row(float* __restrict__ p, int d_k, int lane, const float (&x)[N]) {
     if constexpr (kVec) {
 #pragma unroll
         for (int e4 = 0; e4 < N / 4; ++e4) {
             const int i = 128 * e4 + 4 * lane;
-            if (i < d_k) *reinterpret_cast<float4*>(p + i) = make_float4(x[4 * e4], x[4 * e4 + 1], x[4 * e4 + 2], x[4 * e4 + 3]);
+            const float4 f = make_float4(x[4 * e4], x[4 * e4 + 1], x[4 * e4 + 2], x[4 * e4 + 3]);
+            if (i < d_k) {
+                if constexpr (kCs) __stcs(reinterpret_cast<float4*>(p + i), f);
+                else *reinterpret_cast<float4*>(p + i) = f;
+            }
         }
     } else {
 #pragma unroll
@@ -247,7 +254,7 @@ __device__ __forceinline__ void delta_tokens(float (&s)[kC][kE], int j0, int h, 
 
 // One wave: a warp per kC columns of a (sequence, head) (the grid's x: column blocks, y: head,
 // z: sequence); the small-batch path.
-template <bool kVec, bool kPrep, int kE, int kC>
+template <bool kVec, bool kPrep, int kE, int kC, bool kCs = false>
 __global__ void __launch_bounds__(kWarps * 32, kC == 4 ? ALLOY_GDN_DELTA_MINB : 1) delta_serial_kernel(DELTA_PARAMS) {
     detail::pdl_entry();
     const int seq = blockIdx.z, h = blockIdx.y;
@@ -264,7 +271,7 @@ __global__ void __launch_bounds__(kWarps * 32, kC == 4 ? ALLOY_GDN_DELTA_MINB : 
     float s[kC][kE];
 #pragma unroll
     for (int c = 0; c < kC; ++c) {
-        if (j0 + c < d_v) load_row<kVec, kE>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
+        if (j0 + c < d_v) load_row<kVec, kE, kCs>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
         else
 #pragma unroll
             for (int e = 0; e < kE; ++e) s[c][e] = 0.0f;
@@ -274,7 +281,7 @@ __global__ void __launch_bounds__(kWarps * 32, kC == 4 ? ALLOY_GDN_DELTA_MINB : 
     delta_tokens<kVec, kPrep, kE, kC>(s, j0, h, kh, t0, t1, lane, DELTA_INPUTS);
 #pragma unroll
     for (int c = 0; c < kC; ++c)
-        if (j0 + c < d_v) store_row<kVec, kE>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
+        if (j0 + c < d_v) store_row<kVec, kE, kCs>(S + (size_t)(j0 + c) * d_k, d_k, lane, s[c]);
 }
 
 // ---- fused layer op (serial), in three launches: conv + SiLU, the delta rule with norms and
@@ -1104,7 +1111,9 @@ void launch_delta(const DeltaArgs& A, bool prep, int n_seqs, void* stream, const
     };
     auto pick = [&](auto prep_c) {
         constexpr bool P = decltype(prep_c)::value;
-        if (small && wide) vec ? run(delta_serial_kernel<true, P, 4, 4>) : run(delta_serial_kernel<false, P, 4, 4>);
+        static const bool cs = [] { const char* e = getenv("ALLOY_GDN_DELTA_CS"); return e && atoi(e) == 1; }();
+        if (small && wide && vec && cs) run(delta_serial_kernel<true, P, 4, 4, true>);
+        else if (small && wide) vec ? run(delta_serial_kernel<true, P, 4, 4>) : run(delta_serial_kernel<false, P, 4, 4>);
         else if (small) vec ? run(delta_serial_kernel<true, P, 4, 2>) : run(delta_serial_kernel<false, P, 4, 2>);
         else if (wide) vec ? run(delta_serial_kernel<true, P, kElems, 4>) : run(delta_serial_kernel<false, P, kElems, 4>);
         else vec ? run(delta_serial_kernel<true, P, kElems, 2>) : run(delta_serial_kernel<false, P, kElems, 2>);

@@ -99,11 +99,14 @@ __device__ __forceinline__ int4 ld_stream16(const void* p) {
     return v;
 }
 
-template <WKind kW, int kT, int kM>
-__global__ void __launch_bounds__(kThreads) expert_gemv_kernel(const ExpertGemv a) {
+// kKS: warps splitting each row's k range (kKS x 8 warps a block): the parts' butterfly sums
+// add in part order, so a kernel's bits do not depend on the call (EXPERIMENT at decode: 2).
+template <WKind kW, int kT, int kM, int kKS>
+__global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const ExpertGemv a) {
     detail::pdl_entry();  // the chunk's expert is an earlier kernel's output
     __shared__ float hs[kT][kRowsPerBlock];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ float part[kKS][kM][kT][kRowsPerBlock];
+    const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) % (kThreads / 32), kp = (threadIdx.x >> 5) / (kThreads / 32);
     // This block's chunk: its expert and pairs.
     int expert, n = 1;
     int32_t pair[kT];
@@ -148,9 +151,10 @@ __global__ void __launch_bounds__(kThreads) expert_gemv_kernel(const ExpertGemv 
             }
         }
         const int half = lane & 1;
-        for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int64_t b_begin = nb * kp / kKS, b_end = nb * (kp + 1) / kKS;
+        for (int64_t b0 = b_begin; b0 < b_end; b0 += 16) {
             const int64_t b = b0 + (lane >> 1);
-            if (b >= nb) continue;
+            if (b >= b_end) continue;
             int4 w[kM][kRowsPerWarp];
             float dw[kM][kRowsPerWarp];
 #pragma unroll
@@ -192,9 +196,10 @@ __global__ void __launch_bounds__(kThreads) expert_gemv_kernel(const ExpertGemv 
                 W[m][r] = reinterpret_cast<const uint4*>(a.m[m].data + row * n_in * kElem);
             }
         }
-        for (int64_t c0 = 0; c0 < nc; c0 += 32) {
+        const int64_t c_begin = nc * kp / kKS, c_end = nc * (kp + 1) / kKS;
+        for (int64_t c0 = c_begin; c0 < c_end; c0 += 32) {
             const int64_t cc = c0 + lane;
-            if (cc >= nc) continue;
+            if (cc >= c_end) continue;
             float wf[kM][kRowsPerWarp][8];
 #pragma unroll
             for (int m = 0; m < kM; ++m)
@@ -241,22 +246,35 @@ __global__ void __launch_bounds__(kThreads) expert_gemv_kernel(const ExpertGemv 
             }
         }
     }
-    // Butterfly sums (every lane the same bits), then the row's value per pair.
+    // Butterfly sums (every lane the same bits), the k parts added in order, then the row's
+    // value per pair.
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r)
+    for (int m = 0; m < kM; ++m)
 #pragma unroll
-        for (int t = 0; t < kT; ++t) {
-            float v = detail::warp_sum_all(acc[0][r][t]);
-            if constexpr (kM == 2) {
-                const float u = detail::warp_sum_all(acc[1][r][t]);
-                v = v * detail::sigmoid(v) * u;  // silu(g) * u, as elementwise.cu's SwiGLU
+        for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+            for (int t = 0; t < kT; ++t) {
+                const float v = detail::warp_sum_all(acc[m][r][t]);
+                if (lane == 0) part[kp][m][t][warp * kRowsPerWarp + r] = v;
             }
-            if (lane == 0) hs[t][warp * kRowsPerWarp + r] = v;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kT * kRowsPerBlock; i += kThreads * kKS) {
+        const int t = i / kRowsPerBlock, row = i % kRowsPerBlock;
+        float v = part[0][0][t][row];
+#pragma unroll
+        for (int q = 1; q < kKS; ++q) v += part[q][0][t][row];
+        if constexpr (kM == 2) {
+            float u = part[0][1][t][row];
+#pragma unroll
+            for (int q = 1; q < kKS; ++q) u += part[q][1][t][row];
+            v = v * detail::sigmoid(v) * u;  // silu(g) * u, as elementwise.cu's SwiGLU
         }
+        hs[t][row] = v;
+    }
     __syncthreads();
     // Warp t stores pair t's 32 values (and, for a Q8_0 down, their quantization).
     const int64_t row = int64_t(blockIdx.y) * kRowsPerBlock + lane;
-    for (int t = warp; t < kT; t += kThreads / 32) {
+    for (int t = int(threadIdx.x >> 5); t < kT; t += kThreads * kKS / 32) {
         if (t >= n) break;
         const float v = hs[t][lane];
         if (row < a.rows) a.out[int64_t(pair[t]) * a.rows + row] = v;
@@ -287,6 +305,58 @@ __device__ __forceinline__ uint2 ld_stream8(const void* p) {
 // integer added to the mantissa of 1.5 * 2^23, then that subtracted. Exact.
 __device__ __forceinline__ float small_int_to_float(int i) {
     return __int_as_float(0x4B400000 + i) - 12582912.0f;
+}
+
+// The tensor-core kernels' stores: kM = 1 the product rows, kM = 2 silu(g) * u quantized per
+// pair and 32 rows (the warp's), as quantize_block32.
+template <int kM>
+__device__ __forceinline__ void mma_epilogue(const ExpertGemv& a, const float (&acc)[kM][2][kTcN][4], int64_t r0, int f, int n,
+                                             int gq, int tq) {
+    int32_t col_pair[kTcN][2];  // the pair of column 8 j + 2 tq + e, -1 past the chunk's n
+#pragma unroll
+    for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) col_pair[j][e] = 8 * j + 2 * tq + e < n ? a.ch.pair_of[f + 8 * j + 2 * tq + e] : -1;
+    if constexpr (kM == 1) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int32_t p = col_pair[j][e & 1];
+                    if (p >= 0) a.out[int64_t(p) * a.rows + r0 + 16 * i + 8 * (e >> 1) + gq] = acc[0][i][j][e];
+                }
+    } else {
+        // h = silu(g) * u, then each pair's 32 rows (this warp's) as one int8 block: the amax over
+        // the lane's 4 rows, then over the 8 lanes of a column (lane bits 2..4), as quantize_block32.
+#pragma unroll
+        for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+            for (int col = 0; col < 2; ++col) {
+                float v[2][2];
+                float amax = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float g = acc[0][i][j][2 * h + col], u = acc[1][i][j][2 * h + col];
+                        v[i][h] = g * detail::sigmoid(g) * u;  // silu(g) * u, as the GEMV kernel
+                        amax = fmaxf(amax, fabsf(v[i][h]));
+                    }
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+                const int32_t p = col_pair[j][col];
+                if (p < 0) continue;
+                const float sc = amax / 127.0f;
+                int8_t* q = a.oq + int64_t(p) * a.rows + r0;
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) q[16 * i + 8 * h + gq] = int8_t(sc > 0.0f ? __float2int_rn(v[i][h] / sc) : 0);
+                if (gq == 0) a.od[int64_t(p) * (a.rows / 32) + r0 / 32] = sc;
+            }
+    }
 }
 
 // One chunk (an expert and up to kTcChunkT of its pairs) x kTcRowsPerBlock rows; each warp its
@@ -373,51 +443,134 @@ __global__ void __launch_bounds__(kTcWarps * 32, kMinB) expert_mma_kernel(const 
                         acc[m][i][j][e] = fmaf(dw[m][i][e >> 1] * dx[j][e & 1], small_int_to_float(s[e]), acc[m][i][j][e]);
                 }
     }
-    int32_t col_pair[kTcN][2];  // the pair of column 8 j + 2 tq + e, -1 past the chunk's n
+    mma_epilogue<kM>(a, acc, r0, f, n, gq, tq);
+}
+
+// The same products with the weights streamed through shared memory (EXPERIMENT, variant 3):
+// each warp copies its own 32 rows (and its chunk's 32 input rows) kPipeKB blocks at a time
+// with cp.async, kPipeStages stages deep, so ~32 KB a warp are in flight instead of the 2 KB
+// that the register loads of expert_mma_kernel hold; no block barrier (a warp reads only what
+// it copied). Rows padded to 160 bytes: a half-warp's 8-byte fragment reads hit 32 banks.
+// Needs nb % kPipeKB == 0 (every published shape: D and I are multiples of 128).
+constexpr int kPipeKB = 4, kPipeStages = 3, kPipePitch = kPipeKB * 32 + 32;
+template <int kM>
+__host__ __device__ constexpr int pipe_stage_bytes() {
+    return (kM + 1) * 32 * kPipePitch + kM * 32 * kPipeKB * 2 + 32 * kPipeKB * 4;
+}
+template <int kM>
+constexpr size_t pipe_smem_bytes() { return size_t(kTcWarps) * kPipeStages * pipe_stage_bytes<kM>(); }
+
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    if (bytes == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+template <int kM>
+__global__ void __launch_bounds__(kTcWarps * 32, 1) expert_mma_pipe_kernel(const ExpertGemv a) {
+    detail::pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int c = int(blockIdx.x);
+    if (c >= *a.ch.n_chunks) return;
+    const int64_t r0 = int64_t(blockIdx.y) * kTcRowsPerBlock + warp * kTcRowsPerWarp;
+    if (r0 >= a.rows) return;
+    const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
+    const int64_t n_in = a.n_in, nb = n_in / 32;
+    unsigned char* my = smem + size_t(warp) * kPipeStages * pipe_stage_bytes<kM>();
+    // Stage layout: W [kM][32 rows][pitch], X [32 pairs][pitch], dW [kM][32][kPipeKB] f16, dX [32][kPipeKB] f32.
+    auto W_at = [&](int s, int m) { return my + s * pipe_stage_bytes<kM>() + m * 32 * kPipePitch; };
+    auto X_at = [&](int s) { return my + s * pipe_stage_bytes<kM>() + kM * 32 * kPipePitch; };
+    auto dW_at = [&](int s) { return reinterpret_cast<unsigned short*>(X_at(s) + 32 * kPipePitch); };
+    auto dX_at = [&](int s) { return reinterpret_cast<float*>(X_at(s) + 32 * kPipePitch + kM * 32 * kPipeKB * 2); };
+    // Copy sources: this lane's pair row (lane = pair slot) and weight rows (lane = row).
+    const int64_t in_row = a.ch.pair_of[f + min(lane, n - 1)] / a.in_div;
+    const int8_t* x_src = a.xq + in_row * n_in;
+    const float* xd_src = a.xd + in_row * nb;
+    const int8_t* w_src[kM];
+    const unsigned short* dw_src[kM];
 #pragma unroll
-    for (int j = 0; j < kTcN; ++j)
+    for (int m = 0; m < kM; ++m) {
+        const int64_t row = int64_t(expert) * a.m[m].stride + a.m[m].offset + r0 + lane;
+        w_src[m] = reinterpret_cast<const int8_t*>(a.m[m].data) + row * n_in;
+        dw_src[m] = reinterpret_cast<const unsigned short*>(a.m[m].data + a.m[m].n_all * n_in) + row * nb;
+    }
+    const int n_st = int(nb / kPipeKB);
+    // Lane l copies row l of every matrix and pair slot l's input: kPipeKB * 32 bytes = 8 x 16.
+    auto issue = [&](int st) {
+        const int s = st % kPipeStages;
+        const int64_t k0 = int64_t(st) * kPipeKB * 32, b0 = int64_t(st) * kPipeKB;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) col_pair[j][e] = 8 * j + 2 * tq + e < n ? a.ch.pair_of[f + 8 * j + 2 * tq + e] : -1;
-    if constexpr (kM == 1) {
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+            for (int q = 0; q < kPipeKB * 2; ++q) cp_async(W_at(s, m) + lane * kPipePitch + 16 * q, w_src[m] + k0 + 16 * q, 16);
+            cp_async(dW_at(s) + (m * 32 + lane) * kPipeKB, dw_src[m] + b0, 8);
+        }
+#pragma unroll
+        for (int q = 0; q < kPipeKB * 2; ++q) cp_async(X_at(s) + lane * kPipePitch + 16 * q, x_src + k0 + 16 * q, 16);
+        cp_async(dX_at(s) + lane * kPipeKB, xd_src + b0, 16);
+    };
+    float acc[kM][2][kTcN][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
             for (int j = 0; j < kTcN; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int32_t p = col_pair[j][e & 1];
-                    if (p >= 0) a.out[int64_t(p) * a.rows + r0 + 16 * i + 8 * (e >> 1) + gq] = acc[0][i][j][e];
-                }
-    } else {
-        // h = silu(g) * u, then each pair's 32 rows (this warp's) as one int8 block: the amax over
-        // the lane's 4 rows, then over the 8 lanes of a column (lane bits 2..4), as quantize_block32.
+                for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < kTcN; ++j)
+    for (int p = 0; p < kPipeStages - 1; ++p) {
+        if (p < n_st) issue(p);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    for (int st = 0; st < n_st; ++st) {
+        if (st + kPipeStages - 1 < n_st) issue(st + kPipeStages - 1);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(kPipeStages - 1) : "memory");
+        __syncwarp();
+        const int s = st % kPipeStages;
+        const unsigned short* dWs = dW_at(s);
+        const float* dXs = dX_at(s);
 #pragma unroll
-            for (int col = 0; col < 2; ++col) {
-                float v[2][2];
-                float amax = 0.0f;
+        for (int kb = 0; kb < kPipeKB; ++kb) {
+            uint2 w[kM][2][2];
+            float dw[kM][2][2];
+#pragma unroll
+            for (int m = 0; m < kM; ++m)
 #pragma unroll
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const float g = acc[0][i][j][2 * h + col], u = acc[1][i][j][2 * h + col];
-                        v[i][h] = g * detail::sigmoid(g) * u;  // silu(g) * u, as the GEMV kernel
-                        amax = fmaxf(amax, fabsf(v[i][h]));
+                        const int r = 16 * i + 8 * h + gq;
+                        w[m][i][h] = *reinterpret_cast<const uint2*>(W_at(s, m) + r * kPipePitch + kb * 32 + 8 * tq);
+                        dw[m][i][h] = __half2float(__ushort_as_half(dWs[(m * 32 + r) * kPipeKB + kb]));
                     }
+            uint2 x[kTcN];
+            float dx[kTcN][2];
 #pragma unroll
-                for (int o = 4; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-                const int32_t p = col_pair[j][col];
-                if (p < 0) continue;
-                const float sc = amax / 127.0f;
-                int8_t* q = a.oq + int64_t(p) * a.rows + r0;
+            for (int j = 0; j < kTcN; ++j) {
+                x[j] = *reinterpret_cast<const uint2*>(X_at(s) + (8 * j + gq) * kPipePitch + kb * 32 + 8 * tq);
+                dx[j][0] = dXs[(8 * j + 2 * tq) * kPipeKB + kb];
+                dx[j][1] = dXs[(8 * j + 2 * tq + 1) * kPipeKB + kb];
+            }
+#pragma unroll
+            for (int m = 0; m < kM; ++m)
 #pragma unroll
                 for (int i = 0; i < 2; ++i)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) q[16 * i + 8 * h + gq] = int8_t(sc > 0.0f ? __float2int_rn(v[i][h] / sc) : 0);
-                if (gq == 0) a.od[int64_t(p) * (a.rows / 32) + r0 / 32] = sc;
-            }
+                    for (int j = 0; j < kTcN; ++j) {
+                        int sum[4];
+                        mma_s8(sum, w[m][i][0], w[m][i][1], x[j]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            acc[m][i][j][e] = fmaf(dw[m][i][e >> 1] * dx[j][e & 1], small_int_to_float(sum[e]), acc[m][i][j][e]);
+                    }
+        }
+        __syncwarp();  // the next iteration's copy overwrites this stage's buffer
     }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    mma_epilogue<kM>(a, acc, r0, f, n, gq, tq);
 }
 
 // Router logits [T, E] -> ids [T, k] by decreasing probability (ties to the lower id) and
@@ -624,8 +777,11 @@ void check_moe(const ref::MoeWeights& w, int64_t T, const char* op) {
 template <WKind kW, int kM>
 void launch_expert_gemv(const ExpertGemv& a, unsigned chunks, bool grouped, cudaStream_t st, const char* op) {
     const dim3 grid(chunks, unsigned(ceil_div(a.rows, kRowsPerBlock)));
-    if (grouped) detail::launch(op, expert_gemv_kernel<kW, kChunkT, kM>, grid, dim3(kThreads), 0, st, a);
-    else detail::launch(op, expert_gemv_kernel<kW, 1, kM>, grid, dim3(kThreads), 0, st, a);
+    // EXPERIMENT: ALLOY_MOE_GEMV_KSPLIT=2 splits each row's k range over two warps at decode.
+    static const int ks = [] { const char* e = getenv("ALLOY_MOE_GEMV_KSPLIT"); return e ? atoi(e) : 1; }();
+    if (grouped) detail::launch(op, expert_gemv_kernel<kW, kChunkT, kM, 1>, grid, dim3(kThreads), 0, st, a);
+    else if (ks == 2) detail::launch(op, expert_gemv_kernel<kW, 1, kM, 2>, grid, dim3(2 * kThreads), 0, st, a);
+    else detail::launch(op, expert_gemv_kernel<kW, 1, kM, 1>, grid, dim3(kThreads), 0, st, a);
     ALLOY_CUDA_LAUNCHED(op);
 }
 
@@ -687,11 +843,19 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
         static const int pf = [] { const char* e = getenv("ALLOY_MOE_PREFETCH"); return e ? atoi(e) : 0; }();
         const dim3 g2(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), g1(chunks, unsigned(ceil_div(D, kTcRowsPerBlock)));
         const dim3 blk(kTcWarps * 32);
-        if (variant == 1) detail::launch(op, expert_mma_kernel<2, 1, 4>, g2, blk, 0, st, gu, pf);
+        const bool pipe = variant == 3 && (D / 32) % kPipeKB == 0 && (I / 32) % kPipeKB == 0;
+        if (pipe) {
+            ALLOY_CUDA_CHECK(op, cudaFuncSetAttribute(expert_mma_pipe_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      int(pipe_smem_bytes<2>())));
+            ALLOY_CUDA_CHECK(op, cudaFuncSetAttribute(expert_mma_pipe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      int(pipe_smem_bytes<1>())));
+            detail::launch(op, expert_mma_pipe_kernel<2>, g2, blk, pipe_smem_bytes<2>(), st, gu);
+        } else if (variant == 1) detail::launch(op, expert_mma_kernel<2, 1, 4>, g2, blk, 0, st, gu, pf);
         else if (variant == 2) detail::launch(op, expert_mma_kernel<2, 2, 1>, g2, blk, 0, st, gu, pf);
         else detail::launch(op, expert_mma_kernel<2, 1, 1>, g2, blk, 0, st, gu, pf);
         ALLOY_CUDA_LAUNCHED(op);
-        if (variant == 2) detail::launch(op, expert_mma_kernel<1, 2, 1>, g1, blk, 0, st, dn, pf);
+        if (pipe) detail::launch(op, expert_mma_pipe_kernel<1>, g1, blk, pipe_smem_bytes<1>(), st, dn);
+        else if (variant == 2) detail::launch(op, expert_mma_kernel<1, 2, 1>, g1, blk, 0, st, dn, pf);
         else detail::launch(op, expert_mma_kernel<1, 1, 1>, g1, blk, 0, st, dn, pf);
         ALLOY_CUDA_LAUNCHED(op);
     } else {

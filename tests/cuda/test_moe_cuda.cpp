@@ -78,7 +78,10 @@ protected:
 
 TEST_F(CudaMoe, EveryTypeAndShapeAgainstReference) {
     // Q8_0 rows are whole 32-blocks; the 16-bit kernels take multiples of 8.
-    const std::vector<Shape> blocks = {{96, 64, 32, 7, 3, false}, {64, 32, 0, 4, 2, true}, {64, 96, 32, 130, 8, false}};
+    // {256, 128, ...}: D and I multiples of 128, the published shapes' case (whole 4-block
+    // stages for the pipelined tensor-core kernel).
+    const std::vector<Shape> blocks = {{96, 64, 32, 7, 3, false}, {64, 32, 0, 4, 2, true}, {64, 96, 32, 130, 8, false},
+                                       {256, 128, 64, 9, 3, false}};
     const std::vector<Shape> odd = {{40, 24, 16, 5, 2, false}, {40, 24, 0, 5, 5, true}, {72, 48, 40, 6, 1, false}};
     uint32_t seed = 1;
     for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0}) {

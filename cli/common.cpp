@@ -56,6 +56,25 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
     return e;
 }
 
+void SpecOptions::add_to(CLI::App* cmd) {
+    cmd->add_option("--spec", mode,
+                    "speculative decoding: off | ngram (prompt lookup). Exact: greedy output (--temp 0) is token for "
+                    "token plain decode's; sampled requests (temperature > 0) decode without drafts")
+        ->capture_default_str();
+    cmd->add_option("--spec-k", k, "with --spec: drafts verified per step, 1..3")->capture_default_str();
+}
+
+void SpecOptions::validate() const {
+    if (mode != "off" && mode != "ngram") throw Error("--spec must be 'off' or 'ngram', got '" + mode + "'");
+    if (k < 1 || k > 3) throw Error("--spec-k must be in [1, 3] (drafts per step), got " + std::to_string(k));
+}
+
+void SpecOptions::apply(alloy::EngineOptions& e) const {
+    validate();
+    e.spec = mode;
+    e.spec_k = k;
+}
+
 std::string ModelOptions::model_path() const { return model.empty() ? default_model_path() : resolve_model(model); }
 
 std::string models_dir() {

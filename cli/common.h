@@ -31,6 +31,16 @@ struct ModelOptions {
     alloy::EngineOptions engine_options(int n_parallel) const;
 };
 
+// Speculative decoding for the commands that generate (run, serve): EngineOptions::spec, spec_k.
+struct SpecOptions {
+    std::string mode = "off";  // --spec: off | ngram
+    int k = 1;                 // --spec-k: drafts per step, 1..3
+    void add_to(CLI::App* cmd);
+    // Throws naming the flag (--spec, --spec-k) whose value is wrong.
+    void validate() const;
+    void apply(alloy::EngineOptions& e) const;  // validated
+};
+
 // -m as a path or a model name. A path: an existing file, or a value with a '/' or ending in
 // ".gguf" / ".json" (a missing one is the loader's error, naming it). Else a name, found in the
 // models folder ($ALLOY_MODELS, default ~/.cache/alloy/models) as NAME.gguf or NAME; an unknown

@@ -10,11 +10,13 @@ namespace alloy::cli {
 void add_run_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("run", "generate text (default model: a tiny synthetic one)");
     static ModelOptions eo;
+    static SpecOptions spec;
     static std::string prompt, ids_text;
     static int n_predict = 64;
     static SamplingOptions sp;
     static bool print_ids = false, chat = false, no_think = false, ignore_eos = false;
     eo.add_to(cmd, false);
+    spec.add_to(cmd);
     cmd->add_option("-p,--prompt", prompt, "prompt text");
     cmd->add_option("--ids", ids_text, "prompt as token ids instead of text");
     cmd->add_option("-n,--n-predict", n_predict, "tokens to generate")->capture_default_str();
@@ -30,7 +32,10 @@ void add_run_command(CLI::App& app) {
     cmd->callback([] {
         if (n_predict < 0) throw Error("-n must be >= 0");
         if (prompt.empty() == ids_text.empty()) throw Error("give exactly one of -p/--prompt and --ids");
-        Engine engine(eo.engine_options(1));
+        spec.validate();  // before the model loads
+        EngineOptions options = eo.engine_options(1);
+        spec.apply(options);
+        Engine engine(options);
         GenerationRequest req;
         if (!ids_text.empty()) {
             req.prompt = parse_ids(ids_text);
@@ -55,9 +60,15 @@ void add_run_command(CLI::App& app) {
             });
         std::printf("\n");
         const int generated = int(r.ids.size());
-        std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s (%.1f tok/s)\n",
+        std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s (%.1f tok/s)",
                      n_prompt, r.prompt_seconds, double(n_prompt) / r.prompt_seconds, generated, r.generate_seconds,
                      generated > 1 ? double(generated - 1) / r.generate_seconds : 0.0);
+        if (spec.mode != "off" && sp.temperature != 0)  // sampled requests draft nothing: say so, not "0 of 0"
+            std::fprintf(stderr, "; spec %s: off for sampling (--temp > 0)", spec.mode.c_str());
+        else if (spec.mode != "off")
+            std::fprintf(stderr, "; spec %s: %d of %d drafts accepted (%.1f%%)", spec.mode.c_str(), r.n_accepted,
+                         r.n_drafted, r.n_drafted ? 100.0 * r.n_accepted / r.n_drafted : 0.0);
+        std::fprintf(stderr, "\n");
     });
 }
 

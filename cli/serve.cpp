@@ -84,10 +84,12 @@ private:
 void add_serve_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
     static ModelOptions eo;
+    static SpecOptions spec;
     static std::string host = "127.0.0.1", alias, api_key, reasoning_format = "deepseek";
     static int port = 8080, parallel = 4, cache_ram = 2048, checkpoint_every = 1024;
     static double shutdown_timeout = 10;
     eo.add_to(cmd, false);
+    spec.add_to(cmd);
     cmd->add_option("--host", host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", port, "port to listen on (0: any free port)")->capture_default_str();
     cmd->add_option("--parallel", parallel, "-np: requests served at once (state slots; --ctx is per request)")
@@ -108,6 +110,7 @@ void add_serve_command(CLI::App& app) {
                     "on SIGTERM/SIGINT: seconds the requests in flight get to finish before they are cancelled")
         ->capture_default_str();
     cmd->callback([] {
+        spec.validate();
         if (port < 0 || port > 65535) throw Error("--port must be in [0, 65535], got " + std::to_string(port));
         server::ServerOptions so;
         so.host = host;
@@ -128,6 +131,7 @@ void add_serve_command(CLI::App& app) {
         EngineOptions e = eo.engine_options(parallel);
         e.cache_ram_mib = cache_ram;
         e.checkpoint_every = checkpoint_every;
+        spec.apply(e);
         Engine engine(e);
         server::Server srv(engine, so);
         const int bound = srv.bind();

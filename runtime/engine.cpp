@@ -13,6 +13,14 @@
 // sequence or row. So with up to 16 requests at once a request's tokens are those it would get
 // alone. Mixed steps would put decode rows through the GEMM (another summation order: with
 // int8-rounded activations ~1e-2 on a logit) and prune no last layer for the prompt.
+// Speculative decoding (EngineOptions::spec): a greedy request's decode row becomes its token
+// plus up to spec_k drafts (runtime/speculative.h: verification through the serial kernel, the
+// same acceptance rule and rollback as verify_greedy), and drafts are given out only while the
+// step stays within 16 tokens, so the GEMV guarantee above still covers every row. Several
+// tokens of one request can then be accepted in a step: they are taken one at a time through
+// the same checks as decoded ones (end of generation, stop strings, max_tokens), and a request
+// that finishes inside an accepted run has its slot rolled back to exactly the tokens it
+// emitted but the last (the state plain decode leaves) before its end-of-generation checkpoint.
 #include "alloy/engine.h"
 
 #include <algorithm>
@@ -30,6 +38,7 @@
 #include <unordered_set>
 
 #include "alloy/error.h"
+#include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "runtime/json_constraint.h"
 #include "runtime/model_runner.h"
@@ -38,6 +47,7 @@
 #include "runtime/engine_options.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/slot_cache.h"
+#include "runtime/speculative.h"
 #include "runtime/stop_filter.h"
 
 namespace alloy {
@@ -62,6 +72,13 @@ struct Sequence {
     std::optional<StopFilter> filter;
     std::optional<JsonPrefix> json;  // request.format JsonObject: the text so far, as a JSON prefix
     bool json_on = false;            // the constraint applies (after format_after, when set)
+    // Speculative decoding: the drafter's context (the prompt, then every token taken), this
+    // step's fed tokens (next, then its drafts), the slot before a verification step and how
+    // many tokens the request had taken when the step began.
+    std::vector<int32_t> history;
+    std::vector<int32_t> step_ids;
+    std::optional<StateSnapshot> before;
+    size_t ids_before = 0;
     GenerationResult r;
     clock::time_point submitted, started, prompt_done;
 };
@@ -74,6 +91,7 @@ struct Engine::Impl {
     ForwardOptions fo;
     std::optional<SlotStateCache> slots;
     std::optional<PrefixCache> prefix;  // when cache_ram_mib > 0 on a host state
+    std::optional<NgramDrafter> drafter;  // when spec is "ngram"
 
     mutable std::mutex mu;
     std::condition_variable cv;
@@ -127,17 +145,38 @@ struct Engine::Impl {
         // The state at the end of a generation: prompt + every fed token (the last sampled one
         // never ran), so the next turn of a chat resumes after the answer.
         if (prefix && s.slot >= 0 && (s.r.finish_reason == "stop" || s.r.finish_reason == "length") &&
-            s.fed == s.req.prompt.size())
+            s.fed == s.req.prompt.size()) {
+            settle(s);
             checkpoint(s);
+        }
+        s.before.reset();
         if (s.cb.on_done) s.cb.on_done(s.r);
         if (s.slot >= 0) free_slots.push_back(s.slot);
         s.slot = -1;
     }
 
+    // A request that finished inside a verification's accepted run: its slot holds drafts past
+    // the tokens it emitted. Back to before the step, then the step's tokens it emitted but the
+    // last, so the slot is the prompt and every emitted token but the last, as after decode.
+    void settle(Sequence& s) {
+        if (!s.before) return;
+        const size_t kept = s.r.ids.size() - s.ids_before;
+        if (kept < s.step_ids.size())
+            roll_back(*lm.runner, *slots, {{s.slot, &*s.before, std::vector<int32_t>(s.step_ids.begin(), s.step_ids.begin() + long(kept))}},
+                      fo);
+        s.before.reset();
+    }
+
+    // Whether a request's decode steps carry drafts: greedy and unconstrained (a sampled token
+    // would need the rejection-sampling rule to keep plain sampling's distribution; a JSON
+    // constraint masks rows the greedy acceptance does not see).
+    bool speculates(const Sequence& s) const { return drafter && s.sampler->greedy() && !s.json; }
+
     // The sampled token of a step: stream it, then decide whether the request goes on.
     // Returns false when it finished. Same order of checks as a single run always had.
     bool take_token(Sequence& s, int32_t token) {
         s.r.ids.push_back(token);
+        if (drafter) s.history.push_back(token);
         if (s.cb.on_token) s.cb.on_token(token);
         if (!s.req.ignore_eos && lm.tokenizer && lm.tokenizer->is_end_of_generation(token)) {
             finish(s, "stop");
@@ -246,6 +285,7 @@ struct Engine::Impl {
                                         s.req.sampling.min_p, s.req.sampling.seed});
         if (s.req.text) s.dec.emplace(*lm.tokenizer);
         s.filter.emplace(s.req.stop);
+        if (drafter) s.history = s.req.prompt;
         if (s.req.format == GenerationRequest::Format::JsonObject) {
             if (!json_mask) json_mask.emplace(*lm.tokenizer, lm.model->hparams().n_vocab);
             s.json.emplace(/*object_only=*/true);
@@ -320,9 +360,26 @@ struct Engine::Impl {
             order.push_back(&s);
             piece.push_back(n);
         } else {
+            // Drafts only while the step holds at most kGemvMaxTokens tokens (every row's bits
+            // its own: see the top of this file), and never past the request's max_tokens.
+            int budget = cpu::mm::kGemvMaxTokens;
+            for (auto& s : active) budget -= s->decoding ? 1 : 0;
             for (auto& s : active)
                 if (s->decoding) {
-                    batch.add(s->slot, &s->next, 1, BatchLogits::Last, /*serial=*/true);
+                    s->step_ids.assign(1, s->next);
+                    if (speculates(*s)) {
+                        const int k = std::min({opt.spec_k, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
+                        if (k > 0)
+                            for (int32_t d : drafter->draft(s->history, k)) s->step_ids.push_back(d);
+                    }
+                    const bool verify = s->step_ids.size() > 1;
+                    if (verify) {
+                        budget -= int(s->step_ids.size()) - 1;
+                        s->before = slots->snapshot(s->slot);
+                        s->ids_before = s->r.ids.size();
+                    }
+                    batch.add(s->slot, s->step_ids.data(), int(s->step_ids.size()),
+                              verify ? BatchLogits::All : BatchLogits::Last, /*serial=*/true);
                     order.push_back(s.get());
                     piece.push_back(0);
                 }
@@ -376,9 +433,39 @@ struct Engine::Impl {
             return;
         }
         size_t row = 0;
-        uint64_t sampled = 0;
+        uint64_t sampled = 0, drafted = 0, accepted = 0;
+        std::vector<Rollback> rollbacks;  // verifications that kept fewer tokens than they fed
         for (size_t i = 0; i < order.size(); ++i) {
             Sequence& s = *order[i];
+            if (batch.seqs[i].logits == BatchLogits::All) {  // a verification: next, then its drafts
+                const size_t n = s.step_ids.size();
+                std::vector<int32_t> g(n);  // each row's greedy token (speculates(): a greedy sampler's pick)
+                for (size_t t = 0; t < n; ++t)
+                    g[t] = tokens_only ? greedy[row + t] : greedy_token(rows_out + (row + t) * V, int(V));
+                const int a = accept_greedy(g.data(), std::vector<int32_t>(s.step_ids.begin() + 1, s.step_ids.end()));
+                s.r.n_drafted += int(n) - 1;
+                s.r.n_accepted += a;
+                drafted += n - 1;
+                accepted += uint64_t(a);
+                try {
+                    for (int t = 0; t <= a; ++t) {  // one at a time: a stop or max_tokens ends the run
+                        if (s.req.logprobs >= 0) {
+                            s.r.logprobs.push_back(token_logprob(rows_out + (row + size_t(t)) * V, int(V), g[size_t(t)], s.req.logprobs));
+                            if (s.cb.on_logprob) s.cb.on_logprob(s.r.logprobs.back());
+                        }
+                        ++sampled;
+                        if (!take_token(s, g[size_t(t)])) break;
+                    }
+                } catch (const std::exception& e) {  // a callback threw: that request fails, not the engine
+                    s.dec.reset();
+                    s.r.error = std::string("a callback of the request threw: ") + e.what();
+                    if (s.slot >= 0) finish(s, "error");
+                }
+                row += n;
+                if (s.slot >= 0 && size_t(a) + 1 < n)
+                    rollbacks.push_back({s.slot, &*s.before, std::vector<int32_t>(s.step_ids.begin(), s.step_ids.begin() + 1 + a)});
+                continue;
+            }
             if (piece[i] > 0) {
                 s.fed += size_t(piece[i]);
                 // Checkpoints inside a long prompt and at its end (before its first token).
@@ -419,6 +506,16 @@ struct Engine::Impl {
                 if (s.slot >= 0) finish(s, "error");
             }
         }
+        try {
+            if (!rollbacks.empty()) roll_back(*lm.runner, *slots, rollbacks, fo);
+        } catch (const std::exception& e) {  // as the forward's: fail those requests, not the engine
+            for (Sequence* s : order)
+                if (s->slot >= 0 && std::any_of(rollbacks.begin(), rollbacks.end(), [&](const Rollback& r) { return r.slot == s->slot; })) {
+                    s->r.error = e.what();
+                    finish(*s, "error");
+                }
+        }
+        for (Sequence* s : order) s->before.reset();
         drop_finished();
         std::lock_guard<std::mutex> lock(mu);
         ++st.steps;
@@ -426,6 +523,8 @@ struct Engine::Impl {
         for (size_t i = 0; i < order.size(); ++i)
             if (piece[i] > 0) st.prompt_tokens += uint64_t(piece[i]);
         st.generated_tokens += sampled;  // every sampled token: a prompt's first one too
+        st.drafted_tokens += drafted;
+        st.accepted_tokens += accepted;
         st.active = int(active.size());
     }
 
@@ -468,11 +567,19 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (o.n_parallel < 1 || o.n_parallel > 256)
         throw Error("engine: n_parallel must be in [1, 256], got " + std::to_string(o.n_parallel));
     if (o.n_ctx < 2) throw Error("engine: n_ctx must be at least 2, got " + std::to_string(o.n_ctx));
+    if (o.spec == "ngram") m.drafter.emplace();
+    else if (o.spec != "off") throw Error("engine: spec must be 'off' or 'ngram', got '" + o.spec + "'");
+    if (o.spec_k < 1 || o.spec_k > kMaxVerifyTokens - 1)
+        throw Error("engine: spec_k must be in [1, " + std::to_string(kMaxVerifyTokens - 1) + "] (drafts per step), got " +
+                    std::to_string(o.spec_k));
     m.fo = forward_options(o);
     const KvCacheTypes kv = kv_cache_types(o);
     if (o.model_path.empty()) o.model_path = default_model_path();
     m.lm = load_model(o.model_path, tensor_placement(o), o.backend);
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
+    if (m.drafter && m.slots->state().device)
+        throw Error("engine: spec '" + o.spec + "' needs host slot states; the " + o.backend +
+                    " backend keeps them on the device, where the rollback after a rejected draft has no copies yet");
     if (o.cache_ram_mib < 0) throw Error("engine: cache_ram_mib must be >= 0, got " + std::to_string(o.cache_ram_mib));
     if (o.checkpoint_every < 1)
         throw Error("engine: checkpoint_every must be >= 1, got " + std::to_string(o.checkpoint_every));

@@ -22,6 +22,25 @@ std::vector<int32_t> NgramDrafter::draft(const std::vector<int32_t>& h, int k) c
     return {};
 }
 
+int accept_greedy(const int32_t* greedy, const std::vector<int32_t>& drafts) {
+    int a = 0;
+    while (a < int(drafts.size()) && drafts[size_t(a)] == greedy[a]) ++a;
+    return a;
+}
+
+void roll_back(const ModelRunner& m, SlotStateCache& cache, const std::vector<Rollback>& slots,
+               const ForwardOptions& opts) {
+    Batch again;
+    for (const Rollback& r : slots) {
+        cache.restore(r.slot, *r.before);
+        if (!r.kept.empty()) again.add(r.slot, r.kept.data(), int(r.kept.size()), BatchLogits::None, /*serial=*/true);
+    }
+    if (again.seqs.empty()) return;
+    ForwardOptions fo = opts;
+    fo.gdn_mode = ref::GdnMode::Serial;
+    m.forward(cache.state(), again, fo, nullptr);
+}
+
 VerifyResult verify_greedy(const ModelRunner& m, SlotStateCache& cache, int slot, int32_t next,
                            const std::vector<int32_t>& drafts, const ForwardOptions& opts) {
     if (int(drafts.size()) >= kMaxVerifyTokens)
@@ -37,23 +56,14 @@ VerifyResult verify_greedy(const ModelRunner& m, SlotStateCache& cache, int slot
     step.add(slot, ids.data(), int(ids.size()), BatchLogits::All, /*serial=*/true);
     std::vector<float> rows(ids.size() * V);
     m.forward(cache.state(), step, fo, rows.data());
+    std::vector<int32_t> greedy(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) greedy[i] = greedy_token(rows.data() + i * V, int(V));
     VerifyResult r;
-    for (size_t i = 0; i < ids.size(); ++i) {
-        const int32_t g = greedy_token(rows.data() + i * V, int(V));
-        r.tokens.push_back(g);
-        if (i < drafts.size() && drafts[i] == g) {
-            ++r.accepted;
-            continue;
-        }
-        break;
-    }
+    r.accepted = accept_greedy(greedy.data(), drafts);
+    r.tokens.assign(greedy.begin(), greedy.begin() + 1 + r.accepted);
     r.logits.assign(rows.begin(), rows.begin() + long(r.tokens.size() * V));
-    if (r.accepted < int(drafts.size())) {  // back to before the step; the kept tokens again
-        cache.restore(slot, before);
-        Batch kept;
-        kept.add(slot, ids.data(), 1 + r.accepted, BatchLogits::None, /*serial=*/true);
-        m.forward(cache.state(), kept, fo, nullptr);
-    }
+    if (r.accepted < int(drafts.size()))  // back to before the step; the kept tokens again
+        roll_back(m, cache, {{slot, &before, std::vector<int32_t>(ids.begin(), ids.begin() + 1 + r.accepted)}}, fo);
     return r;
 }
 

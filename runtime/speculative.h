@@ -31,11 +31,30 @@ struct VerifyResult {
     std::vector<float> logits;    // [accepted + 1, n_vocab]: the row each of `tokens` was picked from
 };
 
+// The greedy acceptance rule: how many of `drafts` a verification keeps, given the greedy token
+// of each of its rows (greedy[i] follows the step's token i: the sampled one, then the drafts).
+// A draft is kept while it equals the greedy token of the row before it, so every kept draft
+// is the token plain greedy decode would have picked there.
+int accept_greedy(const int32_t* greedy, const std::vector<int32_t>& drafts);
+
+// A slot to put back after a verification whose step fed more tokens than are kept.
+struct Rollback {
+    int slot = 0;
+    const StateSnapshot* before = nullptr;  // the slot just before the verification step
+    std::vector<int32_t> kept;              // the step's first tokens to keep (may be empty)
+};
+
+// Restores each slot to its snapshot and runs its kept tokens again, all in one serial step
+// without logits: the serial kernel's bits do not depend on how a slot's tokens are split, so
+// each slot ends exactly as plain decode steps of its kept tokens would leave it (the KV rows
+// past them are cut by the restore and overwritten by the re-run).
+void roll_back(const ModelRunner& m, SlotStateCache& cache, const std::vector<Rollback>& slots,
+               const ForwardOptions& opts);
+
 // Feeds `next` (sampled, not yet in the slot) and `drafts` (at most kMaxVerifyTokens - 1) at
-// the slot's position in one serial step, keeps drafts while each equals the greedy token of
-// the row before it, and leaves the slot as 1 + accepted plain decode steps from `next` would:
-// after a rejection its GDN states go back to before the step and the kept tokens run again
-// (the serial kernel's bits do not depend on the split), and the KV cache is cut.
+// the slot's position in one serial step, keeps drafts by accept_greedy, and leaves the slot as
+// 1 + accepted plain decode steps from `next` would (roll_back after a rejection). The engine's
+// scheduler runs the same pieces for many slots in one step (runtime/engine.cpp).
 VerifyResult verify_greedy(const ModelRunner& m, SlotStateCache& cache, int slot, int32_t next,
                            const std::vector<int32_t>& drafts, const ForwardOptions& opts);
 

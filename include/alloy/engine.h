@@ -44,6 +44,16 @@ struct EngineOptions {
     // checkpoint_every (>= 1) as well as of batch_size.
     int cache_ram_mib = 0;
     int checkpoint_every = 1024;
+    // Speculative decoding (exact): "off" or "ngram" (prompt lookup: drafts are the tokens that
+    // followed the latest earlier occurrence of the context's last 1-3 tokens). A greedy
+    // request (temperature 0) without an output format then feeds its token and up to spec_k
+    // drafts (1..3) per step and keeps each draft while it is the model's greedy token there,
+    // so its tokens and logits are bit for bit those of plain decode. Sampled and constrained
+    // requests decode without drafts (sampling would need the rejection-sampling rule, not
+    // built yet). Needs host slot states (the cpu backend): the rollback after a rejected draft
+    // restores the GDN states by copies.
+    std::string spec = "off";
+    int spec_k = 1;  // the setting measured faster on the default model (bench/RESULTS.md: 2-3 pay the re-run)
 };
 
 // llama.cpp's sampling: greedy at temperature 0, else top-k -> top-p -> min-p -> temperature ->
@@ -112,6 +122,9 @@ struct GenerationResult {
     std::string finish_reason;
     std::string error;
     double queue_seconds = 0, prompt_seconds = 0, generate_seconds = 0;
+    // Speculative decoding (EngineOptions::spec): drafts verified and drafts the verification
+    // kept (a kept draft past a stop or max_tokens counts, though it is not emitted).
+    int n_drafted = 0, n_accepted = 0;
 };
 
 // Called on the engine's thread, in order; keep them short (the whole batch waits).
@@ -146,6 +159,7 @@ struct EngineStats {
     uint64_t cache_hits = 0, cached_tokens = 0;  // prefix cache: requests resumed, prompt tokens reused
     int cache_checkpoints = 0;        // held now
     uint64_t cache_bytes = 0;
+    uint64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding, summed over requests
 };
 
 // One state slot as the scheduler last left it (Engine::slots): what `GET /slots` shows.

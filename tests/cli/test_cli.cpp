@@ -96,6 +96,31 @@ TEST_F(Cli, GreedyRunMatchesTransformers) {
         }
 }
 
+// --spec ngram (issue 21): greedy ids are plain decode's (the oracle's here), the timing line
+// says how many drafts were accepted, and bad values name their flag before the model loads.
+TEST_F(Cli, SpeculativeRunGivesTheSameTokens) {
+    auto ref = nlohmann::json::parse(std::ifstream(std::string(ALLOY_SOURCE_DIR) + "/tests/fixtures/r2_untied/reference.json"));
+    std::string prompt, want;
+    for (int id : ref["greedy"][0]["prompt"]) prompt += std::to_string(id) + " ";
+    for (int id : ref["greedy"][0]["generated"]) want += (want.empty() ? "" : " ") + std::to_string(id);
+    for (const char* k : {"1", "3"}) {
+        const std::string args = "run -m " + model + " --ids \"" + prompt +
+                                 "\" -n 12 --temp 0 --print-ids -ctk f32 -ctv f32 --spec ngram --spec-k " + k;
+        Result ids = run(args, false), timing = run(args);  // stdout alone; then with stderr
+        ASSERT_EQ(ids.code, 0) << ids.output;
+        EXPECT_EQ(ids.output.substr(0, ids.output.find('\n')), want) << "--spec-k " << k;
+        EXPECT_NE(timing.output.find("; spec ngram: "), std::string::npos) << timing.output;
+        EXPECT_NE(timing.output.find(" drafts accepted ("), std::string::npos) << timing.output;
+    }
+    Result sampled = run("run -m " + model + " --ids \"" + prompt + "\" -n 4 --temp 0.8 --print-ids --spec ngram");
+    ASSERT_EQ(sampled.code, 0) << sampled.output;
+    EXPECT_NE(sampled.output.find("off for sampling"), std::string::npos) << sampled.output;
+    expect_error(run("run -m " + model + " --ids 1 --spec mtp"), "--spec");
+    expect_error(run("run -m " + model + " --ids 1 --spec ngram --spec-k 4"), "--spec-k");
+    expect_error(run("run -m " + model + " --ids 1 --spec ngram --spec-k 0"), "--spec-k");
+    expect_error(run("serve -m " + model + " --spec-k 9"), "--spec-k");
+}
+
 // Logits of every position against transformers: 1e-4 relative with an fp32 cache, 1e-3 with
 // the default f16 one (measured 1.2e-4 on this fixture; see test_hf_fixtures.cpp), 5e-3 with a
 // bf16 one (measured 8.4e-4: 3 fewer mantissa bits than f16).

@@ -25,72 +25,14 @@
 #include "runtime/model_runner.h"
 #include "tests/logits_error.h"
 #include "model/synth.h"
+#include "tests/runtime/engine_fixture.h"
 
 namespace alloy {
 namespace {
 
 namespace fs = std::filesystem;
 
-class EngineTest : public ::testing::Test {
-protected:
-    static void SetUpTestSuite() {
-        dir_ = fs::temp_directory_path() / ("alloy_engine_" + std::to_string(::getpid()));
-        fs::create_directories(dir_);
-        SynthOptions so;
-        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
-        so.out_path = (dir_ / "tiny.gguf").string();
-        synth_qwen35(so);
-        path_ = so.out_path;
-        model_ = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path_)));
-        runner_ = std::make_unique<ModelRunner>(*model_);
-    }
-    static void TearDownTestSuite() {
-        runner_.reset();
-        model_.reset();
-        fs::remove_all(dir_);
-    }
-    static EngineOptions options(int n_parallel) {
-        EngineOptions o;
-        o.model_path = path_;
-        o.n_parallel = n_parallel;
-        o.n_ctx = 256;
-        return o;
-    }
-    static std::vector<int32_t> ids(int n, uint32_t seed) {
-        std::mt19937 rng(seed);
-        std::vector<int32_t> v(static_cast<size_t>(n));
-        for (auto& id : v) id = int32_t(rng() % 5000);
-        return v;
-    }
-    // Greedy ids by a plain loop over the model (no end-of-generation stop: ignore_eos).
-    static std::vector<int32_t> plain_loop(const std::vector<int32_t>& prompt, int n) {
-        const int V = model_->hparams().n_vocab;
-        ModelState st = runner_->new_state(256);
-        std::vector<float> logits(static_cast<size_t>(V));
-        ForwardOptions fo, step;
-        step.gdn_mode = ref::GdnMode::Serial;
-        runner_->forward(st, prompt.data(), int(prompt.size()), fo, logits.data());
-        std::vector<int32_t> out;
-        for (int i = 0; i < n; ++i) {
-            out.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-            if (i + 1 < n) runner_->forward(st, &out.back(), 1, step, logits.data());
-        }
-        return out;
-    }
-    static GenerationRequest greedy(std::vector<int32_t> prompt, int n) {
-        GenerationRequest r;
-        r.prompt = std::move(prompt);
-        r.max_tokens = n;
-        r.sampling.temperature = 0;
-        r.ignore_eos = true;
-        r.text = false;
-        return r;
-    }
-    static inline fs::path dir_;
-    static inline std::string path_;
-    static inline std::unique_ptr<Qwen35Model> model_;
-    static inline std::unique_ptr<ModelRunner> runner_;  // model_'s forward on the CPU backend
-};
+using test::EngineTest;
 
 // The prefix cache (issue 19). A chat's next turn (prompt = the previous prompt, its answer
 // and a new message) resumes after the answer: the state at the end of the generation holds

@@ -583,6 +583,9 @@ struct Server::Impl {
                double(st.cached_tokens));
         metric("alloy_prefix_cache_bytes", "gauge", "Bytes the prefix cache holds.", double(st.cache_bytes));
         metric("alloy_prefix_cache_checkpoints", "gauge", "Checkpoints the prefix cache holds.", double(st.cache_checkpoints));
+        metric("alloy_spec_drafted_tokens_total", "counter", "Speculative drafts verified (--spec).", double(st.drafted_tokens));
+        metric("alloy_spec_accepted_tokens_total", "counter", "Speculative drafts the verification kept (--spec).",
+               double(st.accepted_tokens));
         o << "# HELP alloy_http_responses_total HTTP responses by status class.\n# TYPE alloy_http_responses_total counter\n";
         o << "alloy_http_responses_total{class=\"2xx\"} " << responses_2xx << '\n';
         o << "alloy_http_responses_total{class=\"4xx\"} " << responses_4xx << '\n';

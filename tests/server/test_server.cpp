@@ -530,7 +530,7 @@ TEST_F(Serve, MetricsAndCors) {
     ASSERT_TRUE(m && m->status == 200);
     for (const char* name : {"# TYPE alloy_generated_tokens_total counter", "alloy_requests_active ",
                              "alloy_prefix_cache_hits_total ", "alloy_http_responses_total{class=\"2xx\"} ",
-                             "alloy_decode_tokens_per_second "})
+                             "alloy_decode_tokens_per_second ", "alloy_spec_accepted_tokens_total "})
         EXPECT_NE(m->body.find(name), std::string::npos) << name << "\n" << m->body;
     const size_t at = m->body.find("\nalloy_generated_tokens_total ");
     ASSERT_NE(at, std::string::npos);

@@ -98,6 +98,17 @@ inline int sm_count() {
     return n;
 }
 
+// The device's L2 in bytes (the H200's 50 MB when the query fails).
+inline int64_t l2_bytes() {
+    static const int64_t n = [] {
+        int dev = 0, bytes = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev) != cudaSuccess)
+            return int64_t(50) << 20;
+        return int64_t(bytes);
+    }();
+    return n;
+}
+
 // Sum over the warp by xor butterfly: every lane ends with the same bits (each step adds the
 // same two operands in every lane, and fp32 addition commutes).
 __device__ __forceinline__ float warp_sum_all(float x) {

@@ -68,8 +68,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 // access, so a warp reads a 512-byte state column in one instruction).
 
 // kElems values of a d_k-long row into registers (zero past d_k).
-// kCs: the state's streaming form (ld/st.global.cs: evict first), for batches whose states are
-// read and written once each (EXPERIMENT: ALLOY_GDN_DELTA_CS=1, B = 32 decode).
+// kCs: the state's streaming form (ld/st.global.cs: evict first), for batches whose states
+// outgrow L2 (launch_delta's gate).
 template <bool kVec, int N, bool kCs = false>
 __device__ __forceinline__ void load_row(const float* __restrict__ p, int d_k, int lane, float (&x)[N]) {
     if constexpr (kVec) {
@@ -1105,13 +1105,18 @@ void launch_delta(const DeltaArgs& A, bool prep, int n_seqs, void* stream, const
     const bool wide = int64_t(n_seqs) * A.sh.H_v >= kWideHeads;
     const int cols_per_block = (wide ? 4 : 2) * kWarps;
     const dim3 grid((A.sh.d_v + cols_per_block - 1) / cols_per_block, A.sh.H_v, n_seqs);
+    // States that outgrow L2 stream through it (evict first): B = 32 at H_v 32 / 48 39.9 / 57.5
+    // -> 36.4 / 53.3 us (H200), while B = 32 at H_v 16 (32 MB, which L2 holds between repeats)
+    // went 14.0 -> 15.9. ALLOY_GDN_DELTA_CS=0/1 forces it (the tests run both).
+    static const int cs_env = [] { const char* e = getenv("ALLOY_GDN_DELTA_CS"); return e ? atoi(e) : -1; }();
+    const double state_bytes = double(n_seqs) * A.sh.H_v * A.sh.d_v * A.sh.d_k * 4;
+    const bool cs = cs_env >= 0 ? cs_env == 1 : state_bytes > 0.75 * double(detail::l2_bytes());
     auto run = [&](auto kernel) {
         detail::launch(op, kernel, dim3(grid), dim3(kWarps * 32), 0, st, A.sh, A.offs, A.q, A.k, A.v, int(A.qk_stride), int(A.v_stride), A.g, A.beta,
                                              A.a, A.b, A.ssm_a, A.dt_bias, A.eps, A.q_scale, A.state, A.out, A.slots);
     };
     auto pick = [&](auto prep_c) {
         constexpr bool P = decltype(prep_c)::value;
-        static const bool cs = [] { const char* e = getenv("ALLOY_GDN_DELTA_CS"); return e && atoi(e) == 1; }();
         if (small && wide && vec && cs) run(delta_serial_kernel<true, P, 4, 4, true>);
         else if (small && wide) vec ? run(delta_serial_kernel<true, P, 4, 4>) : run(delta_serial_kernel<false, P, 4, 4>);
         else if (small) vec ? run(delta_serial_kernel<true, P, 4, 2>) : run(delta_serial_kernel<false, P, 4, 2>);

@@ -29,7 +29,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -99,8 +98,10 @@ __device__ __forceinline__ int4 ld_stream16(const void* p) {
     return v;
 }
 
-// kKS: warps splitting each row's k range (kKS x 8 warps a block): the parts' butterfly sums
-// add in part order, so a kernel's bits do not depend on the call (EXPERIMENT at decode: 2).
+// kKS: warps splitting each row's k range (kKS x 8 warps a block); the parts' butterfly sums
+// add in part order, so a kernel's bits do not depend on the call. Decode's gate + up take 2
+// (H200, 35b-a3b: 13.4 -> 10.7 us); the down's 16 blocks a row would leave half the lanes idle
+// per part (6.9 -> 12.5 us), so it keeps 1.
 template <WKind kW, int kT, int kM, int kKS>
 __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const ExpertGemv a) {
     detail::pdl_entry();  // the chunk's expert is an earlier kernel's output
@@ -362,8 +363,8 @@ __device__ __forceinline__ void mma_epilogue(const ExpertGemv& a, const float (&
 // One chunk (an expert and up to kTcChunkT of its pairs) x kTcRowsPerBlock rows; each warp its
 // own 32 rows, no block barrier. Same input and output contract as expert_gemv_kernel<Q8, .., kM>
 // (a.out for kM = 1; a.oq / a.od only for kM = 2: the down is Q8_0 on this path).
-template <int kM, int kU, int kMinB>
-__global__ void __launch_bounds__(kTcWarps * 32, kMinB) expert_mma_kernel(const ExpertGemv a, int prefetch) {
+template <int kM>
+__global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertGemv a) {
     detail::pdl_entry();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
     const int c = int(blockIdx.x);
@@ -402,17 +403,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, kMinB) expert_mma_kernel(const 
             for (int j = 0; j < kTcN; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
-#pragma unroll kU
+    // Not unrolled: unrolling twice (226 registers), a 128-register cap (4 blocks an SM), an L2
+    // prefetch 4 or 8 blocks ahead and a 3-stage cp.async pipeline through shared memory (192 KB,
+    // one block an SM) all measured slower on the H200 (bench/RESULTS.md, session 22).
+#pragma unroll 1
     for (int64_t b = 0; b < nb; ++b) {
         uint2 w[kM][2][2];
         float dw[kM][2][2];
-        // EXPERIMENT: `prefetch` k-blocks ahead into L2 (no registers held; lanes tq 0 only).
-        if (prefetch && tq == 0 && b + prefetch < nb)
-#pragma unroll
-            for (int m = 0; m < kM; ++m)
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(wq[m] + r * q_step + (b + prefetch) * 32));
 #pragma unroll
         for (int m = 0; m < kM; ++m)
 #pragma unroll
@@ -443,133 +440,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, kMinB) expert_mma_kernel(const 
                         acc[m][i][j][e] = fmaf(dw[m][i][e >> 1] * dx[j][e & 1], small_int_to_float(s[e]), acc[m][i][j][e]);
                 }
     }
-    mma_epilogue<kM>(a, acc, r0, f, n, gq, tq);
-}
-
-// The same products with the weights streamed through shared memory (EXPERIMENT, variant 3):
-// each warp copies its own 32 rows (and its chunk's 32 input rows) kPipeKB blocks at a time
-// with cp.async, kPipeStages stages deep, so ~32 KB a warp are in flight instead of the 2 KB
-// that the register loads of expert_mma_kernel hold; no block barrier (a warp reads only what
-// it copied). Rows padded to 160 bytes: a half-warp's 8-byte fragment reads hit 32 banks.
-// Needs nb % kPipeKB == 0 (every published shape: D and I are multiples of 128).
-constexpr int kPipeKB = 4, kPipeStages = 3, kPipePitch = kPipeKB * 32 + 32;
-template <int kM>
-__host__ __device__ constexpr int pipe_stage_bytes() {
-    return (kM + 1) * 32 * kPipePitch + kM * 32 * kPipeKB * 2 + 32 * kPipeKB * 4;
-}
-template <int kM>
-constexpr size_t pipe_smem_bytes() { return size_t(kTcWarps) * kPipeStages * pipe_stage_bytes<kM>(); }
-
-__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
-    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    if (bytes == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-    else asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
-}
-
-template <int kM>
-__global__ void __launch_bounds__(kTcWarps * 32, 1) expert_mma_pipe_kernel(const ExpertGemv a) {
-    detail::pdl_entry();
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-    const int c = int(blockIdx.x);
-    if (c >= *a.ch.n_chunks) return;
-    const int64_t r0 = int64_t(blockIdx.y) * kTcRowsPerBlock + warp * kTcRowsPerWarp;
-    if (r0 >= a.rows) return;
-    const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
-    const int64_t n_in = a.n_in, nb = n_in / 32;
-    unsigned char* my = smem + size_t(warp) * kPipeStages * pipe_stage_bytes<kM>();
-    // Stage layout: W [kM][32 rows][pitch], X [32 pairs][pitch], dW [kM][32][kPipeKB] f16, dX [32][kPipeKB] f32.
-    auto W_at = [&](int s, int m) { return my + s * pipe_stage_bytes<kM>() + m * 32 * kPipePitch; };
-    auto X_at = [&](int s) { return my + s * pipe_stage_bytes<kM>() + kM * 32 * kPipePitch; };
-    auto dW_at = [&](int s) { return reinterpret_cast<unsigned short*>(X_at(s) + 32 * kPipePitch); };
-    auto dX_at = [&](int s) { return reinterpret_cast<float*>(X_at(s) + 32 * kPipePitch + kM * 32 * kPipeKB * 2); };
-    // Copy sources: this lane's pair row (lane = pair slot) and weight rows (lane = row).
-    const int64_t in_row = a.ch.pair_of[f + min(lane, n - 1)] / a.in_div;
-    const int8_t* x_src = a.xq + in_row * n_in;
-    const float* xd_src = a.xd + in_row * nb;
-    const int8_t* w_src[kM];
-    const unsigned short* dw_src[kM];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) {
-        const int64_t row = int64_t(expert) * a.m[m].stride + a.m[m].offset + r0 + lane;
-        w_src[m] = reinterpret_cast<const int8_t*>(a.m[m].data) + row * n_in;
-        dw_src[m] = reinterpret_cast<const unsigned short*>(a.m[m].data + a.m[m].n_all * n_in) + row * nb;
-    }
-    const int n_st = int(nb / kPipeKB);
-    // Lane l copies row l of every matrix and pair slot l's input: kPipeKB * 32 bytes = 8 x 16.
-    auto issue = [&](int st) {
-        const int s = st % kPipeStages;
-        const int64_t k0 = int64_t(st) * kPipeKB * 32, b0 = int64_t(st) * kPipeKB;
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-#pragma unroll
-            for (int q = 0; q < kPipeKB * 2; ++q) cp_async(W_at(s, m) + lane * kPipePitch + 16 * q, w_src[m] + k0 + 16 * q, 16);
-            cp_async(dW_at(s) + (m * 32 + lane) * kPipeKB, dw_src[m] + b0, 8);
-        }
-#pragma unroll
-        for (int q = 0; q < kPipeKB * 2; ++q) cp_async(X_at(s) + lane * kPipePitch + 16 * q, x_src + k0 + 16 * q, 16);
-        cp_async(dX_at(s) + lane * kPipeKB, xd_src + b0, 16);
-    };
-    float acc[kM][2][kTcN][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < kTcN; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
-#pragma unroll
-    for (int p = 0; p < kPipeStages - 1; ++p) {
-        if (p < n_st) issue(p);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    }
-    for (int st = 0; st < n_st; ++st) {
-        if (st + kPipeStages - 1 < n_st) issue(st + kPipeStages - 1);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(kPipeStages - 1) : "memory");
-        __syncwarp();
-        const int s = st % kPipeStages;
-        const unsigned short* dWs = dW_at(s);
-        const float* dXs = dX_at(s);
-#pragma unroll
-        for (int kb = 0; kb < kPipeKB; ++kb) {
-            uint2 w[kM][2][2];
-            float dw[kM][2][2];
-#pragma unroll
-            for (int m = 0; m < kM; ++m)
-#pragma unroll
-                for (int i = 0; i < 2; ++i)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int r = 16 * i + 8 * h + gq;
-                        w[m][i][h] = *reinterpret_cast<const uint2*>(W_at(s, m) + r * kPipePitch + kb * 32 + 8 * tq);
-                        dw[m][i][h] = __half2float(__ushort_as_half(dWs[(m * 32 + r) * kPipeKB + kb]));
-                    }
-            uint2 x[kTcN];
-            float dx[kTcN][2];
-#pragma unroll
-            for (int j = 0; j < kTcN; ++j) {
-                x[j] = *reinterpret_cast<const uint2*>(X_at(s) + (8 * j + gq) * kPipePitch + kb * 32 + 8 * tq);
-                dx[j][0] = dXs[(8 * j + 2 * tq) * kPipeKB + kb];
-                dx[j][1] = dXs[(8 * j + 2 * tq + 1) * kPipeKB + kb];
-            }
-#pragma unroll
-            for (int m = 0; m < kM; ++m)
-#pragma unroll
-                for (int i = 0; i < 2; ++i)
-#pragma unroll
-                    for (int j = 0; j < kTcN; ++j) {
-                        int sum[4];
-                        mma_s8(sum, w[m][i][0], w[m][i][1], x[j]);
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            acc[m][i][j][e] = fmaf(dw[m][i][e >> 1] * dx[j][e & 1], small_int_to_float(sum[e]), acc[m][i][j][e]);
-                    }
-        }
-        __syncwarp();  // the next iteration's copy overwrites this stage's buffer
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     mma_epilogue<kM>(a, acc, r0, f, n, gq, tq);
 }
 
@@ -777,11 +647,9 @@ void check_moe(const ref::MoeWeights& w, int64_t T, const char* op) {
 template <WKind kW, int kM>
 void launch_expert_gemv(const ExpertGemv& a, unsigned chunks, bool grouped, cudaStream_t st, const char* op) {
     const dim3 grid(chunks, unsigned(ceil_div(a.rows, kRowsPerBlock)));
-    // EXPERIMENT: ALLOY_MOE_GEMV_KSPLIT=2 splits each row's k range over two warps at decode.
-    static const int ks = [] { const char* e = getenv("ALLOY_MOE_GEMV_KSPLIT"); return e ? atoi(e) : 1; }();
+    constexpr int kKS = kM == 2 ? 2 : 1;
     if (grouped) detail::launch(op, expert_gemv_kernel<kW, kChunkT, kM, 1>, grid, dim3(kThreads), 0, st, a);
-    else if (ks == 2) detail::launch(op, expert_gemv_kernel<kW, 1, kM, 2>, grid, dim3(2 * kThreads), 0, st, a);
-    else detail::launch(op, expert_gemv_kernel<kW, 1, kM, 1>, grid, dim3(kThreads), 0, st, a);
+    else detail::launch(op, expert_gemv_kernel<kW, 1, kM, kKS>, grid, dim3(kKS * kThreads), 0, st, a);
     ALLOY_CUDA_LAUNCHED(op);
 }
 
@@ -837,26 +705,10 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
     ExpertGemv gu{{mat(w.gate), mat(w.up)}, I, D, k, x, L.xq.q, L.xq.d, L.h, L.hq.q, L.hq.d, ch};
     ExpertGemv dn{{mat(w.down), {}}, D, I, 1, L.h, L.hq.q, L.hq.d, L.ye, nullptr, nullptr, ch};
     if (tensor_core_path(w, T)) {
-        // EXPERIMENT (A/B in one device call): ALLOY_MOE_MMA_VARIANT 0: unroll 1; 1: gate/up
-        // capped at 128 registers (4 blocks / SM); 2: unroll 2. ALLOY_MOE_PREFETCH: L2 prefetch distance.
-        static const int variant = [] { const char* e = getenv("ALLOY_MOE_MMA_VARIANT"); return e ? atoi(e) : 0; }();
-        static const int pf = [] { const char* e = getenv("ALLOY_MOE_PREFETCH"); return e ? atoi(e) : 0; }();
-        const dim3 g2(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), g1(chunks, unsigned(ceil_div(D, kTcRowsPerBlock)));
         const dim3 blk(kTcWarps * 32);
-        const bool pipe = variant == 3 && (D / 32) % kPipeKB == 0 && (I / 32) % kPipeKB == 0;
-        if (pipe) {
-            ALLOY_CUDA_CHECK(op, cudaFuncSetAttribute(expert_mma_pipe_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      int(pipe_smem_bytes<2>())));
-            ALLOY_CUDA_CHECK(op, cudaFuncSetAttribute(expert_mma_pipe_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      int(pipe_smem_bytes<1>())));
-            detail::launch(op, expert_mma_pipe_kernel<2>, g2, blk, pipe_smem_bytes<2>(), st, gu);
-        } else if (variant == 1) detail::launch(op, expert_mma_kernel<2, 1, 4>, g2, blk, 0, st, gu, pf);
-        else if (variant == 2) detail::launch(op, expert_mma_kernel<2, 2, 1>, g2, blk, 0, st, gu, pf);
-        else detail::launch(op, expert_mma_kernel<2, 1, 1>, g2, blk, 0, st, gu, pf);
+        detail::launch(op, expert_mma_kernel<2>, dim3(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), blk, 0, st, gu);
         ALLOY_CUDA_LAUNCHED(op);
-        if (pipe) detail::launch(op, expert_mma_pipe_kernel<1>, g1, blk, pipe_smem_bytes<1>(), st, dn);
-        else if (variant == 2) detail::launch(op, expert_mma_kernel<1, 2, 1>, g1, blk, 0, st, dn, pf);
-        else detail::launch(op, expert_mma_kernel<1, 1, 1>, g1, blk, 0, st, dn, pf);
+        detail::launch(op, expert_mma_kernel<1>, dim3(chunks, unsigned(ceil_div(D, kTcRowsPerBlock))), blk, 0, st, dn);
         ALLOY_CUDA_LAUNCHED(op);
     } else {
         expert_gemv<2>(kind_of(w.gate.all.type), gu, chunks, grouped, st, op);

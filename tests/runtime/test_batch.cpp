@@ -360,6 +360,65 @@ TEST(Speculative, VerifiedDraftsGivePlainDecodeBitForBit) {
     }
 }
 
+// Issue 21's must-show 2 on the CPU, as exact state checks: drafts that always agree (the
+// target's own greedy tokens: every one accepted, K + 1 tokens a step), random drafts, and
+// drafts right for j tokens then wrong leave the slot exactly as 1 + accepted plain decode steps
+// do: the GDN conv and recurrent states bit for bit, n_past, and (through one more step from
+// both) the KV rows.
+TEST(Speculative, RollbackLeavesThePlainStepsStateBitForBit) {
+    for (const GgmlType type : {GgmlType::F32, GgmlType::Q8_0}) {
+        const ModelRunner& m = model("tiny", type);
+        const int V = m.hparams().n_vocab;
+        const std::vector<int32_t> prompt = ids(11, 77);
+        const auto plain = run_alone(m, prompt, 8);  // plain.tokens[i]: the greedy token after i decode steps' inputs
+        ForwardOptions fo;
+        std::mt19937 rng(5);
+        auto prefilled = [&](SlotStateCache& c) {
+            std::vector<float> row(static_cast<size_t>(V));
+            m.forward(c.state(), prompt.data(), int(prompt.size()), fo, row.data());
+            return argmax(row.data(), V);
+        };
+        for (int k = 1; k < kMaxVerifyTokens; ++k)
+            for (int kind = 0; kind < 3; ++kind)
+                for (int j = 0; j < (kind == 2 ? k : 1); ++j) {
+                    SCOPED_TRACE("type " + std::to_string(int(type)) + " K " + std::to_string(k) + " kind " +
+                                 std::to_string(kind) + " j " + std::to_string(j));
+                    SlotStateCache a(m, 1, 256), b(m, 1, 256);
+                    const int32_t next = prefilled(a);
+                    ASSERT_EQ(prefilled(b), next);
+                    // plain.tokens[0] is `next`; the drafts after it are plain.tokens[1..].
+                    std::vector<int32_t> drafts(plain.tokens.begin() + 1, plain.tokens.begin() + 1 + k);
+                    if (kind == 1)
+                        for (auto& d : drafts) d = int32_t(rng() % uint32_t(V));
+                    if (kind == 2) drafts[size_t(j)] = (drafts[size_t(j)] + 1) % V;
+                    const VerifyResult r = verify_greedy(m, a, 0, next, drafts, fo);
+                    if (kind == 0) EXPECT_EQ(r.accepted, k);
+                    if (kind == 2) EXPECT_EQ(r.accepted, j);
+                    // The same tokens as plain steps, one at a time, in b.
+                    ForwardOptions serial = fo;
+                    serial.gdn_mode = ref::GdnMode::Serial;
+                    std::vector<int32_t> fed = {next};
+                    fed.insert(fed.end(), drafts.begin(), drafts.begin() + r.accepted);
+                    std::vector<float> row(static_cast<size_t>(V));
+                    for (const int32_t t : fed) m.forward(b.state(), &t, 1, serial, row.data());
+                    ASSERT_EQ(a.n_past(0), b.n_past(0));
+                    const StateSnapshot sa = a.snapshot(0), sb = b.snapshot(0);
+                    ASSERT_EQ(sa.ssm_state.size(), sb.ssm_state.size());
+                    for (size_t l = 0; l < sa.ssm_state.size(); ++l) {
+                        ASSERT_EQ(sa.ssm_state[l], sb.ssm_state[l]) << "layer " << l << " recurrent state";
+                        ASSERT_EQ(sa.conv_state[l], sb.conv_state[l]) << "layer " << l << " conv state";
+                    }
+                    // One more step from both: equal logits say the KV rows agree too.
+                    const int32_t t = r.tokens.back();
+                    std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+                    m.forward(a.state(), &t, 1, serial, la.data());
+                    m.forward(b.state(), &t, 1, serial, lb.data());
+                    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4));
+                    EXPECT_EQ(r.tokens.back(), plain.tokens[size_t(r.accepted) + 1]);
+                }
+    }
+}
+
 TEST(Speculative, NgramDrafterLooksUpThePrompt) {
     const NgramDrafter d;
     EXPECT_EQ(d.draft({1, 2, 3, 4, 5, 1, 2, 3}, 3), (std::vector<int32_t>{4, 5, 1}));

@@ -15,6 +15,8 @@
 #include <sstream>
 
 #include "alloy/error.h"
+#include "cli/bench_spec.h"
+#include "cli/bench_stats.h"
 #include "cli/common.h"
 #include "runtime/engine_options.h"
 #include "kernels/cpu/read_bandwidth.h"
@@ -58,24 +60,6 @@ struct Test {
     }
 };
 
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-double mean(const std::vector<double>& v) {
-    double s = 0;
-    for (double x : v) s += x;
-    return v.empty() ? 0 : s / double(v.size());
-}
-double stddev(const std::vector<double>& v) {
-    if (v.size() < 2) return 0;
-    const double m = mean(v);
-    double s = 0;
-    for (double x : v) s += (x - m) * (x - m);
-    return std::sqrt(s / double(v.size() - 1));
-}
-
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -117,9 +101,30 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_flag("--interleave", interleave,
                   "run repetition r of every test before repetition r+1 (A/B comparisons on a drifting host)");
+    static std::string spec_modes, spec_ks = "1,2,3", spec_prompt;
+    cmd->add_option("--spec", spec_modes,
+                    "benchmark speculative decoding instead of pp/tg: drafters, comma separated (ngram), on the text of "
+                    "--spec-prompt, against plain greedy decode (-n sizes, -r, -t apply)");
+    cmd->add_option("--spec-k", spec_ks, "with --spec: drafts per step, comma separated (1..3)")->capture_default_str();
+    cmd->add_option("--spec-prompt", spec_prompt, "with --spec: a text file, the prompt (its tokens are the drafter's context)");
     cmd->callback([cmd] {
         if (cmd->count("-b") == 0 && backend == "cuda") batch_size = 4096;
         if (reps < 2) throw Error("-r must be at least 2 (the first repetition is cold and reported apart)");
+        if (!spec_modes.empty()) {
+            if (output != "md") throw Error("--spec prints markdown only (-o md)");
+            SpecBenchArgs sa;
+            sa.model_path = model.empty() ? default_model_path() : resolve_model(model);
+            sa.backend = backend;
+            sa.prompt_file = spec_prompt;
+            sa.threads = threads_list.empty() ? 0 : parse_int_list(threads_list, "-t", 1).front();
+            sa.reps = reps;
+            sa.gens = parse_int_list(gens, "-n", 1);
+            sa.ks = parse_int_list(spec_ks, "--spec-k", 1);
+            std::stringstream ss(spec_modes);
+            for (std::string m; std::getline(ss, m, ',');) sa.modes.push_back(m);
+            run_spec_bench(sa);
+            return;
+        }
         if (output != "md" && output != "json" && output != "csv") throw Error("-o must be md, json or csv");
         const auto pp = parse_int_list(prompts, "-p", 0), tg = parse_int_list(gens, "-n", 0),
                    dd = parse_int_list(depths, "-d", 0);

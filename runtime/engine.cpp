@@ -445,6 +445,12 @@ struct Engine::Impl {
                 const int a = accept_greedy(g.data(), std::vector<int32_t>(s.step_ids.begin() + 1, s.step_ids.end()));
                 s.r.n_drafted += int(n) - 1;
                 s.r.n_accepted += a;
+                ++s.r.n_decode_steps;
+                if (s.r.drafted_at.size() < n - 1) s.r.drafted_at.resize(n - 1), s.r.accepted_at.resize(n - 1);
+                for (size_t t = 0; t + 1 < n; ++t) {
+                    ++s.r.drafted_at[t];
+                    s.r.accepted_at[t] += int(t) < a;
+                }
                 drafted += n - 1;
                 accepted += uint64_t(a);
                 try {
@@ -474,6 +480,8 @@ struct Engine::Impl {
                     checkpoint(s);
                 if (s.fed < s.req.prompt.size()) continue;  // no logits yet
                 s.prompt_done = clock::now();
+            } else {
+                ++s.r.n_decode_steps;
             }
             int32_t token = 0;
             if (tokens_only) {

@@ -125,6 +125,10 @@ struct GenerationResult {
     // Speculative decoding (EngineOptions::spec): drafts verified and drafts the verification
     // kept (a kept draft past a stop or max_tokens counts, though it is not emitted).
     int n_drafted = 0, n_accepted = 0;
+    // Per draft position i (0 = the first draft after the sampled token): verifications that
+    // drafted a token there, and those that kept it (bench --spec's acceptance by position).
+    std::vector<int> drafted_at, accepted_at;
+    int n_decode_steps = 0;  // steps that decoded this request (a verification counts once)
 };
 
 // Called on the engine's thread, in order; keep them short (the whole batch waits).

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
@@ -119,6 +120,29 @@ TEST_F(Cli, SpeculativeRunGivesTheSameTokens) {
     expect_error(run("run -m " + model + " --ids 1 --spec ngram --spec-k 4"), "--spec-k");
     expect_error(run("run -m " + model + " --ids 1 --spec ngram --spec-k 0"), "--spec-k");
     expect_error(run("serve -m " + model + " --spec-k 9"), "--spec-k");
+}
+
+// bench --spec on the default model (trained: prompt lookup finds drafts in its Bible text):
+// the table has a row per K with accepted drafts and tokens equal to plain decode's; bad
+// options name their flag.
+TEST_F(Cli, BenchSpecReportsAcceptanceAndExactness) {
+    std::ifstream in(std::string(ALLOY_SOURCE_DIR) + "/testdata/default-model/heldout.txt", std::ios::binary);
+    std::string text(1500, '\0');
+    in.read(text.data(), std::streamsize(text.size()));
+    const std::string prompt = (dir / "spec_prompt.txt").string();
+    std::ofstream(prompt, std::ios::binary) << text;
+    Result r = run("bench --spec ngram --spec-k 1,3 --spec-prompt " + prompt + " -n 24 -r 2 -t 2");
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* row : {"| off | 0 | tg24 |", "| ngram | 1 | tg24 |", "| ngram | 3 | tg24 |"})
+        EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+    EXPECT_EQ(r.output.find("| NO |"), std::string::npos) << r.output;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);)  // each drafting row kept some drafts
+        if (line.rfind("| ngram", 0) == 0) EXPECT_EQ(line.find("| 0 of "), std::string::npos) << line;
+    expect_error(run("bench --spec mtp --spec-prompt " + prompt + " -n 8 -r 2"), "--spec");
+    expect_error(run("bench --spec ngram --spec-k 5 --spec-prompt " + prompt + " -n 8 -r 2"), "--spec-k");
+    expect_error(run("bench --spec ngram -n 8 -r 2"), "--spec-prompt");
+    expect_error(run("bench --spec ngram --spec-prompt " + (dir / "missing.txt").string() + " -n 8 -r 2"), "missing.txt");
 }
 
 // Logits of every position against transformers: 1e-4 relative with an fp32 cache, 1e-3 with

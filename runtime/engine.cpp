@@ -79,6 +79,11 @@ struct Sequence {
     std::vector<int32_t> step_ids;
     std::optional<StateSnapshot> before;
     size_t ids_before = 0;
+    // Adaptive drafting (speculation must not cost more than it saves): drafts per step follow
+    // the last verification's accepted run (+1, up to spec_k), and a verification that kept
+    // nothing makes the request decode plainly for spec_backoff steps, doubling (up to 32) while
+    // drafts keep failing. Output is unaffected: whether a step drafts changes no token or bit.
+    int spec_k_now = 0, spec_skip = 0, spec_backoff = 1;
     GenerationResult r;
     clock::time_point submitted, started, prompt_done;
 };
@@ -367,8 +372,11 @@ struct Engine::Impl {
             for (auto& s : active)
                 if (s->decoding) {
                     s->step_ids.assign(1, s->next);
-                    if (speculates(*s)) {
-                        const int k = std::min({opt.spec_k, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
+                    if (speculates(*s) && s->spec_skip > 0) {
+                        --s->spec_skip;
+                    } else if (speculates(*s)) {
+                        if (s->spec_k_now == 0) s->spec_k_now = opt.spec_k;
+                        const int k = std::min({s->spec_k_now, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
                         if (k > 0)
                             for (int32_t d : drafter->draft(s->history, k)) s->step_ids.push_back(d);
                     }
@@ -446,6 +454,13 @@ struct Engine::Impl {
                 s.r.n_drafted += int(n) - 1;
                 s.r.n_accepted += a;
                 ++s.r.n_decode_steps;
+                s.spec_k_now = std::min(opt.spec_k, a + 1);
+                if (a == 0) {
+                    s.spec_skip = s.spec_backoff;
+                    s.spec_backoff = std::min(2 * s.spec_backoff, 32);
+                } else {
+                    s.spec_backoff = 1;
+                }
                 if (s.r.drafted_at.size() < n - 1) s.r.drafted_at.resize(n - 1), s.r.accepted_at.resize(n - 1);
                 for (size_t t = 0; t + 1 < n; ++t) {
                     ++s.r.drafted_at[t];

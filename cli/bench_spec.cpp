@@ -8,6 +8,7 @@
 #include "alloy/engine.h"
 #include "alloy/error.h"
 #include "cli/bench_stats.h"
+#include "cli/common.h"
 
 namespace alloy::cli {
 
@@ -34,10 +35,11 @@ struct Row {
 }  // namespace
 
 void run_spec_bench(const SpecBenchArgs& a) {
-    for (const std::string& m : a.modes)
-        if (m != "ngram") throw Error("--spec: '" + m + "' is not a drafter (ngram)");
-    for (int k : a.ks)
-        if (k < 1 || k > 3) throw Error("--spec-k: " + std::to_string(k) + " is not in [1, 3]");
+    for (const std::string& m : a.modes)  // run|serve's rule, which names --spec / --spec-k
+        for (int k : a.ks) {
+            if (m == "off") throw Error("--spec: 'off' is the baseline every bench --spec row is compared with; name a drafter (ngram)");
+            SpecOptions{m, k}.validate();
+        }
     if (a.backend != "cpu") throw Error("--spec runs on the cpu backend (rollback restores host slot states)");
     const std::string text = read_prompt(a.prompt_file);
     int max_n = 1;

@@ -308,8 +308,8 @@ __device__ __forceinline__ float small_int_to_float(int i) {
     return __int_as_float(0x4B400000 + i) - 12582912.0f;
 }
 
-// The tensor-core kernels' stores: kM = 1 the product rows, kM = 2 silu(g) * u quantized per
-// pair and 32 rows (the warp's), as quantize_block32.
+// expert_mma_kernel's stores: kM = 1 the product rows (a.out), kM = 2 silu(g) * u quantized
+// per pair and 32 rows (the warp's) into a.oq / a.od, as quantize_block32 (a.out unused).
 template <int kM>
 __device__ __forceinline__ void mma_epilogue(const ExpertGemv& a, const float (&acc)[kM][2][kTcN][4], int64_t r0, int f, int n,
                                              int gq, int tq) {
@@ -602,7 +602,9 @@ MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, uint8_t* base) {
         L.xq.q = reinterpret_cast<int8_t*>(take(size_t(T * D)));
         L.xq.d = reinterpret_cast<float*>(take(size_t(T * (D / 32)) * 4));
     }
-    L.h = reinterpret_cast<float*>(take(size_t(P * I) * 4));
+    // h in fp32 only where a kernel reads it: the tensor-core path keeps h as int8 alone (the
+    // fp32 copy was P x I x 4 bytes of workspace nothing read: 512 MB at 32k tokens, k 8, I 512).
+    L.h = tensor_core_path(w, T) ? nullptr : reinterpret_cast<float*>(take(size_t(P * I) * 4));
     if (w.down.all.type == GgmlType::Q8_0) {
         L.hq.q = reinterpret_cast<int8_t*>(take(size_t(P * I)));
         L.hq.d = reinterpret_cast<float*>(take(size_t(P * (I / 32)) * 4));

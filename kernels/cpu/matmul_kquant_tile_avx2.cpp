@@ -62,57 +62,72 @@ ALLOY_KQ2_TARGET inline __m256i code_vector(const uint8_t* blk, int v) {
     }
 }
 
+// Quads summed in int16 before one vpmaddwd by the sub-block's scale: a vpmaddubsw lane is
+// c0 x0 + c1 x1 with codes c <= 15 / 31 / 63 and Q8_K values |x| <= 128, so 8 / 4 / 2 quads
+// stay below 2^15 (30720 / 31744 / 32256) and vpaddw is exact. Integer sums are exact in any
+// order, so the result is the VNNI tile's (sum of codes x activations, times the scale).
+template <KqKind kKind>
+constexpr int kInt16Run = kKind == KqKind::Q4 ? 8 : kKind == KqKind::Q5 ? 4 : 2;
+
 template <KqKind kKind, int R, int NV>
 ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                               int64_t k1, float* tile, int ldt) {
     using In = KqTileIn<kKind>;
     constexpr bool kQ6 = In::kQ6;
     constexpr int kSub = In::kSub, kSubs = In::kSubs;
+    constexpr int kRun = kInt16Run<kKind>;
     const In in(W, r0, p, g0, R);
 
     F16 f[R * NV];
     for (auto& v : f) v = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    // Each row's 256 codes of the block, one byte each in element order; a quad's four bytes
+    // are then broadcast straight from memory (a load, no shuffle-port uop as vpermd was).
+    alignas(32) uint8_t codes[R][kQK];
     for (int64_t b = k0 / kQK; b < k1 / kQK; ++b) {
         in.prefetch_next(R, b);
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
-        for (int r = 0; r < R; ++r) in.scales(r, b, sc[r], mn[r], sc6[r]);
+        for (int r = 0; r < R; ++r) {
+            in.scales(r, b, sc[r], mn[r], sc6[r]);
+            for (int v = 0; v < kQK / 32; ++v)
+                _mm256_store_si256(reinterpret_cast<__m256i*>(codes[r] + 32 * v), code_vector<kKind>(in.block(r, b), v));
+        }
         I16 tot[R * NV];
         for (auto& v : tot) v = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int s = 0; s < kSubs; ++s) {
-            // Each row's codes of sub-block s, unpacked 32 at a time in element order (dword
-            // lane q = quad q), as the decode kernels unpack them; each quad is then broadcast
-            // from its lane. (Q6_K: a vector holds two 16-value sub-blocks.)
-            __m256i codes[R];
 #pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) codes[r] = code_vector<kKind>(in.block(r, b), kQ6 ? s / 2 : s);
-            I16 acc[R * NV];
-            for (auto& v : acc) v = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int j0 = 0; j0 < kSub / 4; j0 += kRun) {
+                I16 acc[R * NV];
 #pragma GCC unroll 8
-            for (int j = 0; j < kSub / 4; ++j) {
-                const int qd = s * (kSub / 4) + j;
-                const __m256i lane = _mm256_set1_epi32(kQ6 ? (s % 2) * 4 + j : j);
-                I16 xv[NV];
+                for (int j = j0; j < j0 + kRun; ++j) {
+                    const int qd = s * (kSub / 4) + j;
+                    I16 xv[NV];
 #pragma GCC unroll 4
-                for (int v = 0; v < NV; ++v) xv[v] = load_i16(in.quads(v, b) + qd * 64);
+                    for (int v = 0; v < NV; ++v) xv[v] = load_i16(in.quads(v, b) + qd * 64);
 #pragma GCC unroll 4
-                for (int r = 0; r < R; ++r) {
-                    const __m256i wv = _mm256_permutevar8x32_epi32(codes[r], lane);
+                    for (int r = 0; r < R; ++r) {
+                        const __m256i wv = _mm256_set1_epi32(load_as<int32_t>(codes[r] + 4 * qd));
 #pragma GCC unroll 4
-                    for (int v = 0; v < NV; ++v) {
-                        acc[r * NV + v].lo = dot4(acc[r * NV + v].lo, wv, xv[v].lo);
-                        acc[r * NV + v].hi = dot4(acc[r * NV + v].hi, wv, xv[v].hi);
+                        for (int v = 0; v < NV; ++v) {
+                            const __m256i lo = _mm256_maddubs_epi16(wv, xv[v].lo), hi = _mm256_maddubs_epi16(wv, xv[v].hi);
+                            I16& a = acc[r * NV + v];
+                            a.lo = j == j0 ? lo : _mm256_add_epi16(a.lo, lo);
+                            a.hi = j == j0 ? hi : _mm256_add_epi16(a.hi, hi);
+                            // Opaque to the optimizer: GCC otherwise reassociates the run into
+                            // a tree of all its products first and spills half of them.
+                            asm("" : "+x"(a.lo), "+x"(a.hi));
+                        }
                     }
                 }
-            }
 #pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) {
-                const __m256i scale = _mm256_set1_epi32(kQ6 ? int(sc6[r][s]) : int(sc[r][s]));
+                for (int r = 0; r < R; ++r) {
+                    const __m256i scale = _mm256_set1_epi16(int16_t(kQ6 ? int(sc6[r][s]) : int(sc[r][s])));
 #pragma GCC unroll 4
-                for (int v = 0; v < NV; ++v) {
-                    I16& t = tot[r * NV + v];
-                    t.lo = _mm256_add_epi32(t.lo, _mm256_mullo_epi32(acc[r * NV + v].lo, scale));
-                    t.hi = _mm256_add_epi32(t.hi, _mm256_mullo_epi32(acc[r * NV + v].hi, scale));
+                    for (int v = 0; v < NV; ++v) {
+                        I16& t = tot[r * NV + v];
+                        t.lo = _mm256_add_epi32(t.lo, _mm256_madd_epi16(acc[r * NV + v].lo, scale));
+                        t.hi = _mm256_add_epi32(t.hi, _mm256_madd_epi16(acc[r * NV + v].hi, scale));
+                    }
                 }
             }
         }

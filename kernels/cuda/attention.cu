@@ -58,6 +58,10 @@ struct Args {
     GgmlType tk, tv;
 };
 
+// The tensor-core prefill kernel's tile (attention_tc_kernel below): 64 query rows (whole
+// GQA groups), 64 keys a step, 4 warps.
+constexpr int kTcRows = 64, kTcKeys = 64, kTcThreads = 128;
+
 struct Plan {
     int64_t chunk = 0;
     int S = 1;
@@ -113,7 +117,23 @@ bool use_dec16(const ref::AttentionShape& s, int64_t T) {
 
 Plan make_plan(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
     Plan p;
-    if (use_tensor_cores(s, T)) return p;  // S = 1
+    if (use_tensor_cores(s, T)) {
+        // A prompt piece after a long context (512-token steps at depth 3584: 32 x 2 blocks,
+        // each walking 4096 keys) splits its keys so that the blocks fill the SMs twice; the
+        // splits are multiples of the 64-key tile, at least 512 keys each, merged after.
+        const int group = s.n_head / s.n_head_kv;
+        const int64_t blocks = detail::ceil_div(T, kTcRows / group) * s.n_head_kv;
+        const int64_t max_keys = n_past + T;
+        // ALLOY_ATTN_TC_SPLITS=0: one split; ALLOY_ATTN_TC_FILL / _MIN_KEYS: the A/B of the two constants.
+        auto env = [](const char* name, int dflt) { const char* e = std::getenv(name); return e ? std::atoi(e) : dflt; };
+        static const bool splits_on = env("ALLOY_ATTN_TC_SPLITS", 1) != 0;
+        static const int fill = std::max(1, env("ALLOY_ATTN_TC_FILL", 2)), min_keys = std::max(64, env("ALLOY_ATTN_TC_MIN_KEYS", 512));
+        const int64_t want = std::min(detail::ceil_div(fill * detail::sm_count(), blocks), detail::ceil_div(max_keys, min_keys));
+        if (want <= 1 || !splits_on) return p;
+        p.chunk = detail::ceil_div(detail::ceil_div(max_keys, want), kTcKeys) * kTcKeys;
+        p.S = int(detail::ceil_div(max_keys, p.chunk));
+        return p;
+    }
     p.G = heads_per_block(s.n_head / s.n_head_kv);
     const int64_t max_keys = n_past + T;
     if (use_dec16(s, T)) {  // attn_decode_kernel: splits by each token's key count
@@ -656,7 +676,6 @@ void launch_epl(const Args& a, int G, dim3 grid, cudaStream_t st) {
 // and fed back as the A operand of O += P V (the S accumulator layout of two adjacent 8-key
 // tiles is the A layout of one 16-key slice). q is rounded to bf16 after the scale (and
 // log2 e, so the softmax uses exp2), so results differ from ref by ~1e-3 relative.
-constexpr int kTcRows = 64, kTcKeys = 64, kTcThreads = 128;
 
 // kF16: f16 operands (f16 caches), else bf16.
 template <bool kF16>
@@ -733,9 +752,11 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows qr and qr + 8
     const int r0 = warp * 16 + qr, r1 = r0 + 8;  // this thread's two rows
     const int64_t tok0 = t0 + r0 / a.group, tok1 = t0 + r1 / a.group;
-    const int64_t key_end = min(a.n_past + t0 + tpb, a.n_past + a.T);  // keys any row sees
+    // Keys any row sees, cut to this block's split (blockIdx.z of a.S, a.chunk keys each).
+    const int64_t key_lo = a.S > 1 ? int64_t(blockIdx.z) * a.chunk : 0;
+    const int64_t key_end = min(min(a.n_past + t0 + tpb, a.n_past + a.T), a.S > 1 ? key_lo + a.chunk : INT64_MAX);
 
-    for (int64_t j0 = 0; j0 < key_end; j0 += kTcKeys) {
+    for (int64_t j0 = key_lo; j0 < key_end; j0 += kTcKeys) {
         __syncthreads();  // the previous tile is consumed (and Q is written, the first time)
         for (int i = threadIdx.x; i < kTcKeys * D / 8; i += kTcThreads) {
             const int r = i / (D / 8), c = (i % (D / 8)) * 8;
@@ -777,8 +798,8 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int64_t j = j0 + n * 8 + qc + e;
-                if (j > a.n_past + tok0) s[n][e] = -INFINITY;
-                if (j > a.n_past + tok1) s[n][2 + e] = -INFINITY;
+                if (j > a.n_past + tok0 || j >= key_end) s[n][e] = -INFINITY;
+                if (j > a.n_past + tok1 || j >= key_end) s[n][2 + e] = -INFINITY;
                 mx0 = fmaxf(mx0, s[n][e]);
                 mx1 = fmaxf(mx1, s[n][2 + e]);
             }
@@ -788,15 +809,18 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
         }
-        // Key 0 is visible to every row, so after the first tile the maxima are finite.
-        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        // Key 0 is visible to every row, so without splits the maxima are finite after the
+        // first tile; a later split's row may have seen no key yet (m = -inf, O = l = 0): its
+        // exponentials are taken against 0 instead (giving 0 rather than NaN), m stays -inf.
+        const float ref0 = mx0 == -INFINITY ? 0.0f : mx0, ref1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float c0 = exp2f(m0 - ref0), c1 = exp2f(m1 - ref1);
         m0 = mx0, m1 = mx1;
         float ps0 = 0.0f, ps1 = 0.0f;
         uint32_t pf[4][4];  // P as A fragments, one per 16-key slice
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
-            const float p0 = exp2f(s[n][0] - mx0), p1 = exp2f(s[n][1] - mx0);
-            const float p2 = exp2f(s[n][2] - mx1), p3 = exp2f(s[n][3] - mx1);
+            const float p0 = exp2f(s[n][0] - ref0), p1 = exp2f(s[n][1] - ref0);
+            const float p2 = exp2f(s[n][2] - ref1), p3 = exp2f(s[n][3] - ref1);
             ps0 += p0 + p1;
             ps1 += p2 + p3;
             pf[n / 2][(n & 1) * 2] = pack_16<kF16>(p0, p1);
@@ -826,6 +850,22 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
         l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
+    if (a.S > 1) {  // this split's (m, l) and unnormalized O, merged by attention_tc_merge_kernel
+        const int64_t th0 = tok0 * a.n_head + h0 + r0 % a.group, th1 = tok1 * a.n_head + h0 + r1 % a.group;
+        const int sp = int(blockIdx.z);
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            if (tok0 < a.T)
+                *reinterpret_cast<float2*>(a.part_o + (th0 * a.S + sp) * D + i * 8 + qc) = make_float2(o[i][0], o[i][1]);
+            if (tok1 < a.T)
+                *reinterpret_cast<float2*>(a.part_o + (th1 * a.S + sp) * D + i * 8 + qc) = make_float2(o[i][2], o[i][3]);
+        }
+        if (qc == 0) {
+            if (tok0 < a.T) a.part_ml[(th0 * a.S + sp) * 2] = m0, a.part_ml[(th0 * a.S + sp) * 2 + 1] = l0;
+            if (tok1 < a.T) a.part_ml[(th1 * a.S + sp) * 2] = m1, a.part_ml[(th1 * a.S + sp) * 2 + 1] = l1;
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
         if (tok0 < a.T)
@@ -837,6 +877,30 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(const Args 
     }
 }
 
+// The key splits of one (token, head) row merged in split order: a block per (row, 64 dims),
+// a thread per dimension. A split whose keys the row does not see has m = -inf, l = 0, O = 0
+// and weighs nothing; split 0 holds key 0, so L > 0. m is in log2 units (q was scaled by
+// log2 e).
+__global__ void __launch_bounds__(64) attention_tc_merge_kernel(const Args a) {
+    detail::pdl_entry();
+    const int64_t th = blockIdx.x;
+    const int d = blockIdx.y * 64 + threadIdx.x;
+    const float* ml = a.part_ml + th * a.S * 2;
+    float M = -INFINITY;
+    for (int sp = 0; sp < a.S; ++sp)
+        if (__ldcg(ml + 2 * sp + 1) > 0.0f) M = fmaxf(M, __ldcg(ml + 2 * sp));
+    float L = 0.0f, O = 0.0f;
+    const float* po = a.part_o + th * a.S * a.hd + d;
+    for (int sp = 0; sp < a.S; ++sp) {
+        const float l = __ldcg(ml + 2 * sp + 1);
+        if (l == 0.0f) continue;
+        const float w = exp2f(__ldcg(ml + 2 * sp) - M);
+        L = fmaf(l, w, L);
+        O = fmaf(__ldcg(po + int64_t(sp) * a.hd), w, O);
+    }
+    a.out[th * a.hd + d] = O / L;
+}
+
 size_t tc_smem(int D) { return size_t(kTcRows + 2 * kTcKeys) * (D + 8) * 2; }
 
 template <int D, bool kF16>
@@ -844,8 +908,12 @@ void launch_tc_t(const Args& a, cudaStream_t st) {
     const size_t smem = tc_smem(D);
     ALLOY_CUDA_CHECK("cuda::attention", cudaFuncSetAttribute(attention_tc_kernel<D, kF16>,
                                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    const dim3 grid(unsigned(detail::ceil_div(a.T, kTcRows / a.group)), unsigned(a.n_head_kv));
+    const dim3 grid(unsigned(detail::ceil_div(a.T, kTcRows / a.group)), unsigned(a.n_head_kv), unsigned(a.S));
     detail::launch("cuda::attention", attention_tc_kernel<D, kF16>, dim3(grid), dim3(kTcThreads), smem, st, a);
+    if (a.S == 1) return;
+    ALLOY_CUDA_LAUNCHED("cuda::attention");
+    detail::launch("cuda::attention", attention_tc_merge_kernel, dim3(unsigned(a.T * a.n_head), unsigned(D / 64)), dim3(64),
+                   0, st, a);
 }
 template <int D>
 void launch_tc(const Args& a, cudaStream_t st) {
@@ -887,7 +955,7 @@ WorkspaceLayout workspace_layout(const ref::AttentionShape& s, int64_t T, const 
     w.part_o = kDecodeCounters * 4;
     w.part_ml = w.part_o + (rows * s.head_dim + 63) / 64 * 64 * 4;
     w.tail = w.part_ml + (rows * 2 + 63) / 64 * 64 * 4;
-    w.bytes = w.tail + (T > kAttnDecodeMaxT ? size_t(T) * (s.n_head / p.G) * 4 : 0);
+    w.bytes = w.tail + (T > kAttnDecodeMaxT && !use_tensor_cores(s, T) ? size_t(T) * (s.n_head / p.G) * 4 : 0);
     return w;
 }
 
@@ -917,7 +985,7 @@ void attention(const ref::AttentionShape& s, const float* q, const void* k_cache
             if (size_t(T) * size_t(s.n_head / p.G) > kDecodeCounters)
                 throw Error(std::string(op) + ": more than " + std::to_string(kDecodeCounters) + " decode split counters");
             a.done = reinterpret_cast<unsigned*>(base);
-        } else {
+        } else if (!use_tensor_cores(s, T)) {  // the tensor-core path merges in a kernel of its own
             a.done = reinterpret_cast<unsigned*>(base + w.tail);
             ALLOY_CUDA_CHECK(op, cudaMemsetAsync(a.done, 0, w.bytes - w.tail, st));
         }

@@ -293,8 +293,10 @@ constexpr int kMaxConvK = 8;
 // first as the reference sums them (the window win[0..Km1), then the token's own input x), and
 // the window slides by one. Compile-time indices only, so win and wt stay in registers. Shared
 // by the three-launch path (conv_silu_kernel) and the chunked mode (chunked_prep_kernel). N:
-// taps held (K <= N); the arithmetic does not depend on it.
-template <int N>
+// taps held (K <= N); the arithmetic does not depend on it. kFast: SiLU as x / (1 + e^-x) with
+// the fast exponential and division (~2 ulp), for the chunked mode, which rounds the result to
+// bf16 (8 bits) next; the serial paths keep sigmoidf_'s exact-as-ref arithmetic.
+template <int N, bool kFast = false>
 __device__ __forceinline__ float conv_silu_token(const float (&wt)[N], float (&win)[N], float x, int Km1) {
     float acc = 0.0f;
 #pragma unroll
@@ -308,6 +310,7 @@ __device__ __forceinline__ float conv_silu_token(const float (&wt)[N], float (&w
         if (i + 1 < Km1) win[i] = win[i + 1];
         else if (i + 1 == Km1) win[i] = x;
     }
+    if constexpr (kFast) return __fdividef(acc, 1.0f + __expf(-acc));  // -> 0 for acc << 0: e^-acc = inf
     return acc * sigmoidf_(acc);
 }
 
@@ -431,7 +434,7 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
 // is near; the lead is the instruction count per element (sigmoidf_'s two branches with IEEE
 // divisions, the runtime-K window guards). Next: a fast SiLU (__fdividef(x, 1 + __expf(-x)):
 // the result is rounded to bf16 next) and K = 4 at compile time.
-template <int kK>
+template <int kK, bool kFast>
 __global__ void __launch_bounds__(128, 4) chunked_prep_kernel(const PrepArgs A) {
     detail::pdl_entry();
     const int role = blockIdx.x, lane = threadIdx.x & 31;
@@ -501,8 +504,8 @@ __global__ void __launch_bounds__(128, 4) chunked_prep_kernel(const PrepArgs A) 
 #pragma unroll
                 for (int j = 0; j < kK; ++j) win[c][j] = j < Km1 ? hist[c * Km1 + j] : 0.0f;
         }
-        float u[4] = {conv_silu_token(wt[0], win[0], xs[i].x, Km1), conv_silu_token(wt[1], win[1], xs[i].y, Km1),
-                      conv_silu_token(wt[2], win[2], xs[i].z, Km1), conv_silu_token(wt[3], win[3], xs[i].w, Km1)};
+        float u[4] = {conv_silu_token<kK, kFast>(wt[0], win[0], xs[i].x, Km1), conv_silu_token<kK, kFast>(wt[1], win[1], xs[i].y, Km1),
+                      conv_silu_token<kK, kFast>(wt[2], win[2], xs[i].z, Km1), conv_silu_token<kK, kFast>(wt[3], win[3], xs[i].w, Km1)};
         if (kind != 2) {
             const float ss = warp_sum(u[0] * u[0] + u[1] * u[1] + u[2] * u[2] + u[3] * u[3]);
             float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, A.eps)));
@@ -1348,8 +1351,12 @@ void fused_chunked(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs
     A.eps = p.eps, A.q_scale = 1.0f / sqrtf(float(sh.d_k));
     A.q = ws.q, A.k = ws.k, A.v = ws.v, A.g = ws.g, A.beta = ws.beta;
     const dim3 grid(unsigned(2 * sh.H_k + sh.H_v), unsigned(tiles));
-    if (K <= 4) detail::launch(op, chunked_prep_kernel<4>, dim3(grid), dim3(128), 0, st, A);
-    else detail::launch(op, chunked_prep_kernel<kMaxConvK>, dim3(grid), dim3(128), 0, st, A);
+    // ALLOY_GDN_PREP_FAST=0: the exact SiLU (A/B of the fast one, whose error the bf16 rounding hides)
+    static const bool fast = [] { const char* e = std::getenv("ALLOY_GDN_PREP_FAST"); return !e || std::atoi(e) != 0; }();
+    if (K <= 4 && fast) detail::launch(op, chunked_prep_kernel<4, true>, dim3(grid), dim3(128), 0, st, A);
+    else if (K <= 4) detail::launch(op, chunked_prep_kernel<4, false>, dim3(grid), dim3(128), 0, st, A);
+    else if (fast) detail::launch(op, chunked_prep_kernel<kMaxConvK, true>, dim3(grid), dim3(128), 0, st, A);
+    else detail::launch(op, chunked_prep_kernel<kMaxConvK, false>, dim3(grid), dim3(128), 0, st, A);
     check_launch(op);
     if (K > 1) {
         detail::launch(op, conv_state_kernel, dim3(dim3((conv_dim + 127) / 128, n_seqs)), dim3(128), 0, st, seq_offsets, qkv, conv_dim, K, conv_state,

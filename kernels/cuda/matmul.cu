@@ -651,6 +651,17 @@ void matmul_multi(const WeightView* const* W, float* const* y, int n, const floa
     uint8_t* ws = static_cast<uint8_t*>(workspace);
     if (matmul_multi_workspace_bytes(W, n, T) && !ws) throw Error(std::string(op) + ": workspace is null");
     if (gemv(W, y, n, x, T, ws, as_stream(stream), op, xq && xq->q ? xq : nullptr)) return;
+    // BF16 weights sharing the input (q/k/v, gate and up): the input's bf16 copy is made once.
+    bool all_bf16 = true;
+    for (int m = 0; m < n; ++m) all_bf16 = all_bf16 && W[m]->type == GgmlType::BF16;
+    if (all_bf16 && n > 1) {
+        cudaStream_t st = as_stream(stream);
+        to_bf16(x, ws, T * W[0]->n_in, st, op);
+        for (int m = 0; m < n; ++m)
+            gemm(op, st, W[m]->data, CUDA_R_16BF, W[m]->n_in, ws, CUDA_R_16BF, y[m], W[m]->n_out, T, W[m]->n_in,
+                 CUBLAS_COMPUTE_32F);
+        return;
+    }
     for (int m = 0; m < n; ++m) matmul(*W[m], x, y[m], T, workspace, stream, xq);
 }
 

@@ -82,6 +82,9 @@ TEST(CudaAttention, MatchesReference) {
         {8, 2, 256, 70, 0},  {8, 2, 256, 300, 129}, {8, 2, 256, 64, 0}, {8, 2, 256, 129, 64}, {6, 2, 64, 5, 37},   {6, 2, 64, 33, 10},
         {4, 4, 128, 17, 5},  {4, 4, 128, 2, 1000},  {16, 4, 128, 9, 70},
         {8, 2, 256, 2, 9000}, {16, 4, 128, 1, 8200}, {4, 2, 64, 3, 8500},  // past 8k keys: 4 (2) heads per warp
+        // Prefill pieces after a long context: the tensor-core path splits the keys (5 / 3 / 3
+        // / 4 splits; at 1000 after 600 the first tokens see none of the last split's keys).
+        {8, 2, 256, 512, 3584}, {8, 2, 256, 17, 1500}, {8, 2, 256, 1000, 600}, {16, 4, 128, 33, 1500},
     };
     // (K, V) cache types: mixed pairs, and bf16 or f16 for both (prefill then takes the tensor cores).
     const GgmlType pairs[5][2] = {{GgmlType::F32, GgmlType::F16}, {GgmlType::F16, GgmlType::BF16},

@@ -5,9 +5,10 @@
 //
 // The arithmetic of matmul_kquant_avx512.cpp step for step, on two 8-lane halves per 16-token
 // group: vpdpbusd becomes vpmaddubsw (unsigned codes x signed int8 activations -> pairs of
-// int16: |2 * 63 * 128| < 2^15, no saturation) + vpmaddwd by ones + vpaddd, exact like it;
-// the integer sums, the scale and min terms and the fp32 steps are the same operations in the
-// same order, so both paths give the same bits.
+// int16: |2 * 63 * 128| < 2^15, no saturation) summed in int16 over a few quads, then one
+// vpmaddwd by the sub-block scale (kInt16Run below); integer sums are exact in any order, and
+// the scale and min terms and the fp32 steps are the same operations in the same order, so
+// both paths give the same bits.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,9 +31,6 @@ struct F16 {
 ALLOY_KQ2_TARGET inline I16 load_i16(const void* p) {
     const auto* v = static_cast<const __m256i*>(p);
     return {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
-}
-ALLOY_KQ2_TARGET inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {  // vpdpbusd without VNNI
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 }
 
 // Values 32 v .. 32 v + 31 of a super-block's codes, one byte each in element order (the

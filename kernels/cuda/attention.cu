@@ -16,8 +16,10 @@
 // kAttnDecodeSplits chunks (a multiple of 16 keys, at least 16), a function of its own key
 // count only, so its arithmetic is that of a one-token call (verification = decode, bit for
 // bit) and even depth 512 spreads over 264 blocks (one head each up to 8k keys: decode is
-// latency-bound, and fixed chunks of 64 x 4 heads gave 18 blocks on 132 SMs: 2% of HBM). Prefill uses as many splits as fill the device twice (usually 1: no merge).
-// Prefill with bf16 caches runs on tensor cores instead (attention_tc_kernel below). Not yet:
+// // latency-bound, and fixed chunks of 64 x 4 heads gave 18 blocks on 132 SMs: 2% of HBM). Prefill
+// uses as many splits as fill the device twice (usually 1: no merge).
+// Prefill with 16-bit caches runs on tensor cores instead (attention_tc_kernel below), its keys
+// split the same way when a piece's blocks do not fill the SMs twice. Not yet:
 // wgmma / ldmatrix / double-buffered tiles there, the RoPE and output gate fused in.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -124,11 +126,10 @@ Plan make_plan(const ref::AttentionShape& s, int64_t T, int64_t n_past) {
         const int group = s.n_head / s.n_head_kv;
         const int64_t blocks = detail::ceil_div(T, kTcRows / group) * s.n_head_kv;
         const int64_t max_keys = n_past + T;
-        // ALLOY_ATTN_TC_SPLITS=0: one split; ALLOY_ATTN_TC_FILL / _MIN_KEYS: the A/B of the two constants.
-        auto env = [](const char* name, int dflt) { const char* e = std::getenv(name); return e ? std::atoi(e) : dflt; };
-        static const bool splits_on = env("ALLOY_ATTN_TC_SPLITS", 1) != 0;
-        static const int fill = std::max(1, env("ALLOY_ATTN_TC_FILL", 2)), min_keys = std::max(64, env("ALLOY_ATTN_TC_MIN_KEYS", 512));
-        const int64_t want = std::min(detail::ceil_div(fill * detail::sm_count(), blocks), detail::ceil_div(max_keys, min_keys));
+        // (Fill 4x and 256-key splits measured within 2% of these: bench/RESULTS.md.)
+        // ALLOY_ATTN_TC_SPLITS=0: one split, for A/B.
+        static const bool splits_on = [] { const char* e = std::getenv("ALLOY_ATTN_TC_SPLITS"); return !e || std::atoi(e) != 0; }();
+        const int64_t want = std::min(detail::ceil_div(2 * detail::sm_count(), blocks), detail::ceil_div(max_keys, 512));
         if (want <= 1 || !splits_on) return p;
         p.chunk = detail::ceil_div(detail::ceil_div(max_keys, want), kTcKeys) * kTcKeys;
         p.S = int(detail::ceil_div(max_keys, p.chunk));

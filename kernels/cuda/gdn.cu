@@ -431,9 +431,8 @@ __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
 // The conv state is only read. kK: conv taps held (K <= kK).
 // H200, H_v 16, T 4096 (ncu): 156 us for ~150 MB (DRAM 18%, SM 46%; a first version, a thread
 // per channel with 4-byte loads and the norms through shared memory: 165 us). Neither ceiling
-// is near; the lead is the instruction count per element (sigmoidf_'s two branches with IEEE
-// divisions, the runtime-K window guards). Next: a fast SiLU (__fdividef(x, 1 + __expf(-x)):
-// the result is rounded to bf16 next) and K = 4 at compile time.
+// is near; the lead is the instruction count per element. Since then: K = 4 at compile time and
+// the fast SiLU (kFast; 0.8B BF16 prefill at 512-token steps +8-10%, bench/RESULTS.md).
 template <int kK, bool kFast>
 __global__ void __launch_bounds__(128, 4) chunked_prep_kernel(const PrepArgs A) {
     detail::pdl_entry();
@@ -1353,10 +1352,9 @@ void fused_chunked(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs
     const dim3 grid(unsigned(2 * sh.H_k + sh.H_v), unsigned(tiles));
     // ALLOY_GDN_PREP_FAST=0: the exact SiLU (A/B of the fast one, whose error the bf16 rounding hides)
     static const bool fast = [] { const char* e = std::getenv("ALLOY_GDN_PREP_FAST"); return !e || std::atoi(e) != 0; }();
-    if (K <= 4 && fast) detail::launch(op, chunked_prep_kernel<4, true>, dim3(grid), dim3(128), 0, st, A);
-    else if (K <= 4) detail::launch(op, chunked_prep_kernel<4, false>, dim3(grid), dim3(128), 0, st, A);
-    else if (fast) detail::launch(op, chunked_prep_kernel<kMaxConvK, true>, dim3(grid), dim3(128), 0, st, A);
-    else detail::launch(op, chunked_prep_kernel<kMaxConvK, false>, dim3(grid), dim3(128), 0, st, A);
+    void (*prep)(const PrepArgs) = K <= 4 ? (fast ? chunked_prep_kernel<4, true> : chunked_prep_kernel<4, false>)
+                                          : (fast ? chunked_prep_kernel<kMaxConvK, true> : chunked_prep_kernel<kMaxConvK, false>);
+    detail::launch(op, prep, dim3(grid), dim3(128), 0, st, A);
     check_launch(op);
     if (K > 1) {
         detail::launch(op, conv_state_kernel, dim3(dim3((conv_dim + 127) / 128, n_seqs)), dim3(128), 0, st, seq_offsets, qkv, conv_dim, K, conv_state,

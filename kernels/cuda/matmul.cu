@@ -98,6 +98,11 @@ void gemm(const char* op, cudaStream_t st, const void* W, cudaDataType wt, int64
                                         xt, int(k), &zero, y, CUDA_R_32F, int(m), compute, CUBLAS_GEMM_DEFAULT));
 }
 
+// A BF16 weight times xb, the input already converted to bf16 (to_bf16) in the workspace.
+void bf16_gemm(const WeightView& W, const void* xb, float* y, int64_t T, cudaStream_t st, const char* op) {
+    gemm(op, st, W.data, CUDA_R_16BF, W.n_in, xb, CUDA_R_16BF, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F);
+}
+
 // ---- Q8_0 ------------------------------------------------------------------------------------
 
 // x [T, n] fp32 -> xq [T, n] int8 and xd [T, n / 32] fp32: per 32 values, d = amax / 127 and
@@ -657,9 +662,7 @@ void matmul_multi(const WeightView* const* W, float* const* y, int n, const floa
     if (all_bf16 && n > 1) {
         cudaStream_t st = as_stream(stream);
         to_bf16(x, ws, T * W[0]->n_in, st, op);
-        for (int m = 0; m < n; ++m)
-            gemm(op, st, W[m]->data, CUDA_R_16BF, W[m]->n_in, ws, CUDA_R_16BF, y[m], W[m]->n_out, T, W[m]->n_in,
-                 CUBLAS_COMPUTE_32F);
+        for (int m = 0; m < n; ++m) bf16_gemm(*W[m], ws, y[m], T, st, op);
         return;
     }
     for (int m = 0; m < n; ++m) matmul(*W[m], x, y[m], T, workspace, stream, xq);
@@ -681,7 +684,7 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
             return;
         case GgmlType::BF16:
             to_bf16(x, ws, T * W.n_in, st, op);
-            gemm(op, st, W.data, CUDA_R_16BF, W.n_in, ws, CUDA_R_16BF, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F);
+            bf16_gemm(W, ws, y, T, st, op);
             return;
         case GgmlType::Q8_0: {
             const int64_t nb = W.n_in / kQ8Block;

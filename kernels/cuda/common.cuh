@@ -137,9 +137,9 @@ __device__ __forceinline__ float sigmoid(float x) {
     return e / (1.0f + e);
 }
 
-// The Q8_0 GEMV's quantization of x (ops.h Q8Input), one block of 32 values held one per lane
+// The Q8_0 GEMV's quantization of x (ops.h MatmulInput), one block of 32 values held one per lane
 // of a warp (every lane active): d = amax / 127, q = round(v / d) to nearest even; q[lane] and
-// (lane 0) *d written. The quantize kernel and the producers that write a Q8Input beside their
+// (lane 0) *d written. The quantize kernel and the producers that write a MatmulInput beside their
 // fp32 output share it, so both give the same bytes.
 __device__ __forceinline__ void quantize_block32(float v, int lane, int8_t* q, float* d) {
     float amax = fabsf(v);

@@ -1,6 +1,7 @@
 // Elementwise ops on CUDA (kernels/cuda/ops.h): residual add, SwiGLU, the attention output
 // gate. Memory-bound: float4 accesses where the pointers and n allow, a grid-stride loop;
 // the activations use ref's formulas (kernels/ref/activations.h) with full-precision expf.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -83,28 +84,33 @@ __global__ void __launch_bounds__(kThreads) gate_rows_kernel(float* x, const flo
     }
 }
 
-// The quantizing forms (ops.h Q8Input): each warp takes blocks of 32 consecutive values, one
-// per lane, computes them with the op, stores them and their quantization. rows x n values,
-// block b of row r at value r n + 32 b; the op's inputs by (row, column).
+// The packing forms (ops.h MatmulInput): each warp takes blocks of 32 consecutive values, one
+// per lane, computes them with the op and stores them (fp32 unless pk.b_only), their bf16 copy
+// (pk.b) and their quantization (pk.q). rows x n values, block b of row r at value r n + 32 b;
+// the op's inputs by (row, column).
 template <class Value>
-__global__ void __launch_bounds__(kThreads) q8_rows_kernel(float* out, int64_t rows, int64_t n, Q8Input q8, Value f) {
+__global__ void __launch_bounds__(kThreads) packed_rows_kernel(float* out, int64_t rows, int64_t n, MatmulInput pk,
+                                                               Value f) {
     detail::pdl_entry();
     const int lane = threadIdx.x & 31;
     const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
     const int64_t nb = n / 32, total = rows * nb;
+    __nv_bfloat16* bf = reinterpret_cast<__nv_bfloat16*>(pk.b);
+    const bool fp32 = !(bf && pk.b_only);
     for (int64_t b = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32; b < total; b += warps) {
         const int64_t r = b / nb, c = (b - r * nb) * 32 + lane;
         const float v = f(r, c);
-        out[r * n + c] = v;
-        detail::quantize_block32(v, lane, q8.q + r * n + c - lane, q8.d + b);
+        if (fp32) out[r * n + c] = v;
+        if (bf) bf[r * n + c] = __float2bfloat16_rn(v);
+        if (pk.q) detail::quantize_block32(v, lane, pk.q + r * n + c - lane, pk.d + b);
     }
 }
 
 template <class Value>
-void q8_rows(float* out, int64_t rows, int64_t n, const Q8Input& q8, Value f, cudaStream_t st, const char* op) {
-    if (n % 32 || !q8.d) throw Error(std::string(op) + ": a Q8Input needs whole blocks of 32 and both arrays");
+void packed_rows(float* out, int64_t rows, int64_t n, const MatmulInput& pk, Value f, cudaStream_t st, const char* op) {
+    if (n % 32 || (pk.q && !pk.d)) throw Error(std::string(op) + ": a MatmulInput needs whole blocks of 32 (and d with q)");
     const unsigned grid = unsigned(std::min<int64_t>(detail::ceil_div(rows * (n / 32), kThreads / 32), 132 * 16));
-    detail::launch(op, q8_rows_kernel<Value>, dim3(grid), dim3(kThreads), 0, st, out, rows, n, q8, f);
+    detail::launch(op, packed_rows_kernel<Value>, dim3(grid), dim3(kThreads), 0, st, out, rows, n, pk, f);
     ALLOY_CUDA_LAUNCHED(op);
 }
 
@@ -125,9 +131,9 @@ void add(float* x, const float* y, int64_t n, void* stream) {
     binary<AddOp>(x, y, x, n, detail::as_stream(stream), "cuda::add");
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream, Q8Input q8) {
-    if (q8.q && n > 0) {  // out may alias gate or up: each value is read by the lane that writes it
-        q8_rows(out, 1, n, q8, SwiGluAt{gate, up, n}, detail::as_stream(stream), "cuda::swiglu");
+void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream, MatmulInput packed) {
+    if ((packed.q || packed.b) && n > 0) {  // out may alias gate or up: each value is read by the lane that writes it
+        packed_rows(out, 1, n, packed, SwiGluAt{gate, up, n}, detail::as_stream(stream), "cuda::swiglu");
         return;
     }
     binary<SwiGluOp>(gate, up, out, n, detail::as_stream(stream), "cuda::swiglu");
@@ -137,12 +143,13 @@ void sigmoid_gate_mul(float* x, const float* g, int64_t n, void* stream) {
     binary<GateOp>(x, g, x, n, detail::as_stream(stream), "cuda::sigmoid_gate_mul");
 }
 
-void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream, Q8Input q8) {
+void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream,
+                      MatmulInput packed) {
     const char* op = "cuda::sigmoid_gate_mul";
     if (rows < 0 || n < 0 || g_stride < n) throw Error(std::string(op) + ": bad shape");
     if (rows == 0 || n == 0) return;
-    if (q8.q) {
-        q8_rows(x, rows, n, q8, GateAt{x, g, n, g_stride}, detail::as_stream(stream), op);
+    if (packed.q || packed.b) {
+        packed_rows(x, rows, n, packed, GateAt{x, g, n, g_stride}, detail::as_stream(stream), op);
         return;
     }
     const bool vec = n % 4 == 0 && g_stride % 4 == 0 &&

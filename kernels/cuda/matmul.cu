@@ -592,7 +592,7 @@ namespace {
 // not a multiple of 8 weights or not 16-byte aligned), and nothing ran. Warps per row follow
 // the group's total rows, so a row's bits are fixed by the group's shape (batch invariance).
 bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, uint8_t* ws, cudaStream_t st,
-          const char* op, const Q8Input* given) {
+          const char* op, const MatmulInput* given) {
     if (T > kGemvMaxT || n < 1 || n > kMaxParts) return false;
     const GgmlType type = W[0]->type;
     const int64_t n_in = W[0]->n_in;
@@ -634,7 +634,7 @@ bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, in
 
 }  // namespace
 
-void quantize_q8_input(const float* x, int64_t T, int64_t n, Q8Input out, void* stream) {
+void quantize_q8_input(const float* x, int64_t T, int64_t n, MatmulInput out, void* stream) {
     if (n % kQ8Block || T < 0 || !out.q || !out.d) throw Error("cuda::quantize_q8_input: needs n % 32 == 0 and both arrays");
     const int64_t blocks = T * (n / kQ8Block);
     if (blocks == 0) return;
@@ -648,27 +648,73 @@ size_t matmul_multi_workspace_bytes(const WeightView* const* W, int n, int64_t T
     return b;
 }
 
+namespace {
+
+// The prefill GEMM (T > kQ8GemvMaxT) of a BF16 or Q8_0 weight on xb, the input already in
+// bf16 ([T, n_in], from to_bf16 or from its producer: MatmulInput::b). ws: the workspace,
+// whose part past x's bf16 copy (matmul_workspace_bytes) holds a Q8_0 weight's bf16 panels.
+void bf16_input_gemm(const WeightView& W, const void* xb, float* y, int64_t T, uint8_t* ws, cudaStream_t st,
+                     const char* op) {
+    if (W.type == GgmlType::BF16) {
+        bf16_gemm(W, xb, y, T, st, op);
+        return;
+    }
+    // Q8_0: the panel's bf16 copy costs 2 bytes written + read per weight against 2 T FLOPs
+    // per weight of GEMM, small once T is in the hundreds.
+    const int64_t nb = W.n_in / kQ8Block;
+    auto* wb = reinterpret_cast<__nv_bfloat16*>(ws + align256(size_t(T * W.n_in) * 2));
+    // y's panel columns are strided by n_out: one GEMM per panel with ldc = n_out.
+    for (int64_t r0 = 0; r0 < W.n_out; r0 += kQ8PanelRows) {
+        const int64_t rows = std::min(kQ8PanelRows, W.n_out - r0);
+        const int64_t words = rows * nb * 8;
+        const auto* Q = reinterpret_cast<const uint32_t*>(W.data + r0 * W.n_in);
+        const auto* S = reinterpret_cast<const unsigned short*>(W.data + W.n_out * W.n_in) + r0 * nb;
+        detail::launch(op, q8_to_bf16_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024))),
+                       dim3(256), 0, st, Q, S, nb, rows, wb);
+        ALLOY_CUDA_LAUNCHED(op);
+        cublasHandle_t h = handle(op);
+        ALLOY_CUBLAS_CHECK(op, cublasSetStream(h, st));
+        const float one = 1.0f, zero = 0.0f;
+        ALLOY_CUBLAS_CHECK(op, cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(W.n_in), &one, wb,
+                                            CUDA_R_16BF, int(W.n_in), xb, CUDA_R_16BF, int(W.n_in), &zero, y + r0,
+                                            CUDA_R_32F, int(W.n_out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+bool takes_bf16_input(GgmlType t) { return t == GgmlType::BF16 || t == GgmlType::Q8_0; }
+
+// x's bf16 copy for the prefill GEMMs: the producer's (xq->b) or one made now at ws.
+const void* bf16_input(const float* x, int64_t T, int64_t n_in, uint8_t* ws, const MatmulInput* xq, cudaStream_t st,
+                       const char* op) {
+    if (xq && xq->b) return xq->b;
+    to_bf16(x, ws, T * n_in, st, op);
+    return ws;
+}
+
+}  // namespace
+
 void matmul_multi(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, void* workspace,
-                  void* stream, const Q8Input* xq) {
+                  void* stream, const MatmulInput* xq) {
     const char* op = "cuda::matmul_multi";
     for (int m = 0; m < n; ++m) check_weight(*W[m], T, op);
     if (T == 0 || n == 0) return;
     uint8_t* ws = static_cast<uint8_t*>(workspace);
     if (matmul_multi_workspace_bytes(W, n, T) && !ws) throw Error(std::string(op) + ": workspace is null");
-    if (gemv(W, y, n, x, T, ws, as_stream(stream), op, xq && xq->q ? xq : nullptr)) return;
-    // BF16 weights sharing the input (q/k/v, gate and up): the input's bf16 copy is made once.
-    bool all_bf16 = true;
-    for (int m = 0; m < n; ++m) all_bf16 = all_bf16 && W[m]->type == GgmlType::BF16;
-    if (all_bf16 && n > 1) {
-        cudaStream_t st = as_stream(stream);
-        to_bf16(x, ws, T * W[0]->n_in, st, op);
-        for (int m = 0; m < n; ++m) bf16_gemm(*W[m], ws, y[m], T, st, op);
+    cudaStream_t st = as_stream(stream);
+    if (gemv(W, y, n, x, T, ws, st, op, xq && xq->q ? xq : nullptr)) return;
+    // BF16 / Q8_0 weights sharing the input (q/k/v, gate and up): the input's bf16 copy is made
+    // once (or given by its producer).
+    bool all_bf16_input = true;
+    for (int m = 0; m < n; ++m) all_bf16_input = all_bf16_input && takes_bf16_input(W[m]->type);
+    if (all_bf16_input) {
+        const void* xb = bf16_input(x, T, W[0]->n_in, ws, xq, st, op);
+        for (int m = 0; m < n; ++m) bf16_input_gemm(*W[m], xb, y[m], T, ws, st, op);
         return;
     }
     for (int m = 0; m < n; ++m) matmul(*W[m], x, y[m], T, workspace, stream, xq);
 }
 
-void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream, const Q8Input* xq) {
+void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream, const MatmulInput* xq) {
     const char* op = "cuda::matmul";
     check_weight(W, T, op);
     if (T == 0) return;
@@ -677,43 +723,13 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
     if (matmul_workspace_bytes(W, T) && !ws) throw Error(std::string(op) + ": workspace is null");
     const WeightView* w1 = &W;
     if (gemv(&w1, &y, 1, x, T, ws, st, op, xq && xq->q ? xq : nullptr)) return;
-    switch (W.type) {
-        case GgmlType::F32:
-            // PEDANTIC: fp32 FMAs, never TF32 (even with NVIDIA_TF32_OVERRIDE): the oracle path.
-            gemm(op, st, W.data, CUDA_R_32F, W.n_in, x, CUDA_R_32F, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F_PEDANTIC);
-            return;
-        case GgmlType::BF16:
-            to_bf16(x, ws, T * W.n_in, st, op);
-            bf16_gemm(W, ws, y, T, st, op);
-            return;
-        case GgmlType::Q8_0: {
-            const int64_t nb = W.n_in / kQ8Block;
-            // Prefill: the panel's bf16 copy costs 2 bytes written + read per weight against
-            // 2 T FLOPs per weight of GEMM, small once T is in the hundreds.
-            void* xb = ws;
-            auto* wb = reinterpret_cast<__nv_bfloat16*>(ws + align256(size_t(T * W.n_in) * 2));
-            to_bf16(x, xb, T * W.n_in, st, op);
-            // y's panel columns are strided by n_out: one GEMM per panel with ldc = n_out.
-            for (int64_t r0 = 0; r0 < W.n_out; r0 += kQ8PanelRows) {
-                const int64_t rows = std::min(kQ8PanelRows, W.n_out - r0);
-                const int64_t words = rows * nb * 8;
-                const auto* Q = reinterpret_cast<const uint32_t*>(W.data + r0 * W.n_in);
-                const auto* S = reinterpret_cast<const unsigned short*>(W.data + W.n_out * W.n_in) + r0 * nb;
-                detail::launch(op, q8_to_bf16_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024))),
-                               dim3(256), 0, st, Q, S, nb, rows, wb);
-                ALLOY_CUDA_LAUNCHED(op);
-                cublasHandle_t h = handle(op);
-                ALLOY_CUBLAS_CHECK(op, cublasSetStream(h, st));
-                const float one = 1.0f, zero = 0.0f;
-                ALLOY_CUBLAS_CHECK(op, cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(W.n_in), &one,
-                                                    wb, CUDA_R_16BF, int(W.n_in), xb, CUDA_R_16BF, int(W.n_in), &zero,
-                                                    y + r0, CUDA_R_32F, int(W.n_out), CUBLAS_COMPUTE_32F,
-                                                    CUBLAS_GEMM_DEFAULT));
-            }
-            return;
-        }
-        default: return;  // check_weight threw
+    if (W.type == GgmlType::F32) {
+        // PEDANTIC: fp32 FMAs, never TF32 (even with NVIDIA_TF32_OVERRIDE): the oracle path.
+        gemm(op, st, W.data, CUDA_R_32F, W.n_in, x, CUDA_R_32F, y, W.n_out, T, W.n_in, CUBLAS_COMPUTE_32F_PEDANTIC);
+        return;
     }
+    if (takes_bf16_input(W.type)) bf16_input_gemm(W, bf16_input(x, T, W.n_in, ws, xq, st, op), y, T, ws, st, op);
+    // other types: check_weight threw
 }
 
 }  // namespace alloy::cuda

@@ -561,9 +561,9 @@ struct MoeLayout {
     int32_t* ids;    // [P]
     float* wt;       // [P]
     int32_t *c_expert, *c_first, *c_count, *pair_of, *n_chunks;  // grouped calls: [C], [C], [C], [P], [1]
-    Q8Input xq;      // x quantized [T, D] (Q8_0 gate / up)
+    MatmulInput xq;      // x quantized [T, D] (Q8_0 gate / up)
     float* h;        // [P, I]
-    Q8Input hq;      // h quantized (Q8_0 down)
+    MatmulInput hq;      // h quantized (Q8_0 down)
     float* ye;       // [P, D]
     float *sg, *sh, *su, *sy;  // shared expert: gate [T], [T, Is] twice, output [T, D]
     void* mm;        // the shared expert's and router's matmul workspace
@@ -722,7 +722,7 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
         const int64_t Is = w.shexp_gate.n_out;
         const WeightView* gu2[2] = {&w.shexp_gate, &w.shexp_up};
         float* outs[2] = {L.sh, L.su};
-        const Q8Input* xq = w.shexp_gate.type == GgmlType::Q8_0 && L.xq.q ? &L.xq : nullptr;
+        const MatmulInput* xq = w.shexp_gate.type == GgmlType::Q8_0 && L.xq.q ? &L.xq : nullptr;
         matmul_multi(gu2, outs, 2, x, T, L.mm, st, xq);
         swiglu(L.sh, L.su, L.sh, T * Is, st);
         matmul(w.shexp_down, L.sh, L.sy, T, L.mm, st);

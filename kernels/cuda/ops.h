@@ -45,21 +45,29 @@ namespace alloy::cuda {
 // Other weight types throw alloy::Error. cuBLAS runs on a per-thread handle bound to `stream`.
 constexpr int64_t kQ8GemvMaxT = 16;  // both GEMVs (the name is historical)
 constexpr int64_t kQ8PanelRows = 8192;
-// x already quantized as the Q8_0 GEMV quantizes it (per 32 values d = amax / 127 and
-// q = round(x / d), to nearest even): q [T, n] int8, d [T, n / 32] fp32. The producers of a
-// GEMV's input (rms_norm, add_rms_norm, swiglu, sigmoid_gate_mul) can write it beside their
-// fp32 output, which saves the GEMV its quantize launch (decode is launch-bound); the GEMV's
-// bits are those of quantizing x itself. Used only by Q8_0 weights at T <= kQ8GemvMaxT
-// (other calls ignore it). Sizes: q8_input_bytes.
-struct Q8Input {
+// A matmul input its producer (rms_norm, add_rms_norm, swiglu, sigmoid_gate_mul) writes in
+// the form the matmul reads, so that the matmul skips its own conversion launch:
+//  - q, d (T <= kQ8GemvMaxT, Q8_0 weights): x quantized as the Q8_0 GEMV quantizes it (per 32
+//    values d = amax / 127 and q = round(x / d), to nearest even): q [T, n] int8, d [T, n / 32]
+//    fp32 (sizes: q8_input_bytes). Decode is launch-bound: one launch less per matmul; the
+//    GEMV's bits are those of quantizing x itself.
+//  - b (T > kQ8GemvMaxT, BF16 or Q8_0 weights): x rounded to bf16 (nearest even) [T, n], as the
+//    prefill GEMM's to_bf16 rounds it: one launch and one fp32 read of x less per matmul.
+//    b_only: the producer writes b alone, not its fp32 output (the backend sets it when every
+//    reader of the tensor is a matmul that takes b).
+// A producer writes the forms whose pointers are set; a matmul ignores those its path does not
+// read.
+struct MatmulInput {
     int8_t* q = nullptr;
     float* d = nullptr;
+    uint16_t* b = nullptr;
+    bool b_only = false;
 };
 inline size_t q8_input_scales_offset(int64_t T, int64_t n) { return (size_t(T * n) + 255) / 256 * 256; }
 inline size_t q8_input_bytes(int64_t T, int64_t n) { return q8_input_scales_offset(T, n) + size_t(T * (n / 32)) * 4; }
 // x [T, n] fp32 -> out, as the Q8_0 GEMV quantizes its input (n % 32 == 0), for a caller
 // that feeds several GEMVs or gathers rows of it (cuda::moe_ffn).
-void quantize_q8_input(const float* x, int64_t T, int64_t n, Q8Input out, void* stream = nullptr);
+void quantize_q8_input(const float* x, int64_t T, int64_t n, MatmulInput out, void* stream = nullptr);
 // Q8_0 weights on the device are split (WeightLayout::Q8Split: all rows' int8 quants, then all
 // rows' f16 scales; the same bytes as GGUF's 34-byte blocks, which are only 2-byte aligned), so
 // a GEMV lane reads 16 quants with one 16-byte load instead of five 4-byte ones and a shift.
@@ -68,7 +76,7 @@ void quantize_q8_input(const float* x, int64_t T, int64_t n, Q8Input out, void* 
 WeightView split_q8(const WeightView& gguf, void* out, void* stream = nullptr);
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr,
-            const Q8Input* xq = nullptr);
+            const MatmulInput* xq = nullptr);
 // y[m] = matmul(*W[m], x) for m < n (n <= 4; e.g. a GDN layer's four input projections, or
 // the FFN's gate and up): at T <= kQ8GemvMaxT, weights of one type and n_in run as ONE GEMV
 // launch (after one quantization of x for Q8_0), warps per row chosen from the group's total
@@ -76,17 +84,17 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
 // bits from a lone matmul of the same weight). Else one matmul per weight.
 size_t matmul_multi_workspace_bytes(const WeightView* const* W, int n, int64_t T);
 void matmul_multi(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, void* workspace,
-                  void* stream = nullptr, const Q8Input* xq = nullptr);
+                  void* stream = nullptr, const MatmulInput* xq = nullptr);
 
 // ---- normalization (kernels/cuda/norm.cu) ---------------------------------------------------
 // ref::rms_norm: x, out: [rows, n] (out may alias x); w: [n] or nullptr. fp32 sums (ref: double).
-// q8 (optional; n % 32 == 0): out also written as a Q8Input of [rows, n].
+// packed (optional; n % 32 == 0): out also written in packed's forms (MatmulInput), [rows, n].
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps, void* stream = nullptr,
-              Q8Input q8 = {});
+              MatmulInput packed = {});
 // ref::add_rms_norm: x [rows, n] += y [rows, n], then out [rows, n] = rms_norm(x) (out aliases
 // neither x nor y). One pass: each row is read once and x written once.
 void add_rms_norm(float* x, const float* y, const float* w, float* out, int64_t rows, int64_t n, float eps,
-                  void* stream = nullptr, Q8Input q8 = {});
+                  void* stream = nullptr, MatmulInput packed = {});
 
 // ---- RoPE (kernels/cuda/rope.cu) ------------------------------------------------------------
 // ref::rope_partial: x [T, n_heads, head_dim] rotated in place, pos [T] (device) absolute
@@ -103,14 +111,14 @@ void rms_norm_rope(const float* x, int64_t x_head_stride, const float* w, float*
 // ref::add: x [n] += y [n].
 void add(float* x, const float* y, int64_t n, void* stream = nullptr);
 // ref::swiglu: out [n] = silu(gate [n]) * up [n]; out may alias gate or up.
-// q8 (optional; n % 32 == 0, out rows whole blocks): out also written as a Q8Input of n values.
-void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream = nullptr, Q8Input q8 = {});
+// packed (optional; n % 32 == 0, out rows whole blocks): out also written in packed's forms, n values.
+void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream = nullptr, MatmulInput packed = {});
 // ref::sigmoid_gate_mul: x [n] *= sigmoid(g [n]).
 void sigmoid_gate_mul(float* x, const float* g, int64_t n, void* stream = nullptr);
 // The same over rows: x [rows, n] contiguous, gate row r at g + r g_stride.
-// q8 (optional; n % 32 == 0): x also written as a Q8Input of rows x n values.
+// packed (optional; n % 32 == 0): x also written in packed's forms, rows x n values.
 void sigmoid_gate_mul(float* x, const float* g, int64_t rows, int64_t n, int64_t g_stride, void* stream = nullptr,
-                      Q8Input q8 = {});
+                      MatmulInput packed = {});
 
 // ---- MoE FFN (kernels/cuda/moe.cu) ---------------------------------------------------------
 // ref::moe_ffn on the device: x [T, D] -> y [T, D] (must not alias). w: every matrix a device

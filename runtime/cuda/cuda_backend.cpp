@@ -123,7 +123,7 @@ public:
     float* logits() const { return logits_.get<float>(); }
     std::unique_ptr<DeviceBuffer> scratch, workspace;  // activations; matmul / GDN workspace
     std::unique_ptr<DeviceBuffer> decode_attention_ws;  // cuda::attention_decode's
-    std::unique_ptr<DeviceBuffer> q8_inputs;            // the producers' quantized outputs (fused_q8_inputs)
+    std::unique_ptr<DeviceBuffer> packed_inputs;        // the producers' matmul inputs (cuda::MatmulInput)
     ~CudaPlan() override {
         for (auto& [key, execs] : graphs_)
             for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
@@ -573,53 +573,108 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     plan->workspace = std::make_unique<DeviceBuffer>(std::max<size_t>(ws_bytes, 256), "the workspace");
     void* ws = plan->workspace->get();
 
-    // Decode is launch-bound: a tensor whose producer can quantize it (norms, SwiGLU, the
-    // attention gate) and that a Q8_0 matmul over the same rows reads gets a Q8Input, written by
-    // the producer when the step has <= kQ8GemvMaxT rows and read by the GEMV instead of
-    // quantizing x itself (same bytes: one launch less per matmul). Rows compact, as the node's.
-    // ALLOY_CUDA_FUSE_Q8=0 (read at compile) turns it off, for A/B.
-    std::vector<cuda::Q8Input> q8_of(g.tensors.size());
-    std::vector<Rows> q8_rows(g.tensors.size());  // its producer's rows (a reader over others ignores it)
-    if (!env_is("ALLOY_CUDA_FUSE_Q8", "0")) {
+    // Matmul inputs written by their producers (norms, SwiGLU, the attention gate) in the form
+    // the matmul reads (cuda::MatmulInput; rows compact, as the node's):
+    //  - Q8_0 weights, steps of <= kQ8GemvMaxT rows (decode is launch-bound): x quantized, so
+    //    the GEMV skips its quantize launch (same bytes). ALLOY_CUDA_FUSE_Q8=0 turns it off.
+    //  - BF16 / Q8_0 weights, longer steps (prefill): x in bf16, so the GEMM skips its to_bf16
+    //    launch and fp32 read (same bytes); where every reader is such a matmul the producer
+    //    writes the bf16 copy alone. ALLOY_CUDA_FUSE_BF16=0 turns it off. These copies live from
+    //    their producer to their last reader, so they share a few buffers (greedy by interval).
+    // Both read at compile, for A/B.
+    std::vector<cuda::MatmulInput> packed_of(g.tensors.size());
+    std::vector<Rows> packed_rows(g.tensors.size());  // its producer's rows (a reader over others ignores it)
+    {
         const std::vector<std::vector<int>> readers = g.readers();
+        const bool fuse_q8 = !env_is("ALLOY_CUDA_FUSE_Q8", "0"), fuse_bf16 = !env_is("ALLOY_CUDA_FUSE_BF16", "0");
         struct Want {
             size_t t, offset;
             int64_t rows;
         };
-        std::vector<Want> want;
-        size_t bytes = 0;
-        for (const Node& n : g.nodes) {
+        std::vector<Want> want_q8;
+        struct WantBf16 {
+            size_t t;
+            int first, last;  // producer's and last reader's node index
+            size_t bytes;
+            int buf = -1;
+        };
+        std::vector<WantBf16> want_bf16;
+        size_t q8_bytes = 0;
+        for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
+            const Node& n = g.nodes[ni];
             int t = -1;
             if (n.op == Op::AddRmsNorm) t = n.out[1];
             if (n.op == Op::RmsNorm || n.op == Op::Swiglu || n.op == Op::SigmoidGateMul) t = n.out[0];
             if (t < 0 || g.tensors[size_t(t)].cols % 32 || g.tensors[size_t(t)].logits) continue;
-            bool read_by_q8 = false;
+            // Quantized: beside the fp32 output, for any Q8_0 matmul reader over the same rows.
+            // bf16: instead of it, only when every reader is a BF16 / Q8_0 matmul over them.
+            bool any_q8 = false, all_bf16_input = !readers[size_t(t)].empty();
+            int last = int(ni);
             for (int ri : readers[size_t(t)]) {
                 const Node& m = g.nodes[size_t(ri)];
-                if ((m.op == Op::Matmul || m.op == Op::MatmulMulti) && m.in[0] == t && m.rows == n.rows &&
-                    std::all_of(m.weights.begin(), m.weights.end(), [](const WeightView* w) { return w->type == GgmlType::Q8_0; }))
-                    read_by_q8 = true;
+                const bool mm = (m.op == Op::Matmul || m.op == Op::MatmulMulti) && m.in[0] == t && m.rows == n.rows;
+                auto all_of_types = [&](auto ok) { return std::all_of(m.weights.begin(), m.weights.end(), [&](const WeightView* w) { return ok(w->type); }); };
+                any_q8 = any_q8 || (mm && all_of_types([](GgmlType ty) { return ty == GgmlType::Q8_0; }));
+                all_bf16_input = all_bf16_input && mm &&
+                                 all_of_types([](GgmlType ty) { return ty == GgmlType::Q8_0 || ty == GgmlType::BF16; });
+                last = std::max(last, ri);
             }
-            if (!read_by_q8) continue;
-            const int64_t rows = std::min<int64_t>(n.rows == Rows::Last ? 1 : bucket, cuda::kQ8GemvMaxT);
-            want.push_back({size_t(t), bytes, rows});
-            q8_rows[size_t(t)] = n.rows;
-            bytes += (cuda::q8_input_bytes(rows, g.tensors[size_t(t)].cols) + 255) / 256 * 256;
+            const int64_t max_rows = n.rows == Rows::Last ? 1 : bucket;
+            if (any_q8 && fuse_q8) {
+                const int64_t rows = std::min<int64_t>(max_rows, cuda::kQ8GemvMaxT);
+                want_q8.push_back({size_t(t), q8_bytes, rows});
+                q8_bytes += (cuda::q8_input_bytes(rows, g.tensors[size_t(t)].cols) + 255) / 256 * 256;
+            }
+            const bool dumped = graph::name_matches(opt.dump, g.tensors[size_t(t)].name);
+            if (all_bf16_input && fuse_bf16 && max_rows > cuda::kQ8GemvMaxT && !dumped)
+                want_bf16.push_back({size_t(t), int(ni), last, (size_t(max_rows * g.tensors[size_t(t)].cols) * 2 + 255) / 256 * 256});
+            if ((any_q8 && fuse_q8) || (all_bf16_input && fuse_bf16)) packed_rows[size_t(t)] = n.rows;
         }
+        // bf16 copies: each to the first buffer free before its producer runs (intervals in node order).
+        std::vector<int> buf_last;
+        std::vector<size_t> buf_bytes;
+        for (WantBf16& w : want_bf16) {
+            for (size_t i = 0; i < buf_last.size() && w.buf < 0; ++i)
+                if (buf_last[i] < w.first) w.buf = int(i);
+            if (w.buf < 0) {
+                w.buf = int(buf_last.size());
+                buf_last.push_back(0);
+                buf_bytes.push_back(0);
+            }
+            buf_last[size_t(w.buf)] = w.last;
+            buf_bytes[size_t(w.buf)] = std::max(buf_bytes[size_t(w.buf)], w.bytes);
+        }
+        std::vector<size_t> buf_offset(buf_bytes.size());
+        size_t bytes = q8_bytes;
+        for (size_t i = 0; i < buf_bytes.size(); ++i) buf_offset[i] = bytes, bytes += buf_bytes[i];
         if (bytes) {
-            plan->q8_inputs = std::make_unique<DeviceBuffer>(bytes, "quantized matmul inputs");
-            for (const Want& w : want) {
-                char* p = plan->q8_inputs->get<char>() + w.offset;
-                q8_of[w.t] = {reinterpret_cast<int8_t*>(p),
-                              reinterpret_cast<float*>(p + cuda::q8_input_scales_offset(w.rows, g.tensors[w.t].cols))};
+            plan->packed_inputs = std::make_unique<DeviceBuffer>(bytes, "the producers' matmul inputs");
+            char* base = plan->packed_inputs->get<char>();
+            for (const Want& w : want_q8) {
+                char* p = base + w.offset;
+                packed_of[w.t].q = reinterpret_cast<int8_t*>(p);
+                packed_of[w.t].d = reinterpret_cast<float*>(p + cuda::q8_input_scales_offset(w.rows, g.tensors[w.t].cols));
+            }
+            for (const WantBf16& w : want_bf16) {
+                packed_of[w.t].b = reinterpret_cast<uint16_t*>(base + buf_offset[size_t(w.buf)]);
+                packed_of[w.t].b_only = true;  // every reader is a matmul that takes b
             }
         }
     }
-    // The Q8Input a node over rows r writes or reads this step, if any (<= kQ8GemvMaxT rows).
-    auto q8_out = [&](const Node& n, size_t i) { return q8_of[size_t(n.out[i])]; };
-    auto q8_in = [&](const Node& n) { return q8_rows[size_t(n.in[0])] == n.rows ? q8_of[size_t(n.in[0])] : cuda::Q8Input{}; };
-    auto q8_at = [](const cuda::Q8Input& q, Rows r, const StepContext& c) {
-        return q.q && n_rows(r, c) <= cuda::kQ8GemvMaxT ? q : cuda::Q8Input{};
+    // The MatmulInput a node over rows r writes or reads this step: the quantized form at
+    // <= kQ8GemvMaxT rows, the bf16 one above.
+    auto packed_out = [&](const Node& n, size_t i) { return packed_of[size_t(n.out[i])]; };
+    auto packed_in = [&](const Node& n) {
+        return packed_rows[size_t(n.in[0])] == n.rows ? packed_of[size_t(n.in[0])] : cuda::MatmulInput{};
+    };
+    auto packed_at = [](const cuda::MatmulInput& p, Rows r, const StepContext& c) {
+        cuda::MatmulInput out;
+        if (n_rows(r, c) <= cuda::kQ8GemvMaxT) {
+            out.q = p.q, out.d = p.d;
+        } else {
+            out.b = p.b, out.b_only = p.b_only;
+        }
+        return out;
     };
 
     for (const Node& n : g.nodes) {
@@ -635,17 +690,17 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const TensorRef a = in(n, 0), o = out(n, 0);
                 const float* w = device_floats(n.norm, a.cols, n.label);
                 const float eps = n.eps;
-                const cuda::Q8Input q8 = q8_out(n, 0);
+                const cuda::MatmulInput q8 = packed_out(n, 0);
                 if (r == Rows::Listed) {  // gather the batch's logits rows, then normalize them in place
                     WeightView rows_of_a{GgmlType::F32, a.cols, bucket, reinterpret_cast<const uint8_t*>(a.base),
                                          size_t(a.cols) * sizeof(float)};
                     plan->add("rms_norm", n.label, [=](const StepContext& c) {
                         cuda::get_rows(rows_of_a, d_out_rows, o.base, c.n_out, st);
-                        cuda::rms_norm(o.base, w, o.base, c.n_out, a.cols, eps, st, q8_at(q8, r, c));
+                        cuda::rms_norm(o.base, w, o.base, c.n_out, a.cols, eps, st, packed_at(q8, r, c));
                     });
                 } else {
                     plan->add("rms_norm", n.label, [=](const StepContext& c) {
-                        cuda::rms_norm(a.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st, q8_at(q8, r, c));
+                        cuda::rms_norm(a.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st, packed_at(q8, r, c));
                     });
                 }
                 break;
@@ -659,18 +714,18 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 1);
                 const float* w = device_floats(n.norm, a.cols, n.label);
                 const float eps = n.eps;
-                const cuda::Q8Input q8 = q8_out(n, 1);
+                const cuda::MatmulInput q8 = packed_out(n, 1);
                 plan->add("add_rms_norm", n.label, [=](const StepContext& c) {
-                    cuda::add_rms_norm(a.at(c, r), b.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st, q8_at(q8, r, c));
+                    cuda::add_rms_norm(a.at(c, r), b.at(c, r), w, o.at(c, r), n_rows(r, c), a.cols, eps, st, packed_at(q8, r, c));
                 });
                 break;
             }
             case Op::Matmul: {
                 const WeightView w = device_weight(*n.weights[0], n.label);
                 const TensorRef x = in(n, 0), y = out(n, 0);
-                const cuda::Q8Input xq = q8_in(n);
+                const cuda::MatmulInput xq = packed_in(n);
                 plan->add(std::string("matmul_") + type_traits(w.type).name, n.label, [=](const StepContext& c) {
-                    const cuda::Q8Input q = q8_at(xq, r, c);
+                    const cuda::MatmulInput q = packed_at(xq, r, c);
                     cuda::matmul(w, x.at(c, r), y.at(c, r), n_rows(r, c), ws, st, &q);
                 });
                 break;
@@ -691,20 +746,20 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                     throw Error("cuda backend: '" + n.label + "': " + std::to_string(parts->w.size()) + " weights for " +
                                 std::to_string(parts->y.size()) + " outputs (at most " + std::to_string(kMaxParts) + ")");
                 const TensorRef x = in(n, 0);
-                const cuda::Q8Input xq = q8_in(n);
+                const cuda::MatmulInput xq = packed_in(n);
                 plan->add(std::string("matmul_") + type_traits(parts->w[0].type).name, n.label, [=](const StepContext& c) {
                     float* y[kMaxParts];
                     for (size_t i = 0; i < parts->y.size(); ++i) y[i] = parts->y[i].at(c, r);
-                    const cuda::Q8Input q = q8_at(xq, r, c);
+                    const cuda::MatmulInput q = packed_at(xq, r, c);
                     cuda::matmul_multi(parts->wp.data(), y, int(parts->wp.size()), x.at(c, r), n_rows(r, c), ws, st, &q);
                 });
                 break;
             }
             case Op::Swiglu: {
                 const TensorRef a = in(n, 0), b = in(n, 1), o = out(n, 0);
-                const cuda::Q8Input q8 = q8_out(n, 0);
+                const cuda::MatmulInput q8 = packed_out(n, 0);
                 plan->add("swiglu", n.label, [=](const StepContext& c) {
-                    cuda::swiglu(a.at(c, r), b.at(c, r), o.at(c, r), n_rows(r, c) * o.cols, st, q8_at(q8, r, c));
+                    cuda::swiglu(a.at(c, r), b.at(c, r), o.at(c, r), n_rows(r, c) * o.cols, st, packed_at(q8, r, c));
                 });
                 break;
             }
@@ -787,9 +842,9 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const TensorRef x = in(n, 0), gate = in(n, 1);
                 const int heads = n.heads, hd = n.head_dim;
                 const int64_t stride = n.head_stride, off = n.in_offset;
-                const cuda::Q8Input q8 = q8_out(n, 0);
+                const cuda::MatmulInput q8 = packed_out(n, 0);
                 plan->add("sigmoid_gate_mul", n.label, [=](const StepContext& c) {
-                    cuda::sigmoid_gate_mul(x.at(c, r), gate.at(c, r) + off, n_rows(r, c) * heads, hd, stride, st, q8_at(q8, r, c));
+                    cuda::sigmoid_gate_mul(x.at(c, r), gate.at(c, r) + off, n_rows(r, c) * heads, hd, stride, st, packed_at(q8, r, c));
                 });
                 break;
             }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -244,6 +245,44 @@ TEST_P(CudaBackend, Q8WeightsFusedQuantizationGivesTheSameBits) {
         const std::vector<float> want =
             read_f32(source_dir() + "/tests/fixtures/" + GetParam() + "/" + f.ref["sequences"][1]["file"].get<std::string>());
         EXPECT_LT(max_row_rel_error(fused, want, V), 0.5) << "kv type " << int(kv.k);
+    }
+}
+
+// Prefill steps (T > 16) of BF16 and Q8_0 weights: the producers of the matmuls' inputs write
+// them in bf16 (cuda::MatmulInput::b, alone where every reader is such a matmul) instead of
+// each GEMM converting its fp32 input; the logits keep their bits (ALLOY_CUDA_FUSE_BF16=0 is
+// the converting path), in both GDN modes, for a whole prompt and for pieces of 20 + 60.
+TEST_P(CudaBackend, PrefillProducersBf16InputsGiveTheSameBits) {
+    if (std::string(GetParam()) == "moe_r2") GTEST_SKIP() << "moe_r2's quantized files keep F16 matrices";
+    for (GgmlType dtype : {GgmlType::BF16, GgmlType::Q8_0}) {
+        OnDevice& f = fixture(GetParam(), dtype);
+        const size_t V = size_t(f.model->hparams().n_vocab);
+        const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
+        ASSERT_GT(ids.size(), 40u);
+        for (ref::GdnMode mode : {ref::GdnMode::Chunked, ref::GdnMode::Serial}) {
+            auto run = [&] {
+                ForwardOptions fo;
+                fo.all_logits = true;
+                fo.gdn_mode = mode;
+                std::vector<float> out(ids.size() * V);
+                ModelState whole = f.gpu->new_state(256, kF32Cache);
+                f.gpu->forward(whole, ids.data(), int(ids.size()), fo, out.data());
+                std::vector<float> pieces(ids.size() * V);
+                ModelState st = f.gpu->new_state(256, kF32Cache);
+                f.gpu->forward(st, ids.data(), 20, fo, pieces.data());
+                f.gpu->forward(st, ids.data() + 20, int(ids.size()) - 20, fo, pieces.data() + 20 * V);
+                out.insert(out.end(), pieces.begin(), pieces.end());
+                return out;
+            };
+            const std::vector<float> fused = run();
+            ::setenv("ALLOY_CUDA_FUSE_BF16", "0", 1);
+            f.gpu->drop_plans();
+            const std::vector<float> plain = run();
+            ::unsetenv("ALLOY_CUDA_FUSE_BF16");
+            f.gpu->drop_plans();
+            EXPECT_EQ(fused, plain) << type_traits(dtype).name << " gdn mode " << int(mode);
+            for (float x : fused) ASSERT_TRUE(std::isfinite(x)) << type_traits(dtype).name;
+        }
     }
 }
 

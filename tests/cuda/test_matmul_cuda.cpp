@@ -301,9 +301,9 @@ TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
     }
 }
 
-// The producers' quantized outputs (ops.h Q8Input): rms_norm, add_rms_norm (rows of 1024 and
+// The producers' quantized outputs (ops.h MatmulInput): rms_norm, add_rms_norm (rows of 1024 and
 // 5120, past the norm's register-held part), swiglu and the strided attention gate write x's
-// Q8_0 form beside it, and a Q8_0 GEMV (matmul and matmul_multi) on that Q8Input gives the
+// Q8_0 form beside it, and a Q8_0 GEMV (matmul and matmul_multi) on that MatmulInput gives the
 // bits of the GEMV quantizing x itself, at T 1, 3 and 16; the fp32 outputs are those of the
 // plain calls; the bytes of q and d are the host quantization's (d = amax / 127, q rounded to
 // nearest even).
@@ -327,9 +327,9 @@ TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
                 DeviceArray<float> plain(std::vector<float>(N, NAN)), fused(std::vector<float>(N, NAN));
                 DeviceArray<int8_t> q(std::vector<int8_t>(N, 0));
                 DeviceArray<float> d(std::vector<float>(N / 32, NAN));
-                const cuda::Q8Input q8{q.p, d.p};
+                const cuda::MatmulInput q8{q.p, d.p};
                 const float eps = 1e-6f;
-                auto run = [&](float* out, cuda::Q8Input qq) {
+                auto run = [&](float* out, cuda::MatmulInput qq) {
                     DeviceArray<float> x(a);  // add_rms_norm and the gate write into their input
                     switch (producer) {
                         case 0: cuda::rms_norm(x.p, dw.p, out, T, n, eps, nullptr, qq); break;
@@ -364,7 +364,7 @@ TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
                 const WeightView v1 = W.view, v2 = W2.view;
                 const WeightView* both[2] = {&v1, &v2};
                 DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(both, 2, T)));
-                auto gemv = [&](const cuda::Q8Input* given) {
+                auto gemv = [&](const cuda::MatmulInput* given) {
                     DeviceArray<float> y1(std::vector<float>(size_t(T * 333), NAN)), y2(std::vector<float>(size_t(T * 64), NAN)),
                         y3(std::vector<float>(size_t(T * 333), NAN));
                     float* ys[2] = {y1.p, y2.p};
@@ -376,7 +376,88 @@ TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
                     r.insert(r.end(), r3.begin(), r3.end());
                     return r;
                 };
-                EXPECT_EQ(gemv(&q8), gemv(nullptr)) << what << ": GEMV on the producer's Q8Input";
+                EXPECT_EQ(gemv(&q8), gemv(nullptr)) << what << ": GEMV on the producer's MatmulInput";
+            }
+}
+
+// The producers' bf16 outputs (ops.h MatmulInput::b), for prefill steps (T > kQ8GemvMaxT): the
+// same four producers write x rounded to bf16 (the host's round to nearest even), beside the
+// fp32 output (which keeps the plain call's bits) or instead of it (b_only: the fp32 output is
+// not touched); BF16 and Q8_0 GEMMs (matmul, and matmul_multi of two weights) given that copy
+// give the bits of converting x themselves.
+TEST(CudaMatmul, ProducersBf16OutputsGiveTheGemmItsOwnBits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    std::mt19937 rng(92);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto rnd = [&](size_t n, float scale) {
+        std::vector<float> v(n);
+        for (float& f : v) f = scale * nd(rng);
+        return v;
+    };
+    for (int64_t n : {int64_t(1024), int64_t(5120)})
+        for (int64_t T : {int64_t(17), int64_t(100)})
+            for (int producer = 0; producer < 4; ++producer) {
+                const size_t N = size_t(T * n);
+                const std::vector<float> a = rnd(N, 1.0f), b = rnd(N, 0.7f), w = rnd(size_t(n), 0.3f);
+                const int heads = int(n / 256);
+                const std::vector<float> g = rnd(size_t(T * 2 * n), 2.0f);
+                DeviceArray<float> da(a), db(b), dw(w), dg(g);
+                DeviceArray<uint16_t> xb(std::vector<uint16_t>(N, 0xffff));
+                const float eps = 1e-6f;
+                // out: the fp32 output after the call (the gate works in place: its x).
+                auto run = [&](cuda::MatmulInput pk) {
+                    DeviceArray<float> x(a), out(std::vector<float>(N, NAN));
+                    switch (producer) {
+                        case 0: cuda::rms_norm(x.p, dw.p, out.p, T, n, eps, nullptr, pk); break;
+                        case 1: cuda::add_rms_norm(x.p, db.p, dw.p, out.p, T, n, eps, nullptr, pk); break;
+                        case 2: cuda::swiglu(x.p, db.p, out.p, N, nullptr, pk); break;
+                        default:
+                            cuda::sigmoid_gate_mul(x.p, dg.p + 256, T * heads, 256, 2 * n / heads, nullptr, pk);
+                            EXPECT_EQ(cudaMemcpy(out.p, x.p, N * 4, cudaMemcpyDeviceToDevice), cudaSuccess);
+                    }
+                    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                    return out.host();
+                };
+                const std::string what = "producer " + std::to_string(producer) + " n " + std::to_string(n) + " T " + std::to_string(T);
+                const std::vector<float> plain = run({});
+                cuda::MatmulInput pk;
+                pk.b = xb.p;
+                ASSERT_EQ(run(pk), plain) << what << ": fp32 output beside the bf16 one";
+                std::vector<uint16_t> bh = xb.host();
+                for (size_t i = 0; i < N; ++i) ASSERT_EQ(bh[i], fp32_to_bf16(plain[i])) << what << " value " << i;
+                ASSERT_EQ(cudaMemset(xb.p, 0xff, N * 2), cudaSuccess);
+                pk.b_only = true;
+                const std::vector<float> untouched = run(pk);
+                for (size_t i = 0; i < N; ++i) {
+                    // The gate's fp32 output is its input x, left as it was; the others' stays NaN.
+                    if (producer == 3) ASSERT_EQ(untouched[i], a[i]) << what << ": b_only wrote fp32";
+                    else ASSERT_TRUE(std::isnan(untouched[i])) << what << ": b_only wrote fp32";
+                }
+                ASSERT_EQ(xb.host(), bh) << what << ": b_only's bf16 output";
+                // The GEMMs on it, against converting the fp32 output themselves.
+                DeviceArray<float> x32(plain);
+                for (GgmlType t : {GgmlType::BF16, GgmlType::Q8_0}) {
+                    std::vector<float> wf, wf2;
+                    const HostWeight hw = make_weight(t, 333, n, wf, uint32_t(producer + 7 * T));
+                    const HostWeight hw2 = make_weight(t, 64, n, wf2, uint32_t(producer + 7 * T + 1));
+                    const DeviceWeight W(hw.view(hw.bytes.data())), W2(hw2.view(hw2.bytes.data()));
+                    const WeightView v1 = W.view, v2 = W2.view;
+                    const WeightView* both[2] = {&v1, &v2};
+                    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(both, 2, T)));
+                    auto gemm = [&](const cuda::MatmulInput* given) {
+                        DeviceArray<float> y1(std::vector<float>(size_t(T * 333), NAN)), y2(std::vector<float>(size_t(T * 64), NAN)),
+                            y3(std::vector<float>(size_t(T * 333), NAN));
+                        float* ys[2] = {y1.p, y2.p};
+                        cuda::matmul_multi(both, ys, 2, x32.p, T, ws.p, nullptr, given);
+                        cuda::matmul(v1, x32.p, y3.p, T, ws.p, nullptr, given);
+                        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                        std::vector<float> r = y1.host(), r2 = y2.host(), r3 = y3.host();
+                        r.insert(r.end(), r2.begin(), r2.end());
+                        r.insert(r.end(), r3.begin(), r3.end());
+                        return r;
+                    };
+                    EXPECT_EQ(gemm(&pk), gemm(nullptr)) << what << " " << type_traits(t).name << ": GEMM on the producer's bf16 copy";
+                }
             }
 }
 

@@ -346,11 +346,13 @@ __device__ __forceinline__ float o_value(uint16_t x) { return __uint_as_float(ui
 // only for tokens of the call ([offs[0], offs[n_seqs])). OT: float or bf16 bits (uint16_t).
 // Lane l holds columns l + 32 e. kJ > 0: d_v = 32 kJ, the loop unrolled so that every load of
 // the row is in flight at once (a runtime-length loop issued them one round trip at a time);
-// kJ = 0: any d_v. The sums run in the same order either way (same bits).
+// kJ = 0: any d_v. The sums run in the same order either way (same bits). yb: y also in bf16
+// (nullptr: not).
 template <typename OT, int kJ>
 __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, int n_tokens, int H_v, int d_v,
                                   const OT* __restrict__ o, const float* __restrict__ z,
-                                  const float* __restrict__ norm, float eps, float* __restrict__ y) {
+                                  const float* __restrict__ norm, float eps, float* __restrict__ y,
+                                  __nv_bfloat16* __restrict__ yb) {
     detail::pdl_entry();
     const int lane = threadIdx.x & 31;
     const int64_t pair = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -371,7 +373,11 @@ __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, 
         for (int e = 0; e < kJ; ++e) ss += ov[e] * ov[e];
         const float inv = 1.0f / sqrtf(warp_sum(ss) / float(d_v) + eps);
 #pragma unroll
-        for (int e = 0; e < kJ; ++e) y[row + lane + 32 * e] = ov[e] * inv * nv[e] * (zv[e] * sigmoidf_(zv[e]));
+        for (int e = 0; e < kJ; ++e) {
+            const float v = ov[e] * inv * nv[e] * (zv[e] * sigmoidf_(zv[e]));
+            y[row + lane + 32 * e] = v;
+            if (yb) yb[row + lane + 32 * e] = __float2bfloat16_rn(v);
+        }
     } else {
         float ss = 0.0f;
         for (int j = lane; j < d_v; j += 32) {
@@ -381,7 +387,9 @@ __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, 
         const float inv = 1.0f / sqrtf(warp_sum(ss) / float(d_v) + eps);
         for (int j = lane; j < d_v; j += 32) {
             const float zz = z[row + j];
-            y[row + j] = o_value(o[row + j]) * inv * norm[j] * (zz * sigmoidf_(zz));
+            const float v = o_value(o[row + j]) * inv * norm[j] * (zz * sigmoidf_(zz));
+            y[row + j] = v;
+            if (yb) yb[row + j] = __float2bfloat16_rn(v);
         }
     }
 }
@@ -389,11 +397,22 @@ __global__ void gated_norm_kernel(const int32_t* __restrict__ offs, int n_seqs, 
 // The gated RMSNorm over the call's rows (unrolled for d_v = 128).
 template <typename OT>
 void launch_gated_norm(const int32_t* offs, int n_seqs, int n_tokens, int H_v, int d_v, const OT* o, const float* z,
-                       const float* norm, float eps, float* y, cudaStream_t st) {
+                       const float* norm, float eps, float* y, uint16_t* yb, cudaStream_t st) {
     const int64_t pairs = int64_t(n_tokens) * H_v;
     const unsigned grid = unsigned((pairs + kWarps - 1) / kWarps);
-    if (d_v == 128) detail::launch("cuda::gdn_fused", gated_norm_kernel<OT, 4>, dim3(grid), dim3(kWarps * 32), 0, st, offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
-    else detail::launch("cuda::gdn_fused", gated_norm_kernel<OT, 0>, dim3(grid), dim3(kWarps * 32), 0, st, offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y);
+    auto* ybf = reinterpret_cast<__nv_bfloat16*>(yb);
+    if (d_v == 128) detail::launch("cuda::gdn_fused", gated_norm_kernel<OT, 4>, dim3(grid), dim3(kWarps * 32), 0, st, offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y, ybf);
+    else detail::launch("cuda::gdn_fused", gated_norm_kernel<OT, 0>, dim3(grid), dim3(kWarps * 32), 0, st, offs, n_seqs, n_tokens, H_v, d_v, o, z, norm, eps, y, ybf);
+}
+
+// yb = y in bf16 for the call's rows [offs[0], offs[n_seqs]) of width n (the one-launch paths,
+// whose kernels write fp32 only: the copy for a caller that asked for y_bf16).
+__global__ void rows_to_bf16_kernel(const int32_t* __restrict__ offs, int n_seqs, int64_t n, const float* __restrict__ y,
+                                    __nv_bfloat16* __restrict__ yb) {
+    detail::pdl_entry();
+    const int64_t lo = int64_t(offs[0]) * n, hi = int64_t(offs[n_seqs]) * n;
+    for (int64_t i = lo + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < hi; i += int64_t(gridDim.x) * blockDim.x)
+        yb[i] = __float2bfloat16_rn(y[i]);
 }
 
 // ---- fused layer op, chunked mode (prefill, d_k = d_v = 128): conv + SiLU, the q/k norms,
@@ -1272,12 +1291,22 @@ SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
     return pl;
 }
 
+// y in bf16 for the call's rows (rows_to_bf16_kernel), when the caller asked for it.
+void y_to_bf16(const int32_t* offs, int n_seqs, int n_tokens, int64_t n, const float* y, uint16_t* yb, void* stream,
+               const char* op) {
+    if (!yb) return;
+    const unsigned grid = unsigned(std::min<int64_t>((int64_t(n_tokens) * n + 255) / 256, 132 * 8));
+    detail::launch(op, rows_to_bf16_kernel, dim3(grid), dim3(256), 0, static_cast<cudaStream_t>(stream), offs, n_seqs, n, y,
+                   reinterpret_cast<__nv_bfloat16*>(yb));
+    check_launch(op);
+}
+
 // The three-launch path: conv + SiLU into the workspace, the delta rule with the norms and
 // gates, the gated RMSNorm.
 void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                           int n_tokens, const float* qkv, const float* z, const float* a, const float* b,
                           float* conv_state, float* state, float* y, void* workspace, void* stream,
-                          const int32_t* seq_slots, const char* op) {
+                          const int32_t* seq_slots, uint16_t* y_bf16, const char* op) {
     const ref::GdnShape& sh = p.shape;
     if (workspace == nullptr) throw Error(std::string(op) + ": workspace is null (gdn_fused_workspace_bytes)");
     const int key_dim = sh.H_k * sh.d_k, value_dim = sh.H_v * sh.d_v, conv_dim = 2 * key_dim + value_dim;
@@ -1291,7 +1320,7 @@ void fused_three_launches(const ref::GdnParams& p, const ref::GdnWeights& w, int
     DeltaArgs A{sh, seq_offsets, u, u + key_dim, u + 2 * key_dim, conv_dim, conv_dim, nullptr, nullptr, a, b,
                 w.ssm_a, w.dt_bias, p.eps, 1.0f / sqrtf(float(sh.d_k)), state, o, seq_slots};
     launch_delta(A, true, n_seqs, stream, op);
-    launch_gated_norm(seq_offsets, n_seqs, n_tokens, sh.H_v, sh.d_v, static_cast<const float*>(o), z, w.norm, p.eps, y, st);
+    launch_gated_norm(seq_offsets, n_seqs, n_tokens, sh.H_v, sh.d_v, static_cast<const float*>(o), z, w.norm, p.eps, y, y_bf16, st);
     check_launch(op);
 }
 
@@ -1329,7 +1358,7 @@ size_t chunked_layout(const ref::GdnShape& sh, int n_seqs, int n_tokens, void* b
 // The chunked mode (kernels above, then gdn_delta_chunked, then the gated RMSNorm).
 void fused_chunked(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets,
                    int n_tokens, const float* qkv, const float* z, const float* a, const float* b, float* conv_state,
-                   float* state, float* y, void* workspace, void* stream, const int32_t* seq_slots, const char* op) {
+                   float* state, float* y, void* workspace, void* stream, const int32_t* seq_slots, uint16_t* y_bf16, const char* op) {
     const ref::GdnShape& sh = p.shape;
     if (workspace == nullptr) throw Error(std::string(op) + ": workspace is null (gdn_fused_workspace_bytes)");
     if (!aligned16(workspace)) throw Error(std::string(op) + ": workspace is not 16-byte aligned");
@@ -1364,7 +1393,7 @@ void fused_chunked(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs
     gdn_delta_chunked(sh, n_seqs, seq_offsets, n_tokens, ws.q, ws.k, ws.v, ws.g, ws.beta, state, ws.o, ws.delta, stream,
                       0, seq_slots);
     launch_gated_norm(seq_offsets, n_seqs, n_tokens, sh.H_v, sh.d_v, static_cast<const uint16_t*>(ws.o), z, w.norm, p.eps,
-                      y, st);
+                      y, y_bf16, st);
     check_launch(op);
 }
 
@@ -1404,7 +1433,7 @@ size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_seqs, int n_toke
 
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
-               float* y, void* workspace, void* stream, GdnFusedPath path, const int32_t* seq_slots) {
+               float* y, void* workspace, void* stream, GdnFusedPath path, const int32_t* seq_slots, uint16_t* y_bf16) {
     const char* op = "cuda::gdn_fused";
     const ref::GdnShape& sh = p.shape;
     check_shape(sh, n_seqs, op);
@@ -1417,7 +1446,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
     if (chunked_runs(p)) {
         if (n_seqs <= 0 || n_tokens == 0) return;
         fused_chunked(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream, seq_slots,
-                      op);
+                      y_bf16, op);
         return;
     }
     const int g = sh.H_v / sh.H_k;
@@ -1445,7 +1474,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
                              : plan.C > 0 && int64_t(sh.H_k) * n_seqs <= plan.max_clusters));
     if (!one) {
         fused_three_launches(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream,
-                             seq_slots, op);
+                             seq_slots, y_bf16, op);
         return;
     }
     if (split) {
@@ -1465,6 +1494,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
         detail::launch_cluster(op, kernel, dim3(unsigned(sh.H_v * sp.C), unsigned(n_seqs), 1), dim3(unsigned(sp.warps * 32), 1, 1), 0, static_cast<cudaStream_t>(stream),
                                unsigned(g * sp.C), A);
         check_launch(op);
+        y_to_bf16(seq_offsets, n_seqs, n_tokens, int64_t(sh.H_v) * sh.d_v, y, y_bf16, stream, op);
         return;
     }
     FusedArgs A{};
@@ -1484,5 +1514,6 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
     detail::launch_cluster(op, kernel, dim3(unsigned(sh.H_v * plan.C), unsigned(n_seqs), 1), dim3(unsigned(plan.warps * 32), 1, 1), plan.smem, static_cast<cudaStream_t>(stream),
                            unsigned(g * plan.C), A);
     check_launch(op);
+    y_to_bf16(seq_offsets, n_seqs, n_tokens, int64_t(sh.H_v) * sh.d_v, y, y_bf16, stream, op);
 }
 }  // namespace alloy::cuda

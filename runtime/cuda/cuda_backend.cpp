@@ -573,8 +573,8 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     plan->workspace = std::make_unique<DeviceBuffer>(std::max<size_t>(ws_bytes, 256), "the workspace");
     void* ws = plan->workspace->get();
 
-    // Matmul inputs written by their producers (norms, SwiGLU, the attention gate) in the form
-    // the matmul reads (cuda::MatmulInput; rows compact, as the node's):
+    // Matmul inputs written by their producers (norms, SwiGLU, the attention gate; the GDN op's
+    // y in bf16 only) in the form the matmul reads (cuda::MatmulInput; rows compact, as the node's):
     //  - Q8_0 weights, steps of <= kQ8GemvMaxT rows (decode is launch-bound): x quantized, so
     //    the GEMV skips its quantize launch (same bytes). ALLOY_CUDA_FUSE_Q8=0 turns it off.
     //  - BF16 / Q8_0 weights, longer steps (prefill): x in bf16, so the GEMM skips its to_bf16
@@ -604,7 +604,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             const Node& n = g.nodes[ni];
             int t = -1;
             if (n.op == Op::AddRmsNorm) t = n.out[1];
-            if (n.op == Op::RmsNorm || n.op == Op::Swiglu || n.op == Op::SigmoidGateMul) t = n.out[0];
+            if (n.op == Op::RmsNorm || n.op == Op::Swiglu || n.op == Op::SigmoidGateMul || n.op == Op::GdnFused) t = n.out[0];
             if (t < 0 || g.tensors[size_t(t)].cols % 32 || g.tensors[size_t(t)].logits) continue;
             // Quantized: beside the fp32 output, for any Q8_0 matmul reader over the same rows.
             // bf16: instead of it, only when every reader is a BF16 / Q8_0 matmul over them.
@@ -620,6 +620,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 last = std::max(last, ri);
             }
             const int64_t max_rows = n.rows == Rows::Last ? 1 : bucket;
+            if (n.op == Op::GdnFused) any_q8 = false;  // it writes the bf16 form only
             if (any_q8 && fuse_q8) {
                 const int64_t rows = std::min<int64_t>(max_rows, cuda::kQ8GemvMaxT);
                 want_q8.push_back({size_t(t), q8_bytes, rows});
@@ -657,7 +658,8 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             }
             for (const WantBf16& w : want_bf16) {
                 packed_of[w.t].b = reinterpret_cast<uint16_t*>(base + buf_offset[size_t(w.buf)]);
-                packed_of[w.t].b_only = true;  // every reader is a matmul that takes b
+                // every reader is a matmul that takes b; the GDN op writes its fp32 y regardless
+                packed_of[w.t].b_only = g.nodes[size_t(w.first)].op != Op::GdnFused;
             }
         }
     }
@@ -860,7 +862,9 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                                          device_floats(n.gdn_w.dt_bias, sh.H_v, n.label + " ssm_dt"),
                                          device_floats(n.gdn_w.norm, sh.d_v, n.label + " ssm_norm")};
                 const char* kernel = gp.mode == ref::GdnMode::Serial ? "gdn_fused_serial" : "gdn_fused_chunked";
+                const cuda::MatmulInput packed = packed_out(n, 0);
                 plan->add(kernel, n.label, [=](const StepContext& c) {
+                    uint16_t* y_bf16 = packed_at(packed, r, c).b;
                     CudaState& d = device_state(c);
                     float* conv = d.conv[size_t(l)]->get<float>();
                     float* ssm = d.ssm[size_t(l)]->get<float>();
@@ -868,7 +872,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                         ref::GdnParams run = gp;
                         if (serial) run.mode = ref::GdnMode::Serial;
                         cuda::gdn_fused(run, gw, s1 - s0, d_offsets + s0, c.n, qkv, z, a, b, conv, ssm, y, ws, st,
-                                        cuda::GdnFusedPath::Auto, d_slots + s0);
+                                        cuda::GdnFusedPath::Auto, d_slots + s0, y_bf16);
                     });
                 });
                 break;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "alloy/error.h"
+#include "format/quant.h"
 #include "kernels/cuda/gdn.h"
 #include "tests/cuda/device_array.h"
 #include "kernels/ref/gdn.h"
@@ -271,6 +272,52 @@ TEST(CudaGdn, FusedPathsGiveTheSameBits) {
         for (int i = 0; i < 3; ++i)
             EXPECT_EQ(0, std::memcmp(one[size_t(i)].data(), three[size_t(i)].data(), one[size_t(i)].size() * 4))
                 << "H_k " << c.sh.H_k << " H_v " << c.sh.H_v << " d_k " << c.sh.d_k << " d_v " << c.sh.d_v << " output " << i;
+    }
+}
+
+// y_bf16 (the input of the prefill GEMM after the op): every path writes y rounded to bf16 (the
+// host's nearest even) for the call's rows and nothing else, and y keeps its bits: the one- and
+// three-launch serial paths (rows outside the call, an empty sequence) and the chunked mode.
+TEST(CudaGdn, FusedBf16CopyOfYIsTheRoundedY) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    struct Case { ref::GdnShape sh; int K; std::vector<int32_t> offs; int n_tokens; bool chunked; cuda::GdnFusedPath path; };
+    const std::vector<Case> cases = {
+        {{16, 16, 128, 128, true}, 4, {0, 1}, 1, false, cuda::GdnFusedPath::OneLaunch},
+        {{2, 6, 64, 48, false}, 4, {2, 7, 7, 13}, 15, false, cuda::GdnFusedPath::OneLaunch},
+        {{2, 6, 64, 48, false}, 4, {2, 7, 7, 13}, 15, false, cuda::GdnFusedPath::ThreeLaunches},
+        {{16, 32, 128, 128, true}, 4, {3, 100, 170}, 173, true, cuda::GdnFusedPath::Auto},
+    };
+    uint32_t seed = 700;
+    for (const Case& c : cases) {
+        FusedInputs in = make_fused(c.sh, c.K, c.offs, c.n_tokens, seed++);
+        if (c.chunked) {
+            in.p.mode = ref::GdnMode::Chunked;
+            in.p.chunk_size = 64;
+        }
+        const int n_seqs = int(c.offs.size()) - 1;
+        const size_t width = size_t(c.sh.H_v) * c.sh.d_v;
+        auto run = [&](bool with_b, std::vector<uint16_t>* yb_host) {
+            DeviceArray<float> qkv(in.qkv), z(in.z), a(in.a), b(in.b), cw(in.conv_w), sa(in.ssm_a), dt(in.dt_bias),
+                norm(in.norm), cs(in.conv_state), st(in.state), y(std::vector<float>(in.z.size(), NAN));
+            DeviceArray<uint16_t> yb(std::vector<uint16_t>(in.z.size(), 0xffff));
+            DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_fused_workspace_bytes(in.p, n_seqs, in.n_tokens)));
+            DeviceArray<int32_t> offs(in.offs);
+            cuda::gdn_fused(in.p, {cw.p, sa.p, dt.p, norm.p}, n_seqs, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p, cs.p, st.p,
+                            y.p, ws.p, nullptr, c.path, nullptr, with_b ? yb.p : nullptr);
+            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            if (yb_host) *yb_host = yb.host();
+            return y.host();
+        };
+        const std::string what = "H_v " + std::to_string(c.sh.H_v) + " d_v " + std::to_string(c.sh.d_v) +
+                                 (c.chunked ? " chunked" : " path " + std::to_string(int(c.path)));
+        const std::vector<float> y = run(false, nullptr);
+        std::vector<uint16_t> yb;
+        const std::vector<float> y2 = run(true, &yb);
+        ASSERT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << what << ": y changed";
+        for (size_t i = 0; i < y.size(); ++i) {
+            const bool in_call = i >= size_t(c.offs.front()) * width && i < size_t(c.offs.back()) * width;
+            ASSERT_EQ(yb[i], in_call ? fp32_to_bf16(y[i]) : uint16_t(0xffff)) << what << " value " << i;
+        }
     }
 }
 

@@ -46,6 +46,15 @@ public:
     // costs ~0.1 ms a token in the driver's staging copy), or nullptr where any memory does.
     // Valid until the next call that asks for more, or the backend's end.
     virtual float* host_output(size_t n_floats) { (void)n_floats; return nullptr; }
+    // Speculative rollback without a re-run: the plans log their GDN ops' inputs where
+    // StepContext::gdn_log asks, and this runs every logged GDN op again on the first `kept`
+    // tokens of the step's sequence `seq` (serial kernel) on its slot's states in `st` (restored
+    // to before the step by the caller). False where the backend cannot (nothing changed:
+    // the caller re-runs the tokens).
+    virtual bool replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) {
+        (void)st, (void)log, (void)seq, (void)kept;
+        return false;
+    }
 };
 
 // The backend a name selects: "cpu", or "cuda" in a build with nvcc (runtime/cuda/); throws

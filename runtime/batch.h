@@ -8,6 +8,7 @@
 #include "runtime/plan.h"
 
 namespace alloy {
+struct GdnReplayLog;  // runtime/gdn_replay.h
 
 // Which logits a sequence of a batch returns.
 enum class BatchLogits { None, Last, All };
@@ -51,6 +52,9 @@ struct ForwardOptions {
     // a trailing '*' matches a prefix): alloy logits --dump NAME.
     std::vector<std::string> dump;
     TensorSink dump_sink;
+    // A verification step: where the backend logs its GDN ops' inputs so that a rollback can
+    // rebuild the kept tokens' states without a re-run (runtime/gdn_replay.h; nullptr: not).
+    GdnReplayLog* gdn_log = nullptr;
 };
 
 }  // namespace alloy

@@ -19,6 +19,7 @@
 #include "kernels/cpu/swiglu.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/ref/kv_store.h"
+#include "runtime/gdn_replay.h"
 #include "runtime/graph_passes.h"
 #include "runtime/graph_storage.h"
 
@@ -122,6 +123,25 @@ void CpuBackend::optimize(graph::Graph& g) const {
     graph::fuse_add_norm(g);
     graph::fuse_matmul_swiglu(g);
     graph::group_matmuls(g);
+}
+
+bool CpuBackend::replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) {
+    if (!log.valid || seq < 0 || size_t(seq) + 1 >= log.offsets.size() || kept < 0 ||
+        kept > log.offsets[size_t(seq) + 1] - log.offsets[size_t(seq)])
+        throw Error("cpu backend: replay_gdn: sequence " + std::to_string(seq) + " / " + std::to_string(kept) +
+                    " tokens not in the log's step");
+    if (kept == 0) return true;
+    const int32_t offs[2] = {log.offsets[size_t(seq)], log.offsets[size_t(seq)] + kept};
+    const int32_t slot = log.slots[size_t(seq)];
+    for (const GdnReplayLog::Layer& L : log.layers) {
+        ref::GdnParams p = L.params;
+        p.mode = ref::GdnMode::Serial;
+        // z and y: the gated norm's, which the states do not depend on (rows past offs[0] only).
+        std::vector<float> z(size_t(offs[1]) * size_t(L.value_dim), 0.0f), y(z.size());
+        cpu::gdn_fused(cpu::active_isa(), p, L.weights, 1, offs, L.qkv.data(), z.data(), L.a.data(), L.b.data(),
+                       st.conv_state[size_t(L.layer)].data(), st.ssm_state[size_t(L.layer)].data(), y.data(), &slot);
+    }
+    return true;
 }
 
 ModelState CpuBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
@@ -347,9 +367,19 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 const ref::GdnParams gp = n.gdn;
                 const ref::GdnWeights gw = n.gdn_w;
                 const char* kernel = gp.mode == ref::GdnMode::Serial ? "gdn_fused_serial" : "gdn_fused_chunked";
+                const int conv_dim = 2 * gp.shape.H_k * gp.shape.d_k + gp.shape.H_v * gp.shape.d_v;
                 plan->add(kernel, n.label, [=](const StepContext& c) {
                     float* conv = c.state->conv_state[size_t(l)].data();  // [slots, conv_dim, K-1]
                     float* ssm = c.state->ssm_state[size_t(l)].data();    // [slots, H_v, d_v, d_k]
+                    if (c.gdn_log && c.gdn_log->valid) {  // a verification: keep the op's inputs for a rollback
+                        GdnReplayLog::Layer& L = c.gdn_log->layers.emplace_back();
+                        const size_t rows = size_t(c.offsets[c.n_seqs]), H_v = size_t(gp.shape.H_v);
+                        L.layer = l, L.params = gp, L.weights = gw;
+                        L.conv_dim = conv_dim, L.value_dim = gp.shape.H_v * gp.shape.d_v, L.H_v = gp.shape.H_v;
+                        L.qkv.assign(qkv, qkv + rows * size_t(conv_dim));
+                        L.a.assign(a, a + rows * H_v);
+                        L.b.assign(b, b + rows * H_v);
+                    }
                     // One call per run of sequences with the same kernel, each on its slots.
                     for_each_gdn_run(c, [&](int s0, int s1, bool serial) {
                         ref::GdnParams run = gp;

@@ -17,6 +17,8 @@ public:
     std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) override;
     ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
     void drop_scratch() override { arena_ = std::make_shared<PlanArena>(); }
+    // cpu::gdn_fused (serial) on the logged rows, the slot's states in st (host memory).
+    bool replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) override;
 
 private:
     std::shared_ptr<PlanArena> arena_ = std::make_shared<PlanArena>();

@@ -47,6 +47,7 @@
 #include "runtime/engine_options.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/slot_cache.h"
+#include "runtime/gdn_replay.h"
 #include "runtime/speculative.h"
 #include "runtime/stop_filter.h"
 
@@ -112,6 +113,7 @@ struct Engine::Impl {
     bool last_step_decoded = false;                 // scheduler thread only
     std::vector<float> logits;                      // scheduler thread only: the step's rows, kept (grows only)
     std::vector<int32_t> greedy;                    // scheduler thread only: the step's greedy tokens
+    GdnReplayLog step_log;                          // scheduler thread only: a verification step's GDN inputs
     std::vector<float> top_values;                  // scheduler thread only: the step's top-k pairs
     std::vector<int32_t> top_ids;
     // Constrained output: the vocabulary's token trie and mask cache, built by the first request
@@ -168,7 +170,7 @@ struct Engine::Impl {
         const size_t kept = s.r.ids.size() - s.ids_before;
         if (kept < s.step_ids.size())
             roll_back(*lm.runner, *slots, {{s.slot, &*s.before, std::vector<int32_t>(s.step_ids.begin(), s.step_ids.begin() + long(kept))}},
-                      fo);
+                      fo, &step_log);  // the log checks that it holds this slot's step
         s.before.reset();
     }
 
@@ -395,6 +397,11 @@ struct Engine::Impl {
         last_step_decoded = !any_prompt;
         ForwardOptions run = fo;
         if (!any_prompt) run.gdn_mode = ref::GdnMode::Serial;  // a decode-only step: its plans and labels
+        // A step with verifications logs its GDN ops' inputs, so that rolling a slot back runs
+        // those ops again instead of the model (runtime/gdn_replay.h); the log is this step's.
+        const bool verifies = std::any_of(batch.seqs.begin(), batch.seqs.end(), [](const BatchSeq& q) { return q.logits == BatchLogits::All; });
+        step_log.clear();
+        if (verifies) run.gdn_log = &step_log;
         const size_t V = size_t(lm.model->hparams().n_vocab);
         // Kept between steps: 32 decoding requests need 19 MB of rows, not worth allocating and
         // zeroing every token.
@@ -530,7 +537,7 @@ struct Engine::Impl {
             }
         }
         try {
-            if (!rollbacks.empty()) roll_back(*lm.runner, *slots, rollbacks, fo);
+            if (!rollbacks.empty()) roll_back(*lm.runner, *slots, rollbacks, fo, &step_log);
         } catch (const std::exception& e) {  // as the forward's: fail those requests, not the engine
             for (Sequence* s : order)
                 if (s->slot >= 0 && std::any_of(rollbacks.begin(), rollbacks.end(), [&](const Rollback& r) { return r.slot == s->slot; })) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "alloy/error.h"
+#include "runtime/gdn_replay.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/graph_passes.h"
 #include "kernels/ref/top_k.h"
@@ -93,6 +94,21 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
     StepContext ctx;
     ctx.state = &st;
     if (!opts.dump.empty()) ctx.dump = &opts.dump_sink;
+    // A verification's GDN replay log (runtime/gdn_replay.h): the step as it runs, filled by
+    // the backend's GDN ops; a step of several pieces is not one the log can replay.
+    GdnReplayLog* log = opts.gdn_log;
+    if (log) {
+        log->clear();
+        log->ids = batch.ids;
+        log->offsets.assign(1, 0);
+        for (const BatchSeq& q : batch.seqs) {
+            log->slots.push_back(q.slot);
+            log->n_past.push_back(st.n_past[size_t(q.slot)]);
+            log->offsets.push_back(log->offsets.back() + q.n_tokens);
+        }
+        log->valid = std::all_of(batch.seqs.begin(), batch.seqs.end(), [](const BatchSeq& q) { return q.serial != 0; });
+        ctx.gdn_log = log;
+    }
     if (n_seqs == 1) {
         // One sequence: consecutive pieces of at most max_batch tokens (the states carry over).
         const BatchSeq& q = batch.seqs[0];
@@ -100,6 +116,7 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
         const int piece = std::max(c, opts.max_batch / c * c);
         const int32_t slot = q.slot;
         const uint8_t serial = q.serial;
+        if (log && q.n_tokens > piece) log->valid = false;
         for (int done = 0; done < q.n_tokens;) {
             const int len = std::min(piece, q.n_tokens - done);
             const bool last = done + len == q.n_tokens;

@@ -66,6 +66,11 @@ public:
     graph::Graph step_graph(const graph::GraphSpec& spec) const;
     // Frees every recorded plan and its scratch (the next call of each bucket records anew).
     void drop_plans() const;
+    // Backend::replay_gdn: the logged step's GDN ops again on the first `kept` tokens of its
+    // sequence `seq`; false where the backend cannot.
+    bool replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) const {
+        return backend_->replay_gdn(st, log, seq, kept);
+    }
 
 private:
     const Qwen35Model& model_;

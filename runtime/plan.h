@@ -15,6 +15,7 @@
 #include <vector>
 
 namespace alloy {
+struct GdnReplayLog;  // runtime/gdn_replay.h
 
 struct ModelState;
 
@@ -47,6 +48,9 @@ struct StepContext {
     float* top_values = nullptr;
     int32_t* top_ids = nullptr;
     const TensorSink* dump = nullptr;  // where the plan's dumped tensors go (nullptr: nowhere)
+    // Where a backend that can replay its GDN ops (Backend::replay_gdn) logs their inputs for a
+    // speculative rollback (runtime/gdn_replay.h); nullptr: not wanted.
+    GdnReplayLog* gdn_log = nullptr;
 };
 
 struct PlanStep {

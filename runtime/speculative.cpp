@@ -1,6 +1,7 @@
 #include "runtime/speculative.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "alloy/error.h"
@@ -29,15 +30,26 @@ int accept_greedy(const int32_t* greedy, const std::vector<int32_t>& drafts) {
 }
 
 void roll_back(const ModelRunner& m, SlotStateCache& cache, const std::vector<Rollback>& slots,
-               const ForwardOptions& opts) {
+               const ForwardOptions& opts, const GdnReplayLog* log) {
+    static const bool replay = [] {
+        const char* e = std::getenv("ALLOY_SPEC_REPLAY");
+        return !e || std::string(e) != "0";
+    }();
     Batch again;
     for (const Rollback& r : slots) {
         cache.restore(r.slot, *r.before);
-        if (!r.kept.empty()) again.add(r.slot, r.kept.data(), int(r.kept.size()), BatchLogits::None, /*serial=*/true);
+        if (r.kept.empty()) continue;
+        const int seq = replay && log ? log->usable(r.slot, r.before->n_past, r.kept) : -1;
+        if (seq >= 0 && m.replay_gdn(cache.state(), *log, seq, int(r.kept.size()))) {
+            cache.state().n_past[size_t(r.slot)] = r.before->n_past + int(r.kept.size());
+            continue;
+        }
+        again.add(r.slot, r.kept.data(), int(r.kept.size()), BatchLogits::None, /*serial=*/true);
     }
     if (again.seqs.empty()) return;
     ForwardOptions fo = opts;
     fo.gdn_mode = ref::GdnMode::Serial;
+    fo.gdn_log = nullptr;
     m.forward(cache.state(), again, fo, nullptr);
 }
 
@@ -52,6 +64,8 @@ VerifyResult verify_greedy(const ModelRunner& m, SlotStateCache& cache, int slot
     ids.insert(ids.end(), drafts.begin(), drafts.end());
     ForwardOptions fo = opts;
     fo.gdn_mode = ref::GdnMode::Serial;
+    GdnReplayLog log;
+    fo.gdn_log = &log;
     Batch step;
     step.add(slot, ids.data(), int(ids.size()), BatchLogits::All, /*serial=*/true);
     std::vector<float> rows(ids.size() * V);
@@ -63,7 +77,7 @@ VerifyResult verify_greedy(const ModelRunner& m, SlotStateCache& cache, int slot
     r.tokens.assign(greedy.begin(), greedy.begin() + 1 + r.accepted);
     r.logits.assign(rows.begin(), rows.begin() + long(r.tokens.size() * V));
     if (r.accepted < int(drafts.size()))  // back to before the step; the kept tokens again
-        roll_back(m, cache, {{slot, &before, std::vector<int32_t>(ids.begin(), ids.begin() + 1 + r.accepted)}}, fo);
+        roll_back(m, cache, {{slot, &before, std::vector<int32_t>(ids.begin(), ids.begin() + 1 + r.accepted)}}, opts, &log);
     return r;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/gdn_replay.h"
 #include "runtime/model_runner.h"
 #include "runtime/slot_cache.h"
 
@@ -44,12 +45,15 @@ struct Rollback {
     std::vector<int32_t> kept;              // the step's first tokens to keep (may be empty)
 };
 
-// Restores each slot to its snapshot and runs its kept tokens again, all in one serial step
-// without logits: the serial kernel's bits do not depend on how a slot's tokens are split, so
-// each slot ends exactly as plain decode steps of its kept tokens would leave it (the KV rows
-// past them are cut by the restore and overwritten by the re-run).
+// Restores each slot to its snapshot, then brings it to its kept tokens: where `log` holds the
+// verification step that fed them (runtime/gdn_replay.h) and the backend replays GDN ops, by
+// running the GDN ops alone again on the logged rows (the KV rows are the verification's); else
+// by running the kept tokens again, all such slots in one serial step without logits. The
+// serial kernel's bits do not depend on how a slot's tokens are split, so either way each slot
+// ends exactly as plain decode steps of its kept tokens would leave it. ALLOY_SPEC_REPLAY=0
+// (read once) always re-runs, for A/B.
 void roll_back(const ModelRunner& m, SlotStateCache& cache, const std::vector<Rollback>& slots,
-               const ForwardOptions& opts);
+               const ForwardOptions& opts, const GdnReplayLog* log = nullptr);
 
 // Feeds `next` (sampled, not yet in the slot) and `drafts` (at most kMaxVerifyTokens - 1) at
 // the slot's position in one serial step, keeps drafts by accept_greedy, and leaves the slot as

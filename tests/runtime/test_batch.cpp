@@ -27,6 +27,7 @@
 #include "runtime/sampler.h"
 #include "kernels/ref/top_k.h"
 #include "model/synth.h"
+#include "runtime/gdn_replay.h"
 #include "runtime/speculative.h"
 #include "tests/logits_error.h"
 
@@ -416,6 +417,67 @@ TEST(Speculative, RollbackLeavesThePlainStepsStateBitForBit) {
                     EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4));
                     EXPECT_EQ(r.tokens.back(), plain.tokens[size_t(r.accepted) + 1]);
                 }
+    }
+}
+
+// Rollback without the re-run (runtime/gdn_replay.h): a verification step of two slots logs every
+// GDN op's inputs; rolling both back (one keeps only its sampled token, the other two tokens)
+// replays the GDN ops alone and leaves the same states, n_past and next logits, bit for bit,
+// as the re-run of the kept tokens (the log refused, through the ids check, for a third cache
+// whose step it does not hold).
+TEST(Speculative, RollbackReplaysTheLoggedGdnOpsAsTheRerunWould) {
+    for (const GgmlType type : {GgmlType::F32, GgmlType::Q8_0}) {
+        SCOPED_TRACE("type " + std::to_string(int(type)));
+        const ModelRunner& m = model("tiny", type);
+        const int V = m.hparams().n_vocab;
+        const std::vector<int32_t> p0 = ids(9, 41), p1 = ids(14, 42);
+        ForwardOptions fo;
+        auto prefilled = [&](SlotStateCache& c) {
+            std::vector<float> row(static_cast<size_t>(V));
+            m.forward(c.state(), p0.data(), int(p0.size()), fo, row.data(), nullptr, 0);
+            m.forward(c.state(), p1.data(), int(p1.size()), fo, row.data(), nullptr, 1);
+        };
+        SlotStateCache replayed(m, 2, 128), rerun(m, 2, 128);
+        prefilled(replayed);
+        prefilled(rerun);
+        const std::vector<int32_t> s0 = {5, 6, 7, 8}, s1 = {9, 10, 11};  // fed: next + drafts
+        ForwardOptions serial = fo;
+        serial.gdn_mode = ref::GdnMode::Serial;
+        GdnReplayLog log;
+        std::vector<StateSnapshot> before;
+        for (SlotStateCache* c : {&replayed, &rerun}) {
+            before.push_back(c->snapshot(0));
+            before.push_back(c->snapshot(1));
+            Batch step;
+            step.add(0, s0.data(), int(s0.size()), BatchLogits::All, true);
+            step.add(1, s1.data(), int(s1.size()), BatchLogits::All, true);
+            ForwardOptions o = serial;
+            if (c == &replayed) o.gdn_log = &log;
+            std::vector<float> rows(7 * static_cast<size_t>(V));
+            m.forward(c->state(), step, o, rows.data());
+        }
+        ASSERT_TRUE(log.valid);
+        ASSERT_FALSE(log.layers.empty());
+        const std::vector<int32_t> k0 = {5}, k1 = {9, 10};
+        EXPECT_EQ(log.usable(0, before[0].n_past, k0), 0);
+        EXPECT_EQ(log.usable(1, before[1].n_past, k1), 1);
+        EXPECT_EQ(log.usable(1, before[1].n_past, {9, 11}), -1);      // not the step's tokens
+        EXPECT_EQ(log.usable(1, before[1].n_past + 1, k1), -1);       // not the step's state
+        roll_back(m, replayed, {{0, &before[0], k0}, {1, &before[1], k1}}, serial, &log);
+        roll_back(m, rerun, {{0, &before[2], k0}, {1, &before[3], k1}}, serial, nullptr);
+        for (int slot = 0; slot < 2; ++slot) {
+            ASSERT_EQ(replayed.n_past(slot), rerun.n_past(slot));
+            const StateSnapshot a = replayed.snapshot(slot), b = rerun.snapshot(slot);
+            for (size_t l = 0; l < a.ssm_state.size(); ++l) {
+                ASSERT_EQ(a.ssm_state[l], b.ssm_state[l]) << "slot " << slot << " layer " << l;
+                ASSERT_EQ(a.conv_state[l], b.conv_state[l]) << "slot " << slot << " layer " << l;
+            }
+            const int32_t t = 12;
+            std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+            m.forward(replayed.state(), &t, 1, serial, la.data(), nullptr, slot);
+            m.forward(rerun.state(), &t, 1, serial, lb.data(), nullptr, slot);
+            EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4)) << "slot " << slot;
+        }
     }
 }
 

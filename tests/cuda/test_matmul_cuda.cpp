@@ -301,6 +301,42 @@ TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
     }
 }
 
+// N(0, scale^2) values from a seeded generator, drawn in call order (the producers' tests).
+struct RandomValues {
+    std::mt19937 rng;
+    std::normal_distribution<float> nd{0.0f, 1.0f};
+    explicit RandomValues(uint32_t seed) : rng(seed) {}
+    std::vector<float> operator()(size_t n, float scale) {
+        std::vector<float> v(n);
+        for (float& f : v) f = scale * nd(rng);
+        return v;
+    }
+};
+
+// y of a 333-row weight of type t alone (matmul) and with a 64-row one (matmul_multi), one
+// after the other, for x [T, n] on the device and `given` (the producer's form of x; nullptr:
+// the matmuls convert x themselves). The weights follow from the seed.
+std::vector<float> matmuls_on(GgmlType t, int64_t n, int64_t T, uint32_t seed, const float* x,
+                              const cuda::MatmulInput* given) {
+    std::vector<float> wf, wf2;
+    const HostWeight hw = make_weight(t, 333, n, wf, seed);
+    const HostWeight hw2 = make_weight(t, 64, n, wf2, seed + 1);
+    const DeviceWeight W(hw.view(hw.bytes.data())), W2(hw2.view(hw2.bytes.data()));
+    const WeightView v1 = W.view, v2 = W2.view;
+    const WeightView* both[2] = {&v1, &v2};
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(both, 2, T)));
+    DeviceArray<float> y1(std::vector<float>(size_t(T * 333), NAN)), y2(std::vector<float>(size_t(T * 64), NAN)),
+        y3(std::vector<float>(size_t(T * 333), NAN));
+    float* ys[2] = {y1.p, y2.p};
+    cuda::matmul_multi(both, ys, 2, x, T, ws.p, nullptr, given);
+    cuda::matmul(v1, x, y3.p, T, ws.p, nullptr, given);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> r = y1.host(), r2 = y2.host(), r3 = y3.host();
+    r.insert(r.end(), r2.begin(), r2.end());
+    r.insert(r.end(), r3.begin(), r3.end());
+    return r;
+}
+
 // The producers' quantized outputs (ops.h MatmulInput): rms_norm, add_rms_norm (rows of 1024 and
 // 5120, past the norm's register-held part), swiglu and the strided attention gate write x's
 // Q8_0 form beside it, and a Q8_0 GEMV (matmul and matmul_multi) on that MatmulInput gives the
@@ -309,13 +345,7 @@ TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
 // nearest even).
 TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-    std::mt19937 rng(91);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    auto rnd = [&](size_t n, float scale) {
-        std::vector<float> v(n);
-        for (float& f : v) f = scale * nd(rng);
-        return v;
-    };
+    RandomValues rnd(91);
     for (int64_t n : {int64_t(1024), int64_t(5120)})
         for (int64_t T : {int64_t(1), int64_t(3), int64_t(16)})
             for (int producer = 0; producer < 4; ++producer) {
@@ -357,26 +387,9 @@ TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
                         ASSERT_EQ(qh[blk * 32 + i], int8_t(dd > 0 ? std::nearbyint(out[blk * 32 + i] / dd) : 0)) << what;
                 }
                 // The GEMVs on it: one weight, and two on one launch.
-                std::vector<float> wf, wf2;
-                const HostWeight hw = make_weight(GgmlType::Q8_0, 333, n, wf, uint32_t(producer + 7 * T));
-                const HostWeight hw2 = make_weight(GgmlType::Q8_0, 64, n, wf2, uint32_t(producer + 7 * T + 1));
-                const DeviceWeight W(hw.view(hw.bytes.data())), W2(hw2.view(hw2.bytes.data()));
-                const WeightView v1 = W.view, v2 = W2.view;
-                const WeightView* both[2] = {&v1, &v2};
-                DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(both, 2, T)));
-                auto gemv = [&](const cuda::MatmulInput* given) {
-                    DeviceArray<float> y1(std::vector<float>(size_t(T * 333), NAN)), y2(std::vector<float>(size_t(T * 64), NAN)),
-                        y3(std::vector<float>(size_t(T * 333), NAN));
-                    float* ys[2] = {y1.p, y2.p};
-                    cuda::matmul_multi(both, ys, 2, plain.p, T, ws.p, nullptr, given);
-                    cuda::matmul(v1, plain.p, y3.p, T, ws.p, nullptr, given);
-                    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                    std::vector<float> r = y1.host(), r2 = y2.host(), r3 = y3.host();
-                    r.insert(r.end(), r2.begin(), r2.end());
-                    r.insert(r.end(), r3.begin(), r3.end());
-                    return r;
-                };
-                EXPECT_EQ(gemv(&q8), gemv(nullptr)) << what << ": GEMV on the producer's MatmulInput";
+                const uint32_t seed = uint32_t(producer + 7 * T);
+                EXPECT_EQ(matmuls_on(GgmlType::Q8_0, n, T, seed, plain.p, &q8), matmuls_on(GgmlType::Q8_0, n, T, seed, plain.p, nullptr))
+                    << what << ": GEMV on the producer's MatmulInput";
             }
 }
 
@@ -387,13 +400,7 @@ TEST(CudaMatmul, ProducersQuantizedOutputsGiveTheGemvItsOwnBits) {
 // give the bits of converting x themselves.
 TEST(CudaMatmul, ProducersBf16OutputsGiveTheGemmItsOwnBits) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-    std::mt19937 rng(92);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    auto rnd = [&](size_t n, float scale) {
-        std::vector<float> v(n);
-        for (float& f : v) f = scale * nd(rng);
-        return v;
-    };
+    RandomValues rnd(92);
     for (int64_t n : {int64_t(1024), int64_t(5120)})
         for (int64_t T : {int64_t(17), int64_t(100)})
             for (int producer = 0; producer < 4; ++producer) {
@@ -437,26 +444,9 @@ TEST(CudaMatmul, ProducersBf16OutputsGiveTheGemmItsOwnBits) {
                 // The GEMMs on it, against converting the fp32 output themselves.
                 DeviceArray<float> x32(plain);
                 for (GgmlType t : {GgmlType::BF16, GgmlType::Q8_0}) {
-                    std::vector<float> wf, wf2;
-                    const HostWeight hw = make_weight(t, 333, n, wf, uint32_t(producer + 7 * T));
-                    const HostWeight hw2 = make_weight(t, 64, n, wf2, uint32_t(producer + 7 * T + 1));
-                    const DeviceWeight W(hw.view(hw.bytes.data())), W2(hw2.view(hw2.bytes.data()));
-                    const WeightView v1 = W.view, v2 = W2.view;
-                    const WeightView* both[2] = {&v1, &v2};
-                    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::matmul_multi_workspace_bytes(both, 2, T)));
-                    auto gemm = [&](const cuda::MatmulInput* given) {
-                        DeviceArray<float> y1(std::vector<float>(size_t(T * 333), NAN)), y2(std::vector<float>(size_t(T * 64), NAN)),
-                            y3(std::vector<float>(size_t(T * 333), NAN));
-                        float* ys[2] = {y1.p, y2.p};
-                        cuda::matmul_multi(both, ys, 2, x32.p, T, ws.p, nullptr, given);
-                        cuda::matmul(v1, x32.p, y3.p, T, ws.p, nullptr, given);
-                        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                        std::vector<float> r = y1.host(), r2 = y2.host(), r3 = y3.host();
-                        r.insert(r.end(), r2.begin(), r2.end());
-                        r.insert(r.end(), r3.begin(), r3.end());
-                        return r;
-                    };
-                    EXPECT_EQ(gemm(&pk), gemm(nullptr)) << what << " " << type_traits(t).name << ": GEMM on the producer's bf16 copy";
+                    const uint32_t seed = uint32_t(producer + 7 * T);
+                    EXPECT_EQ(matmuls_on(t, n, T, seed, x32.p, &pk), matmuls_on(t, n, T, seed, x32.p, nullptr))
+                        << what << " " << type_traits(t).name << ": GEMM on the producer's bf16 copy";
                 }
             }
 }

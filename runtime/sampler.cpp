@@ -35,6 +35,37 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
 
 int32_t Sampler::sample_top(const float* values, const int32_t* ids, int n_given) {
     if (is_greedy(p_)) return ids[0];
+    keep_candidates(values, n_given);
+    std::discrete_distribution<size_t> dist(w_.begin(), w_.end());
+    return ids[dist(rng_)];
+}
+
+void Sampler::distribution(const float* logits, int n_vocab, std::vector<int32_t>& ids, std::vector<double>& probs) {
+    if (is_greedy(p_)) {
+        ids.assign(1, greedy_token(logits, n_vocab));
+        probs.assign(1, 1.0);
+        return;
+    }
+    const int n = candidates_needed(n_vocab);
+    values_.resize(size_t(n));
+    ids_.resize(size_t(n));
+    ref::top_k(logits, 1, n_vocab, n, values_.data(), ids_.data(), &keys_);
+    const size_t keep = keep_candidates(values_.data(), n);
+    double sum = 0;
+    for (size_t i = 0; i < keep; ++i) sum += w_[i];
+    ids.assign(ids_.begin(), ids_.begin() + long(keep));
+    probs.resize(keep);
+    for (size_t i = 0; i < keep; ++i) probs[i] = w_[i] / sum;
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+size_t Sampler::draw(const std::vector<double>& weights) {
+    std::discrete_distribution<size_t> dist(weights.begin(), weights.end());
+    return dist(rng_);
+}
+
+size_t Sampler::keep_candidates(const float* values, int n_given) {
     const size_t n = size_t(p_.top_k > 0 ? std::min(p_.top_k, n_given) : n_given);
     // Softmax at temperature 1 for the top-p / min-p cuts (as llama.cpp's chain does).
     prob_.resize(n);
@@ -56,8 +87,7 @@ int32_t Sampler::sample_top(const float* values, const int32_t* ids, int n_given
     }
     w_.resize(keep);
     for (size_t i = 0; i < keep; ++i) w_[i] = std::exp((double(values[i]) - mx) / p_.temp);
-    std::discrete_distribution<size_t> dist(w_.begin(), w_.end());
-    return ids[dist(rng_)];
+    return keep;
 }
 
 double log_sum_exp(const float* x, int n) {

@@ -36,8 +36,17 @@ public:
     // The same draw as sample(logits) from the row's first n >= candidates_needed pairs in
     // ref::top_k's order (values, ids [n]; a GPU sends only those), for a non-greedy sampler.
     int32_t sample_top(const float* values, const int32_t* ids, int n);
+    // The distribution sample() draws from for logits [n_vocab]: the kept candidates' ids and
+    // their probabilities (summing to 1); greedy: the greedy token with probability 1.
+    void distribution(const float* logits, int n_vocab, std::vector<int32_t>& ids, std::vector<double>& probs);
+    // Draws from the sampler's generator, for the speculative acceptance rule
+    // (runtime/speculative.h accept_sampled): uniform in [0, 1), and an index by weights.
+    double uniform();
+    size_t draw(const std::vector<double>& weights);
 
 private:
+    // The kept candidates of values / ids [n_given] (ref::top_k's order) and their weights w_.
+    size_t keep_candidates(const float* values, int n_given);
     SamplerParams p_;
     std::mt19937_64 rng_;
     std::vector<float> values_;

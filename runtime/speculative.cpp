@@ -29,6 +29,28 @@ int accept_greedy(const int32_t* greedy, const std::vector<int32_t>& drafts) {
     return a;
 }
 
+SampledAccept accept_sampled(Sampler& sampler, const float* rows, int n_vocab, const std::vector<int32_t>& drafts) {
+    std::vector<int32_t> ids;
+    std::vector<double> probs;
+    SampledAccept r;
+    for (; r.accepted <= int(drafts.size()); ++r.accepted) {
+        sampler.distribution(rows + size_t(r.accepted) * size_t(n_vocab), n_vocab, ids, probs);
+        if (r.accepted == int(drafts.size())) {  // every draft kept: the token after them
+            r.next = ids[sampler.draw(probs)];
+            return r;
+        }
+        const int32_t d = drafts[size_t(r.accepted)];
+        const auto at = std::find(ids.begin(), ids.end(), d);
+        const double pd = at == ids.end() ? 0.0 : probs[size_t(at - ids.begin())];
+        if (pd >= 1.0 || (pd > 0.0 && sampler.uniform() < pd)) continue;  // kept
+        // Rejected: the residual max(p - q, 0) with q the point mass at d is p without d.
+        if (at != ids.end()) probs[size_t(at - ids.begin())] = 0.0;
+        r.next = ids[sampler.draw(probs)];
+        return r;
+    }
+    return r;  // not reached
+}
+
 void roll_back(const ModelRunner& m, SlotStateCache& cache, const std::vector<Rollback>& slots,
                const ForwardOptions& opts, const GdnReplayLog* log) {
     static const bool replay = [] {

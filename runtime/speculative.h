@@ -10,6 +10,7 @@
 
 #include "runtime/gdn_replay.h"
 #include "runtime/model_runner.h"
+#include "runtime/sampler.h"
 #include "runtime/slot_cache.h"
 
 namespace alloy {
@@ -37,6 +38,20 @@ struct VerifyResult {
 // A draft is kept while it equals the greedy token of the row before it, so every kept draft
 // is the token plain greedy decode would have picked there.
 int accept_greedy(const int32_t* greedy, const std::vector<int32_t>& drafts);
+
+// The speculative sampling rule for a drafter whose drafts are fixed tokens (prompt lookup:
+// its draft distribution is a point mass), which keeps the sampler's output distribution
+// exactly: draft i (drafts[i], scored by row i, the row before it) is kept with probability
+// p_i(drafts[i]), p_i = the sampler's distribution of row i (Sampler::distribution); at the first
+// rejection the token is drawn from p_i without drafts[i] (renormalized); when every draft is
+// kept, the token after them is drawn from p_k. rows: [drafts.size() + 1, n_vocab]. For a greedy
+// sampler this is accept_greedy. A fixed seed does not give plain decode's token stream: the
+// rule consumes the generator differently (one uniform draw per draft).
+struct SampledAccept {
+    int accepted = 0;  // drafts kept
+    int32_t next = 0;  // the token after them
+};
+SampledAccept accept_sampled(Sampler& sampler, const float* rows, int n_vocab, const std::vector<int32_t>& drafts);
 
 // A slot to put back after a verification whose step fed more tokens than are kept.
 struct Rollback {

@@ -174,10 +174,11 @@ struct Engine::Impl {
         s.before.reset();
     }
 
-    // Whether a request's decode steps carry drafts: greedy and unconstrained (a sampled token
-    // would need the rejection-sampling rule to keep plain sampling's distribution; a JSON
-    // constraint masks rows the greedy acceptance does not see).
-    bool speculates(const Sequence& s) const { return drafter && s.sampler->greedy() && !s.json; }
+    // Whether a request's decode steps carry drafts: unconstrained (a JSON constraint masks rows
+    // the acceptance rules do not see). Greedy requests keep drafts by accept_greedy (plain
+    // decode's tokens bit for bit); sampled ones by accept_sampled (plain sampling's
+    // distribution, not its token stream for a given seed).
+    bool speculates(const Sequence& s) const { return drafter && !s.json; }
 
     // The sampled token of a step: stream it, then decide whether the request goes on.
     // Returns false when it finished. Same order of checks as a single run always had.
@@ -418,7 +419,9 @@ struct Engine::Impl {
                 const bool plain = !s.json_on && s.req.logprobs < 0;
                 const int k = s.sampler->candidates_needed(int(V));
                 tokens_only = tokens_only && plain && s.sampler->greedy();
-                top_only = top_only && plain && !s.sampler->greedy() && k < int(V);
+                // A sampled verification's rule reads whole rows (Sampler::distribution).
+                const bool sampled_verify = piece[i] == 0 && batch.seqs[i].logits == BatchLogits::All && !s.sampler->greedy();
+                top_only = top_only && plain && !s.sampler->greedy() && k < int(V) && !sampled_verify;
                 top.k = std::max(top.k, k);
             }
         top_only = top_only && !tokens_only && top.k >= 1 && top.k <= lm.runner->max_top_k_on_device();
@@ -454,10 +457,20 @@ struct Engine::Impl {
             Sequence& s = *order[i];
             if (batch.seqs[i].logits == BatchLogits::All) {  // a verification: next, then its drafts
                 const size_t n = s.step_ids.size();
-                std::vector<int32_t> g(n);  // each row's greedy token (speculates(): a greedy sampler's pick)
-                for (size_t t = 0; t < n; ++t)
-                    g[t] = tokens_only ? greedy[row + t] : greedy_token(rows_out + (row + t) * V, int(V));
-                const int a = accept_greedy(g.data(), std::vector<int32_t>(s.step_ids.begin() + 1, s.step_ids.end()));
+                // The emitted tokens: the kept drafts, then the token after them (g[a]).
+                const std::vector<int32_t> drafts(s.step_ids.begin() + 1, s.step_ids.end());
+                std::vector<int32_t> g(n);
+                int a = 0;
+                if (s.sampler->greedy()) {  // each row's greedy token
+                    for (size_t t = 0; t < n; ++t)
+                        g[t] = tokens_only ? greedy[row + t] : greedy_token(rows_out + (row + t) * V, int(V));
+                    a = accept_greedy(g.data(), drafts);
+                } else {
+                    const SampledAccept sa = accept_sampled(*s.sampler, rows_out + row * V, int(V), drafts);
+                    a = sa.accepted;
+                    for (int t = 0; t < a; ++t) g[size_t(t)] = drafts[size_t(t)];
+                    g[size_t(a)] = sa.next;
+                }
                 s.r.n_drafted += int(n) - 1;
                 s.r.n_accepted += a;
                 ++s.r.n_decode_steps;

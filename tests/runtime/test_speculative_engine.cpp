@@ -128,6 +128,63 @@ TEST_F(SpeculativeEngine, GreedyOutputIsPlainDecodeBitForBit) {
             }
 }
 
+// Sampled requests speculate too (accept_sampled, whose distribution test is in
+// test_batch.cpp). With top_k = 1 the sampler's distribution is a point mass, so the sampled
+// path (its rule, its rollbacks) must give plain greedy decode's tokens and logprobs bit for
+// bit; with real sampling (temperature 0.5, top-k 3) drafts are kept and rejected, and a
+// fixed seed gives the same output run to run (one request in flight: with several, how many
+// drafts a step carries depends on the others, and so does the generator's use).
+TEST_F(SpeculativeEngine, SampledRequestsSpeculateExactly) {
+    const auto ps = prompts();
+    std::vector<GenerationRequest> greedy_reqs, point_mass, sampled;
+    for (size_t i = 0; i < ps.size(); i += 2) {
+        GenerationRequest r = greedy(ps[i], 24);
+        r.logprobs = 4;
+        greedy_reqs.push_back(r);
+        r.sampling.temperature = 0.7f;
+        r.sampling.top_k = 1;
+        r.sampling.seed = 11 + i;
+        point_mass.push_back(r);
+        r.sampling.temperature = 0.5f;  // peaked enough that the output repeats and gets drafted
+        r.sampling.top_k = 3;
+        r.sampling.min_p = 0;
+        sampled.push_back(r);
+    }
+    std::vector<GenerationResult> plain;
+    {
+        Engine e(options(1));
+        plain = run_all(e, greedy_reqs);
+    }
+    for (int n_parallel : {1, 4}) {
+        SCOPED_TRACE(std::to_string(n_parallel) + " in flight");
+        Engine e(spec_options(n_parallel, 3));
+        const auto got = run_all(e, point_mass);
+        int drafted = 0, accepted = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            expect_same(plain[i], got[i]);
+            drafted += got[i].n_drafted;
+            accepted += got[i].n_accepted;
+        }
+        EXPECT_GT(accepted, 0);
+        EXPECT_GT(drafted, accepted);
+    }
+    std::vector<GenerationResult> first;
+    for (int run = 0; run < 2; ++run) {  // one in flight: a request's steps (and draws) are its own
+        Engine e(spec_options(1, 3));
+        const auto got = run_all(e, sampled);
+        int drafted = 0, accepted = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(got[i].ids.size(), 24u) << got[i].error;
+            drafted += got[i].n_drafted;
+            accepted += got[i].n_accepted;
+            if (run == 1) EXPECT_EQ(got[i].ids, first[i].ids) << "prompt " << i << ": the same seed, another output";
+        }
+        EXPECT_GT(accepted, 0);
+        EXPECT_GT(drafted, accepted);
+        if (run == 0) first = got;
+    }
+}
+
 // A request that ends inside a run of accepted drafts (a stop string completed by one of
 // them, or max_tokens) emits exactly plain decode's tokens and text, streamed through the
 // callbacks; the next chat turn then resumes from the end-of-generation checkpoint with the

@@ -59,7 +59,8 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
 void SpecOptions::add_to(CLI::App* cmd) {
     cmd->add_option("--spec", mode,
                     "speculative decoding: off | ngram (prompt lookup). Exact: greedy output (--temp 0) is token for "
-                    "token plain decode's; sampled requests (temperature > 0) decode without drafts")
+                    "token plain decode's; sampled output (temperature > 0) keeps plain sampling's distribution "
+                    "(the speculative sampling rule), not its token stream for a seed")
         ->capture_default_str();
     cmd->add_option("--spec-k", k, "with --spec: drafts verified per step, 1..3")->capture_default_str();
 }

@@ -63,9 +63,7 @@ void add_run_command(CLI::App& app) {
         std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.1f tok/s); generated: %d tokens in %.3f s (%.1f tok/s)",
                      n_prompt, r.prompt_seconds, double(n_prompt) / r.prompt_seconds, generated, r.generate_seconds,
                      generated > 1 ? double(generated - 1) / r.generate_seconds : 0.0);
-        if (spec.mode != "off" && sp.temperature != 0)  // sampled requests draft nothing: say so, not "0 of 0"
-            std::fprintf(stderr, "; spec %s: off for sampling (--temp > 0)", spec.mode.c_str());
-        else if (spec.mode != "off")
+        if (spec.mode != "off")
             std::fprintf(stderr, "; spec %s: %d of %d drafts accepted (%.1f%%)", spec.mode.c_str(), r.n_accepted,
                          r.n_drafted, r.n_drafted ? 100.0 * r.n_accepted / r.n_drafted : 0.0);
         std::fprintf(stderr, "\n");

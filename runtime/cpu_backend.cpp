@@ -133,11 +133,13 @@ bool CpuBackend::replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, in
     if (kept == 0) return true;
     const int32_t offs[2] = {log.offsets[size_t(seq)], log.offsets[size_t(seq)] + kept};
     const int32_t slot = log.slots[size_t(seq)];
+    // z and y: the gated norm's, which the states do not depend on; one pair for every layer.
+    size_t zy = 0;
+    for (const GdnReplayLog::Layer& L : log.layers) zy = std::max(zy, size_t(offs[1]) * size_t(L.value_dim));
+    std::vector<float> z(zy, 0.0f), y(zy);
     for (const GdnReplayLog::Layer& L : log.layers) {
         ref::GdnParams p = L.params;
         p.mode = ref::GdnMode::Serial;
-        // z and y: the gated norm's, which the states do not depend on (rows past offs[0] only).
-        std::vector<float> z(size_t(offs[1]) * size_t(L.value_dim), 0.0f), y(z.size());
         cpu::gdn_fused(cpu::active_isa(), p, L.weights, 1, offs, L.qkv.data(), z.data(), L.a.data(), L.b.data(),
                        st.conv_state[size_t(L.layer)].data(), st.ssm_state[size_t(L.layer)].data(), y.data(), &slot);
     }

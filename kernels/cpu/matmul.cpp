@@ -17,6 +17,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "alloy/error.h"
@@ -240,14 +241,19 @@ void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int6
 }
 
 // GEMM over rows [r0, r0 + rc) and token groups [g0, g0 + nv) into tile [rc][ldt].
+// T: the call's tokens (a last group of at most mm::kNarrowTokens takes the narrow kernel).
 void gemm_tile(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
-               int nv, float* tile, int ldt) {
+               int nv, int64_t T, float* tile, int ldt) {
     const mm::TileKernel& kt = p.tile;
     const int64_t K = W.n_in;
+    // ALLOY_Q8_NARROW=0: the full tile for narrow groups too (A/B; the same bits).
+    static const bool narrow_on = [] { const char* e = std::getenv("ALLOY_Q8_NARROW"); return !e || std::atoi(e) != 0; }();
+    const mm::TileFn fn =
+        narrow_on && kt.narrow && panel.q_pairs && nv == 1 && T - g0 * mm::kGroup <= mm::kNarrowTokens ? kt.narrow : kt.fn;
     for (int64_t k0 = 0; k0 < K; k0 += kt.kc) {
         const int64_t k1 = std::min<int64_t>(K, k0 + kt.kc);
         for (int64_t r = 0; r < rc; r += kt.rows)
-            kt.fn(W, r0 + r, int(std::min<int64_t>(kt.rows, rc - r)), panel, g0, nv, k0, k1, tile + r * ldt, ldt);
+            fn(W, r0 + r, int(std::min<int64_t>(kt.rows, rc - r)), panel, g0, nv, k0, k1, tile + r * ldt, ldt);
     }
 }
 
@@ -273,7 +279,7 @@ GemmItem gemm_item(const mm::TileKernel& kt, int64_t it, int64_t n_chunks, int64
 
 void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
                 int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out) {
-    gemm_tile(p, W, panel, r0, rc, g0, nv, tile, ldt);
+    gemm_tile(p, W, panel, r0, rc, g0, nv, T, tile, ldt);
     store_tile(p, tile, ldt, r0, rc, g0, nv, T, y, ldy, stream_out);
 }
 
@@ -658,8 +664,8 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
         const int64_t tn = std::min<int64_t>(gi.nv * mm::kGroup, T - gi.g0 * mm::kGroup);
         float* tg = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt] gate, then up
         float* tu = tg + chunk * ldt;
-        gemm_tile(p, G, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, tg, ldt);
-        gemm_tile(p, U, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, tu, ldt);
+        gemm_tile(p, G, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tg, ldt);
+        gemm_tile(p, U, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tu, ldt);
         for (int64_t r = 0; r < gi.rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, swiglu_isa);
         store_tile(p, tg, ldt, gi.r0, gi.rc, gi.g0, gi.nv, T, y, N, stream_output(T, N));
     });

@@ -205,7 +205,8 @@ size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K) {
     const size_t G = size_t((T + kGroup - 1) / kGroup), n = G * kGroup * size_t(K);
     const size_t rows = up64(panel_row_bytes(kind, K)) * size_t(n_threads());  // prep_panel's row buffers
     switch (kind) {
-        case ActKind::Q8: return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4) + rows;
+        case ActKind::Q8:  // + the narrow last group's octets (q_pairs)
+            return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4) + up64(size_t(kNarrowTokens * K)) + rows;
         case ActKind::Q8K:
             return up64(n) + up64(G * kGroup * size_t(K / kQK) * 4) + up64(G * kGroup * size_t(K / 16) * 4) + rows;
         case ActKind::Bf16Bits: return up64(n * 2) + rows;
@@ -230,11 +231,14 @@ void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uin
     float *d = nullptr, *f = nullptr;
     int32_t* corr = nullptr;
     uint16_t* bf = nullptr;
+    uint64_t* q_pairs = nullptr;
     if (kind == ActKind::Q8) {
         q = c.take<int8_t>(size_t(G * kGroup * K));
         d = c.take<float>(size_t(G * kGroup * nb));
         corr = c.take<int32_t>(size_t(G * kGroup * nb));
         out.q = q, out.d = d, out.corr = corr;
+        q_pairs = c.take<uint64_t>(size_t(K / 8) * kNarrowTokens);
+        if (T - (G - 1) * kGroup <= kNarrowTokens) out.q_pairs = reinterpret_cast<const int8_t*>(q_pairs);
     } else if (kind == ActKind::Bf16Bits) {
         bf = c.take<uint16_t>(size_t(G * kGroup * K));
         out.bf = bf;
@@ -272,6 +276,13 @@ void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uin
             uint32_t* dst = reinterpret_cast<uint32_t*>(kind == ActKind::Q8 ? static_cast<void*>(q + g * kGroup * K)
                                                                             : static_cast<void*>(bf + g * kGroup * K));
             interleave16(isa, rows, units, dst);
+            // The narrow kernel's copy of a last group of <= 8 tokens: k-octet m of token t at
+            // q_pairs[m * 8 + t] (ActPanel::q_pairs).
+            if (kind == ActKind::Q8 && out.q_pairs && g == G - 1) {
+                const uint64_t* src = reinterpret_cast<const uint64_t*>(rows);
+                for (int64_t m = 0; m < K / 8; ++m)
+                    for (int l = 0; l < kNarrowTokens; ++l) q_pairs[m * kNarrowTokens + l] = src[l * (K / 8) + m];
+            }
             if (kind == ActKind::Q8)
                 for (int64_t b = 0; b < nb; ++b)
                     for (int l = 0; l < kGroup; ++l) {

@@ -30,6 +30,7 @@ inline int32_t load_i32(const void* p) { return load_as<int32_t>(p); }
 inline float load_f32(const void* p) { return load_as<float>(p); }
 
 constexpr int kGroup = 16;   // tokens per ActPanel group (one zmm of int32/fp32 lanes)
+constexpr int kNarrowTokens = 8;  // a last group of at most this many tokens: TileKernel::narrow
 constexpr int kQ8 = 32;      // Q8_0 block size
 constexpr int kRowDotTokens = 4;  // tokens per row-dot / GEMV kernel call
 // Calls of up to this many tokens take a type's streaming GEMV when it has one (else the GEMM):
@@ -63,6 +64,9 @@ struct ActPanel {
     const int32_t* bsums = nullptr; // [G, K/16, 16]   Q8_K sums of 16 consecutive q
     const uint16_t* bf = nullptr;   // [G, K/2, 16, 2]: k-pair s of token l at (s * 16 + l) * 2
     const float* f = nullptr;       // [G, K, 16]
+    // Q8 only, when the last group holds at most kNarrowTokens real tokens: that group's first
+    // 8 tokens again, [K/8, 8, 8]: k-octet m of token l at (m * 8 + l) * 8 (the narrow tile).
+    const int8_t* q_pairs = nullptr;
 };
 
 // Row-dot kernel: for i < nr (<= RowKernel::rows) and t < nt (<= 4),
@@ -100,6 +104,9 @@ struct TileKernel {
     int rows = 0;    // most rows per call
     int groups = 0;  // most token groups per call
     int kc = 0;      // inner-dimension chunk: the panel slice groups * 16 * kc stays in L1
+    // The same contract for one group (nv = 1) of at most kNarrowTokens real tokens, writing
+    // tile lanes [0, kNarrowTokens) only, with the same bits as fn; nullptr: fn serves them.
+    TileFn narrow = nullptr;
 };
 
 // Kernels per ISA; nullptr / fn == nullptr where the ISA has none for that weight type.

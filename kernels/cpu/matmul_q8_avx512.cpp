@@ -10,6 +10,7 @@
 // path (this tile, the AVX2 tile, both decode GEMVs), so every token count gives the same bits.
 // GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* internally and trip this warning.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -82,7 +83,61 @@ ALLOY_Q8_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p,
         for (int v = 0; v < NV; ++v) _mm512_storeu_ps(tile + r * ldt + v * kGroup, f[r][v]);
 }
 
+// ---------------------------------------------------------------------------------------
+// Narrow GEMM: one token group holding at most 8 real tokens (batched decode of 5-8
+// sequences, short verification steps), where the tile above spends half of every vpdpbusd
+// on padding tokens. Here a zmm's lanes are (token t, parity e) of the group's first 8 tokens
+// and each vpdpbusd takes two k-quads: the row's octet m (quads 2m, 2m + 1) is broadcast as a
+// qword straight from the GGUF row and meets the tokens' octets side by side
+// (ActPanel::q_pairs), lane (t, e) summing quad 2m + e. Per block, lane (t, 0) starts at the
+// token's corr, four vpdpbusd cover the 32 codes, and the two lanes of a token are added (one
+// in-lane shuffle): the exact block sum, in both. From there the fp32 chain per (row, token) is
+// the tile's (one FMA by d_w * d_x per block, in order), duplicated in the two lanes, so the
+// bits are the tile's and the GEMVs'. 4 vpdpbusd a row and block (the least for 8 tokens)
+// against the tile's 8; the shuffle, the flips and the broadcasts stay off the multiply pipes.
+template <int R>
+ALLOY_Q8_TARGET void q8_narrow(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1,
+                               float* tile, int ldt) {
+    const int64_t K = p.K, nb = K / kQ8;
+    const size_t rb = W.row_bytes;
+    const int64_t gs = nb * kGroup;
+    const float* xd = p.d + g0 * gs;
+    const int32_t* xc = p.corr + g0 * gs;
+    const uint8_t* w = W.row(r0);
+    const __m512i flip = _mm512_set1_epi8(char(0x80));
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);  // token t -> lanes 2t, 2t + 1
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    __m512 f[R];
+    for (int r = 0; r < R; ++r)
+        f[r] = k0 == 0 ? _mm512_setzero_ps()
+                       : _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(tile + r * ldt)));
+    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));
+    for (int64_t b = k0 / kQ8; b < k1 / kQ8; ++b) {
+        for (int r = 0; r < next_rows; ++r)
+            _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + b * kBlockBytes), _MM_HINT_T0);
+        const int8_t* xb = p.q_pairs + b * kQ8 * kNarrowTokens;
+        __m512i xv[4];
+        for (int m = 0; m < 4; ++m) xv[m] = _mm512_load_si512(xb + m * 64);
+        // corr in lane (t, 0), zero in (t, 1): the zero-extension of 8 int32 to 8 int64.
+        const __m512i c = _mm512_cvtepu32_epi64(_mm256_load_si256(reinterpret_cast<const __m256i*>(xc + b * kGroup)));
+        const __m512 dx = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_load_ps(xd + b * kGroup)));
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = w + r * rb + b * kBlockBytes;
+            __m512i acc = c;
+            for (int m = 0; m < 4; ++m)
+                acc = _mm512_dpbusd_epi32(acc, _mm512_xor_si512(_mm512_set1_epi64(load_as<int64_t>(blk + 2 + 8 * m)), flip),
+                                          xv[m]);
+            acc = _mm512_add_epi32(acc, _mm512_shuffle_epi32(acc, _MM_PERM_CDAB));
+            const __m512 dw = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dw, dx), f[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        _mm256_storeu_ps(tile + r * ldt, _mm512_castps512_ps256(_mm512_permutexvar_ps(even, f[r])));
+}
+
 constexpr int kQ8Rows = 4, kQ8Groups = 3;
+static_assert(kQ8Rows == 4, "q8_narrow_any covers 1 to 4 rows");
 
 using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
 #define ALLOY_Q8_ROW(R) {&q8_tile<R, 1>, &q8_tile<R, 2>, &q8_tile<R, 3>}
@@ -94,9 +149,21 @@ void q8_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int
     kQ8Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
 }
 
+// nv is 1 here (the driver calls the narrow kernel for one group only).
+void q8_narrow_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
+                   int64_t k1, float* tile, int ldt) {
+    (void)nv;
+    switch (nr) {
+        case 1: q8_narrow<1>(W, r0, p, g0, k0, k1, tile, ldt); break;
+        case 2: q8_narrow<2>(W, r0, p, g0, k0, k1, tile, ldt); break;
+        case 3: q8_narrow<3>(W, r0, p, g0, k0, k1, tile, ldt); break;
+        default: q8_narrow<4>(W, r0, p, g0, k0, k1, tile, ldt); break;
+    }
+}
+
 }  // namespace
 
-TileKernel tile_avx512_q8() { return {q8_tile_any, kQ8Rows, kQ8Groups, kQ8Kc}; }
+TileKernel tile_avx512_q8() { return {q8_tile_any, kQ8Rows, kQ8Groups, kQ8Kc, q8_narrow_any}; }
 
 // ---------------------------------------------------------------------------------------
 // Activation quantization, bit-identical to quantize_q8_scalar (max, mul and round to

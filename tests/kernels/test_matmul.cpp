@@ -295,7 +295,7 @@ TEST(Matmul, EveryTokenCountGivesTheSameBits) {
                 }
                 // (4 and 1 are the calls above; up to kGemvMaxTokens = 16 rows every type keeps
                 // the per-row bits: the batch invariance of decode steps of up to 16 sequences)
-                for (int64_t n : {2, 3, 9, 16}) {
+                for (int64_t n : {2, 3, 6, 8, 9, 16}) {
                     three.assign(size_t(n * sh.n_out), NAN);
                     cpu::matmul(W, x.data() + 5 * sh.n_in, three.data(), n, isa, scratch);
                     EXPECT_EQ(0, std::memcmp(three.data(), all.data() + 5 * sh.n_out, size_t(n * sh.n_out) * 4))

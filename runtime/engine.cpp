@@ -620,9 +620,6 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (o.model_path.empty()) o.model_path = default_model_path();
     m.lm = load_model(o.model_path, tensor_placement(o), o.backend);
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
-    if (m.drafter && m.slots->state().device)
-        throw Error("engine: spec '" + o.spec + "' needs host slot states; the " + o.backend +
-                    " backend keeps them on the device, where the rollback after a rejected draft has no copies yet");
     if (o.cache_ram_mib < 0) throw Error("engine: cache_ram_mib must be >= 0, got " + std::to_string(o.cache_ram_mib));
     if (o.checkpoint_every < 1)
         throw Error("engine: checkpoint_every must be >= 1, got " + std::to_string(o.checkpoint_every));

@@ -26,9 +26,21 @@ struct KvCacheTypes {
 // rows written so far are never touched (runtime/zero_pages.h), so they cost no resident memory.
 // A device backend's copy of the state (its own memory, the same layout per slot): the backend
 // that made the state reads and writes it; reset clears one slot's part.
+// A device backend's copy of one slot's GDN states (runtime/slot_cache.h's snapshot kept in
+// the device's memory: a speculative step's rollback then copies nothing through the host).
+struct DeviceSnapshot {
+    virtual ~DeviceSnapshot() = default;
+    virtual size_t bytes() const = 0;  // device memory held
+};
 struct DeviceState {
     virtual ~DeviceState() = default;
     virtual void reset(int slot) = 0;
+    // The slot state cache's operations (runtime/slot_cache.h) on the device's copy, each done
+    // when it returns: to := from for KV rows [0, n_rows) and the GDN states; a slot's GDN
+    // states into device memory, and back (throws for a snapshot of another state or model).
+    virtual void copy(int from, int to, int n_rows) = 0;
+    virtual std::shared_ptr<const DeviceSnapshot> snapshot(int slot) = 0;
+    virtual void restore(int slot, const DeviceSnapshot& snap) = 0;
 };
 
 struct ModelState {

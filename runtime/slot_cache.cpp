@@ -28,19 +28,19 @@ int SlotStateCache::n_past(int slot) const {
 
 void SlotStateCache::reset(int slot) { state_.reset(slot); }
 
-// The operations below work on host memory; a device backend's state (ModelState::device) needs
-// its own copies, not written yet: refuse rather than copy nothing.
-static void require_host(const ModelState& s, const char* op) {
-    if (s.device) throw Error(std::string("slot state cache: ") + op + " is not supported on a device backend's state yet");
-}
-
+// The operations below work on host memory, or hand a device backend's state
+// (ModelState::device) to that backend's own copies.
 void SlotStateCache::copy(int from, int to) {
-    require_host(state_, "copy");
     state_.check_slot(from);
     state_.check_slot(to);
     if (from == to) return;
     ModelState& s = state_;
     const size_t n = size_t(s.n_past[size_t(from)]);
+    if (s.device) {
+        s.device->copy(from, to, int(n));
+        s.n_past[size_t(to)] = int(n);
+        return;
+    }
     for (size_t l = 0; l < s.k_cache.size(); ++l) {
         for (auto* cache : {&s.k_cache[l], &s.v_cache[l]}) {
             if (cache->empty()) continue;
@@ -57,11 +57,14 @@ void SlotStateCache::copy(int from, int to) {
 }
 
 StateSnapshot SlotStateCache::snapshot(int i) const {
-    require_host(state_, "snapshot");
     state_.check_slot(i);
     const ModelState& s = state_;
     StateSnapshot snap;
     snap.n_past = s.n_past[size_t(i)];
+    if (s.device) {
+        snap.device = s.device->snapshot(i);
+        return snap;
+    }
     snap.conv_state.resize(s.conv_state.size());
     snap.ssm_state.resize(s.ssm_state.size());
     for (size_t l = 0; l < s.conv_state.size(); ++l) {
@@ -75,7 +78,10 @@ StateSnapshot SlotStateCache::snapshot(int i) const {
 void SlotStateCache::check_shapes(int i, const StateSnapshot& snap, const char* op) const {
     state_.check_slot(i);
     const ModelState& s = state_;
-    bool same = snap.conv_state.size() == s.conv_state.size() && snap.ssm_state.size() == s.ssm_state.size();
+    if (bool(snap.device) != bool(s.device))
+        throw Error(std::string("slot state cache: ") + op + " of slot " + std::to_string(i) + ": a " +
+                    (snap.device ? "device" : "host") + " snapshot for a " + (s.device ? "device" : "host") + " state");
+    bool same = s.device || (snap.conv_state.size() == s.conv_state.size() && snap.ssm_state.size() == s.ssm_state.size());
     for (size_t l = 0; same && l < s.conv_state.size(); ++l) {
         const bool gdn = !s.conv_state[l].empty();
         same = snap.conv_state[l].size() == (gdn ? s.conv_elems : 0) && snap.ssm_state[l].size() == (gdn ? s.ssm_elems : 0);
@@ -88,9 +94,13 @@ void SlotStateCache::check_shapes(int i, const StateSnapshot& snap, const char* 
 }
 
 void SlotStateCache::restore(int i, const StateSnapshot& snap) {
-    require_host(state_, "restore");
     check_shapes(i, snap, "restore");
     ModelState& s = state_;
+    if (s.device) {
+        s.device->restore(i, *snap.device);
+        s.n_past[size_t(i)] = snap.n_past;
+        return;
+    }
     for (size_t l = 0; l < s.conv_state.size(); ++l) {
         if (s.conv_state[l].empty()) continue;
         std::copy(snap.conv_state[l].begin(), snap.conv_state[l].end(), s.conv(int(l), i));

@@ -8,6 +8,7 @@
 // that is what makes a snapshot (GDN states + n_past, no KV rows) enough to go back to n.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "runtime/model_runner.h"
@@ -20,6 +21,8 @@ struct StateSnapshot {
     int n_past = 0;
     std::vector<std::vector<float>> conv_state;  // per layer: [conv_dim, K-1] (empty: attention)
     std::vector<std::vector<float>> ssm_state;   // per layer: [H_v, d_v, d_k]
+    // A device backend's state: the GDN states in its memory instead (the vectors above empty).
+    std::shared_ptr<const DeviceSnapshot> device;
     size_t bytes() const;
 };
 

@@ -93,6 +93,81 @@ struct CudaState final : DeviceState {
         }
         check(cudaDeviceSynchronize(), "reset");
     }
+
+    // The slot state cache's copies (runtime/slot_cache.h), device to device. They run on the
+    // legacy stream after the last step's results came back (the runner waits for them), and
+    // are done on return (the next step's stream does not wait for the legacy one).
+    size_t kv_row_bytes(const DeviceBuffer& cache) const { return cache.bytes() / size_t(n_ctx); }
+    void copy(int from, int to, int n_rows) override {
+        for (size_t l = 0; l < conv.size(); ++l) {
+            for (auto* cache : {&k[l], &v[l]}) {
+                if (cache->empty()) continue;
+                const DeviceBuffer& src = *(*cache)[size_t(from)];
+                check(cudaMemcpyAsync((*cache)[size_t(to)]->get(), src.get(), kv_row_bytes(src) * size_t(n_rows),
+                                      cudaMemcpyDeviceToDevice, nullptr),
+                      "copy of slot " + std::to_string(from) + "'s KV rows");
+            }
+            if (!conv[l]) continue;
+            for (auto [buf, elems] : {std::pair{&conv[l], conv_elems}, std::pair{&ssm[l], ssm_elems}}) {
+                float* base = (*buf)->get<float>();
+                check(cudaMemcpyAsync(base + size_t(to) * elems, base + size_t(from) * elems, elems * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, nullptr),
+                      "copy of slot " + std::to_string(from) + "'s GDN states");
+            }
+        }
+        check(cudaStreamSynchronize(nullptr), "copy of slot " + std::to_string(from));
+    }
+
+    // A snapshot: every GDN layer's conv then recurrent state of one slot, in one device buffer
+    // from a pool (a speculative step takes one per verification: no cudaMalloc per step).
+    struct Snapshot final : DeviceSnapshot {
+        std::shared_ptr<std::vector<std::unique_ptr<DeviceBuffer>>> pool;  // where the buffer goes back
+        std::unique_ptr<DeviceBuffer> buf;
+        uint64_t state_serial = 0;
+        size_t bytes() const override { return buf->bytes(); }
+        ~Snapshot() override { pool->push_back(std::move(buf)); }
+    };
+    std::shared_ptr<std::vector<std::unique_ptr<DeviceBuffer>>> snap_pool =
+        std::make_shared<std::vector<std::unique_ptr<DeviceBuffer>>>();
+    size_t snapshot_bytes() const {
+        size_t n = 0;
+        for (const auto& c : conv) n += c ? (conv_elems + ssm_elems) * sizeof(float) : 0;
+        return n;
+    }
+    // Each GDN layer's pair of copies between the slot's states and the snapshot buffer.
+    void gdn_copies(int slot, float* snap, bool to_snap, const char* what) {
+        for (size_t l = 0; l < conv.size(); ++l) {
+            if (!conv[l]) continue;
+            for (auto [buf, elems] : {std::pair{&conv[l], conv_elems}, std::pair{&ssm[l], ssm_elems}}) {
+                float* st = (*buf)->get<float>() + size_t(slot) * elems;
+                check(cudaMemcpyAsync(to_snap ? snap : st, to_snap ? st : snap, elems * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, nullptr),
+                      std::string(what) + " of slot " + std::to_string(slot));
+                snap += elems;
+            }
+        }
+        check(cudaStreamSynchronize(nullptr), std::string(what) + " of slot " + std::to_string(slot));
+    }
+    std::shared_ptr<const DeviceSnapshot> snapshot(int slot) override {
+        auto snap = std::make_shared<Snapshot>();
+        snap->pool = snap_pool;
+        snap->state_serial = serial;
+        if (!snap_pool->empty()) {
+            snap->buf = std::move(snap_pool->back());
+            snap_pool->pop_back();
+        } else {
+            snap->buf = std::make_unique<DeviceBuffer>(snapshot_bytes(), "a slot state snapshot");
+        }
+        gdn_copies(slot, snap->buf->get<float>(), true, "snapshot");
+        return snap;
+    }
+    void restore(int slot, const DeviceSnapshot& s) override {
+        const auto* snap = dynamic_cast<const Snapshot*>(&s);
+        if (!snap || snap->state_serial != serial)
+            throw Error("cuda backend: restore of slot " + std::to_string(slot) + ": the snapshot is of another state");
+        gdn_copies(slot, snap->buf->get<float>(), false, "restore");
+    }
+    int n_ctx = 0;
 };
 
 CudaState& device_state(const StepContext& c) {
@@ -489,6 +564,7 @@ ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTyp
     auto d = std::make_shared<CudaState>();
     d->conv_elems = s.conv_elems;
     d->ssm_elems = s.ssm_elems;
+    d->n_ctx = n_ctx;
     d->conv.resize(L);
     d->ssm.resize(L);
     d->k.resize(L);

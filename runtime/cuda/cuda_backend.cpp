@@ -501,19 +501,25 @@ private:
     std::unique_ptr<CudaBuffer> host_output_;  // host_output's page-locked rows
 
     // split: a Q8_0 matrix (w), rearranged on the device after the copy (cuda::split_q8).
+    // The copies run on the backend's stream, in order with the split and the steps: a plain
+    // cudaMemcpy from pageable memory may return before its DMA lands (CUDA's API sync notes),
+    // and the legacy stream it runs on does not order the non-blocking stream_, so the split
+    // kernel read a part-copied matrix: weights that differed run to run (0.8B Q8_0: the FFN
+    // gate/up rows of random layers, found by dumps of two processes, 2026-12-04).
     const void* upload(const void* host, size_t bytes, const std::string& what, const WeightView* split = nullptr) {
         auto it = uploads_.find(host);
         if (it == uploads_.end()) {
             auto buf = std::make_unique<DeviceBuffer>(bytes, what);
             if (split) {
                 DeviceBuffer staged(bytes, what + " (as stored)");
-                check(cudaMemcpy(staged.get(), host, bytes, cudaMemcpyHostToDevice), "upload of " + what);
+                check(cudaMemcpyAsync(staged.get(), host, bytes, cudaMemcpyHostToDevice, stream_), "upload of " + what);
                 WeightView g = *split;
                 g.data = static_cast<const uint8_t*>(staged.get());
                 cuda::split_q8(g, buf->get(), stream_);
                 check(cudaStreamSynchronize(stream_), "split of " + what);
             } else {
-                check(cudaMemcpy(buf->get(), host, bytes, cudaMemcpyHostToDevice), "upload of " + what);
+                check(cudaMemcpyAsync(buf->get(), host, bytes, cudaMemcpyHostToDevice, stream_), "upload of " + what);
+                check(cudaStreamSynchronize(stream_), "upload of " + what);
             }
             it = uploads_.emplace(host, std::move(buf)).first;
         }

@@ -24,6 +24,7 @@
 #include "kernels/cuda/gdn.h"
 #include "model/convert_qwen35.h"
 #include "model/qwen35.h"
+#include "model/synth.h"
 #include "runtime/backend.h"
 #include "runtime/batch.h"
 #include "runtime/model_runner.h"
@@ -363,6 +364,42 @@ TEST_P(CudaBackend, RefusesAStateOfAnotherBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaBackend, ::testing::Values("r2_untied", "r3_deep_mtp", "moe_r2"));
+
+}  // namespace
+}  // namespace alloy
+
+namespace alloy {
+namespace {
+
+// Two CUDA backends in one process, each uploading the same 0.8B-shaped Q8_0 file (4 layers),
+// give the same logits bit for bit. Before the uploads ran on the backend's stream, a Q8_0
+// matrix could be split on the device before its pageable copy had landed: logits of two
+// processes differed from the first token (2026-12-04). The matrices here (3584 x 1024 FFN,
+// the 248k-row LM head) are the sizes where that showed.
+TEST(CudaUpload, TwoBackendsGiveTheSameLogits) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const std::string path = (std::filesystem::temp_directory_path() / ("alloy_upload_" + std::to_string(::getpid()) + ".gguf")).string();
+    SynthOptions so;
+    so.preset = "0.8b";
+    so.n_layer = 4;
+    so.out_path = path;
+    synth_qwen35(so);
+    const auto model = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path)));
+    std::vector<int32_t> ids(64);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(100 + 37 * i);
+    const size_t V = size_t(model->hparams().n_vocab);
+    std::vector<std::vector<float>> out;
+    for (int run = 0; run < 2; ++run) {
+        ModelRunner gpu(*model, make_backend("cuda"));
+        ModelState st = gpu.new_state(256);
+        ForwardOptions fo;
+        fo.all_logits = true;
+        out.emplace_back(ids.size() * V);
+        gpu.forward(st, ids.data(), int(ids.size()), fo, out.back().data());
+    }
+    std::filesystem::remove(path);
+    EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)));
+}
 
 }  // namespace
 }  // namespace alloy

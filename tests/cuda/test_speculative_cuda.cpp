@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <future>
 #include <string>
 #include <vector>
 
@@ -36,26 +35,6 @@ protected:
             o.spec_k = k;
         }
         return o;
-    }
-    static std::vector<GenerationResult> run_all(Engine& e, const std::vector<GenerationRequest>& reqs) {
-        std::vector<std::promise<GenerationResult>> done(reqs.size());
-        std::vector<std::future<GenerationResult>> got;
-        for (size_t i = 0; i < reqs.size(); ++i) {
-            got.push_back(done[i].get_future());
-            GenerationCallbacks cb;
-            cb.on_done = [&done, i](const GenerationResult& r) { done[i].set_value(r); };
-            e.submit(reqs[i], std::move(cb));
-        }
-        std::vector<GenerationResult> out;
-        for (auto& f : got) out.push_back(f.get());
-        return out;
-    }
-    // A pattern of `period` random ids repeated up to n tokens (prompt lookup drafts it).
-    static std::vector<int32_t> repetitive(int n, int period, uint32_t seed) {
-        const std::vector<int32_t> unit = ids(period, seed);
-        std::vector<int32_t> v;
-        while (int(v.size()) < n) v.push_back(unit[v.size() % unit.size()]);
-        return v;
     }
 };
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -66,6 +67,29 @@ protected:
             out.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
             if (i + 1 < n) runner_->forward(st, &out.back(), 1, step, logits.data());
         }
+        return out;
+    }
+    // A pattern of `period` random ids repeated up to n tokens: prompt lookup finds its
+    // continuation, and a random-weight model tends to fall into loops that it then drafts.
+    static std::vector<int32_t> repetitive(int n, int period, uint32_t seed) {
+        const std::vector<int32_t> unit = ids(period, seed);
+        std::vector<int32_t> v;
+        while (int(v.size()) < n) v.push_back(unit[v.size() % unit.size()]);
+        return v;
+    }
+    // Every request of `reqs` submitted at once (more than the engine's slots queue), results
+    // in submission order.
+    static std::vector<GenerationResult> run_all(Engine& e, const std::vector<GenerationRequest>& reqs) {
+        std::vector<std::promise<GenerationResult>> done(reqs.size());
+        std::vector<std::future<GenerationResult>> got;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            got.push_back(done[i].get_future());
+            GenerationCallbacks cb;
+            cb.on_done = [&done, i](const GenerationResult& r) { done[i].set_value(r); };
+            e.submit(reqs[i], std::move(cb));
+        }
+        std::vector<GenerationResult> out;
+        for (auto& f : got) out.push_back(f.get());
         return out;
     }
     static GenerationRequest greedy(std::vector<int32_t> prompt, int n) {

@@ -24,14 +24,6 @@ namespace {
 
 class SpeculativeEngine : public test::EngineTest {
 protected:
-    // A pattern of `period` random ids repeated up to n tokens: prompt lookup finds its
-    // continuation, and a random-weight model tends to fall into loops that it then drafts.
-    static std::vector<int32_t> repetitive(int n, int period, uint32_t seed) {
-        const std::vector<int32_t> unit = ids(period, seed);
-        std::vector<int32_t> v;
-        while (int(v.size()) < n) v.push_back(unit[v.size() % unit.size()]);
-        return v;
-    }
     // 20 prompts of 5..100 tokens: the even ones repetitive, the odd ones random.
     static std::vector<std::vector<int32_t>> prompts() {
         std::vector<std::vector<int32_t>> p;
@@ -40,21 +32,6 @@ protected:
             p.push_back(i % 2 == 0 ? repetitive(n, 2 + i % 7, 700 + uint32_t(i)) : ids(n, 800 + uint32_t(i)));
         }
         return p;
-    }
-    // Every request of `reqs` submitted at once (more than the engine's slots queue), results
-    // in submission order.
-    static std::vector<GenerationResult> run_all(Engine& e, const std::vector<GenerationRequest>& reqs) {
-        std::vector<std::promise<GenerationResult>> done(reqs.size());
-        std::vector<std::future<GenerationResult>> got;
-        for (size_t i = 0; i < reqs.size(); ++i) {
-            got.push_back(done[i].get_future());
-            GenerationCallbacks cb;
-            cb.on_done = [&done, i](const GenerationResult& r) { done[i].set_value(r); };
-            e.submit(reqs[i], std::move(cb));
-        }
-        std::vector<GenerationResult> out;
-        for (auto& f : got) out.push_back(f.get());
-        return out;
     }
     static EngineOptions spec_options(int n_parallel, int k) {
         EngineOptions o = options(n_parallel);

@@ -24,14 +24,14 @@ struct KvCacheTypes {
 // states of every slot in one array, so the GDN op of a batch updates its sequences' slots in
 // place (kernels' seq_slots). Sized once for n_ctx positions per slot; the KV pages past the
 // rows written so far are never touched (runtime/zero_pages.h), so they cost no resident memory.
-// A device backend's copy of the state (its own memory, the same layout per slot): the backend
-// that made the state reads and writes it; reset clears one slot's part.
 // A device backend's copy of one slot's GDN states (runtime/slot_cache.h's snapshot kept in
 // the device's memory: a speculative step's rollback then copies nothing through the host).
 struct DeviceSnapshot {
     virtual ~DeviceSnapshot() = default;
     virtual size_t bytes() const = 0;  // device memory held
 };
+// A device backend's copy of the state (its own memory, the same layout per slot): the backend
+// that made the state reads and writes it; reset clears one slot's part.
 struct DeviceState {
     virtual ~DeviceState() = default;
     virtual void reset(int slot) = 0;

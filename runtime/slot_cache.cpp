@@ -82,7 +82,8 @@ void SlotStateCache::check_shapes(int i, const StateSnapshot& snap, const char* 
         throw Error(std::string("slot state cache: ") + op + " of slot " + std::to_string(i) + ": a " +
                     (snap.device ? "device" : "host") + " snapshot for a " + (s.device ? "device" : "host") + " state");
     // (A device snapshot's shapes are its backend's to check: DeviceState::restore.)
-    bool same = s.device || (snap.conv_state.size() == s.conv_state.size() && snap.ssm_state.size() == s.ssm_state.size());
+    bool same = true;
+    if (!s.device) same = snap.conv_state.size() == s.conv_state.size() && snap.ssm_state.size() == s.ssm_state.size();
     for (size_t l = 0; same && !s.device && l < s.conv_state.size(); ++l) {
         const bool gdn = !s.conv_state[l].empty();
         same = snap.conv_state[l].size() == (gdn ? s.conv_elems : 0) && snap.ssm_state[l].size() == (gdn ? s.ssm_elems : 0);

@@ -238,7 +238,8 @@ void prep_panel(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uin
         corr = c.take<int32_t>(size_t(G * kGroup * nb));
         out.q = q, out.d = d, out.corr = corr;
         q_pairs = c.take<uint64_t>(size_t(K / 8) * kNarrowTokens);
-        if (T - (G - 1) * kGroup <= kNarrowTokens) out.q_pairs = reinterpret_cast<const int8_t*>(q_pairs);
+        // Only the VNNI narrow tile reads them (the AVX-512 converters' plans).
+        if (isa == Isa::Avx512 && T - (G - 1) * kGroup <= kNarrowTokens) out.q_pairs = reinterpret_cast<const int8_t*>(q_pairs);
     } else if (kind == ActKind::Bf16Bits) {
         bf = c.take<uint16_t>(size_t(G * kGroup * K));
         out.bf = bf;

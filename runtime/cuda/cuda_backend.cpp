@@ -94,9 +94,9 @@ struct CudaState final : DeviceState {
         check(cudaDeviceSynchronize(), "reset");
     }
 
-    // The slot state cache's copies (runtime/slot_cache.h), device to device. They run on the
-    // legacy stream after the last step's results came back (the runner waits for them), and
-    // are done on return (the next step's stream does not wait for the legacy one).
+    // The slot state cache's copies (runtime/slot_cache.h), device to device on the backend's
+    // stream (in order with the steps; never the legacy stream, which does not order it: see
+    // CudaBackend::upload), done when they return.
     size_t kv_row_bytes(const DeviceBuffer& cache) const { return cache.bytes() / size_t(n_ctx); }
     void copy(int from, int to, int n_rows) override {
         for (size_t l = 0; l < conv.size(); ++l) {
@@ -104,18 +104,18 @@ struct CudaState final : DeviceState {
                 if (cache->empty()) continue;
                 const DeviceBuffer& src = *(*cache)[size_t(from)];
                 check(cudaMemcpyAsync((*cache)[size_t(to)]->get(), src.get(), kv_row_bytes(src) * size_t(n_rows),
-                                      cudaMemcpyDeviceToDevice, nullptr),
+                                      cudaMemcpyDeviceToDevice, stream),
                       "copy of slot " + std::to_string(from) + "'s KV rows");
             }
             if (!conv[l]) continue;
             for (auto [buf, elems] : {std::pair{&conv[l], conv_elems}, std::pair{&ssm[l], ssm_elems}}) {
                 float* base = (*buf)->get<float>();
                 check(cudaMemcpyAsync(base + size_t(to) * elems, base + size_t(from) * elems, elems * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, nullptr),
+                                      cudaMemcpyDeviceToDevice, stream),
                       "copy of slot " + std::to_string(from) + "'s GDN states");
             }
         }
-        check(cudaStreamSynchronize(nullptr), "copy of slot " + std::to_string(from));
+        check(cudaStreamSynchronize(stream), "copy of slot " + std::to_string(from));
     }
 
     // A snapshot: every GDN layer's conv then recurrent state of one slot, in one device buffer
@@ -141,12 +141,12 @@ struct CudaState final : DeviceState {
             for (auto [buf, elems] : {std::pair{&conv[l], conv_elems}, std::pair{&ssm[l], ssm_elems}}) {
                 float* st = (*buf)->get<float>() + size_t(slot) * elems;
                 check(cudaMemcpyAsync(to_snap ? snap : st, to_snap ? st : snap, elems * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, nullptr),
+                                      cudaMemcpyDeviceToDevice, stream),
                       std::string(what) + " of slot " + std::to_string(slot));
                 snap += elems;
             }
         }
-        check(cudaStreamSynchronize(nullptr), std::string(what) + " of slot " + std::to_string(slot));
+        check(cudaStreamSynchronize(stream), std::string(what) + " of slot " + std::to_string(slot));
     }
     std::shared_ptr<const DeviceSnapshot> snapshot(int slot) override {
         auto snap = std::make_shared<Snapshot>();
@@ -168,6 +168,7 @@ struct CudaState final : DeviceState {
         gdn_copies(slot, snap->buf->get<float>(), false, "restore");
     }
     int n_ctx = 0;
+    cudaStream_t stream = nullptr;  // the backend's
 };
 
 CudaState& device_state(const StepContext& c) {
@@ -571,6 +572,7 @@ ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTyp
     d->conv_elems = s.conv_elems;
     d->ssm_elems = s.ssm_elems;
     d->n_ctx = n_ctx;
+    d->stream = stream_;
     d->conv.resize(L);
     d->ssm.resize(L);
     d->k.resize(L);

@@ -76,7 +76,7 @@ void fill_f32(Buf& b, size_t n, float a) {
 // random int8 and scale ~0.02 / 127).
 // A device weight's view: Q8_0 in the split layout that fill_weight leaves (unless `layout`).
 WeightView weight_view(GgmlType t, int64_t n_in, int64_t n_out, const uint8_t* data, size_t rb,
-                       WeightLayout layout = WeightLayout::Q8Split) {
+                       WeightLayout layout = WeightLayout::Split) {
     return {t, n_in, n_out, data, rb, t == GgmlType::Q8_0 ? layout : WeightLayout::Gguf};
 }
 
@@ -103,9 +103,9 @@ void fill_weight(Buf& b, GgmlType t, size_t n_out, size_t n_in) {
         CHECK(cudaMemcpy(b.p, h.data(), b.n, cudaMemcpyHostToDevice));
         return;
     }
-    Buf stored(b.n);  // Q8_0: GGUF's blocks, then the device's split layout (cuda::split_q8)
+    Buf stored(b.n);  // Q8_0: GGUF's blocks, then the device's split layout (cuda::split_blocks)
     CHECK(cudaMemcpy(stored.p, h.data(), b.n, cudaMemcpyHostToDevice));
-    cuda::split_q8(weight_view(t, int64_t(n_in), int64_t(n_out), stored.as<uint8_t>(), b.n / n_out, WeightLayout::Gguf), b.p);
+    cuda::split_blocks(weight_view(t, int64_t(n_in), int64_t(n_out), stored.as<uint8_t>(), b.n / n_out, WeightLayout::Gguf), b.p);
     CHECK(cudaDeviceSynchronize());
 }
 

@@ -769,7 +769,7 @@ void run_matmul_op(const Options& o, Tally& tally, bool swiglu) {
         const std::string label = std::string("type=") + type_traits(c.type).name + ",n_in=" + std::to_string(c.n_in) +
                                   ",n_out=" + std::to_string(c.n_out) + ",T=" + std::to_string(c.T);
 #if ALLOY_CUDA
-        if (o.backend == "cuda") {  // F32, BF16, Q8_0 only (cuda::matmul throws for the others)
+        if (o.backend == "cuda") {  // the types cuda::matmul runs (it throws for the others)
             if (swiglu || !cuda_ops::matmul_supported(c.type)) continue;
             std::vector<float> y(want.size(), NAN), want_cuda(want.size());
             // The GEMVs take x in fp32 (Q8_0: quantized as the CPU's effective input, ties

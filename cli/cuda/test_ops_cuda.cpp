@@ -125,30 +125,31 @@ void attention(const ref::AttentionShape& s, const float* q, const std::vector<u
 void matmul(const WeightView& W, const float* x, float* y, int64_t T) {
     const size_t bytes = size_t(W.n_out) * W.row_bytes;
     Dev dw(bytes, W.data), dx(f32(T * W.n_in), x), dy(f32(T * W.n_out));
-    Dev split(W.type == GgmlType::Q8_0 ? bytes : 0);
+    const bool split_type = cuda::split_blocks_supported(W.type);
+    Dev split(split_type ? bytes : 0);
     WeightView on_device = W;
     on_device.data = dw.p<uint8_t>();
-    if (W.type == GgmlType::Q8_0) on_device = cuda::split_q8(on_device, split.p<void>());  // the device's layout
+    if (split_type) on_device = cuda::split_blocks(on_device, split.p<void>());  // the device's layout
     Dev ws(cuda::matmul_workspace_bytes(on_device, T));
     cuda::matmul(on_device, dx.p(), dy.p(), T, ws.p<void>());
     dy.to_host(y);
 }
 
 bool matmul_supported(GgmlType type) {
-    return type == GgmlType::F32 || type == GgmlType::BF16 || type == GgmlType::Q8_0;
+    return type == GgmlType::F32 || type == GgmlType::BF16 || cuda::split_blocks_supported(type);
 }
 
 namespace {
 // The GEMV paths of ops.h: T <= kQ8GemvMaxT (F32 / BF16 also need n_in % 8 == 0).
 bool gemv(GgmlType type, int64_t n_in, int64_t T) {
-    return T <= cuda::kQ8GemvMaxT && (type == GgmlType::Q8_0 || n_in % 8 == 0);
+    return T <= cuda::kQ8GemvMaxT && (cuda::split_blocks_supported(type) || n_in % 8 == 0);
 }
 }  // namespace
 
 std::string matmul_path(GgmlType type, int64_t n_in, int64_t T) {
     const std::string t = type_traits(type).name;
     if (gemv(type, n_in, T)) return t + "-gemv";
-    return type == GgmlType::Q8_0 ? t + "-bf16-panels-cublas" : t + "-cublas";
+    return cuda::split_blocks_supported(type) ? t + "-bf16-panels-cublas" : t + "-cublas";
 }
 
 bool matmul_quantizes_x(GgmlType type, int64_t T) { return type == GgmlType::Q8_0 && T <= cuda::kQ8GemvMaxT; }
@@ -157,6 +158,9 @@ double matmul_nmse_limit(GgmlType type, int64_t n_in, int64_t T) {
     // The Q8_0 GEMV divides by the block scale where the CPU's effective input (ggml's
     // quantizer) multiplies by its reciprocal: a few int8 codes differ by one (H200: 8e-8).
     if (type == GgmlType::Q8_0 && gemv(type, n_in, T)) return 1e-6;
+    // The K-quant GEMV quantizes x per 32 (the CPU per 256, Q8_K): compared on the fp32 x, the
+    // rounding of x (~3e-5) as the cuBLAS paths' rounding to bf16.
+    if (cuda::split_blocks_supported(type) && type != GgmlType::Q8_0) return 1e-4;
     if (gemv(type, n_in, T) || type == GgmlType::F32) return 1e-7;  // F32's cuBLAS runs without TF32
     return 1e-4;
 }

@@ -1,6 +1,7 @@
 // The embedding gather on CUDA (kernels/cuda/ops.h): out[t] = dequantized row ids[t] of a
-// table in F32, F16, BF16 or split Q8_0 (as the model's "embed" step does with dequantize_row).
-// One block per token; each thread converts whole elements, so every type is exact.
+// table in F32, F16, BF16 or a split block type (as the model's "embed" step does with
+// dequantize_row). One block per token; each thread converts whole elements (block types: whole
+// 32-value units, quant_blocks.cuh, with dequantize_row's products), so every type is exact.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -9,6 +10,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/quant_blocks.cuh"
 
 namespace alloy::cuda {
 
@@ -31,14 +33,34 @@ __global__ void __launch_bounds__(kThreads) get_rows_kernel(const uint8_t* __res
             v = reinterpret_cast<const float*>(row)[i];
         } else if constexpr (kType == GgmlType::F16) {
             v = __half2float(__ushort_as_half(reinterpret_cast<const unsigned short*>(row)[i]));
-        } else if constexpr (kType == GgmlType::BF16) {
+        } else {
+            static_assert(kType == GgmlType::BF16, "16-bit and 32-bit floats only");
             v = __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(row)[i]) << 16);
-        } else {  // Q8_0, split (cuda::split_q8): quants [n_rows, n], then scales [n_rows, n / 32]
-            const auto* S = reinterpret_cast<const unsigned short*>(table + n_rows * n);
-            const float d = __half2float(__ushort_as_half(S[id * (n / 32) + i / 32]));
-            v = float(reinterpret_cast<const int8_t*>(table)[id * n + i]) * d;
         }
         o[i] = v;
+    }
+}
+
+// Block types: thread i takes unit i of the row (32 values).
+template <GgmlType kType>
+__global__ void __launch_bounds__(kThreads) get_block_rows_kernel(const void* __restrict__ table, int64_t n_rows,
+                                                                   const int32_t* __restrict__ ids,
+                                                                   float* __restrict__ out, int64_t n) {
+    detail::pdl_entry();
+    using F = detail::BlockFormat<kType>;
+    constexpr int kUnits = F::kValues / 32;
+    const int64_t bpr = n / F::kValues;
+    const detail::SplitMatrix<kType> m(table, n_rows * bpr);
+    const int64_t t = blockIdx.x;
+    const int64_t id = ids[t];
+    float* o = out + t * n;
+    for (int64_t i = threadIdx.x; i < n / 32; i += kThreads) {
+        const int64_t b = i / kUnits;
+        const detail::Unit r = detail::load_unit<kType>(m, id * bpr + b, int(i % kUnits));
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int j = 0; j < 16; ++j) o[b * F::kValues + r.off[s] + j] = detail::unit_value(r, s, j);
     }
 }
 
@@ -61,15 +83,18 @@ void get_rows(const WeightView& table, const int32_t* ids, float* out, int64_t T
         case GgmlType::BF16:
             detail::launch(op, get_rows_kernel<GgmlType::BF16>, dim3(grid), dim3(kThreads), 0, st, table.data, table.row_bytes, table.n_out, ids, out, n);
             break;
-        case GgmlType::Q8_0:
-            if (n % 32) throw Error(std::string(op) + ": Q8_0 rows must be whole blocks");
-            if (table.layout != WeightLayout::Q8Split)
-                throw Error(std::string(op) + ": a Q8_0 table on the device must be split first (cuda::split_q8)");
-            detail::launch(op, get_rows_kernel<GgmlType::Q8_0>, dim3(grid), dim3(kThreads), 0, st, table.data, table.row_bytes, table.n_out, ids, out, n);
-            break;
-        default:
-            throw Error(std::string(op) + ": table type " + std::to_string(int(table.type)) +
-                        " not supported (F32, F16, BF16, Q8_0)");
+        default: {
+            const bool ok = detail::with_block_type(table.type, [&](auto kt) {
+                if (n % detail::BlockFormat<kt.value>::kValues || table.layout != WeightLayout::Split)
+                    throw Error(std::string(op) + ": a " + type_traits(table.type).name +
+                                " table on the device must be whole blocks, split first (cuda::split_blocks)");
+                detail::launch(op, get_block_rows_kernel<kt.value>, dim3(grid), dim3(kThreads), 0, st,
+                               static_cast<const void*>(table.data), table.n_out, ids, out, n);
+            });
+            if (!ok)
+                throw Error(std::string(op) + ": table type " + type_traits(table.type).name +
+                            " not supported (F32, F16, BF16, " + kSplitBlockTypes + ")");
+        }
     }
     ALLOY_CUDA_LAUNCHED(op);
 }

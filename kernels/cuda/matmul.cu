@@ -27,7 +27,9 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/quant_blocks.cuh"
 
 namespace alloy::cuda {
 
@@ -37,7 +39,18 @@ using detail::as_stream;
 using detail::ceil_div;
 
 constexpr int kQ8Block = 32, kQ8Bytes = 34;
-constexpr int kGemvThreads = 256;  // 8 warps
+using detail::GemvPart;
+using detail::GemvParts;
+using detail::gemv_part;
+using detail::kGemvThreads;
+using detail::kMaxParts;
+using detail::launch_pdl;
+using detail::ld_stream16;
+using detail::pdl_trigger;
+using detail::pdl_wait;
+using detail::pdl_wait_after;
+using detail::store_row_sums;
+using detail::with_tokens;
 // 16-block steps whose loads a lane issues before using them (4 measured mixed on the H200:
 // some 27b shapes +5-10%, the 0.8B's LM head -25%).
 constexpr int kGemvUnroll = 2;
@@ -121,123 +134,8 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int8_t* __restric
     detail::quantize_block32(x[b * kQ8Block + lane], lane, xq + b * kQ8Block, xd + b);
 }
 
-// The GEMVs are launched with programmatic serialization (detail::launch): a GEMV issues its
-// first weight loads (which depend on nothing) and then waits (pdl_wait) until the previous
-// kernel's writes are visible.
-using detail::pdl_trigger;
-using detail::pdl_wait;
-template <class... Params, class... Args>
-void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, size_t smem, cudaStream_t st,
-                Args... args) {
-    detail::launch("cuda::matmul", kernel, dim3(grid), dim3(block), smem, st, args...);
-}
 
-// Batch invariance (T <= kGemvMaxT = 16): a row's arithmetic is fixed by (n_out, n_in) alone:
-// which lane takes which weights (kWpr, from the shape only), the order of each lane's FMAs per
-// token, the butterfly over the warp and the warps' sum in warp order. T only sets how many
-// tokens ride along (each token its own accumulators, the same operations on it) and how many
-// rows a warp takes (kR rows share each load of x, which changes nothing per row), so every
-// row's bits are those of a T = 1 call, whatever T and the token's position (test
-// GemvRowsDoNotDependOnTheBatch). One instance per T (no run-time token count in the loops,
-// which kept the compiler from hoisting the x loads: 2-4x slower at T 8-16).
-
-// The end of both GEMVs: each lane's partial sums of its kR rows reduced over the warp, then
-// over the row's kWpr warps (through red in shared memory, in warp order, so the bits do not
-// depend on timing); the row's first warp stores y[t * n_out + row].
-template <int kT, int kWpr, int kR>
-__device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
-                                               int lane, int64_t row0, int64_t n_out, float* y) {
-#pragma unroll
-    for (int r = 0; r < kR; ++r)
-#pragma unroll
-        for (int t = 0; t < kT; ++t) acc[r][t] = detail::warp_sum_all(acc[r][t]);
-    if constexpr (kWpr == 1) {
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < kR; ++r)
-#pragma unroll
-                for (int t = 0; t < kT; ++t)
-                    if (row0 + r < n_out) y[t * n_out + row0 + r] = acc[r][t];
-    } else {
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < kR; ++r)
-#pragma unroll
-                for (int t = 0; t < kT; ++t) red[warp][r][t] = acc[r][t];
-        __syncthreads();
-        // Lane (r kT + t) of the row's first warp adds the kWpr partials of (row r, token t)
-        // in warp order.
-        if (wir == 0) {
-            for (int i = lane; i < kR * kT; i += 32) {
-                const int r = i / kT, t = i % kT;
-                if (row0 + r >= n_out) continue;
-                float s = red[warp][r][t];
-                for (int j = 1; j < kWpr; ++j) s += red[warp + j][r][t];
-                y[t * n_out + row0 + r] = s;
-            }
-        }
-    }
-}
-
-// The matrices of one GEMV launch (matmul_multi: up to kMaxParts weights on the same x, of one
-// type and n_in): part m takes blocks [block_end[m - 1], block_end[m]) of the grid, rows of
-// W[m] into y[m] [kT, n_out[m]]. One matmul is one part.
-constexpr int kMaxParts = 4;
-struct GemvParts {
-    const void* W[kMaxParts];
-    float* y[kMaxParts];
-    int64_t n_out[kMaxParts];
-    unsigned block_end[kMaxParts];
-    int n = 0;
-    int64_t total_rows() const {
-        int64_t r = 0;
-        for (int m = 0; m < n; ++m) r += n_out[m];
-        return r;
-    }
-    // The grid's blocks for rows_per_block rows a block (fills block_end); the grid's size.
-    unsigned layout(int64_t rows_per_block) {
-        unsigned b = 0;
-        for (int m = 0; m < n; ++m) block_end[m] = b += unsigned(ceil_div(n_out[m], rows_per_block));
-        return b;
-    }
-};
-// This block's part and its block index within the part.
-struct GemvPart {
-    const void* W;
-    float* y;
-    int64_t n_out;
-    unsigned block;
-};
-// Constant indices only: a run-time index into the kernel's by-value parameter made the
-// compiler copy the whole struct to a local-memory stack frame in every thread (120 bytes,
-// ptxas -v), which nearly doubled the decode GEMVs' time (H200, 0.8B Q8_0 tg128: 1440 -> 805 us
-// of GPU time a token once it was gone).
-__device__ __forceinline__ GemvPart gemv_part(const GemvParts& p) {
-    GemvPart r{p.W[0], p.y[0], p.n_out[0], blockIdx.x};
-#pragma unroll
-    for (int m = 1; m < kMaxParts; ++m)
-        if (m < p.n && blockIdx.x >= p.block_end[m - 1]) r = {p.W[m], p.y[m], p.n_out[m], blockIdx.x - p.block_end[m - 1]};
-    return r;
-}
-
-// griddepcontrol.wait once `v` is known (both arms wait: the predicate only adds the data
-// dependency, so the loads that produced v are issued before the wait).
-__device__ __forceinline__ void pdl_wait_after(uint32_t v) {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0x9e3779b9;\n\t@p griddepcontrol.wait;\n\t@!p griddepcontrol.wait;\n\t}" ::"r"(v)
-        : "memory");
-}
-
-// 16 bytes through the read-only path, not kept in L1 (each weight is read once; L1 keeps x).
-__device__ __forceinline__ int4 ld_stream16(const void* p) {
-    int4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-// The Q8_0 GEMV: y [kT, n_out] = W [n_out, nb blocks] x, W split (split_q8): quants
+// The Q8_0 GEMV: y [kT, n_out] = W [n_out, nb blocks] x, W split (split_blocks): quants
 // [n_out, 32 nb] int8 then scales [n_out, nb] f16. kWpr warps per row (1, 2, 4 or 8), so a
 // block of 8 warps covers 8 / kWpr rows. xq / xd: x quantized by quantize_x_kernel.
 template <int kT, int kWpr, int kR>
@@ -474,17 +372,6 @@ void launch_gemv16(int wpr, const GemvParts& p, int64_t n_in, const float* x, in
     }
 }
 
-// Calls f(std::integral_constant<int, T>) for T in 1..16: one kernel instance per token count.
-template <class F> void with_tokens(int64_t T, F&& f) {
-    switch (T) {
-#define ALLOY_T(n) case n: f(std::integral_constant<int, n>{}); break;
-        ALLOY_T(1) ALLOY_T(2) ALLOY_T(3) ALLOY_T(4) ALLOY_T(5) ALLOY_T(6) ALLOY_T(7) ALLOY_T(8)
-        ALLOY_T(9) ALLOY_T(10) ALLOY_T(11) ALLOY_T(12) ALLOY_T(13) ALLOY_T(14) ALLOY_T(15) ALLOY_T(16)
-#undef ALLOY_T
-        default: break;
-    }
-}
-
 // Warps per row: enough warps in all (24 per SM for Q8_0, 48 for BF16: measured, 48 for both
 // before; 24 lets most Q8_0 matrices of the 0.8B take one warp per row, with no shared-memory
 // reduction) for the bytes in flight that HBM needs, but no more than the row has 16-block
@@ -514,19 +401,6 @@ __global__ void q8_to_bf16_kernel(const uint32_t* __restrict__ Q, const unsigned
     }
 }
 
-// GGUF's Q8_0 blocks [rows, nb] -> split (Q [rows, 32 nb], S [rows, nb]); one thread a block,
-// its 34 bytes read as 2-byte words (the blocks' alignment).
-__global__ void split_q8_kernel(const unsigned short* __restrict__ in, int64_t blocks, uint32_t* __restrict__ Q,
-                                unsigned short* __restrict__ S) {
-    detail::pdl_entry();
-    for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
-        const unsigned short* blk = in + b * (kQ8Bytes / 2);
-        S[b] = blk[0];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) Q[b * 8 + j] = uint32_t(blk[1 + 2 * j]) | uint32_t(blk[2 + 2 * j]) << 16;
-    }
-}
-
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 void check_weight(const WeightView& W, int64_t T, const char* op) {
@@ -537,51 +411,40 @@ void check_weight(const WeightView& W, int64_t T, const char* op) {
     switch (W.type) {
         case GgmlType::F32:
             if (W.row_bytes != size_t(W.n_in) * 4) throw Error(std::string(op) + ": F32 rows must be dense");
-            break;
+            return;
         case GgmlType::BF16:
             if (W.row_bytes != size_t(W.n_in) * 2) throw Error(std::string(op) + ": BF16 rows must be dense");
-            break;
-        case GgmlType::Q8_0:
-            if (W.n_in % kQ8Block || W.row_bytes != size_t(W.n_in / kQ8Block) * kQ8Bytes)
-                throw Error(std::string(op) + ": Q8_0 rows must be whole 34-byte blocks");
-            if (W.layout != WeightLayout::Q8Split)
-                throw Error(std::string(op) + ": Q8_0 weights on the device must be split first (cuda::split_q8)");
-            if (reinterpret_cast<uintptr_t>(W.data) % 16) throw Error(std::string(op) + ": Q8_0 data must be 16-byte aligned");
-            break;
-        default:
-            throw Error(std::string(op) + ": weight type " + std::to_string(int(W.type)) +
-                        " not supported on CUDA (F32, BF16, Q8_0)");
+            return;
+        default: {
+            const bool split = detail::with_block_type(W.type, [&](auto kt) {
+                using F = detail::BlockFormat<kt.value>;
+                if (W.n_in % F::kValues || W.row_bytes != size_t(W.n_in / F::kValues) * F::kBytes)
+                    throw Error(std::string(op) + ": " + type_traits(W.type).name + " rows must be whole " +
+                                std::to_string(F::kBytes) + "-byte blocks");
+            });
+            if (!split) break;
+            if (W.layout != WeightLayout::Split)
+                throw Error(std::string(op) + ": " + type_traits(W.type).name +
+                            " weights on the device must be split first (cuda::split_blocks)");
+            if (reinterpret_cast<uintptr_t>(W.data) % 16)
+                throw Error(std::string(op) + ": " + type_traits(W.type).name + " data must be 16-byte aligned");
+            return;
+        }
     }
+    throw Error(std::string(op) + ": weight type " + type_traits(W.type).name +
+                " not supported on CUDA (F32, BF16, " + kSplitBlockTypes + ")");
 }
 
 }  // namespace
 
-WeightView split_q8(const WeightView& gguf, void* out, void* stream) {
-    const char* op = "cuda::split_q8";
-    if (gguf.type != GgmlType::Q8_0 || gguf.layout != WeightLayout::Gguf || gguf.n_in <= 0 || gguf.n_out <= 0 ||
-        gguf.n_in % kQ8Block || gguf.row_bytes != size_t(gguf.n_in / kQ8Block) * kQ8Bytes || !gguf.data || !out)
-        throw Error(std::string(op) + ": needs GGUF Q8_0 rows of whole 34-byte blocks and an output");
-    if (reinterpret_cast<uintptr_t>(gguf.data) % 2 || reinterpret_cast<uintptr_t>(out) % 16)
-        throw Error(std::string(op) + ": input must be 2-byte and output 16-byte aligned");
-    const int64_t blocks = gguf.n_out * (gguf.n_in / kQ8Block);
-    auto* Q = static_cast<uint32_t*>(out);
-    auto* S = reinterpret_cast<unsigned short*>(static_cast<uint8_t*>(out) + gguf.n_out * gguf.n_in);
-    detail::launch(op, split_q8_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(blocks, 256), 16 * 1024))), dim3(256),
-                   0, as_stream(stream), reinterpret_cast<const unsigned short*>(gguf.data), blocks, Q, S);
-    ALLOY_CUDA_LAUNCHED(op);
-    WeightView v = gguf;
-    v.data = static_cast<const uint8_t*>(out);
-    v.layout = WeightLayout::Q8Split;
-    return v;
-}
-
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T) {
     switch (W.type) {
         case GgmlType::BF16: return align256(size_t(T * W.n_in) * 2);
-        case GgmlType::Q8_0:
+        default:
+            if (!split_blocks_supported(W.type)) return 0;
+            // Block types: x quantized for the GEMVs, or x in bf16 and a panel of bf16 rows.
             if (T <= kQ8GemvMaxT) return align256(size_t(T * W.n_in)) + align256(size_t(T * (W.n_in / kQ8Block)) * 4);
             return align256(size_t(T * W.n_in) * 2) + align256(size_t(std::min(W.n_out, kQ8PanelRows) * W.n_in) * 2);
-        default: return 0;
     }
 }
 
@@ -600,7 +463,8 @@ bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, in
     p.n = n;
     for (int m = 0; m < n; ++m) {
         if (W[m]->type != type || W[m]->n_in != n_in) return false;
-        if (type != GgmlType::Q8_0 && (n_in % 8 || reinterpret_cast<uintptr_t>(W[m]->data) % 16)) return false;
+        if ((type == GgmlType::F32 || type == GgmlType::BF16) && (n_in % 8 || reinterpret_cast<uintptr_t>(W[m]->data) % 16))
+            return false;
         p.W[m] = W[m]->data;
         p.y[m] = y[m];
         p.n_out[m] = W[m]->n_out;
@@ -616,7 +480,7 @@ bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, in
         ALLOY_CUDA_LAUNCHED(op);
         return true;
     }
-    if (type != GgmlType::Q8_0) return false;
+    if (!split_blocks_supported(type)) return false;
     const int64_t nb = n_in / kQ8Block;
     const int8_t* xq = given ? given->q : reinterpret_cast<int8_t*>(ws);
     const float* xd = given ? given->d : reinterpret_cast<float*>(ws + align256(size_t(T * n_in)));
@@ -625,6 +489,10 @@ bool gemv(const WeightView* const* W, float* const* y, int n, const float* x, in
         // PDL-chained too: it waits for the kernel before it inside (griddepcontrol.wait).
         launch_pdl(quantize_x_kernel, unsigned(ceil_div(blocks * 32, 256)), 256, 0, st, x, const_cast<int8_t*>(xq),
                    const_cast<float*>(xd), blocks);
+    }
+    if (type != GgmlType::Q8_0) {
+        detail::kquant_gemv(type, p, n_in, T, xq, xd, st);
+        return true;
     }
     const int wpr = q8_warps_per_row(rows, nb, true);
     with_tokens(T, [&](auto kt) { launch_q8_gemv<kt.value>(wpr, p, nb, xq, xd, 1, st); });
@@ -659,7 +527,7 @@ void bf16_input_gemm(const WeightView& W, const void* xb, float* y, int64_t T, u
         bf16_gemm(W, xb, y, T, st, op);
         return;
     }
-    // Q8_0: the panel's bf16 copy costs 2 bytes written + read per weight against 2 T FLOPs
+    // Block types: the panel's bf16 copy costs 2 bytes written + read per weight against 2 T FLOPs
     // per weight of GEMM, small once T is in the hundreds.
     const int64_t nb = W.n_in / kQ8Block;
     auto* wb = reinterpret_cast<__nv_bfloat16*>(ws + align256(size_t(T * W.n_in) * 2));
@@ -667,11 +535,15 @@ void bf16_input_gemm(const WeightView& W, const void* xb, float* y, int64_t T, u
     for (int64_t r0 = 0; r0 < W.n_out; r0 += kQ8PanelRows) {
         const int64_t rows = std::min(kQ8PanelRows, W.n_out - r0);
         const int64_t words = rows * nb * 8;
-        const auto* Q = reinterpret_cast<const uint32_t*>(W.data + r0 * W.n_in);
-        const auto* S = reinterpret_cast<const unsigned short*>(W.data + W.n_out * W.n_in) + r0 * nb;
-        detail::launch(op, q8_to_bf16_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024))),
-                       dim3(256), 0, st, Q, S, nb, rows, wb);
-        ALLOY_CUDA_LAUNCHED(op);
+        if (W.type == GgmlType::Q8_0) {
+            const auto* Q = reinterpret_cast<const uint32_t*>(W.data + r0 * W.n_in);
+            const auto* S = reinterpret_cast<const unsigned short*>(W.data + W.n_out * W.n_in) + r0 * nb;
+            detail::launch(op, q8_to_bf16_kernel, dim3(unsigned(std::min<int64_t>(ceil_div(words, 256), 8 * 1024))),
+                           dim3(256), 0, st, Q, S, nb, rows, wb);
+            ALLOY_CUDA_LAUNCHED(op);
+        } else {
+            detail::blocks_to_bf16(W, r0, rows, wb, st, op);
+        }
         cublasHandle_t h = handle(op);
         ALLOY_CUBLAS_CHECK(op, cublasSetStream(h, st));
         const float one = 1.0f, zero = 0.0f;
@@ -681,7 +553,7 @@ void bf16_input_gemm(const WeightView& W, const void* xb, float* y, int64_t T, u
     }
 }
 
-bool takes_bf16_input(GgmlType t) { return t == GgmlType::BF16 || t == GgmlType::Q8_0; }
+bool takes_bf16_input(GgmlType t) { return t == GgmlType::BF16 || split_blocks_supported(t); }
 
 // x's bf16 copy for the prefill GEMMs: the producer's (xq->b) or one made now at ws.
 const void* bf16_input(const float* x, int64_t T, int64_t n_in, uint8_t* ws, const MatmulInput* xq, cudaStream_t st,
@@ -702,8 +574,24 @@ void matmul_multi(const WeightView* const* W, float* const* y, int n, const floa
     if (matmul_multi_workspace_bytes(W, n, T) && !ws) throw Error(std::string(op) + ": workspace is null");
     cudaStream_t st = as_stream(stream);
     if (gemv(W, y, n, x, T, ws, st, op, xq && xq->q ? xq : nullptr)) return;
-    // BF16 / Q8_0 weights sharing the input (q/k/v, gate and up): the input's bf16 copy is made
-    // once (or given by its producer).
+    if (T <= kQ8GemvMaxT) {
+        // Weights of several types (a Q4_K_M file's q/k/v with a Q6_K one): one GEMV launch per
+        // run of consecutive weights of one type and n_in (grouped by the weights alone, so a
+        // row's bits are the same at every T <= 16), a lone matmul where a group has no GEMV.
+        // Never the bf16 panels at T <= 16: the workspace is sized for the GEMVs
+        // (matmul_workspace_bytes), which a panel overran (2026-12-04: garbage decode tokens
+        // of a Q4_K_M file under the engine).
+        for (int m0 = 0; m0 < n;) {
+            int m1 = m0 + 1;
+            while (m1 < n && W[m1]->type == W[m0]->type && W[m1]->n_in == W[m0]->n_in) ++m1;
+            if (!gemv(W + m0, y + m0, m1 - m0, x, T, ws, st, op, xq && xq->q ? xq : nullptr))
+                for (int m = m0; m < m1; ++m) matmul(*W[m], x, y[m], T, workspace, stream, xq);
+            m0 = m1;
+        }
+        return;
+    }
+    // BF16 / block-quantized weights sharing the input (q/k/v, gate and up): the input's bf16
+    // copy is made once (or given by its producer).
     bool all_bf16_input = true;
     for (int m = 0; m < n; ++m) all_bf16_input = all_bf16_input && takes_bf16_input(W[m]->type);
     if (all_bf16_input) {

@@ -635,7 +635,7 @@ void check_moe(const ref::MoeWeights& w, int64_t T, const char* op) {
     for (const ref::ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
         const WeightView& v = m->all;
         if (v.type == GgmlType::Q8_0) {
-            if (v.layout != WeightLayout::Q8Split) fail("Q8_0 expert weights on the device must be split first (cuda::split_q8)");
+            if (v.layout != WeightLayout::Split) fail("Q8_0 expert weights on the device must be split first (cuda::split_blocks)");
             if (v.n_in % 32 || reinterpret_cast<uintptr_t>(v.data) % 16) fail("Q8_0 expert rows must be whole blocks, 16-byte aligned");
         } else if (v.type == GgmlType::BF16 || v.type == GgmlType::F32) {
             if (v.n_in % 8 || reinterpret_cast<uintptr_t>(v.data) % 16)

@@ -21,8 +21,8 @@ namespace alloy::cuda {
 
 // ---- matmul (kernels/cuda/matmul.cu) --------------------------------------------------------
 // y[t][o] = sum_i W[o][i] x[t][i], as ref::matmul. W: WeightView whose data is on the device
-// (F32 / BF16: n_out rows of row_bytes each, the GGUF layout; Q8_0: the split layout of
-// split_q8 below, else alloy::Error); x: [T, W.n_in] fp32; y: [T, W.n_out] fp32.
+// (F32 / BF16: n_out rows of row_bytes each, the GGUF layout; block-quantized types: the split
+// layout of split_blocks below, else alloy::Error); x: [T, W.n_in] fp32; y: [T, W.n_out] fp32.
 //  * F32 weights, T <= kQ8GemvMaxT (n_in % 8 == 0): the BF16 GEMV's kernel on fp32 weights
 //    (fp32 FMAs, ~1e-6 relative to ref), for its batch invariance (below).
 //  * F32 weights, larger T: cuBLAS SGEMM in fp32 with TF32 off (CUBLAS_COMPUTE_32F_PEDANTIC):
@@ -36,13 +36,15 @@ namespace alloy::cuda {
 //  * Q8_0 weights, T <= kQ8GemvMaxT: x quantized to Q8_0-style blocks (32 int8 + an fp32
 //    scale, as llama.cpp's q8_1 without the sum) and a weight-streaming GEMV with dp4a:
 //    ~5e-3 relative to ref (x's rounding to int8).
-//  * Q8_0 weights, T > kQ8GemvMaxT: panels of up to kQ8PanelRows rows dequantized to a bf16
-//    scratch (exact: int8 * f16 scale fits bf16's 8 bits only approximately, so ~4e-3
-//    relative), then the BF16 path's GEMM.
+//  * Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS weights, T <= kQ8GemvMaxT: x quantized as for
+//    Q8_0, and a weight-streaming GEMV (kernels/cuda/matmul_kquant.cu) that decodes each 16
+//    code bytes to int8 and multiplies with dp4a, a scale (and a min) per 16 values.
+//  * Block-quantized weights, T > kQ8GemvMaxT: panels of up to kQ8PanelRows rows dequantized to
+//    a bf16 scratch (the values rounded to bf16: ~4e-3 relative), then the BF16 path's GEMM.
 //  Batch invariance (the CPU's contract, kGemvMaxTokens = 16): for T <= kQ8GemvMaxT each row
 //  of y has the bits of a T = 1 call on that row of x, whatever T and the row's position (the
 //  GEMVs' order of summation per (row, token) depends on the weight's shape only).
-// Other weight types throw alloy::Error. cuBLAS runs on a per-thread handle bound to `stream`.
+// Other weight types (F16, Q5_0, Q5_1, MXFP4, ...) throw alloy::Error. cuBLAS runs on a per-thread handle bound to `stream`.
 constexpr int64_t kQ8GemvMaxT = 16;  // both GEMVs (the name is historical)
 constexpr int64_t kQ8PanelRows = 8192;
 // A matmul input its producer (rms_norm, add_rms_norm, swiglu, sigmoid_gate_mul) writes in
@@ -68,12 +70,14 @@ inline size_t q8_input_bytes(int64_t T, int64_t n) { return q8_input_scales_offs
 // x [T, n] fp32 -> out, as the Q8_0 GEMV quantizes its input (n % 32 == 0), for a caller
 // that feeds several GEMVs or gathers rows of it (cuda::moe_ffn).
 void quantize_q8_input(const float* x, int64_t T, int64_t n, MatmulInput out, void* stream = nullptr);
-// Q8_0 weights on the device are split (WeightLayout::Q8Split: all rows' int8 quants, then all
-// rows' f16 scales; the same bytes as GGUF's 34-byte blocks, which are only 2-byte aligned), so
-// a GEMV lane reads 16 quants with one 16-byte load instead of five 4-byte ones and a shift.
-// gguf: a device copy of GGUF's Q8_0 rows; out: n_out * row_bytes bytes on the device, 16-byte
-// aligned, not overlapping gguf. Returns out's view. Enqueued on `stream`.
-WeightView split_q8(const WeightView& gguf, void* out, void* stream = nullptr);
+// Block-quantized weights on the device are split (WeightLayout::Split, kernels/ref/weight.h:
+// every block's code bytes, then every block's scales; the same bytes as GGUF's blocks, which
+// are only 2-byte aligned), so a GEMV lane reads 16 code bytes with one 16-byte load instead of
+// five 4-byte ones and a shift. Types: kSplitBlockTypes (split_blocks_supported). gguf: a device copy of GGUF's rows; out: n_out * row_bytes bytes on
+// the device, 16-byte aligned, not overlapping gguf. Returns out's view. Enqueued on `stream`.
+inline constexpr const char* kSplitBlockTypes = "Q8_0, Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS";
+bool split_blocks_supported(GgmlType t);
+WeightView split_blocks(const WeightView& gguf, void* out, void* stream = nullptr);
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T);
 void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr,
             const MatmulInput* xq = nullptr);
@@ -81,7 +85,9 @@ void matmul(const WeightView& W, const float* x, float* y, int64_t T, void* work
 // the FFN's gate and up): at T <= kQ8GemvMaxT, weights of one type and n_in run as ONE GEMV
 // launch (after one quantization of x for Q8_0), warps per row chosen from the group's total
 // rows: the GEMV's batch invariance holds per group (a group's rows may differ in the last
-// bits from a lone matmul of the same weight). Else one matmul per weight.
+// bits from a lone matmul of the same weight). Weights of several types (Q4_K_M's mixes): one
+// such launch per run of consecutive weights of one type and n_in. Above kQ8GemvMaxT: x's bf16
+// copy made once for BF16 / block-quantized weights, then one GEMM per weight.
 size_t matmul_multi_workspace_bytes(const WeightView* const* W, int n, int64_t T);
 void matmul_multi(const WeightView* const* W, float* const* y, int n, const float* x, int64_t T, void* workspace,
                   void* stream = nullptr, const MatmulInput* xq = nullptr);
@@ -135,7 +141,7 @@ size_t moe_ffn_workspace_bytes(const ref::MoeWeights& w, int64_t T);
 void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void* workspace, void* stream = nullptr);
 
 // ---- embedding gather (kernels/cuda/get_rows.cu) --------------------------------------------
-// out[t] = dequantized row ids[t] of `table` (F32, F16, BF16 rows or split Q8_0, on the device):
+// out[t] = dequantized row ids[t] of `table` (F32, F16, BF16 rows or a split block type, on the device):
 // ids [T] (device, each in [0, table.n_out): the caller validates token ids on the host, the
 // kernel does not), out [T, table.n_in] fp32. Exact (every type converts exactly to fp32).
 void get_rows(const WeightView& table, const int32_t* ids, float* out, int64_t T, void* stream = nullptr);

@@ -9,17 +9,19 @@
 namespace alloy {
 
 // How a view's bytes are arranged. Gguf: n_out rows of row_bytes each, as the file stores them
-// (everything on the CPU). Q8Split (Q8_0 on the CUDA backend only, made by cuda::split_q8): the
-// same n_out * row_bytes bytes with every row's int8 quants first, [n_out, n_in] (rows 16-byte
-// aligned), then every row's f16 scales, [n_out, n_in / 32]; row() does not apply.
-enum class WeightLayout : uint8_t { Gguf, Q8Split };
+// (everything on the CPU). Split (block-quantized types on the CUDA backend only, made by
+// cuda::split_blocks; kernels/cuda/quant_blocks.cuh): the same n_out * row_bytes bytes with
+// every block's code bytes first, [n_out, blocks a row, code bytes] (16-byte multiples), then
+// every block's scales, [n_out, blocks a row, the rest] (Q8_0: the int8 quants [n_out, n_in],
+// then the f16 scales [n_out, n_in / 32]); row() does not apply.
+enum class WeightLayout : uint8_t { Gguf, Split };
 
 struct WeightView {
     GgmlType type = GgmlType::F32;
     int64_t n_in = 0;    // ne[0]: elements per row
     int64_t n_out = 0;   // ne[1]: rows
     const uint8_t* data = nullptr;
-    size_t row_bytes = 0;  // GGUF's bytes per row (also for Q8Split: the matrix's size / n_out)
+    size_t row_bytes = 0;  // GGUF's bytes per row (also for Split: the matrix's size / n_out)
     WeightLayout layout = WeightLayout::Gguf;
     const uint8_t* row(int64_t r) const { return data + size_t(r) * row_bytes; }
 };

@@ -501,7 +501,7 @@ private:
     std::unique_ptr<DeviceBuffer> attn_ws_;
     std::unique_ptr<CudaBuffer> host_output_;  // host_output's page-locked rows
 
-    // split: a Q8_0 matrix (w), rearranged on the device after the copy (cuda::split_q8).
+    // split: a block-quantized matrix (w), rearranged on the device after the copy (cuda::split_blocks).
     // The copies run on the backend's stream, in order with the split and the steps: a plain
     // cudaMemcpy from pageable memory may return before its DMA lands (CUDA's API sync notes),
     // and the legacy stream it runs on does not order the non-blocking stream_, so the split
@@ -516,7 +516,7 @@ private:
                 check(cudaMemcpyAsync(staged.get(), host, bytes, cudaMemcpyHostToDevice, stream_), "upload of " + what);
                 WeightView g = *split;
                 g.data = static_cast<const uint8_t*>(staged.get());
-                cuda::split_q8(g, buf->get(), stream_);
+                cuda::split_blocks(g, buf->get(), stream_);
                 check(cudaStreamSynchronize(stream_), "split of " + what);
             } else {
                 check(cudaMemcpyAsync(buf->get(), host, bytes, cudaMemcpyHostToDevice, stream_), "upload of " + what);
@@ -526,13 +526,13 @@ private:
         }
         return it->second->get();
     }
-    // Q8_0 matrices live split on the device (WeightLayout::Q8Split): every use of one (the
-    // GEMVs, the prefill panels, the embedding gather of a tied table) reads that layout.
+    // Block-quantized matrices live split on the device (WeightLayout::Split): every use of one
+    // (the GEMVs, the prefill panels, the embedding gather of a tied table) reads that layout.
     WeightView device_weight(const WeightView& w, const std::string& what) {
         WeightView d = w;
-        const bool split = w.type == GgmlType::Q8_0;
+        const bool split = cuda::split_blocks_supported(w.type);
         d.data = static_cast<const uint8_t*>(upload(w.data, size_t(w.n_out) * w.row_bytes, what, split ? &w : nullptr));
-        if (split) d.layout = WeightLayout::Q8Split;
+        if (split) d.layout = WeightLayout::Split;
         return d;
     }
     // A MoE layer's matrices on the device (a fused gate_up tensor uploads once: by host address).
@@ -639,9 +639,9 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     for (const Node& n : g.nodes) {
         if (n.op == Op::Matmul || n.op == Op::MatmulMulti)
             for (const WeightView* w : n.weights) {
-                if (w->type != GgmlType::F32 && w->type != GgmlType::BF16 && w->type != GgmlType::Q8_0)
+                if (w->type != GgmlType::F32 && w->type != GgmlType::BF16 && !cuda::split_blocks_supported(w->type))
                     throw Error("cuda backend: weight of '" + n.label + "' is " + type_traits(w->type).name +
-                                "; this backend runs F32, BF16 and Q8_0 weights");
+                                "; this backend runs F32, BF16, " + cuda::kSplitBlockTypes + " weights");
                 ws_bytes = std::max(ws_bytes, cuda::matmul_workspace_bytes(*w, bucket));
             }
         if (n.op == Op::GdnFused)
@@ -659,9 +659,10 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
 
     // Matmul inputs written by their producers (norms, SwiGLU, the attention gate; the GDN op's
     // y in bf16 only) in the form the matmul reads (cuda::MatmulInput; rows compact, as the node's):
-    //  - Q8_0 weights, steps of <= kQ8GemvMaxT rows (decode is launch-bound): x quantized, so
-    //    the GEMV skips its quantize launch (same bytes). ALLOY_CUDA_FUSE_Q8=0 turns it off.
-    //  - BF16 / Q8_0 weights, longer steps (prefill): x in bf16, so the GEMM skips its to_bf16
+    //  - block-quantized weights (Q8_0, the K-quants), steps of <= kQ8GemvMaxT rows (decode is
+    //    launch-bound): x quantized, so the GEMV skips its quantize launch (same bytes).
+    //    ALLOY_CUDA_FUSE_Q8=0 turns it off.
+    //  - BF16 / block-quantized weights, longer steps (prefill): x in bf16, so the GEMM skips its to_bf16
     //    launch and fp32 read (same bytes); where every reader is such a matmul the producer
     //    writes the bf16 copy alone. ALLOY_CUDA_FUSE_BF16=0 turns it off. These copies live from
     //    their producer to their last reader, so they share a few buffers (greedy by interval).
@@ -698,9 +699,11 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const Node& m = g.nodes[size_t(ri)];
                 const bool mm = (m.op == Op::Matmul || m.op == Op::MatmulMulti) && m.in[0] == t && m.rows == n.rows;
                 auto all_of_types = [&](auto ok) { return std::all_of(m.weights.begin(), m.weights.end(), [&](const WeightView* w) { return ok(w->type); }); };
-                any_q8 = any_q8 || (mm && all_of_types([](GgmlType ty) { return ty == GgmlType::Q8_0; }));
-                all_bf16_input = all_bf16_input && mm &&
-                                 all_of_types([](GgmlType ty) { return ty == GgmlType::Q8_0 || ty == GgmlType::BF16; });
+                // (the block types' GEMVs all take x quantized as Q8_0's does, their GEMMs x in bf16)
+                any_q8 = any_q8 || (mm && all_of_types([](GgmlType ty) { return cuda::split_blocks_supported(ty); }));
+                all_bf16_input = all_bf16_input && mm && all_of_types([](GgmlType ty) {
+                                     return cuda::split_blocks_supported(ty) || ty == GgmlType::BF16;
+                                 });
                 last = std::max(last, ri);
             }
             const int64_t max_rows = n.rows == Rows::Last ? 1 : bucket;

@@ -37,17 +37,17 @@ struct DeviceArray {
 };
 
 // A weight matrix on the device as the CUDA kernels take it: GGUF's rows copied (host: a view
-// of host bytes), Q8_0 then split (cuda::split_q8, the layout of every CUDA Q8_0 kernel).
+// of host bytes), block types then split (cuda::split_blocks, the layout their CUDA kernels read).
 struct DeviceWeight {
     DeviceArray<uint8_t> stored, split;
     WeightView view;
     explicit DeviceWeight(const WeightView& host)
         : stored(std::vector<uint8_t>(host.data, host.data + size_t(host.n_out) * host.row_bytes)),
-          split(std::vector<uint8_t>(host.type == GgmlType::Q8_0 ? size_t(host.n_out) * host.row_bytes : 0)) {
+          split(std::vector<uint8_t>(cuda::split_blocks_supported(host.type) ? size_t(host.n_out) * host.row_bytes : 0)) {
         view = host;
         view.data = stored.p;
-        if (host.type == GgmlType::Q8_0) {
-            view = cuda::split_q8(view, split.p);
+        if (cuda::split_blocks_supported(host.type)) {
+            view = cuda::split_blocks(view, split.p);
             EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         }
     }

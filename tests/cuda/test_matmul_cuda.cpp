@@ -44,20 +44,18 @@ struct HostWeight {
     WeightView view(const uint8_t* data) const { return {type, n_in, n_out, data, row_bytes}; }
 };
 
-size_t row_bytes_of(GgmlType t, int64_t n_in) {
-    switch (t) {
-        case GgmlType::F32: return size_t(n_in) * 4;
-        case GgmlType::BF16: return size_t(n_in) * 2;
-        default: return size_t(n_in / 32) * 34;
-    }
-}
+// The block types with a K-quant GEMV (kernels/cuda/matmul_kquant.cu), and shapes for them:
+// rows of 1, 3, 4 and 14 super-blocks (Q4_0 / IQ4_NL: 3 and 5 blocks too), odd row counts.
+const GgmlType kKquantTypes[] = {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL,
+                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
+bool super_blocks(GgmlType t) { return type_traits(t).block_elems == 256; }
 
 HostWeight make_weight(GgmlType t, int64_t n_out, int64_t n_in, std::vector<float>& f, uint32_t seed) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     f.resize(size_t(n_out * n_in));
     for (auto& x : f) x = nd(rng);
-    HostWeight w{t, n_in, n_out, row_bytes_of(t, n_in), {}};
+    HostWeight w{t, n_in, n_out, row_bytes(t, n_in), {}};
     w.bytes.resize(w.row_bytes * size_t(n_out));
     for (int64_t r = 0; r < n_out; ++r) quantize_row(t, f.data() + r * n_in, w.bytes.data() + r * w.row_bytes, n_in);
     return w;
@@ -100,6 +98,7 @@ struct Case {
     int64_t n_out, n_in;
 };
 const std::vector<Case> kCases = {{37, 96}, {64, 160}, {300, 1024}, {129, 3584}};
+const std::vector<Case> kSuperBlockCases = {{37, 256}, {64, 768}, {300, 1024}, {129, 3584}};
 const std::vector<int64_t> kTs = {1, 2, 3, 4, 5, 9, 16, 17};
 
 // Runs every case and T for weight type t; `exact_x` maps x to the operand the path uses,
@@ -108,7 +107,7 @@ const std::vector<int64_t> kTs = {1, 2, 3, 4, 5, 9, 16, 17};
 void check_type(GgmlType t, double tight, double loose, const char* name) {
     uint32_t seed = 7;
     double worst_tight = 0, worst_loose = 0;
-    for (const Case& c : kCases) {
+    for (const Case& c : super_blocks(t) ? kSuperBlockCases : kCases) {
         std::vector<float> wf;
         const HostWeight w = make_weight(t, c.n_out, c.n_in, wf, seed++);
         for (int64_t T : kTs) {
@@ -168,6 +167,13 @@ TEST(CudaMatmul, Q8_0MatchesReference) {
 }
 
 // More rows than one dequantization panel (the last panel partial), at prefill and decode.
+// Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS: the K-quant GEMV (T <= 16; each unit's decoding
+// against format/quant.cpp's dequantize_row through ref::matmul) and the bf16 panels above.
+TEST(CudaMatmul, KquantsMatchReference) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    for (GgmlType t : kKquantTypes) check_type(t, 1e-5, 2e-2, type_traits(t).name);
+}
+
 TEST(CudaMatmul, Q8_0TallMatrix) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     std::vector<float> wf;
@@ -194,9 +200,13 @@ TEST(CudaMatmul, GemvRowsDoNotDependOnTheBatch) {
     constexpr int64_t kMaxT = 16;
     static_assert(kMaxT == cuda::kQ8GemvMaxT, "the GEMV's limit");
     const std::vector<Case> cases = {{37, 96}, {129, 160}, {300, 1024}, {1031, 3584}, {5000, 1024}};
+    // K-quants: 1..8 warps a row (8 needs 256 units: n_in 8192)
+    const std::vector<Case> sb_cases = {{37, 256}, {300, 1024}, {1031, 3584}, {5000, 1024}, {64, 8192}};
     uint32_t seed = 101;
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
-        for (const Case& c : cases) {
+    std::vector<GgmlType> types = {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32};
+    types.insert(types.end(), std::begin(kKquantTypes), std::end(kKquantTypes));
+    for (GgmlType t : types) {
+        for (const Case& c : super_blocks(t) ? sb_cases : cases) {
             std::vector<float> wf;
             const HostWeight w = make_weight(t, c.n_out, c.n_in, wf, seed++);
             std::mt19937 rng(seed++);
@@ -252,7 +262,7 @@ TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
     const int64_t n_in = 1024;
     const int64_t rows[3] = {1031, 16, 37};
     uint32_t seed = 900;
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
         std::vector<HostWeight> hw;
         std::deque<DeviceWeight> dw;  // not movable: a deque never moves them
         std::vector<WeightView> views;
@@ -283,7 +293,7 @@ TEST(CudaMatmul, MultiMatchesReferenceAndIsBatchInvariant) {
             }
             return out;
         };
-        const double tol = t == GgmlType::Q8_0 ? 2e-2 : t == GgmlType::BF16 ? 1e-2 : 1e-5;
+        const double tol = t == GgmlType::BF16 ? 1e-2 : t == GgmlType::F32 ? 1e-5 : 2e-2;
         std::vector<std::vector<std::vector<float>>> alone;
         for (int64_t j = 0; j < kMaxT; ++j) alone.push_back(run(j, 1));
         for (int64_t T : {int64_t(1), int64_t(2), int64_t(5), int64_t(16), int64_t(17)}) {
@@ -451,13 +461,65 @@ TEST(CudaMatmul, ProducersBf16OutputsGiveTheGemmItsOwnBits) {
             }
 }
 
+// matmul_multi over weights of several types (as a Q4_K_M file's GDN input projections: Q4_K,
+// Q6_K, F32 side by side) at decode sizes: each part against ref, each row's bits those of the
+// T = 1 call, and nothing written past a workspace of exactly matmul_multi_workspace_bytes (the
+// bf16 panels once ran at T <= 16 here and overran it: garbage tokens under the engine).
+TEST(CudaMatmul, MultiOfMixedTypesStaysInItsWorkspace) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const int64_t n_in = 1024;
+    const GgmlType types[4] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32};
+    const int64_t rows[4] = {300, 37, 129, 16};
+    std::vector<HostWeight> hw;
+    std::deque<DeviceWeight> dw;
+    std::vector<WeightView> views;
+    uint32_t seed = 1200;
+    for (int m = 0; m < 4; ++m) {
+        std::vector<float> wf;
+        hw.push_back(make_weight(types[m], rows[m], n_in, wf, seed++));
+    }
+    for (const HostWeight& w : hw) dw.emplace_back(w.view(w.bytes.data()));
+    for (size_t m = 0; m < hw.size(); ++m) views.push_back(dw[m].view);
+    const WeightView* W[4] = {&views[0], &views[1], &views[2], &views[3]};
+    constexpr int64_t kMaxT = 16;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(size_t(kMaxT * n_in));
+    for (auto& v : x) v = nd(rng);
+    DeviceArray<float> dx(x);
+    std::deque<DeviceArray<float>> dy;
+    for (int64_t r : rows) dy.emplace_back(std::vector<float>(size_t(kMaxT * r), NAN));
+    for (int64_t T : {int64_t(1), int64_t(3), int64_t(16)}) {
+        const size_t bytes = cuda::matmul_multi_workspace_bytes(W, 4, T);
+        constexpr size_t kCanary = 1 << 20;
+        DeviceArray<uint8_t> ws{std::vector<uint8_t>(bytes + kCanary, 0xa5)};
+        float* y[4] = {dy[0].p, dy[1].p, dy[2].p, dy[3].p};
+        cuda::matmul_multi(W, y, 4, dx.p, T, ws.p);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<uint8_t> after = ws.host();
+        EXPECT_TRUE(std::all_of(after.begin() + bytes, after.end(), [](uint8_t b) { return b == 0xa5; }))
+            << "T " << T << ": written past the workspace's " << bytes << " bytes";
+        const std::vector<float> xs(x.begin(), x.begin() + T * n_in);
+        for (int m = 0; m < 4; ++m) {
+            std::vector<float> got = dy[size_t(m)].host();
+            got.resize(size_t(T * rows[m]));
+            EXPECT_LE(max_rel(got, run_ref(hw[size_t(m)].view(hw[size_t(m)].bytes.data()), xs, T)),
+                      types[m] == GgmlType::F32 ? 1e-5 : 2e-2)
+                << type_traits(types[m]).name << " part " << m << " T " << T;
+        }
+    }
+}
+
 TEST(CudaMatmul, RefusesOtherTypes) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     std::vector<uint8_t> dummy(64);
     DeviceArray<uint8_t> d(dummy);
-    const WeightView W{GgmlType::Q4_K, 256, 1, d.p, 144};
+    const WeightView W{GgmlType::MXFP4, 32, 1, d.p, 17};
     EXPECT_THROW(cuda::matmul(W, nullptr, nullptr, 1, nullptr), Error);
-    // Q8_0 in GGUF's layout: the kernels read only the split one (cuda::split_q8).
+    // A K-quant in GGUF's layout, as Q8_0.
+    const WeightView q4k{GgmlType::Q4_K, 256, 1, d.p, 144};
+    EXPECT_THROW(cuda::matmul(q4k, nullptr, nullptr, 1, nullptr), Error);
+    // Q8_0 in GGUF's layout: the kernels read only the split one (cuda::split_blocks).
     const WeightView q8{GgmlType::Q8_0, 32, 1, d.p, 34};
     EXPECT_THROW(cuda::matmul(q8, nullptr, nullptr, 1, nullptr), Error);
     EXPECT_THROW(cuda::get_rows(q8, nullptr, nullptr, 1), Error);

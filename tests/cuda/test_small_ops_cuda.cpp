@@ -175,11 +175,14 @@ TEST(CudaSmallOps, ElementwiseMatchReference) {
 
 TEST(CudaSmallOps, GetRowsIsExact) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-    const int64_t n_vocab = 301, n = 160;  // Q8_0 rows of 5 blocks (odd scale offsets)
+    // Rows of 768 values: 24 Q8_0 / Q4_0 blocks, 3 super-blocks (GGUF block offsets 2 bytes
+    // off a word for Q8_0, Q4_0, IQ4_NL and Q6_K).
+    const int64_t n_vocab = 301, n = 768;
     const auto table = randn(size_t(n_vocab * n), 3);
     std::vector<int32_t> ids = {0, 300, 7, 7, 151, 2, 299};
-    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
-        const size_t rb = t == GgmlType::F32 ? n * 4 : t == GgmlType::Q8_0 ? n / 32 * 34 : n * 2;
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
+                       GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
+        const size_t rb = row_bytes(t, n);
         std::vector<uint8_t> bytes(rb * n_vocab);
         for (int64_t r = 0; r < n_vocab; ++r) quantize_row(t, table.data() + r * n, bytes.data() + r * rb, n);
         std::vector<float> want(ids.size() * n);
@@ -189,7 +192,7 @@ TEST(CudaSmallOps, GetRowsIsExact) {
         DeviceArray<float> out(std::vector<float>(want.size(), NAN));
         cuda::get_rows(d.view, di.p, out.p, int64_t(ids.size()));
         sync();
-        EXPECT_EQ(0, std::memcmp(out.host().data(), want.data(), want.size() * 4)) << "type " << int(t);
+        EXPECT_EQ(0, std::memcmp(out.host().data(), want.data(), want.size() * 4)) << type_traits(t).name;
     }
 }
 

@@ -99,8 +99,13 @@ Plan make_plan(GgmlType type, Isa isa, int64_t n_in, int64_t T) {
                 if (avx2) p.gemv = mm::gemv_avx2(type);
                 // The AVX2 tile (3 rows x 16 tokens) overtakes the GEMV's passes of 4 tokens
                 // only past ~12 tokens (weights in cache, Zen 4: T = 8 332 vs 232 us, T = 16
-                // 340 vs 463 us for 2048 x 1024).
-                p.gemv_max = 8;
+                // 340 vs 463 us for 2048 x 1024); its narrow form (<= 8 tokens, half the
+                // multiplies) from ALLOY_Q8_AVX2_GEMV_MAX + 1 tokens (A/B; the same bits).
+                static const int64_t gemv_max_avx2 = [] {
+                    const char* e = std::getenv("ALLOY_Q8_AVX2_GEMV_MAX");
+                    return e ? std::clamp<int64_t>(std::atoi(e), 1, mm::kGemvMaxTokens) : int64_t(8);
+                }();
+                p.gemv_max = gemv_max_avx2;
                 p.name = avx2 ? "avx2" : "scalar";
             }
             return p;
@@ -249,7 +254,10 @@ void gemm_tile(const Plan& p, const WeightView& W, const mm::ActPanel& panel, in
     // ALLOY_Q8_NARROW=0: the full tile for narrow groups too (A/B; the same bits).
     static const bool narrow_on = [] { const char* e = std::getenv("ALLOY_Q8_NARROW"); return !e || std::atoi(e) != 0; }();
     const mm::TileFn fn =
-        narrow_on && kt.narrow && panel.q_pairs && nv == 1 && T - g0 * mm::kGroup <= mm::kNarrowTokens ? kt.narrow : kt.fn;
+        narrow_on && kt.narrow && (panel.q_pairs || !kt.narrow_reads_pairs) && nv == 1 &&
+                T - g0 * mm::kGroup <= mm::kNarrowTokens
+            ? kt.narrow
+            : kt.fn;
     for (int64_t k0 = 0; k0 < K; k0 += kt.kc) {
         const int64_t k1 = std::min<int64_t>(K, k0 + kt.kc);
         for (int64_t r = 0; r < rc; r += kt.rows)

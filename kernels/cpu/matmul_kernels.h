@@ -107,6 +107,7 @@ struct TileKernel {
     // The same contract for one group (nv = 1) of at most kNarrowTokens real tokens, writing
     // tile lanes [0, kNarrowTokens) only, with the same bits as fn; nullptr: fn serves them.
     TileFn narrow = nullptr;
+    bool narrow_reads_pairs = true;  // it reads ActPanel::q_pairs (the VNNI one; AVX2's does not)
 };
 
 // Kernels per ISA; nullptr / fn == nullptr where the ISA has none for that weight type.

@@ -7,7 +7,9 @@
 // sums are exact integers, each scaled by d_w * d_x in fp32 and summed in fp32, in block order,
 // as ggml_vec_dot_q8_0_q8_0; the corr field of the panel (VNNI's unsigned offset) is unused.
 // Tile: 3 rows x 16 tokens (two ymm): 6 int32 block accumulators in registers; the fp32 sums
-// stay in the tile (in L1), updated once per block of 32.
+// stay in the tile (in L1), updated once per block of 32. The narrow tile (TileKernel::narrow: a
+// last group of <= 8 real tokens, batched decode of 5-8 sequences) is the same loop on the
+// first ymm alone: half the multiplies, the same bits per (row, token).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,7 +25,8 @@ constexpr int kBlockBytes = 34;  // f16 scale + 32 int8
 constexpr int kRows = 3, kGroups = 1;
 constexpr int kKc = 1024;  // the panel slice: 16 tokens x 1 KiB
 
-template <int R>
+// H: 8-token halves of the group computed (2: the tile; 1: the narrow tile, lanes 0-7 only).
+template <int R, int H>
 ALLOY_TARGET_AVX2 void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0, int64_t k1,
                                float* tile, int ldt) {
     const int64_t K = p.K, nb = K / kQ8;
@@ -37,57 +40,61 @@ ALLOY_TARGET_AVX2 void q8_tile(const WeightView& W, int64_t r0, const ActPanel& 
     const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));
     if (k0 == 0)
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-            _mm256_storeu_ps(tile + r * ldt, _mm256_setzero_ps());
-            _mm256_storeu_ps(tile + r * ldt + 8, _mm256_setzero_ps());
-        }
+        for (int r = 0; r < R; ++r)
+            for (int h = 0; h < H; ++h) _mm256_storeu_ps(tile + r * ldt + 8 * h, _mm256_setzero_ps());
     for (int64_t b = k0 / kQ8; b < k1 / kQ8; ++b) {
         // The same block of the next rows, which the next call reads (as the AVX-512 tiles).
         for (int r = 0; r < next_rows; ++r)
             _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + b * kBlockBytes), _MM_HINT_T0);
-        __m256i acc[2 * R];
+        __m256i acc[H * R];
 #pragma GCC unroll 8
-        for (int i = 0; i < 2 * R; ++i) acc[i] = _mm256_setzero_si256();
+        for (int i = 0; i < H * R; ++i) acc[i] = _mm256_setzero_si256();
         const uint8_t* wb = w + b * kBlockBytes + 2;
         const int8_t* xb = xq + b * kQ8 * kGroup;
         // Not unrolled: GCC would schedule every quad's weight broadcasts first and spill.
 #pragma GCC unroll 1
         for (int j = 0; j < kQ8 / 4; ++j) {
-            const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb + j * 64));
-            const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb + j * 64 + 32));
+            __m256i x[H];
+            for (int h = 0; h < H; ++h) x[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(xb + j * 64 + 32 * h));
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
                 const __m256i wq = _mm256_set1_epi32(load_i32(wb + r * rb + 4 * j));
                 const __m256i aw = _mm256_abs_epi8(wq);
-                const __m256i s0 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x0, wq));
-                const __m256i s1 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x1, wq));
-                acc[2 * r] = _mm256_add_epi32(acc[2 * r], _mm256_madd_epi16(s0, ones));
-                acc[2 * r + 1] = _mm256_add_epi32(acc[2 * r + 1], _mm256_madd_epi16(s1, ones));
+                for (int h = 0; h < H; ++h) {
+                    const __m256i s = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x[h], wq));
+                    acc[H * r + h] = _mm256_add_epi32(acc[H * r + h], _mm256_madd_epi16(s, ones));
+                }
             }
         }
-        const __m256 d0 = _mm256_load_ps(xd + b * kGroup), d1 = _mm256_load_ps(xd + b * kGroup + 8);
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
             const __m256 dw = _mm256_set1_ps(_cvtsh_ss(load_u16(w + r * rb + b * kBlockBytes)));
             float* o = tile + r * ldt;
-            _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[2 * r]), _mm256_mul_ps(dw, d0), _mm256_loadu_ps(o)));
-            _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[2 * r + 1]), _mm256_mul_ps(dw, d1),
-                                                    _mm256_loadu_ps(o + 8)));
+            for (int h = 0; h < H; ++h) {
+                const __m256 dx = _mm256_load_ps(xd + b * kGroup + 8 * h);
+                _mm256_storeu_ps(o + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[H * r + h]), _mm256_mul_ps(dw, dx),
+                                                            _mm256_loadu_ps(o + 8 * h)));
+            }
         }
     }
 }
 
 using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
-const TileImpl kQ8Table[kRows] = {&q8_tile<1>, &q8_tile<2>, &q8_tile<3>};
+const TileImpl kQ8Table[kRows] = {&q8_tile<1, 2>, &q8_tile<2, 2>, &q8_tile<3, 2>};
+const TileImpl kQ8NarrowTable[kRows] = {&q8_tile<1, 1>, &q8_tile<2, 1>, &q8_tile<3, 1>};
 
 void q8_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int /*nv = 1*/, int64_t k0,
                  int64_t k1, float* tile, int ldt) {
     kQ8Table[nr - 1](W, r0, p, g0, k0, k1, tile, ldt);
 }
+void q8_narrow_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int /*nv = 1*/, int64_t k0,
+                   int64_t k1, float* tile, int ldt) {
+    kQ8NarrowTable[nr - 1](W, r0, p, g0, k0, k1, tile, ldt);
+}
 
 }  // namespace
 
-TileKernel tile_avx2_q8() { return {q8_tile_any, kRows, kGroups, kKc}; }
+TileKernel tile_avx2_q8() { return {q8_tile_any, kRows, kGroups, kKc, q8_narrow_any, false}; }
 
 // Activation quantization on AVX2, bit-identical to quantize_q8_scalar (max, the multiply and
 // round to nearest even are exact IEEE operations in both; int32 -> int8 cannot saturate, as

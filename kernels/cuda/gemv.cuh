@@ -36,14 +36,42 @@ void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, size_t
 // The end of both GEMVs: each lane's partial sums of its kR rows reduced over the warp, then
 // over the row's kWpr warps (through red in shared memory, in warp order, so the bits do not
 // depend on timing); the row's first warp stores y[t * n_out + row].
-template <int kT, int kWpr, int kR>
-__device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
-                                               int lane, int64_t row0, int64_t n_out, float* y) {
+// The same with wpr warps a row and the first n_tok of kT tokens stored, both known at run time
+// only (the K-quant GEMV); every block thread calls it (a __syncthreads inside).
+template <int kT, int kR>
+__device__ __forceinline__ void store_row_sums_n(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
+                                                 int wpr, int n_tok, int lane, int64_t row0, int64_t n_out, float* y) {
 #pragma unroll
     for (int r = 0; r < kR; ++r)
 #pragma unroll
         for (int t = 0; t < kT; ++t) acc[r][t] = detail::warp_sum_all(acc[r][t]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < kR; ++r)
+#pragma unroll
+            for (int t = 0; t < kT; ++t) red[warp][r][t] = acc[r][t];
+    __syncthreads();
+    // Lane (r n_tok + t) of the row's first warp adds the wpr partials of (row r, token t) in
+    // warp order.
+    if (wir == 0) {
+        for (int i = lane; i < kR * n_tok; i += 32) {
+            const int r = i / n_tok, t = i % n_tok;
+            if (row0 + r >= n_out) continue;
+            float s = red[warp][r][t];
+            for (int j = 1; j < wpr; ++j) s += red[warp + j][r][t];
+            y[t * n_out + row0 + r] = s;
+        }
+    }
+}
+
+template <int kT, int kWpr, int kR>
+__device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
+                                               int lane, int64_t row0, int64_t n_out, float* y) {
     if constexpr (kWpr == 1) {
+#pragma unroll
+        for (int r = 0; r < kR; ++r)
+#pragma unroll
+            for (int t = 0; t < kT; ++t) acc[r][t] = detail::warp_sum_all(acc[r][t]);
         if (lane == 0)
 #pragma unroll
             for (int r = 0; r < kR; ++r)
@@ -51,23 +79,7 @@ __device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red
                 for (int t = 0; t < kT; ++t)
                     if (row0 + r < n_out) y[t * n_out + row0 + r] = acc[r][t];
     } else {
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < kR; ++r)
-#pragma unroll
-                for (int t = 0; t < kT; ++t) red[warp][r][t] = acc[r][t];
-        __syncthreads();
-        // Lane (r kT + t) of the row's first warp adds the kWpr partials of (row r, token t)
-        // in warp order.
-        if (wir == 0) {
-            for (int i = lane; i < kR * kT; i += 32) {
-                const int r = i / kT, t = i % kT;
-                if (row0 + r >= n_out) continue;
-                float s = red[warp][r][t];
-                for (int j = 1; j < kWpr; ++j) s += red[warp + j][r][t];
-                y[t * n_out + row0 + r] = s;
-            }
-        }
+        store_row_sums_n<kT, kR>(acc, red, warp, wir, kWpr, kT, lane, row0, n_out, y);
     }
 }
 

@@ -107,24 +107,7 @@ __global__ void __launch_bounds__(kGemvThreads) kquant_gemv_kernel(const GemvPar
         u = next;
     }
     // Over the warp (butterfly), then the row's warps in warp order through shared memory.
-#pragma unroll
-    for (int r = 0; r < kR; ++r)
-#pragma unroll
-        for (int t = 0; t < kT; ++t) acc[r][t] = warp_sum_all(acc[r][t]);
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < kR; ++r)
-#pragma unroll
-            for (int t = 0; t < kT; ++t) red[warp][r][t] = acc[r][t];
-    __syncthreads();
-    if (wir == 0)
-        for (int i = lane; i < kR * T; i += 32) {
-            const int r = i / T, t = i % T;
-            if (row0 + r >= n_out) continue;
-            float s = red[warp][r][t];
-            for (int j = 1; j < wpr; ++j) s += red[warp + j][r][t];
-            part.y[t * n_out + row0 + r] = s;
-        }
+    store_row_sums_n<kT, kR>(acc, red, warp, wir, wpr, T, lane, row0, n_out, part.y);
 }
 
 // Warps per row from the group's shape: enough row-warps for HBM (24 an SM, as the Q8_0 GEMV),

@@ -11,7 +11,8 @@
 // 6144, 2048, ffn 3584 / 7168, 1024, down 1024 x 3584, LM head 151936), T 1, 4, 8, 16, "cold"
 // (weights rotated over >= 256 MB) and "hot" (one copy, re-read: L2-resident below ~50 MB).
 // `--only gemv-27b`: the Q8_0 GEMVs at the 27b preset's decode shapes (grouped), T 1 and 2.
-//   ops_cuda_bench [--quick] [--only matmul|gemv|gemv-27b|small|embed|attention|attn-decode] [--ctx N]
+// `--only gemv-kquant`: the K-quant / Q4_0 GEMVs (and Q8_0 beside them) at the 0.8B shapes.
+//   ops_cuda_bench [--quick] [--only matmul|gemv|gemv-27b|gemv-kquant|small|embed|attention|attn-decode] [--ctx N]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,10 +75,10 @@ void fill_f32(Buf& b, size_t n, float a) {
 
 // A weight of `type` with random contents (bf16 of N(0, 0.02)-sized values; Q8_0 blocks of
 // random int8 and scale ~0.02 / 127).
-// A device weight's view: Q8_0 in the split layout that fill_weight leaves (unless `layout`).
+// A device weight's view: block types in the split layout that fill_weight leaves (unless `layout`).
 WeightView weight_view(GgmlType t, int64_t n_in, int64_t n_out, const uint8_t* data, size_t rb,
                        WeightLayout layout = WeightLayout::Split) {
-    return {t, n_in, n_out, data, rb, t == GgmlType::Q8_0 ? layout : WeightLayout::Gguf};
+    return {t, n_in, n_out, data, rb, cuda::split_blocks_supported(t) ? layout : WeightLayout::Gguf};
 }
 
 void fill_weight(Buf& b, GgmlType t, size_t n_out, size_t n_in) {
@@ -95,15 +96,26 @@ void fill_weight(Buf& b, GgmlType t, size_t n_out, size_t n_in) {
     } else if (t == GgmlType::BF16) {
         auto* q = reinterpret_cast<uint16_t*>(h.data());
         for (size_t i = 0; i < n_out * n_in; ++i) q[i] = fp32_to_bf16(0.02f * uniform());
-    } else {
+    } else if (t == GgmlType::F32) {
         auto* q = reinterpret_cast<float*>(h.data());
         for (size_t i = 0; i < n_out * n_in; ++i) q[i] = 0.02f * uniform();
+    } else {
+        // Other block types: 64 rows quantized from N(0, 0.02)-sized values, repeated (the
+        // reference quantizers are too slow for a 248k-row LM head; the GEMV's time does not
+        // depend on the values).
+        const size_t rb = row_bytes(t, int64_t(n_in));
+        std::vector<float> f(n_in);
+        for (size_t r = 0; r < std::min<size_t>(64, n_out); ++r) {
+            for (auto& x : f) x = 0.02f * uniform();
+            quantize_row(t, f.data(), h.data() + r * rb, int64_t(n_in));
+        }
+        for (size_t r = 64; r < n_out; ++r) std::memcpy(h.data() + r * rb, h.data() + (r % 64) * rb, rb);
     }
-    if (t != GgmlType::Q8_0) {
+    if (!cuda::split_blocks_supported(t)) {
         CHECK(cudaMemcpy(b.p, h.data(), b.n, cudaMemcpyHostToDevice));
         return;
     }
-    Buf stored(b.n);  // Q8_0: GGUF's blocks, then the device's split layout (cuda::split_blocks)
+    Buf stored(b.n);  // block types: GGUF's blocks, then the device's split layout (cuda::split_blocks)
     CHECK(cudaMemcpy(stored.p, h.data(), b.n, cudaMemcpyHostToDevice));
     cuda::split_blocks(weight_view(t, int64_t(n_in), int64_t(n_out), stored.as<uint8_t>(), b.n / n_out, WeightLayout::Gguf), b.p);
     CHECK(cudaDeviceSynchronize());
@@ -152,10 +164,10 @@ void row_flops(const std::string& what, double us, double flops, double peak, co
                 peak_name);
 }
 
-const char* type_name(GgmlType t) { return t == GgmlType::Q8_0 ? "Q8_0" : t == GgmlType::BF16 ? "BF16" : "F32"; }
+const char* type_name(GgmlType t) { return type_traits(t).name; }
 
 void bench_matmul(GgmlType t, int64_t n_out, int64_t n_in, const std::vector<int64_t>& Ts) {
-    const size_t rb = t == GgmlType::Q8_0 ? size_t(n_in / 32) * 34 : size_t(n_in) * (t == GgmlType::BF16 ? 2 : 4);
+    const size_t rb = row_bytes(t, n_in);
     const size_t wbytes = rb * size_t(n_out);
     const int copies = int(std::min<size_t>(64, std::max<size_t>(1, (size_t(256) << 20) / wbytes + 1)));
     std::vector<std::unique_ptr<Buf>> w;
@@ -188,13 +200,13 @@ void bench_matmul(GgmlType t, int64_t n_out, int64_t n_in, const std::vector<int
 }
 
 // The decode GEMVs, cold and hot: one line per (type, shape, T, cold|hot).
-// shapes: {n_out, n_in}; Ts: token counts; both types or Q8_0 only.
-void bench_gemv(const std::vector<std::array<int64_t, 2>>& shapes, const std::vector<int64_t>& Ts, bool q8_only) {
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::BF16})
+// shapes: {n_out, n_in}; Ts: token counts; types: the weight types.
+void bench_gemv(const std::vector<std::array<int64_t, 2>>& shapes, const std::vector<int64_t>& Ts,
+                const std::vector<GgmlType>& types) {
+    for (GgmlType t : types)
         for (const auto& sh : shapes) {
-            if (q8_only && t != GgmlType::Q8_0) continue;
             const int64_t n_out = sh[0], n_in = sh[1];
-            const size_t rb = t == GgmlType::Q8_0 ? size_t(n_in / 32) * 34 : size_t(n_in) * 2;
+            const size_t rb = row_bytes(t, n_in);
             const size_t wbytes = rb * size_t(n_out);
             const int copies = int(std::min<size_t>(64, std::max<size_t>(1, (size_t(256) << 20) / wbytes + 1)));
             std::vector<std::unique_ptr<Buf>> w;
@@ -395,7 +407,7 @@ int main(int argc, char** argv) {
         else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
         else if (std::strcmp(argv[i], "--ctx") == 0 && i + 1 < argc) only_ctx = std::atoll(argv[++i]);
         else {
-            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|gemv|gemv-27b|small|embed|attention|attn-decode] [--ctx N]\n");
+            std::fprintf(stderr, "usage: ops_cuda_bench [--quick] [--only matmul|gemv|gemv-27b|gemv-kquant|small|embed|attention|attn-decode] [--ctx N]\n");
             return 2;
         }
     }
@@ -418,13 +430,18 @@ int main(int argc, char** argv) {
     }
     if (only == "gemv")
         bench_gemv({{6144, D}, {2048, D}, {3584, D}, {7168, D}, {1024, D}, {1024, FFN}, {151936, D}}, {1, 4, 8, 16},
-                   false);
+                   {GgmlType::Q8_0, GgmlType::BF16});
+    // The block types of published Q4_K_M / Q5_K_M / IQ4_XS files at the same shapes (LM head:
+    // the real vocabulary), T 1, 2, 4, 8.
+    if (only == "gemv-kquant")
+        bench_gemv({{6144, D}, {3584, D}, {7168, D}, {1024, D}, {1024, FFN}, {248320, D}}, {1, 2, 4, 8},
+                   {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q4_0, GgmlType::Q8_0});
     // The 27b preset's decode matrices as the model groups them: a GDN layer's qkv + z + a + b
     // (16480 rows), attention's q-with-gate + k + v (14336), FFN gate + up (34816), the output
     // projections (5120 x 6144), FFN down (5120 x 17408), the LM head.
     if (only == "gemv-27b")
         bench_gemv({{16480, 5120}, {14336, 5120}, {34816, 5120}, {5120, 6144}, {5120, 17408}, {248320, 5120}}, {1, 2},
-                   true);
+                   {GgmlType::Q8_0});
     if (want("small")) {
         bench_small(1);
         bench_small(4096);

@@ -17,6 +17,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -462,6 +463,7 @@ struct Job {
     int64_t first, count;
     int64_t n_chunks;        // GEMM: row chunks per token tile
     int64_t bounds[kMaxGemvItems + 1];  // GEMV: item i covers rows [bounds[i], bounds[i + 1])
+    mm::GemvFn gemv = nullptr;  // this weight's GEMV where it is not the plan's (mixed K-quants)
 };
 
 // Decode GEMV items, guided: each item takes 1/(1.5 threads) of the rows still unassigned
@@ -532,7 +534,7 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
             for (int64_t r = r0; r < r0 + nr; r += run)
                 for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
                     const int nt = int(std::min<int64_t>(mm::kRowDotTokens, T - t));
-                    p.gemv(W, r, std::min(run, r0 + nr - r), rows_act, t, nt, jb.y, N);
+                    (jb.gemv ? jb.gemv : p.gemv)(W, r, std::min(run, r0 + nr - r), rows_act, t, nt, jb.y, N);
                 }
         } else {
             const int64_t t0 = (it / jb.n_chunks) * kRowDotTile, r0 = (it % jb.n_chunks) * kRowChunk;
@@ -610,6 +612,29 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
         shared = shared && outs[j].W->type == outs[0].W->type && outs[j].W->n_in == outs[0].W->n_in;
     }
     const Plan p = plan_for(*outs[0].W, isa, T);
+    // K-quants of several types (a Q4_K_M file's q/k/v beside Q4_K gate, beta, alpha) at decode:
+    // every GEMV reads the same Q8_K rows, so they share one preparation and one pool region,
+    // each weight through its own GEMV (the bits of its lone call).
+    bool mixed_q8k = !shared && n <= kMaxJobs && p.act == ActKind::Q8K && p.gemv && !use_gemm(p, T);
+    std::array<mm::GemvFn, kMaxJobs> gemv_of{};
+    for (int j = 0; j < n && mixed_q8k; ++j) {
+        const Plan pj = j == 0 ? p : plan_for(*outs[j].W, isa, T);
+        mixed_q8k = outs[j].W->n_in == outs[0].W->n_in && pj.act == ActKind::Q8K && pj.gemv && !use_gemm(pj, T) &&
+                    !pj.convert && pj.round_input == p.round_input;
+        gemv_of[size_t(j)] = pj.gemv;
+    }
+    if (mixed_q8k) {
+        const Scratch s = carve(multi_need(outs, n, T, isa), workspace);
+        Job jobs[kMaxJobs];
+        int n_jobs = 0;
+        for (int j = 0; j < n; ++j)
+            if (outs[j].W->n_out > 0) {
+                jobs[n_jobs] = Job{outs[j].W, outs[j].y, 0, 0, 0, {}};
+                jobs[n_jobs++].gemv = gemv_of[size_t(j)];
+            }
+        if (n_jobs > 0) run_jobs(p, jobs, n_jobs, x, T, s);
+        return;
+    }
     if (!shared || p.convert || (p.convert_gemm && use_gemm(p, T))) {
         const Scratch s = carve(multi_need(outs, n, T, isa), workspace);
         // x rounded for the first weight needing it, reused by the next ones needing the same.

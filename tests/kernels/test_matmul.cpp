@@ -434,6 +434,41 @@ TEST(Matmul, MultiMatchesSeparateCallsBitForBit) {
     }
 }
 
+// K-quants of several types in one matmul_multi (a Q4_K_M file's GDN input projections): at
+// decode they share one Q8_K preparation and pool region, each weight through its own GEMV;
+// every weight keeps the bits of its lone call, at decode and prefill sizes, on every path.
+TEST(Matmul, MultiOfMixedKquantsMatchesSeparateCallsBitForBit) {
+    std::mt19937 rng(23);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    cpu::MatmulScratch scratch;
+    const int64_t n_in = 512;
+    const std::pair<GgmlType, int64_t> parts[] = {
+        {GgmlType::Q4_K, 301}, {GgmlType::Q6_K, 7}, {GgmlType::Q5_K, 1030}, {GgmlType::IQ4_XS, 45}, {GgmlType::Q4_K, 0}};
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<WeightView> Ws;
+    for (auto [type, n] : parts) bytes.push_back(random_weights(type, n_in, n, rng));
+    for (size_t i = 0; i < bytes.size(); ++i)
+        Ws.push_back({parts[i].first, n_in, parts[i].second, bytes[i].data(), row_bytes(parts[i].first, n_in)});
+    for (int64_t T : {1, 3, 16, 21}) {
+        std::vector<float> x(size_t(T * n_in));
+        for (auto& v : x) v = nd(rng);
+        for (cpu::Isa isa : isas()) {
+            std::vector<std::vector<float>> alone, multi;
+            std::vector<cpu::MatmulOut> outs;
+            for (const WeightView& W : Ws) {
+                alone.emplace_back(size_t(T * W.n_out), NAN);
+                multi.emplace_back(size_t(T * W.n_out), NAN);
+                cpu::matmul(W, x.data(), alone.back().data(), T, isa, scratch);
+            }
+            for (size_t i = 0; i < Ws.size(); ++i) outs.push_back({&Ws[i], multi[i].data()});
+            cpu::matmul_multi(outs.data(), int(outs.size()), x.data(), T, isa, scratch);
+            for (size_t i = 0; i < Ws.size(); ++i)
+                EXPECT_EQ(0, std::memcmp(alone[i].data(), multi[i].data(), alone[i].size() * 4))
+                    << type_traits(Ws[i].type).name << " " << cpu::isa_name(isa) << " T=" << T << " weight " << i;
+        }
+    }
+}
+
 // matmul_swiglu: the same bits as matmul_multi into (y, u) then cpu::swiglu, on every path,
 // token count (decode GEMV, GEMM tiles, a partial last token tile) and row count (a partial
 // last row chunk); close to the reference composition (ref::matmul on the effective input,

@@ -38,13 +38,17 @@ void launch_pdl(void (*kernel)(Params...), unsigned grid, unsigned block, size_t
 // depend on timing); the row's first warp stores y[t * n_out + row].
 // The same with wpr warps a row and the first n_tok of kT tokens stored, both known at run time
 // only (the K-quant GEMV); every block thread calls it (a __syncthreads inside).
-template <int kT, int kR>
-__device__ __forceinline__ void store_row_sums_n(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
-                                                 int wpr, int n_tok, int lane, int64_t row0, int64_t n_out, float* y) {
+template <int kT, int kR> __device__ __forceinline__ void warp_sum_rows(float (&acc)[kR][kT]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r)
 #pragma unroll
         for (int t = 0; t < kT; ++t) acc[r][t] = detail::warp_sum_all(acc[r][t]);
+}
+
+template <int kT, int kR>
+__device__ __forceinline__ void store_row_sums_n(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
+                                                 int wpr, int n_tok, int lane, int64_t row0, int64_t n_out, float* y) {
+    warp_sum_rows<kT, kR>(acc);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < kR; ++r)
@@ -68,10 +72,7 @@ template <int kT, int kWpr, int kR>
 __device__ __forceinline__ void store_row_sums(float (&acc)[kR][kT], float (*red)[kR][kT], int warp, int wir,
                                                int lane, int64_t row0, int64_t n_out, float* y) {
     if constexpr (kWpr == 1) {
-#pragma unroll
-        for (int r = 0; r < kR; ++r)
-#pragma unroll
-            for (int t = 0; t < kT; ++t) acc[r][t] = detail::warp_sum_all(acc[r][t]);
+        warp_sum_rows<kT, kR>(acc);
         if (lane == 0)
 #pragma unroll
             for (int r = 0; r < kR; ++r)

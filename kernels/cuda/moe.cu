@@ -32,6 +32,7 @@
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace alloy::cuda {
@@ -90,13 +91,7 @@ struct ExpertGemv {
 
 enum class WKind { Q8, BF16, F32 };
 
-__device__ __forceinline__ int4 ld_stream16(const void* p) {
-    int4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
+using detail::ld_stream16;  // gemv.cuh: 16 bytes past L1
 
 // kKS: warps splitting each row's k range (kKS x 8 warps a block); the parts' butterfly sums
 // add in part order, so a kernel's bits do not depend on the call. Decode's gate + up take 2

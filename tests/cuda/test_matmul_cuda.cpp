@@ -462,9 +462,9 @@ TEST(CudaMatmul, ProducersBf16OutputsGiveTheGemmItsOwnBits) {
 }
 
 // matmul_multi over weights of several types (as a Q4_K_M file's GDN input projections: Q4_K,
-// Q6_K, F32 side by side) at decode sizes: each part against ref, each row's bits those of the
-// T = 1 call, and nothing written past a workspace of exactly matmul_multi_workspace_bytes (the
-// bf16 panels once ran at T <= 16 here and overran it: garbage tokens under the engine).
+// Q6_K, F32 side by side) at decode and prefill sizes: each part against ref, and nothing
+// written past a workspace of exactly matmul_multi_workspace_bytes (the bf16 panels once ran at
+// T <= 16 here and overran it: garbage tokens under the engine).
 TEST(CudaMatmul, MultiOfMixedTypesStaysInItsWorkspace) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     const int64_t n_in = 1024;
@@ -481,7 +481,7 @@ TEST(CudaMatmul, MultiOfMixedTypesStaysInItsWorkspace) {
     for (const HostWeight& w : hw) dw.emplace_back(w.view(w.bytes.data()));
     for (size_t m = 0; m < hw.size(); ++m) views.push_back(dw[m].view);
     const WeightView* W[4] = {&views[0], &views[1], &views[2], &views[3]};
-    constexpr int64_t kMaxT = 16;
+    constexpr int64_t kMaxT = 40;  // 17 and 40: the prefill paths (bf16 panels, F32 cuBLAS) too
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> x(size_t(kMaxT * n_in));
@@ -489,7 +489,7 @@ TEST(CudaMatmul, MultiOfMixedTypesStaysInItsWorkspace) {
     DeviceArray<float> dx(x);
     std::deque<DeviceArray<float>> dy;
     for (int64_t r : rows) dy.emplace_back(std::vector<float>(size_t(kMaxT * r), NAN));
-    for (int64_t T : {int64_t(1), int64_t(3), int64_t(16)}) {
+    for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(17), int64_t(40)}) {
         const size_t bytes = cuda::matmul_multi_workspace_bytes(W, 4, T);
         constexpr size_t kCanary = 1 << 20;
         DeviceArray<uint8_t> ws{std::vector<uint8_t>(bytes + kCanary, 0xa5)};

@@ -154,6 +154,17 @@ template <class F> void with_tokens(int64_t T, F&& f) {
 }
 
 
+// Warps per row of a GEMV launch: doubled (up to 8) while the launch has fewer than
+// warps_per_sm row-warps an SM (the bytes in flight HBM needs) and the row has at least two
+// steps (a lane's share of one pass) a warp. From the shape alone: it sets each row's order of
+// summation (batch invariance).
+inline int warps_per_row(int64_t rows, int64_t steps_per_row, int warps_per_sm) {
+    const int64_t want = int64_t(sm_count()) * warps_per_sm;
+    int wpr = 1;
+    while (wpr < 8 && rows * wpr < want && int64_t(wpr) * 2 <= steps_per_row) wpr *= 2;
+    return wpr;
+}
+
 // The K-quant GEMV (kernels/cuda/matmul_kquant.cu): y[m] [T, n_out[m]] = W[m] x for the parts
 // of p, split weights of one block type other than Q8_0 (Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K,
 // Q5_K, Q6_K, IQ4_XS) and n_in values a row, x given quantized as the Q8_0 GEMV takes it (xq [T, n_in]

@@ -372,16 +372,10 @@ void launch_gemv16(int wpr, const GemvParts& p, int64_t n_in, const float* x, in
     }
 }
 
-// Warps per row: enough warps in all (24 per SM for Q8_0, 48 for BF16: measured, 48 for both
-// before; 24 lets most Q8_0 matrices of the 0.8B take one warp per row, with no shared-memory
-// reduction) for the bytes in flight that HBM needs, but no more than the row has 16-block
-// steps. From the shape alone: it sets each row's order of summation (batch invariance).
-int q8_warps_per_row(int64_t n_out, int64_t nb, bool q8) {
-    const int64_t want = int64_t(detail::sm_count()) * (q8 ? 24 : 48);
-    int wpr = 1;
-    while (wpr < 8 && n_out * wpr < want && int64_t(wpr) * 2 * 16 <= nb) wpr *= 2;
-    return wpr;
-}
+// Warps per row (detail::warps_per_row): 24 row-warps an SM for Q8_0, 48 for BF16 (measured,
+// 48 for both before; 24 lets most Q8_0 matrices of the 0.8B take one warp per row, with no
+// shared-memory reduction); a step is 16 blocks of a row.
+int q8_warps_per_row(int64_t n_out, int64_t nb, bool q8) { return detail::warps_per_row(n_out, nb / 16, q8 ? 24 : 48); }
 
 // Rows [0, rows) of a split Q8_0 matrix (Q: their quants [rows, 32 nb], S: their scales
 // [rows, nb]) -> bf16 [rows, n_in]: each thread 4 quants (one word) times the block's scale.

@@ -110,15 +110,6 @@ __global__ void __launch_bounds__(kGemvThreads) kquant_gemv_kernel(const GemvPar
     store_row_sums_n<kT, kR>(acc, red, warp, wir, wpr, T, lane, row0, n_out, part.y);
 }
 
-// Warps per row from the group's shape: enough row-warps for HBM (24 an SM, as the Q8_0 GEMV),
-// no more than a row has 32-unit steps.
-int warps_per_row(int64_t rows, int64_t upr) {
-    const int64_t want = int64_t(sm_count()) * 24;
-    int wpr = 1;
-    while (wpr < 8 && rows * wpr < want && int64_t(wpr) * 2 * 32 <= upr) wpr *= 2;
-    return wpr;
-}
-
 // Rows a warp: 2 (two rows' loads in flight a lane) for matrices of >= 64k row-warps (the LM
 // head) at T <= 2, else 1. ALLOY_CUDA_KQ_ROWS=1 / 2 forces it (A/B; read once).
 int rows_per_warp(int64_t row_warps, int64_t T) {
@@ -143,7 +134,7 @@ void launch_rows(GemvParts p, int wpr, int64_t n_in, int64_t T, const int8_t* xq
 
 template <GgmlType kType>
 void launch_typed(GemvParts p, int64_t n_in, int64_t T, const int8_t* xq, const float* xd, cudaStream_t st) {
-    const int wpr = warps_per_row(p.total_rows(), n_in / 32);
+    const int wpr = warps_per_row(p.total_rows(), n_in / 32 / 32, 24);  // steps of 32 units, as Q8_0's 24 an SM
     if (rows_per_warp(p.total_rows() * wpr, T) == 2) launch_rows<kType, 2>(p, wpr, n_in, T, xq, xd, st);
     else launch_rows<kType, 1>(p, wpr, n_in, T, xq, xd, st);
 }

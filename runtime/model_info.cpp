@@ -5,6 +5,8 @@
 #include <fstream>
 #include <map>
 
+#include "model/quantize.h"
+
 namespace alloy {
 
 ModelInfo model_info(const Qwen35Model& m) {
@@ -40,8 +42,14 @@ ModelInfo model_info(const Qwen35Model& m) {
     uint64_t most = 0;
     for (auto [t, b] : bytes_by_type)
         if (b > most) { most = b; dominant = t; }
-    info.description = hp.arch() + " " + std::to_string(hp.n_layer) + "L D" + std::to_string(hp.n_embd) + " " +
-                       type_name(dominant);
+    // The file's own mix name (general.file_type: "Q4_K_M") where llama.cpp's number is one alloy
+    // knows: a small model's largest tensor is its embedding, whose type is not the mix's
+    // (a Q4_K_M 0.8B is mostly Q6_K bytes).
+    std::string type = type_name(dominant);
+    const uint32_t ftype = m.file().get_u32_or("general.file_type", UINT32_MAX);
+    for (const std::string& name : file_type_names())
+        if (uint32_t(parse_file_type(name)) == ftype) type = name;
+    info.description = hp.arch() + " " + std::to_string(hp.n_layer) + "L D" + std::to_string(hp.n_embd) + " " + type;
     return info;
 }
 

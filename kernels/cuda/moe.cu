@@ -34,6 +34,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/quant_blocks.cuh"
 
 namespace alloy::cuda {
 
@@ -76,7 +77,8 @@ struct Chunks {
 
 // One GEMV launch over chunks: kM = 2 (gate, up: out = silu(g) * u, [P, rows]) or 1 (down:
 // out = the product, [P, rows]). The input row of pair p is p / in_div (x of its token: k;
-// h of its pair: 1). Q8_0 weights read xq / xd, 16-bit ones x.
+// h of its pair: 1). Block-quantized weights (Q8_0, the K-quants) read xq / xd, 16-bit and
+// F32 ones x.
 struct ExpertGemv {
     Mat m[2];
     int64_t rows, n_in, in_div;
@@ -84,12 +86,14 @@ struct ExpertGemv {
     const int8_t* xq;
     const float* xd;
     float* out;
-    int8_t* oq;  // kM = 2 with a Q8_0 down: out's quantization (rows % 32 == 0)
+    int8_t* oq;  // kM = 2 with a block-quantized down: out's quantization (rows % 32 == 0)
     float* od;
     Chunks ch;
 };
 
-enum class WKind { Q8, BF16, F32 };
+// Block types the expert GEMV reads: Q8_0 its own loop, F32 / BF16 theirs, the others
+// (quant_blocks.cuh's split types) through the unit decoder of the dense K-quant GEMV.
+__host__ __device__ constexpr bool is_kquant(GgmlType t) { return t != GgmlType::Q8_0 && t != GgmlType::BF16 && t != GgmlType::F32; }
 
 using detail::ld_stream16;  // gemv.cuh: 16 bytes past L1
 
@@ -97,7 +101,7 @@ using detail::ld_stream16;  // gemv.cuh: 16 bytes past L1
 // add in part order, so a kernel's bits do not depend on the call. Decode's gate + up take 2
 // (H200, 35b-a3b: 13.4 -> 10.7 us); the down's 16 blocks a row would leave half the lanes idle
 // per part (6.9 -> 12.5 us), so it keeps 1.
-template <WKind kW, int kT, int kM, int kKS>
+template <GgmlType kW, int kT, int kM, int kKS>
 __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const ExpertGemv a) {
     detail::pdl_entry();  // the chunk's expert is an earlier kernel's output
     __shared__ float hs[kT][kRowsPerBlock];
@@ -128,7 +132,7 @@ __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const Exper
 #pragma unroll
             for (int t = 0; t < kT; ++t) acc[m][r][t] = 0.0f;
     const int64_t n_in = a.n_in;
-    if constexpr (kW == WKind::Q8) {
+    if constexpr (kW == GgmlType::Q8_0) {
         const int64_t nb = n_in / 32;
         const int8_t* Q[kM][kRowsPerWarp];
         const unsigned short* S[kM][kRowsPerWarp];
@@ -177,10 +181,76 @@ __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const Exper
                     }
             }
         }
+    } else if constexpr (is_kquant(kW)) {
+        // As the dense K-quant GEMV (matmul_kquant.cu): lane l takes unit 32 i + l of the row
+        // (16 code bytes, 32 values in two segments of 16, each inside one 32-value block of x),
+        // per pair and segment four dp4a and a scaled FMA; the codes' offset (Q4_0, Q5_0, Q6_K)
+        // and the min (Q4_K, Q5_K, Q5_1) through the segment's sum of x in integers.
+        using F = detail::BlockFormat<kW>;
+        constexpr int kUnits = F::kValues / 32;
+        constexpr bool kMin = kW == GgmlType::Q4_K || kW == GgmlType::Q5_K || kW == GgmlType::Q5_1;
+        constexpr int kBias = kW == GgmlType::Q4_0 ? 8 : kW == GgmlType::Q5_0 ? 16 : kW == GgmlType::Q6_K ? 32 : 0;
+        constexpr bool kSum = kMin || kBias != 0;
+        const int64_t bpr = n_in / F::kValues, upr = n_in / 32;
+        int64_t rowb[kM][kRowsPerWarp];  // each row's first block in its split matrix
+        const uint8_t* codes[kM];
+        const uint8_t* heads[kM];
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+            const detail::SplitMatrix<kW> sm(a.m[m].data, a.m[m].n_all * bpr);
+            codes[m] = sm.codes, heads[m] = sm.heads;
+            const int64_t base = int64_t(expert) * a.m[m].stride + a.m[m].offset;
+#pragma unroll
+            for (int r = 0; r < kRowsPerWarp; ++r) rowb[m][r] = (base + (r0 + r < a.rows ? r0 + r : 0)) * bpr;
+        }
+        const int64_t u_end = upr * (kp + 1) / kKS;
+        for (int64_t u = upr * kp / kKS + lane; u < u_end; u += 32) {
+            const int64_t blk = u / kUnits;
+            const int j = int(u % kUnits);
+#pragma unroll
+            for (int m = 0; m < kM; ++m) {
+                detail::UnitRaw raw[kRowsPerWarp];  // a matrix's rows' loads in flight together
+#pragma unroll
+                for (int r = 0; r < kRowsPerWarp; ++r) {
+                    const int64_t b = rowb[m][r] + blk;
+                    const uint8_t* code = codes[m] + b * detail::code_bytes<kW>();
+                    raw[r] = detail::load_unit_rest<kW>(ld_stream16(code + detail::unit_code_offset<kW>(j)), code,
+                                                        heads[m] + b * F::kHeadBytes, j);
+                }
+#pragma unroll
+                for (int r = 0; r < kRowsPerWarp; ++r) {
+                    const detail::Unit w = detail::decode_unit<kW>(raw[r], j);
+#pragma unroll
+                    for (int t = 0; t < kT; ++t) {
+                        const int64_t in_row = pair[t] / a.in_div;
+#pragma unroll
+                        for (int sg = 0; sg < 2; ++sg) {
+                            const int64_t o = in_row * n_in + blk * F::kValues + w.off[sg];
+                            const int4 xv = __ldg(reinterpret_cast<const int4*>(a.xq + o));
+                            const float xs = __ldg(a.xd + o / 32);
+                            int dot = __dp4a(w.q[sg][0], xv.x, 0);
+                            dot = __dp4a(w.q[sg][1], xv.y, dot);
+                            dot = __dp4a(w.q[sg][2], xv.z, dot);
+                            dot = __dp4a(w.q[sg][3], xv.w, dot);
+                            int sum = 0;
+                            if constexpr (kSum) {
+                                sum = __dp4a(0x01010101, xv.x, 0);
+                                sum = __dp4a(0x01010101, xv.y, sum);
+                                sum = __dp4a(0x01010101, xv.z, sum);
+                                sum = __dp4a(0x01010101, xv.w, sum);
+                            }
+                            float v = w.scale[sg] * float(kBias ? dot - kBias * sum : dot);
+                            if constexpr (kMin) v = fmaf(-w.min[sg], float(sum), v);
+                            acc[m][r][t] = fmaf(xs, v, acc[m][r][t]);
+                        }
+                    }
+                }
+            }
+        }
     } else {
         // 8 weights a lane-step: 16 bytes of BF16, 32 of F32.
-        constexpr int kV = kW == WKind::F32 ? 2 : 1;
-        constexpr int64_t kElem = kW == WKind::F32 ? 4 : 2;
+        constexpr int kV = kW == GgmlType::F32 ? 2 : 1;
+        constexpr int64_t kElem = kW == GgmlType::F32 ? 4 : 2;
         const int64_t nc = n_in / 8;
         const uint4* W[kM][kRowsPerWarp];
 #pragma unroll
@@ -201,7 +271,7 @@ __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const Exper
             for (int m = 0; m < kM; ++m)
 #pragma unroll
                 for (int r = 0; r < kRowsPerWarp; ++r) {
-                    if constexpr (kW == WKind::F32) {
+                    if constexpr (kW == GgmlType::F32) {
 #pragma unroll
                         for (int v = 0; v < kV; ++v) {
                             const uint4 u = __ldg(W[m][r] + cc * kV + v);
@@ -548,7 +618,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restri
     }
 }
 
-WKind kind_of(GgmlType t) { return t == GgmlType::Q8_0 ? WKind::Q8 : t == GgmlType::BF16 ? WKind::BF16 : WKind::F32; }
+// Weights read as blocks with x quantized per 32 (Q8_0 and the split K-quant types).
+bool block_type(GgmlType t) { return t != GgmlType::F32 && t != GgmlType::BF16 && split_blocks_supported(t); }
 
 // The call's scratch, carved from the caller's workspace in this order.
 struct MoeLayout {
@@ -593,14 +664,14 @@ MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, uint8_t* base) {
     L.c_count = reinterpret_cast<int32_t*>(take(grouped ? size_t(C) * 4 : 0));
     L.pair_of = reinterpret_cast<int32_t*>(take(grouped ? size_t(P) * 4 : 0));
     L.n_chunks = reinterpret_cast<int32_t*>(take(grouped ? 4 : 0));
-    if (w.gate.all.type == GgmlType::Q8_0) {
+    if (block_type(w.gate.all.type)) {
         L.xq.q = reinterpret_cast<int8_t*>(take(size_t(T * D)));
         L.xq.d = reinterpret_cast<float*>(take(size_t(T * (D / 32)) * 4));
     }
     // h in fp32 only where a kernel reads it: the tensor-core path keeps h as int8 alone (the
     // fp32 copy was P x I x 4 bytes of workspace nothing read: 512 MB at 32k tokens, k 8, I 512).
     L.h = tensor_core_path(w, T) ? nullptr : reinterpret_cast<float*>(take(size_t(P * I) * 4));
-    if (w.down.all.type == GgmlType::Q8_0) {
+    if (block_type(w.down.all.type)) {
         L.hq.q = reinterpret_cast<int8_t*>(take(size_t(P * I)));
         L.hq.d = reinterpret_cast<float*>(take(size_t(P * (I / 32)) * 4));
     }
@@ -629,19 +700,21 @@ void check_moe(const ref::MoeWeights& w, int64_t T, const char* op) {
     if (T * w.n_used > (int64_t(1) << 31) - 1) fail("too many (token, expert) pairs");
     for (const ref::ExpertMatrix* m : {&w.gate, &w.up, &w.down}) {
         const WeightView& v = m->all;
-        if (v.type == GgmlType::Q8_0) {
-            if (v.layout != WeightLayout::Split) fail("Q8_0 expert weights on the device must be split first (cuda::split_blocks)");
-            if (v.n_in % 32 || reinterpret_cast<uintptr_t>(v.data) % 16) fail("Q8_0 expert rows must be whole blocks, 16-byte aligned");
+        const std::string tn = type_traits(v.type).name;
+        if (block_type(v.type)) {
+            if (v.layout != WeightLayout::Split) fail(tn + " expert weights on the device must be split first (cuda::split_blocks)");
+            if (v.n_in % type_traits(v.type).block_elems || reinterpret_cast<uintptr_t>(v.data) % 16)
+                fail(tn + " expert rows must be whole blocks, 16-byte aligned");
         } else if (v.type == GgmlType::BF16 || v.type == GgmlType::F32) {
             if (v.n_in % 8 || reinterpret_cast<uintptr_t>(v.data) % 16)
                 fail("16-bit / F32 expert rows must hold a multiple of 8 weights, 16-byte aligned");
         } else {
-            fail(std::string("expert weight type ") + type_traits(v.type).name + " (CUDA runs F32, BF16 and Q8_0)");
+            fail("expert weight type " + tn + " (CUDA runs F32, BF16 and the split block types: " + kSplitBlockTypes + ")");
         }
     }
 }
 
-template <WKind kW, int kM>
+template <GgmlType kW, int kM>
 void launch_expert_gemv(const ExpertGemv& a, unsigned chunks, bool grouped, cudaStream_t st, const char* op) {
     const dim3 grid(chunks, unsigned(ceil_div(a.rows, kRowsPerBlock)));
     constexpr int kKS = kM == 2 ? 2 : 1;
@@ -651,12 +724,11 @@ void launch_expert_gemv(const ExpertGemv& a, unsigned chunks, bool grouped, cuda
 }
 
 template <int kM>
-void expert_gemv(WKind kind, const ExpertGemv& a, unsigned chunks, bool grouped, cudaStream_t st, const char* op) {
-    switch (kind) {
-        case WKind::Q8: launch_expert_gemv<WKind::Q8, kM>(a, chunks, grouped, st, op); break;
-        case WKind::BF16: launch_expert_gemv<WKind::BF16, kM>(a, chunks, grouped, st, op); break;
-        case WKind::F32: launch_expert_gemv<WKind::F32, kM>(a, chunks, grouped, st, op); break;
-    }
+void expert_gemv(GgmlType type, const ExpertGemv& a, unsigned chunks, bool grouped, cudaStream_t st, const char* op) {
+    if (type == GgmlType::BF16) return launch_expert_gemv<GgmlType::BF16, kM>(a, chunks, grouped, st, op);
+    if (type == GgmlType::F32) return launch_expert_gemv<GgmlType::F32, kM>(a, chunks, grouped, st, op);
+    const bool known = detail::with_block_type(type, [&](auto t) { launch_expert_gemv<decltype(t)::value, kM>(a, chunks, grouped, st, op); });
+    if (!known) throw Error(std::string(op) + ": no expert GEMV for " + type_traits(type).name);  // check_moe refused it already
 }
 
 Mat mat(const ref::ExpertMatrix& m) { return {m.all.data, m.stride, m.offset, m.all.n_out}; }
@@ -708,8 +780,8 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
         detail::launch(op, expert_mma_kernel<1>, dim3(chunks, unsigned(ceil_div(D, kTcRowsPerBlock))), blk, 0, st, dn);
         ALLOY_CUDA_LAUNCHED(op);
     } else {
-        expert_gemv<2>(kind_of(w.gate.all.type), gu, chunks, grouped, st, op);
-        expert_gemv<1>(kind_of(w.down.all.type), dn, chunks, grouped, st, op);
+        expert_gemv<2>(w.gate.all.type, gu, chunks, grouped, st, op);
+        expert_gemv<1>(w.down.all.type, dn, chunks, grouped, st, op);
     }
 
     // The shared expert and its gate (the matmuls' own paths; x's quantization reused).

@@ -651,13 +651,13 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 ws_bytes = std::max(ws_bytes, cuda::gdn_fused_workspace_bytes(p, bucket, bucket));
             }
         if (n.op == Op::MoeFfn) {
-            // cuda::moe_ffn's expert GEMVs take F32, BF16 and Q8_0 only: say so now, not mid-step.
+            // cuda::moe_ffn's expert GEMVs take F32, BF16 and the split block types: say so now, not mid-step.
             for (const ref::ExpertMatrix* m : {&n.moe->gate, &n.moe->up, &n.moe->down}) {
                 const GgmlType t = m->all.type;
-                if (t != GgmlType::F32 && t != GgmlType::BF16 && t != GgmlType::Q8_0)
+                if (t != GgmlType::F32 && t != GgmlType::BF16 && !cuda::split_blocks_supported(t))
                     throw Error("cuda backend: the experts of '" + n.label + "' are " + type_traits(t).name +
-                                "; this backend runs F32, BF16 and Q8_0 experts (requantize with `alloy quantize "
-                                "... Q8_0`, or run it with --backend cpu)");
+                                "; this backend runs F32, BF16 and " + cuda::kSplitBlockTypes +
+                                " experts (requantize with `alloy quantize ... Q8_0`, or run it with --backend cpu)");
             }
             ws_bytes = std::max(ws_bytes, cuda::moe_ffn_workspace_bytes(*n.moe, bucket));  // shapes and types only
         }

@@ -1,5 +1,5 @@
-// cuda::moe_ffn (kernels/cuda/moe.cu) against ref::moe_ffn on random layers: F32, BF16 and
-// Q8_0 experts, odd expert counts and widths, separate and fused gate/up, with and without the
+// cuda::moe_ffn (kernels/cuda/moe.cu) against ref::moe_ffn on random layers: F32, BF16, Q8_0
+// and the other split block types' experts (Q4_0 .. IQ4_XS: the published Q4_K_M MoE files), odd expert counts and widths, separate and fused gate/up, with and without the
 // shared expert, token counts on both sides of kMoeDirectMaxT (one pair per chunk / grouped by
 // expert: chunks of 1..8 pairs on the GEMV kernels, of 1..32 on the int8 tensor-core kernels
 // that grouped Q8_0 calls take); calls of up to kMoeDirectMaxT tokens reproduce 1-token calls
@@ -66,7 +66,7 @@ std::string name(const Shape& s, GgmlType t, int64_t T) {
 }
 
 // Relative L2 error: F32 rounds only the sums; BF16 experts take x in fp32 (the shared expert
-// past 16 tokens rounds x to bf16 in cuBLAS); Q8_0 rounds x and h to int8 per 32.
+// past 16 tokens rounds x to bf16 in cuBLAS); the block types round x and h to int8 per 32.
 double tolerance(GgmlType t) { return t == GgmlType::F32 ? 2e-5 : t == GgmlType::BF16 ? 1e-2 : 5e-2; }
 
 class CudaMoe : public ::testing::Test {
@@ -92,7 +92,7 @@ TEST_F(CudaMoe, EveryTypeAndShapeAgainstReference) {
             const DeviceLayer D(L.w);
             // 17, 45, 100: grouped by expert (4 experts, k 2, T 100: ~50 pairs an expert, so
             // chunks of 32 and a partial one on the tensor-core path)
-            for (int64_t T : {1, 3, 16, 17, 45, 100}) {
+            for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(17), int64_t(45), int64_t(100)}) {
                 const auto x = test::routed_input(L.w, T, 0.05f, seed++);
                 std::vector<float> want(x.size());
                 ref::moe_ffn(L.w, x.data(), want.data(), T);
@@ -104,12 +104,50 @@ TEST_F(CudaMoe, EveryTypeAndShapeAgainstReference) {
     }
 }
 
+// The K-quant and 4/5-bit block types (rows of whole 256- or 32-value blocks), each expert
+// matrix of one type and mixed as llama-quantize's Q4_K_M writes them (down of another type).
+TEST_F(CudaMoe, BlockTypesAgainstReference) {
+    const std::vector<Shape> shapes = {{256, 256, 256, 7, 3, false}, {512, 256, 0, 5, 2, true}};
+    uint32_t seed = 400;
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K,
+                       GgmlType::Q6_K, GgmlType::IQ4_XS})
+        for (const Shape& s : shapes) {
+            const Layer L(s, t, GgmlType::F32, seed++);
+            const DeviceLayer D(L.w);
+            for (int64_t T : {int64_t(1), int64_t(4), int64_t(17), int64_t(60)}) {
+                const auto x = test::routed_input(L.w, T, 0.05f, seed++);
+                std::vector<float> want(x.size());
+                ref::moe_ffn(L.w, x.data(), want.data(), T);
+                const std::vector<float> got = run(D.w, x, T);
+                for (float v : got) ASSERT_TRUE(std::isfinite(v)) << name(s, t, T);
+                EXPECT_LE(rel_err(got, want), tolerance(t)) << name(s, t, T);
+            }
+        }
+    // Q4_K gate / up with a Q6_K down (and the reverse): each matrix its own kernel type.
+    for (auto [tg, td] : {std::pair{GgmlType::Q4_K, GgmlType::Q6_K}, std::pair{GgmlType::Q6_K, GgmlType::Q8_0}}) {
+        const Shape s{256, 256, 256, 6, 2, false};
+        const Layer A(s, tg, GgmlType::F32, seed++), B(s, td, GgmlType::F32, seed++);
+        ref::MoeWeights hw = A.w;
+        hw.down = B.w.down;
+        const DeviceLayer D(hw);
+        for (int64_t T : {int64_t(1), int64_t(33)}) {
+            const auto x = test::routed_input(hw, T, 0.05f, seed++);
+            std::vector<float> want(x.size());
+            ref::moe_ffn(hw, x.data(), want.data(), T);
+            EXPECT_LE(rel_err(run(D.w, x, T), want), tolerance(tg))
+                << type_traits(tg).name << " gate/up, " << type_traits(td).name << " down, T=" << T;
+        }
+    }
+}
+
 // Speculative verification: a call of up to kMoeDirectMaxT tokens gives every row the bits of
 // its 1-token call (router, experts, shared expert and sum), whatever the experts it shares.
 TEST_F(CudaMoe, ShortCallsReproduceOneTokenCallsBitForBit) {
     uint32_t seed = 200;
-    for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0})
-        for (const Shape& s : {Shape{64, 32, 32, 6, 2, false}, Shape{64, 64, 0, 9, 3, true}}) {
+    for (GgmlType t : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS})
+        for (const Shape& s : t == GgmlType::F32 || t == GgmlType::BF16 || t == GgmlType::Q8_0
+                                  ? std::vector<Shape>{Shape{64, 32, 32, 6, 2, false}, Shape{64, 64, 0, 9, 3, true}}
+                                  : std::vector<Shape>{Shape{256, 256, 256, 6, 2, false}, Shape{256, 256, 0, 9, 3, true}}) {
             const Layer L(s, t, t, seed++);
             const DeviceLayer D(L.w);
             for (int64_t T : {int64_t(2), int64_t(5), cuda::kMoeDirectMaxT}) {
@@ -143,6 +181,15 @@ TEST_F(CudaMoe, RefusesWeightsItCannotRun) {
     w = D.w;
     w.up = DB.w.up;  // gate Q8_0, up BF16
     EXPECT_THROW(cuda::moe_ffn(w, nullptr, nullptr, 0, nullptr, nullptr), Error);
+    // MXFP4 experts (no device kernel yet): refused by type name.
+    const Layer M(s, GgmlType::MXFP4, GgmlType::F32, 7);
+    DeviceLayer DM(M.w);
+    try {
+        cuda::moe_ffn(DM.w, nullptr, nullptr, 0, nullptr, nullptr);
+        ADD_FAILURE() << "MXFP4 experts accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("mxfp4"), std::string::npos) << e.what();
+    }
 }
 
 }  // namespace

@@ -17,11 +17,12 @@
 // when the down matrix is Q8_0 also its int8 quantization (a block's 32 rows are one 32-value
 // quant block of each pair's row), so the down GEMV reads int8.
 //
-// Prefill with every expert matrix Q8_0 (the published files) takes int8 tensor cores instead
-// (expert_mma_kernel): chunks of up to 32 pairs of one expert are the n side of
-// mma.m16n8k32.s8 (four n8 tiles), a warp's 32 weight rows the m side, one Q8_0 block the k
-// side, so each block's int32 sum is exact and is scaled by the weight's and the pair's block
-// scales into fp32, as the GEMV does. The GEMV kernel there held 8 pairs in 159 registers at
+// Prefill with every expert matrix block-quantized (Q8_0, the K-quants: the published files)
+// takes int8 tensor cores instead: chunks of up to 32 pairs of one expert are the n side (four
+// n8 tiles), a warp's 32 weight rows the m side; the k side is one Q8_0 block on
+// mma.m16n8k32.s8 (expert_mma_kernel) or one 16-value segment of the other types on
+// mma.m16n8k16.s8 (expert_mma_kquant_kernel), so each int32 sum is exact and is scaled by the
+// weight's and the pair's scales into fp32, as the GEMV does. The GEMV kernel there held 8 pairs in 159 registers at
 // one block per SM and ran latency-bound (ncu: 30% SM, 7% DRAM; bench/RESULTS.md). The output sums each token's
 // experts in increasing expert id, then adds sigmoid(g . x) times the shared expert, as
 // transformers and the CPU do.
@@ -508,6 +509,129 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
     mma_epilogue<kM>(a, acc, r0, f, n, gq, tq);
 }
 
+// ---- grouped expert products on int8 tensor cores, the other block types (prefill) ----
+
+// c = a b, m16n8k16, int8 operands, int32 accumulators: one 16-value segment (one scale).
+__device__ __forceinline__ void mma_s8_k16(int (&c)[4], uint32_t a_row, uint32_t a_row8, uint32_t b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a_row), "r"(a_row8), "r"(b), "r"(0));
+}
+__device__ __forceinline__ uint32_t pick4(const int (&q)[4], int i) {
+    return uint32_t(i == 0 ? q[0] : i == 1 ? q[1] : i == 2 ? q[2] : q[3]);  // selects, not a local array
+}
+
+// expert_mma_kernel for the K-quants and the 4/5-bit types: the k side is one segment of a
+// unit (quant_blocks.cuh: 16 values with their own scale and min) on mma.m16n8k16.s8, so each
+// int32 sum is one segment's exact dot product; per (row, pair) it is then scaled as the GEMV
+// does: scale * (dot - bias * sum) - min * sum, times x's scale, where sum (the segment's sum
+// of x's int8 codes, per pair) comes from one more mma with an all-ones A. Lane (g, t) decodes
+// the units of its four rows (r0 + 8 h + g) and keeps code word t of each segment: the A
+// fragment. Same contract as expert_mma_kernel<kM>.
+template <GgmlType kType, int kM>
+__global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kquant_kernel(const ExpertGemv a) {
+    detail::pdl_entry();
+    using F = detail::BlockFormat<kType>;
+    constexpr int kUnits = F::kValues / 32;
+    constexpr bool kMin = kType == GgmlType::Q4_K || kType == GgmlType::Q5_K || kType == GgmlType::Q5_1;
+    constexpr int kBias = kType == GgmlType::Q4_0 ? 8 : kType == GgmlType::Q5_0 ? 16 : kType == GgmlType::Q6_K ? 32 : 0;
+    constexpr bool kSum = kMin || kBias != 0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int c = int(blockIdx.x);
+    if (c >= *a.ch.n_chunks) return;
+    const int64_t r0 = int64_t(blockIdx.y) * kTcRowsPerBlock + warp * kTcRowsPerWarp;
+    if (r0 >= a.rows) return;  // rows % 32 == 0 on this path
+    const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
+    const int64_t n_in = a.n_in, nb = n_in / 32, bpr = n_in / F::kValues, upr = n_in / 32;
+    int xo[kTcN], xdo[kTcN][2];  // as expert_mma_kernel: 32-bit offsets from a.xq / a.xd
+#pragma unroll
+    for (int j = 0; j < kTcN; ++j) {
+        xo[j] = int(a.ch.pair_of[f + min(8 * j + gq, n - 1)] / a.in_div * n_in) + 4 * tq;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) xdo[j][e] = int(a.ch.pair_of[f + min(8 * j + 2 * tq + e, n - 1)] / a.in_div * nb);
+    }
+    const uint8_t* codes[kM];
+    const uint8_t* heads[kM];
+    int64_t rowb[kM];  // the first block of row r0 + gq; rows 8 h further are 8 h bpr blocks on
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+        const detail::SplitMatrix<kType> sm(a.m[m].data, a.m[m].n_all * bpr);
+        codes[m] = sm.codes, heads[m] = sm.heads;
+        rowb[m] = (int64_t(expert) * a.m[m].stride + a.m[m].offset + r0 + gq) * bpr;
+    }
+    float acc[kM][2][kTcN][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
+#pragma unroll 1
+    for (int64_t u = 0; u < upr; ++u) {
+        const int64_t blk = u / kUnits;
+        const int ju = int(u % kUnits);
+        uint32_t aq[kM][4][2];
+        float sc[kM][4][2], mn[kM][4][2];
+        int off[2] = {0, 0};
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+            detail::UnitRaw raw[4];
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const int64_t b = rowb[m] + 8 * h * bpr + blk;
+                const uint8_t* code = codes[m] + b * detail::code_bytes<kType>();
+                raw[h] = detail::load_unit_rest<kType>(ld_stream16(code + detail::unit_code_offset<kType>(ju)), code,
+                                                       heads[m] + b * F::kHeadBytes, ju);
+            }
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const detail::Unit w = detail::decode_unit<kType>(raw[h], ju);
+#pragma unroll
+                for (int sg = 0; sg < 2; ++sg) {
+                    aq[m][h][sg] = pick4(w.q[sg], tq);
+                    sc[m][h][sg] = w.scale[sg];
+                    mn[m][h][sg] = w.min[sg];
+                    off[sg] = w.off[sg];
+                }
+            }
+        }
+#pragma unroll
+        for (int sg = 0; sg < 2; ++sg) {
+            const int xv = int(blk * F::kValues + off[sg]);  // the segment's first value in x's row
+            uint32_t xb[kTcN];
+            float dx[kTcN][2];
+            int sum[kTcN][4];
+#pragma unroll
+            for (int j = 0; j < kTcN; ++j) {
+                xb[j] = __ldg(reinterpret_cast<const uint32_t*>(a.xq + xo[j] + xv));
+                dx[j][0] = __ldg(a.xd + xdo[j][0] + xv / 32);
+                dx[j][1] = __ldg(a.xd + xdo[j][1] + xv / 32);
+                if constexpr (kSum) mma_s8_k16(sum[j], 0x01010101u, 0x01010101u, xb[j]);  // every row: the column sums
+            }
+#pragma unroll
+            for (int m = 0; m < kM; ++m)
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int j = 0; j < kTcN; ++j) {
+                        int d[4];
+                        mma_s8_k16(d, aq[m][2 * i][sg], aq[m][2 * i + 1][sg], xb[j]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {  // e: row 8 (e >> 1) + gq of tile i, column 2 tq + (e & 1)
+                            const int h = 2 * i + (e >> 1);
+                            const int dd = kBias ? d[e] - kBias * sum[j][e & 1] : d[e];
+                            float v = sc[m][h][sg] * small_int_to_float(dd);
+                            if constexpr (kMin) v = fmaf(-mn[m][h][sg], small_int_to_float(sum[j][e & 1]), v);
+                            acc[m][i][j][e] = fmaf(dx[j][e & 1], v, acc[m][i][j][e]);
+                        }
+                    }
+        }
+    }
+    mma_epilogue<kM>(a, acc, r0, f, n, gq, tq);
+}
+
 // Router logits [T, E] -> ids [T, k] by decreasing probability (ties to the lower id) and
 // weights [T, k] renormalised over the k, as ref::moe_route. One warp a token.
 __global__ void __launch_bounds__(32) route_kernel(const float* __restrict__ logits, int E, int k,
@@ -636,11 +760,11 @@ struct MoeLayout {
     size_t bytes;
 };
 
-// The tensor-core path: grouped calls with every expert matrix Q8_0, whose pair rows index in
-// 32 bits (P x max(D, I) < 2^31).
+// The tensor-core path: grouped calls with every expert matrix block-quantized (Q8_0, the
+// K-quants, ...), whose pair rows index in 32 bits (P x max(D, I) < 2^31).
 bool tensor_core_path(const ref::MoeWeights& w, int64_t T) {
-    return T > kMoeDirectMaxT && w.gate.all.type == GgmlType::Q8_0 && w.up.all.type == GgmlType::Q8_0 &&
-           w.down.all.type == GgmlType::Q8_0 && T * w.n_used * std::max(w.n_embd(), w.gate.rows) < (int64_t(1) << 31);
+    return T > kMoeDirectMaxT && block_type(w.gate.all.type) && block_type(w.up.all.type) && block_type(w.down.all.type) &&
+           T * w.n_used * std::max(w.n_embd(), w.gate.rows) < (int64_t(1) << 31);
 }
 int chunk_pairs(const ref::MoeWeights& w, int64_t T) { return tensor_core_path(w, T) ? kTcChunkT : kChunkT; }
 int64_t max_chunks(int64_t P, int E, int chunk) { return std::min<int64_t>(P, P / chunk + E); }
@@ -731,6 +855,23 @@ void expert_gemv(GgmlType type, const ExpertGemv& a, unsigned chunks, bool group
     if (!known) throw Error(std::string(op) + ": no expert GEMV for " + type_traits(type).name);  // check_moe refused it already
 }
 
+// One tensor-core launch of kM matrices of `type` (Q8_0: whole 32-value blocks on k32; the
+// others: 16-value segments on k16).
+template <int kM>
+void expert_mma(GgmlType type, const ExpertGemv& a, dim3 grid, cudaStream_t st, const char* op) {
+    const dim3 blk(kTcWarps * 32);
+    if (type == GgmlType::Q8_0) {
+        detail::launch(op, expert_mma_kernel<kM>, grid, blk, 0, st, a);
+    } else {
+        const bool known = detail::with_block_type(type, [&](auto t) {
+            if constexpr (decltype(t)::value != GgmlType::Q8_0)
+                detail::launch(op, expert_mma_kquant_kernel<decltype(t)::value, kM>, grid, blk, 0, st, a);
+        });
+        if (!known) throw Error(std::string(op) + ": no expert tensor-core kernel for " + type_traits(type).name);
+    }
+    ALLOY_CUDA_LAUNCHED(op);
+}
+
 Mat mat(const ref::ExpertMatrix& m) { return {m.all.data, m.stride, m.offset, m.all.n_out}; }
 
 }  // namespace
@@ -774,11 +915,8 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
     ExpertGemv gu{{mat(w.gate), mat(w.up)}, I, D, k, x, L.xq.q, L.xq.d, L.h, L.hq.q, L.hq.d, ch};
     ExpertGemv dn{{mat(w.down), {}}, D, I, 1, L.h, L.hq.q, L.hq.d, L.ye, nullptr, nullptr, ch};
     if (tensor_core_path(w, T)) {
-        const dim3 blk(kTcWarps * 32);
-        detail::launch(op, expert_mma_kernel<2>, dim3(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), blk, 0, st, gu);
-        ALLOY_CUDA_LAUNCHED(op);
-        detail::launch(op, expert_mma_kernel<1>, dim3(chunks, unsigned(ceil_div(D, kTcRowsPerBlock))), blk, 0, st, dn);
-        ALLOY_CUDA_LAUNCHED(op);
+        expert_mma<2>(w.gate.all.type, gu, dim3(chunks, unsigned(ceil_div(I, kTcRowsPerBlock))), st, op);
+        expert_mma<1>(w.down.all.type, dn, dim3(chunks, unsigned(ceil_div(D, kTcRowsPerBlock))), st, op);
     } else {
         expert_gemv<2>(w.gate.all.type, gu, chunks, grouped, st, op);
         expert_gemv<1>(w.down.all.type, dn, chunks, grouped, st, op);

@@ -1,9 +1,10 @@
 // cuda::moe_ffn (kernels/cuda/moe.cu) against ref::moe_ffn on random layers: F32, BF16, Q8_0
-// and the other split block types' experts (Q4_0 .. IQ4_XS: the published Q4_K_M MoE files), odd expert counts and widths, separate and fused gate/up, with and without the
-// shared expert, token counts on both sides of kMoeDirectMaxT (one pair per chunk / grouped by
-// expert: chunks of 1..8 pairs on the GEMV kernels, of 1..32 on the int8 tensor-core kernels
-// that grouped Q8_0 calls take); calls of up to kMoeDirectMaxT tokens reproduce 1-token calls
-// bit for bit; unsupported weights are refused by name. Skips without a CUDA device (CI).
+// and the other split block types' experts (Q4_0 .. IQ4_XS: published Q4_K_M MoE files), odd
+// expert counts and widths, separate and fused gate/up, with and without the shared expert,
+// token counts on both sides of kMoeDirectMaxT (one pair per chunk / grouped by expert: chunks
+// of 1..8 pairs on the GEMV kernels, of 1..32 on the int8 tensor-core kernels that grouped
+// block-typed calls take); calls of up to kMoeDirectMaxT tokens reproduce 1-token calls bit for
+// bit; unsupported weights are refused by name. Skips without a CUDA device (CI).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -123,8 +124,10 @@ TEST_F(CudaMoe, BlockTypesAgainstReference) {
                 EXPECT_LE(rel_err(got, want), tolerance(t)) << name(s, t, T);
             }
         }
-    // Q4_K gate / up with a Q6_K down (and the reverse): each matrix its own kernel type.
-    for (auto [tg, td] : {std::pair{GgmlType::Q4_K, GgmlType::Q6_K}, std::pair{GgmlType::Q6_K, GgmlType::Q8_0}}) {
+    // Q4_K gate / up with a Q6_K down, Q6_K with Q8_0 (each matrix its own tensor-core kernel
+    // when grouped), Q4_K with BF16 (grouped calls on the GEMV kernels: not every matrix blocks).
+    for (auto [tg, td] : {std::pair{GgmlType::Q4_K, GgmlType::Q6_K}, std::pair{GgmlType::Q6_K, GgmlType::Q8_0},
+                          std::pair{GgmlType::Q4_K, GgmlType::BF16}}) {
         const Shape s{256, 256, 256, 6, 2, false};
         const Layer A(s, tg, GgmlType::F32, seed++), B(s, td, GgmlType::F32, seed++);
         ref::MoeWeights hw = A.w;

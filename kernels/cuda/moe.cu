@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -762,8 +763,16 @@ struct MoeLayout {
 
 // The tensor-core path: grouped calls with every expert matrix block-quantized (Q8_0, the
 // K-quants, ...), whose pair rows index in 32 bits (P x max(D, I) < 2^31).
+// ALLOY_CUDA_MOE_TC=0 keeps grouped calls on the GEMV kernels (A/B; read once).
+bool tensor_cores_allowed() {
+    static const bool on = [] {
+        const char* e = std::getenv("ALLOY_CUDA_MOE_TC");
+        return !(e && std::string(e) == "0");
+    }();
+    return on;
+}
 bool tensor_core_path(const ref::MoeWeights& w, int64_t T) {
-    return T > kMoeDirectMaxT && block_type(w.gate.all.type) && block_type(w.up.all.type) && block_type(w.down.all.type) &&
+    return T > kMoeDirectMaxT && tensor_cores_allowed() && block_type(w.gate.all.type) && block_type(w.up.all.type) && block_type(w.down.all.type) &&
            T * w.n_used * std::max(w.n_embd(), w.gate.rows) < (int64_t(1) << 31);
 }
 int chunk_pairs(const ref::MoeWeights& w, int64_t T) { return tensor_core_path(w, T) ? kTcChunkT : kChunkT; }

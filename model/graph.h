@@ -75,6 +75,8 @@ struct Node {
     ref::GdnParams gdn{};                 // GdnFused (mode: the plan's; a serial sequence overrides)
     ref::GdnWeights gdn_w{};
     const ref::MoeWeights* moe = nullptr; // MoeFfn
+    bool next_token = false;              // Embed: row t takes its sequence's token t + 1 (the
+                                          // sequence's last row its own), for the MTP head
 };
 
 // Which rows of the last layer's result become logits: none (an inner piece of a long prompt),
@@ -83,6 +85,10 @@ struct GraphSpec {
     Rows logits = Rows::Last;
     ref::GdnMode gdn_mode = ref::GdnMode::Chunked;
     int gdn_chunk = 64;
+    // The logits are the MTP head's (spec/MODEL.md section 8): row t predicts token t + 2 from
+    // the trunk's pre-norm h_t and token t + 1, its attention layer at position t over the
+    // MTP cache (ModelState layer n_layer). The trunk runs as usual before it.
+    bool mtp = false;
 };
 
 struct Graph {

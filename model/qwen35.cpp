@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "alloy/error.h"
@@ -202,10 +203,8 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
 
     const int64_t H_v = hp.ssm_H_v, d_v = hp.ssm_d_v, conv_dim = hp.conv_dim(), vd = hp.value_dim();
     const int64_t q_out = int64_t(hp.n_head) * hp.head_dim, kv_out = int64_t(hp.n_head_kv) * hp.head_dim;
-    m->layers_.resize(size_t(hp.n_layer));
-    for (int l = 0; l < hp.n_layer; ++l) {
-        Qwen35Layer& L = m->layers_[size_t(l)];
-        const std::string p = "blk." + std::to_string(l) + ".";
+    // One decoder layer at prefix p: a GDN or a gated-attention block, then the FFN.
+    auto bind_layer = [&](Qwen35Layer& L, const std::string& p, bool recurrent) {
         L.attn_norm = b.floats(p + "attn_norm.weight", {D});
         L.post_attn_norm = b.floats(p + "post_attention_norm.weight", {D});
         if (hp.moe()) {
@@ -215,7 +214,7 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
             L.ffn_up = b.matrix(p + "ffn_up.weight", D, hp.n_ff);
             L.ffn_down = b.matrix(p + "ffn_down.weight", hp.n_ff, D);
         }
-        if (hp.is_recurrent(l)) {
+        if (recurrent) {
             L.ssm_qkv = b.matrix(p + "attn_qkv.weight", D, conv_dim);
             L.ssm_gate = b.matrix(p + "attn_gate.weight", D, vd);
             L.ssm_beta = b.matrix(p + "ssm_beta.weight", D, H_v);
@@ -236,6 +235,37 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
             L.q_norm = b.floats(p + "attn_q_norm.weight", {hp.head_dim});
             L.k_norm = b.floats(p + "attn_k_norm.weight", {hp.head_dim});
         }
+    };
+    m->layers_.resize(size_t(hp.n_layer));
+    for (int l = 0; l < hp.n_layer; ++l) bind_layer(m->layers_[size_t(l)], "blk." + std::to_string(l) + ".", hp.is_recurrent(l));
+
+    // The MTP block (the first of nextn_predict_layers; llama.cpp's converter writes one): a
+    // gated-attention layer whatever its index, and nextn.eh_proj [2D -> D] kept as its two
+    // input halves (e's columns first), so that W (e | hh) = W_e e + W_h hh needs no concat.
+    if (hp.n_layer_mtp > 0) {
+        Qwen35Mtp mtp;
+        const std::string p = "blk." + std::to_string(hp.n_layer) + ".";
+        bind_layer(mtp.layer, p, /*recurrent=*/false);
+        const WeightView eh = b.matrix(p + "nextn.eh_proj.weight", 2 * D, D);
+        if (D % type_traits(eh.type).block_elems)
+            throw Error(f.path() + ": tensor '" + p + "nextn.eh_proj.weight': its " + type_traits(eh.type).name +
+                        " blocks straddle the two input halves (D = " + std::to_string(D) + ")");
+        const size_t half = row_bytes(eh.type, D);
+        for (int side = 0; side < 2; ++side) {
+            std::vector<uint8_t> bytes(half * size_t(D));
+            for (int64_t r = 0; r < D; ++r) std::memcpy(&bytes[size_t(r) * half], eh.row(r) + side * half, half);
+            m->owned_bytes_.push_back(std::move(bytes));
+            WeightView& w = side == 0 ? mtp.eh_e : mtp.eh_h;
+            w = eh;
+            w.n_in = D;
+            w.data = m->owned_bytes_.back().data();
+            w.row_bytes = half;
+        }
+        mtp.enorm = b.floats(p + "nextn.enorm.weight", {D});
+        mtp.hnorm = b.floats(p + "nextn.hnorm.weight", {D});
+        mtp.head_norm = f.find_tensor(p + "nextn.shared_head_norm.weight") ? b.floats(p + "nextn.shared_head_norm.weight", {D})
+                                                                           : m->output_norm;
+        m->mtp_ = mtp;
     }
     return m;
 }
@@ -365,7 +395,32 @@ graph::Graph Qwen35Model::build_graph(const graph::GraphSpec& spec) const {
         const int y = b.rms_norm(h, L.post_attn_norm, p + "y", p + "post_attention_norm");
         h = b.add(h, b.ffn(l, L, y), p + "h", p + "residual");
     }
-    if (spec.logits == graph::Rows::None) return g;  // an inner piece of a long prompt: states only
+    if (spec.logits == graph::Rows::None && !spec.mtp) return g;  // an inner piece of a long prompt: states only
+    if (spec.mtp) {
+        // spec/MODEL.md section 8: c = W_eh (enorm(E[x_{t+1}]) | hnorm(h_t)), one gated-attention
+        // decoder layer (its own cache: layer n_layer) at position t, shared_head_norm, LM head.
+        if (!mtp_) throw Error(file_->path() + ": the model has no MTP block (nextn_predict_layers is 0)");
+        const Qwen35Mtp& M = *mtp_;
+        const int l = hp_.n_layer;
+        const std::string p = "mtp.";
+        const int en = b.tensor(p + "e_next", hp_.n_embd);
+        graph::Node& emb = g.add(graph::Op::Embed, "mtp.token_embd", {}, {en});
+        emb.weights = {&tok_embd};
+        emb.next_token = true;
+        const int e = b.rms_norm(en, M.enorm, p + "e", "mtp.enorm");
+        const int hh = b.rms_norm(h, M.hnorm, p + "hh", "mtp.hnorm");
+        int c = b.matmul(M.eh_e, e, p + "c", "mtp.eh_proj_e");
+        c = b.add(c, b.matmul(M.eh_h, hh, p + "c_h", "mtp.eh_proj_h"), p + "c_sum", "mtp.eh_proj");
+        const std::string q = "blk." + std::to_string(l) + ".";
+        const int x = b.rms_norm(c, M.layer.attn_norm, q + "x", q + "attn_norm");
+        int hm = b.add(c, b.attn_block(l, M.layer, x), q + "h_mid", q + "residual");
+        const int y = b.rms_norm(hm, M.layer.post_attn_norm, q + "y", q + "post_attention_norm");
+        hm = b.add(hm, b.ffn(l, M.layer, y), q + "h", q + "residual");
+        const int hf = b.rms_norm(hm, M.head_norm, "mtp.hf", "mtp.shared_head_norm");
+        const int logits = b.matmul(output, hf, "logits", "output");
+        g.tensors[size_t(logits)].logits = true;
+        return g;
+    }
     const int hf = b.rms_norm(h, output_norm, "hf", "output_norm");
     const int logits = b.matmul(output, hf, "logits", "output");
     g.tensors[size_t(logits)].logits = true;

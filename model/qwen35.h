@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,15 @@ struct Qwen35Layer {
     const float* k_norm = nullptr;          // [head_dim]
 };
 
+// The MTP block (blk.{n_layer}: nextn.* and one gated-attention decoder layer).
+struct Qwen35Mtp {
+    Qwen35Layer layer;                      // attention kind (wq, wk, wv, wo, norms, FFN)
+    WeightView eh_e, eh_h;                  // nextn.eh_proj's two input halves, [D, D] each
+    const float* enorm = nullptr;           // [D] on the next token's embedding
+    const float* hnorm = nullptr;           // [D] on the trunk's pre-norm hidden state
+    const float* head_norm = nullptr;       // [D] shared_head_norm, else output_norm
+};
+
 class Qwen35Model {
 public:
     // Binds every tensor by name and checks its shape and type; throws alloy::Error naming the
@@ -77,6 +87,8 @@ public:
     // this model's weights, so the graph is valid as long as the model is.
     graph::Graph build_graph(const graph::GraphSpec& spec) const;
     const gguf::File& file() const { return *file_; }
+    // The MTP block, bound when the file has one (nextn_predict_layers > 0), else nullptr.
+    const Qwen35Mtp* mtp() const { return mtp_ ? &*mtp_ : nullptr; }
 
 private:
     std::shared_ptr<gguf::File> file_;
@@ -86,6 +98,8 @@ private:
     WeightView output;            // [n_vocab, D] (token_embd when tied)
     std::vector<Qwen35Layer> layers_;
     std::vector<std::vector<float>> owned_;  // small tensors converted to fp32
+    std::vector<std::vector<uint8_t>> owned_bytes_;  // eh_proj's halves, in the file's type
+    std::optional<Qwen35Mtp> mtp_;
 };
 
 }  // namespace alloy

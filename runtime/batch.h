@@ -55,6 +55,9 @@ struct ForwardOptions {
     // A verification step: where the backend logs its GDN ops' inputs so that a rollback can
     // rebuild the kept tokens' states without a re-run (runtime/gdn_replay.h; nullptr: not).
     GdnReplayLog* gdn_log = nullptr;
+    // The logits are the MTP head's (graph::GraphSpec::mtp): row t predicts token t + 2. The
+    // state needs the MTP cache (add_mtp_cache); one piece of at most max_batch tokens.
+    bool mtp = false;
 };
 
 }  // namespace alloy

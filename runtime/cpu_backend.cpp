@@ -195,6 +195,16 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
             case Op::Embed: {
                 const WeightView* tab = n.weights[0];
                 const TensorRef o = out(n, 0);
+                if (n.next_token) {  // the MTP head's input: each row its sequence's next token (positions are the first Embed's)
+                    plan->add("embed", n.label, [tab, o](const StepContext& c) {
+                        for (int s = 0; s < c.n_seqs; ++s)
+                            for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) {
+                                const int32_t id = c.ids[std::min(t + 1, c.offsets[s + 1] - 1)];
+                                dequantize_row(tab->type, tab->row(id), o.base + int64_t(t) * o.cols, o.cols);
+                            }
+                    });
+                    break;
+                }
                 plan->add("embed", n.label, [tab, o, pos](const StepContext& c) {
                     for (int t = 0; t < c.n; ++t) {
                         if (c.ids[t] < 0 || c.ids[t] >= tab->n_out)

@@ -781,6 +781,45 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, int tokens_
     return logits;
 }
 
+std::vector<float> Engine::evaluate_mtp(const std::vector<int32_t>& ids) {
+    Impl& m = *impl_;
+    const ModelRunner& model = *m.lm.runner;
+    const int V = model.hparams().n_vocab;
+    if (ids.size() < 2) throw Error("evaluate_mtp: the MTP head needs at least 2 token ids");
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] < 0 || ids[i] >= V)
+            throw Error("evaluate_mtp: token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
+                        ", outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (int64_t(ids.size()) > m.opt.n_ctx)
+        throw Error("evaluate_mtp: " + std::to_string(ids.size()) + " tokens exceed the context size of " +
+                    std::to_string(m.opt.n_ctx) + " (raise --ctx)");
+    std::vector<float> logits(ids.size() * size_t(V));
+    std::promise<void> done;
+    auto job = [&] {
+        try {
+            ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
+            add_mtp_cache(st, model.hparams());
+            ForwardOptions fo = m.fo;
+            fo.mtp = true;
+            fo.all_logits = true;
+            const int c = std::max(1, fo.gdn_chunk);
+            fo.max_batch = std::max(fo.max_batch, (int(ids.size()) + c - 1) / c * c);  // one piece
+            model.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+            done.set_value();
+        } catch (...) {
+            done.set_exception(std::current_exception());
+        }
+    };
+    {
+        std::lock_guard<std::mutex> lock(m.mu);
+        if (m.stopping) throw Error("engine: shutting down");
+        m.jobs.push_back(job);
+    }
+    m.cv.notify_all();
+    done.get_future().get();
+    return logits;
+}
+
 bool Engine::has_tokenizer() const { return impl_->lm.tokenizer.has_value(); }
 
 std::vector<int32_t> Engine::tokenize(const std::string& text, bool parse_special) const {

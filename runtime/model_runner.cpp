@@ -117,6 +117,9 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
         const int32_t slot = q.slot;
         const uint8_t serial = q.serial;
         if (log && q.n_tokens > piece) log->valid = false;
+        if (opts.mtp && q.n_tokens > piece)  // a piece's last row would pair with its own token
+            throw Error("forward: the MTP head takes one piece of at most " + std::to_string(piece) + " tokens, got " +
+                        std::to_string(q.n_tokens));
         for (int done = 0; done < q.n_tokens;) {
             const int len = std::min(piece, q.n_tokens - done);
             const bool last = done + len == q.n_tokens;
@@ -179,11 +182,13 @@ void ModelRunner::run_plan(StepContext& ctx, int bucket, const ForwardOptions& o
                            Profiler* prof) const {
     std::string dumped;
     for (const std::string& d : opts.dump) dumped += d + "\n";
-    auto key = std::make_tuple(bucket, int(logits), int(opts.gdn_mode), opts.gdn_chunk, dumped);
+    auto key = std::make_tuple(bucket, int(logits), int(opts.gdn_mode), opts.gdn_chunk, opts.mtp, dumped);
     auto it = plans_.find(key);
     if (it == plans_.end()) {
         if (plans_.size() >= 6) plans_.clear();  // bound the memory held by old buckets
-        graph::Graph g = step_graph({logits, opts.gdn_mode, opts.gdn_chunk});
+        graph::GraphSpec spec{logits, opts.gdn_mode, opts.gdn_chunk};
+        spec.mtp = opts.mtp;
+        graph::Graph g = step_graph(spec);
         it = plans_.emplace(key, backend_->compile(g, bucket, CompileOptions{opts.dump})).first;
     }
     it->second->replay(ctx, prof);

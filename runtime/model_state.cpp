@@ -50,6 +50,21 @@ ModelState model_state_shape(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv
     return s;
 }
 
+void add_mtp_cache(ModelState& s, const Qwen35HParams& hp) {
+    if (hp.n_layer_mtp <= 0) throw Error("the model has no MTP block (nextn_predict_layers is 0)");
+    if (s.device) throw Error("the MTP head runs on host states only (the CPU backend) for now");
+    const size_t L = size_t(hp.n_layer) + 1, kv = size_t(s.n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
+    if (s.k_cache.size() >= L) return;  // added already
+    s.k_cache.resize(L);
+    s.v_cache.resize(L);
+    s.conv_state.resize(L);
+    s.ssm_state.resize(L);
+    for (int slot = 0; slot < s.n_slots; ++slot) {
+        s.k_cache[L - 1].emplace_back(kv * ref::kv_elem_bytes(s.kv_types.k));
+        s.v_cache[L - 1].emplace_back(kv * ref::kv_elem_bytes(s.kv_types.v));
+    }
+}
+
 ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
     ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
     const size_t kv = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);

@@ -68,6 +68,9 @@ struct ModelState {
 // hyperparameters; throws for n_ctx <= 0, n_slots outside [1, 4096] or a cache type other than
 // F32/F16/BF16.
 ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types = {}, int n_slots = 1);
+// Adds the MTP block's KV cache (layer index n_layer, spec/MODEL.md section 8) to a host state,
+// for the graphs of GraphSpec::mtp; throws for a device state or a model without the block.
+void add_mtp_cache(ModelState& s, const Qwen35HParams& hp);
 // The same checks and sizes, with every per-layer array left empty: the part a device backend
 // shares before it allocates its own memory.
 ModelState model_state_shape(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots);

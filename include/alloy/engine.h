@@ -225,6 +225,12 @@ public:
     };
     std::vector<float> evaluate(const std::vector<int32_t>& ids, int tokens_per_step, const std::vector<std::string>& dump,
                                 std::vector<TensorDump>& dumped);
+    // The MTP head's logits over `ids` ([ids.size(), n_vocab]): row t predicts token t + 2 from
+    // the trunk's hidden state at t and token t + 1 (spec/MODEL.md section 8, teacher-forced as
+    // the head was trained; the last row pairs the last token with itself and means nothing).
+    // One prefill from an empty sequence on the CPU backend. Throws alloy::Error when the model
+    // has no MTP block, the backend is not the CPU's, or the ids cannot run.
+    std::vector<float> evaluate_mtp(const std::vector<int32_t>& ids);
     // The forward's ops and tensors, one line per op (alloy logits --dump list).
     std::string describe_forward() const;
 

@@ -780,6 +780,8 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
         const Rows r = n.rows;
         switch (n.op) {
             case Op::Embed: {
+                if (n.next_token)
+                    throw Error("cuda backend: '" + n.label + "': the MTP head runs on the CPU backend only for now");
                 const WeightView tab = device_weight(*n.weights[0], "token_embd");
                 const TensorRef o = out(n, 0);
                 plan->add("get_rows", n.label, [=](const StepContext& c) { cuda::get_rows(tab, d_ids, o.base, c.n, st); });

@@ -8,7 +8,12 @@ greedy tokens for three prompts. Checked here:
   2. the file dequantized to F32 (lossless: Q4_0 codes and BF16 matrices) reproduces the 3 x 64
      greedy tokens exactly and the perplexity of the first 8 chunks to 2e-5;
   3. the default itself (Q4_0 LM head on Q8_0 activations, BF16 matrices) within 0.1%;
-  4. `cmake --install` places binary and model so that the installed binary finds it.
+  4. `cmake --install` places binary and model so that the installed binary finds it;
+  5. its MTP head (blk.8), run teacher-forced by `alloy perplexity --mtp` on the F32 file, agrees
+     with the main head's next-next token about as often as the training script measured on all
+     49 chunks (reference.json: 0.543; top-1 accuracy 0.391): a bound, since the reference has
+     no per-chunk figure; a wrong pairing of hidden state and token, norm or position drops it
+     far below.
 Usage: default_model_test.py ALLOY CMAKE BUILD_DIR SOURCE_DIR
 """
 import json
@@ -43,12 +48,17 @@ def greedy(binary, model, prompt, n):
     return [int(x) for x in p.stdout.split()]
 
 
-def perplexity(model):
-    p = run([alloy, "perplexity", "-m", model, "-f", heldout, "--chunks", str(CHUNKS), "-t", "2"])
+def perplexity(model, mtp=False):
+    p = run([alloy, "perplexity", "-m", model, "-f", heldout, "--chunks", str(CHUNKS), "-t", "2"] + (["--mtp"] if mtp else []))
     m = re.search(r"PPL = ([0-9.]+)", p.stdout + p.stderr)
     if not m:
         sys.exit("no PPL in alloy perplexity's output:\n" + p.stdout + p.stderr)
-    return float(m.group(1))
+    if not mtp:
+        return float(m.group(1))
+    a = re.search(r"agreement with the main head's next-next token ([0-9.]+), top-1 accuracy ([0-9.]+)", p.stdout)
+    if not a:
+        sys.exit("no MTP figures in alloy perplexity --mtp's output:\n" + p.stdout)
+    return float(m.group(1)), float(a.group(1)), float(a.group(2))
 
 
 def compare(what, got, want):
@@ -73,9 +83,14 @@ with tempfile.TemporaryDirectory() as tmp:
     run([alloy, "quantize", default, f32, "F32", "--allow-requantize"])
     for prompt, want in zip(ref["prompts"], ref["greedy_64"]):
         compare(f"F32, prompt {prompt}, 64 tokens", greedy(alloy, f32, prompt, 64), want)
-    ppl_f = perplexity(f32)
+    ppl_f, mtp_agree, mtp_acc = perplexity(f32, mtp=True)
     if abs(ppl_f - ref_ppl) / ref_ppl > 2e-5:
         failures.append(f"F32 perplexity {ppl_f} vs transformers {ref_ppl:.4f}: more than 2e-5 apart")
+    ref_agree = ref["heldout_fp32"]["mtp_top1_agreement_with_main_next_next"]
+    ref_acc = ref["heldout_fp32"]["mtp_top1_accuracy"]
+    if abs(mtp_agree - ref_agree) > 0.08 or abs(mtp_acc - ref_acc) > 0.08:
+        failures.append(f"MTP head over {CHUNKS} chunks: agreement {mtp_agree}, accuracy {mtp_acc}; the training script "
+                        f"measured {ref_agree:.4f} / {ref_acc:.4f} over 49 (more than 0.08 apart)")
     # 4. an install prefix.
     prefix = os.path.join(tmp, "prefix")
     run([cmake, "--install", build, "--prefix", prefix])
@@ -83,7 +98,8 @@ with tempfile.TemporaryDirectory() as tmp:
     prompt, want = ref["prompts"][0], ref["greedy_64"][0]
     compare("installed binary", greedy(installed, None, prompt, 16), want[:16])
 
-print(f"transformers (fp32, {CHUNKS} chunks): {ref_ppl:.4f}; alloy default {ppl_q:.4f}, F32 {ppl_f:.4f}")
+print(f"transformers (fp32, {CHUNKS} chunks): {ref_ppl:.4f}; alloy default {ppl_q:.4f}, F32 {ppl_f:.4f}; "
+      f"MTP agreement {mtp_agree:.4f}, accuracy {mtp_acc:.4f} (training script, 49 chunks: {ref_agree:.4f} / {ref_acc:.4f})")
 if failures:
     print("\n".join(failures))
     sys.exit(1)

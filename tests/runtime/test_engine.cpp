@@ -474,6 +474,9 @@ TEST_F(EngineTest, BadRequestsAndOptionsNameWhatIsWrong) {
     bad = options(1);
     bad.model_path = (dir_ / "missing.gguf").string();
     expect_error([&] { Engine x(bad); }, "missing.gguf");
+    // The MTP head (perplexity --mtp): the synthetic model has none; too few ids.
+    expect_error([&] { e.evaluate_mtp(ids(8, 3)); }, "no MTP block");
+    expect_error([&] { e.evaluate_mtp({5}); }, "at least 2 token ids");
 }
 
 }  // namespace

@@ -710,6 +710,41 @@ GenerationResult Engine::generate(GenerationRequest request, std::function<bool(
     return r;
 }
 
+namespace {
+// evaluate()'s and evaluate_mtp()'s checks of the ids: each in the vocabulary, all in the context.
+void check_eval_ids(const std::vector<int32_t>& ids, int V, int n_ctx, const char* what) {
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] < 0 || ids[i] >= V)
+            throw Error(std::string(what) + ": token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
+                        ", outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (int64_t(ids.size()) > n_ctx)
+        throw Error(std::string(what) + ": " + std::to_string(ids.size()) + " tokens exceed the context size of " +
+                    std::to_string(n_ctx) + " (raise --ctx)");
+}
+}  // namespace
+
+// Runs `body` on the scheduler's thread between steps (the model is that thread's) and waits;
+// body's exception is rethrown here.
+void Engine::run_between_steps(const std::function<void()>& body) {
+    Impl& m = *impl_;
+    std::promise<void> done;
+    auto job = [&] {
+        try {
+            body();
+            done.set_value();
+        } catch (...) {
+            done.set_exception(std::current_exception());
+        }
+    };
+    {
+        std::lock_guard<std::mutex> lock(m.mu);
+        if (m.stopping) throw Error("engine: shutting down");
+        m.jobs.push_back(job);
+    }
+    m.cv.notify_all();
+    done.get_future().get();
+}
+
 std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, int tokens_per_step) {
     std::vector<TensorDump> none;
     return evaluate(ids, tokens_per_step, {}, none);
@@ -728,50 +763,31 @@ std::vector<float> Engine::evaluate(const std::vector<int32_t>& ids, int tokens_
     const ModelRunner& model = *m.lm.runner;
     const int V = model.hparams().n_vocab;
     if (ids.empty()) throw Error("evaluate: no token ids given");
-    for (size_t i = 0; i < ids.size(); ++i)
-        if (ids[i] < 0 || ids[i] >= V)
-            throw Error("evaluate: token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
-                        ", outside the vocabulary [0, " + std::to_string(V) + ")");
-    if (int64_t(ids.size()) > m.opt.n_ctx)
-        throw Error("evaluate: " + std::to_string(ids.size()) + " tokens exceed the context size of " +
-                    std::to_string(m.opt.n_ctx) + " (raise --ctx)");
+    check_eval_ids(ids, V, m.opt.n_ctx, "evaluate");
     std::vector<float> logits(ids.size() * size_t(V));
-    std::promise<void> done;
-    auto job = [&] {
-        try {
-            ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
-            ForwardOptions fo = m.fo;
-            fo.dump = dump;
-            fo.dump_sink = [&](const std::string& name, int64_t pos, const float* rows, int64_t n_rows, int64_t cols) {
-                auto [it, fresh] = index.emplace(name, dumped.size());
-                if (fresh) dumped.push_back({name, cols, {}, {}});
-                TensorDump& d = dumped[it->second];
-                for (int64_t r = 0; r < n_rows; ++r) d.positions.push_back(pos + r);
-                d.data.insert(d.data.end(), rows, rows + n_rows * cols);
-            };
-            if (tokens_per_step > 0) {
-                fo.gdn_mode = ref::GdnMode::Serial;  // decode is the serial kernel by construction
-                fo.all_logits = tokens_per_step > 1;
-                for (size_t t = 0; t < ids.size(); t += size_t(tokens_per_step)) {
-                    const int n = int(std::min(ids.size() - t, size_t(tokens_per_step)));
-                    model.forward(st, &ids[t], n, fo, logits.data() + t * size_t(V));
-                }
-            } else {
-                fo.all_logits = true;
-                model.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+    run_between_steps([&] {
+        ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
+        ForwardOptions fo = m.fo;
+        fo.dump = dump;
+        fo.dump_sink = [&](const std::string& name, int64_t pos, const float* rows, int64_t n_rows, int64_t cols) {
+            auto [it, fresh] = index.emplace(name, dumped.size());
+            if (fresh) dumped.push_back({name, cols, {}, {}});
+            TensorDump& d = dumped[it->second];
+            for (int64_t r = 0; r < n_rows; ++r) d.positions.push_back(pos + r);
+            d.data.insert(d.data.end(), rows, rows + n_rows * cols);
+        };
+        if (tokens_per_step > 0) {
+            fo.gdn_mode = ref::GdnMode::Serial;  // decode is the serial kernel by construction
+            fo.all_logits = tokens_per_step > 1;
+            for (size_t t = 0; t < ids.size(); t += size_t(tokens_per_step)) {
+                const int n = int(std::min(ids.size() - t, size_t(tokens_per_step)));
+                model.forward(st, &ids[t], n, fo, logits.data() + t * size_t(V));
             }
-            done.set_value();
-        } catch (...) {
-            done.set_exception(std::current_exception());
+        } else {
+            fo.all_logits = true;
+            model.forward(st, ids.data(), int(ids.size()), fo, logits.data());
         }
-    };
-    {
-        std::lock_guard<std::mutex> lock(m.mu);
-        if (m.stopping) throw Error("engine: shutting down");
-        m.jobs.push_back(job);
-    }
-    m.cv.notify_all();
-    done.get_future().get();
+    });
     for (const std::string& d : dump) {
         bool hit = false;
         for (const TensorDump& t : dumped) hit = hit || graph::name_matches({d}, t.name);
@@ -786,37 +802,18 @@ std::vector<float> Engine::evaluate_mtp(const std::vector<int32_t>& ids) {
     const ModelRunner& model = *m.lm.runner;
     const int V = model.hparams().n_vocab;
     if (ids.size() < 2) throw Error("evaluate_mtp: the MTP head needs at least 2 token ids");
-    for (size_t i = 0; i < ids.size(); ++i)
-        if (ids[i] < 0 || ids[i] >= V)
-            throw Error("evaluate_mtp: token " + std::to_string(i) + " is id " + std::to_string(ids[i]) +
-                        ", outside the vocabulary [0, " + std::to_string(V) + ")");
-    if (int64_t(ids.size()) > m.opt.n_ctx)
-        throw Error("evaluate_mtp: " + std::to_string(ids.size()) + " tokens exceed the context size of " +
-                    std::to_string(m.opt.n_ctx) + " (raise --ctx)");
+    check_eval_ids(ids, V, m.opt.n_ctx, "evaluate_mtp");
     std::vector<float> logits(ids.size() * size_t(V));
-    std::promise<void> done;
-    auto job = [&] {
-        try {
-            ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
-            add_mtp_cache(st, model.hparams());
-            ForwardOptions fo = m.fo;
-            fo.mtp = true;
-            fo.all_logits = true;
-            const int c = std::max(1, fo.gdn_chunk);
-            fo.max_batch = std::max(fo.max_batch, (int(ids.size()) + c - 1) / c * c);  // one piece
-            model.forward(st, ids.data(), int(ids.size()), fo, logits.data());
-            done.set_value();
-        } catch (...) {
-            done.set_exception(std::current_exception());
-        }
-    };
-    {
-        std::lock_guard<std::mutex> lock(m.mu);
-        if (m.stopping) throw Error("engine: shutting down");
-        m.jobs.push_back(job);
-    }
-    m.cv.notify_all();
-    done.get_future().get();
+    run_between_steps([&] {
+        ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
+        add_mtp_cache(st, model.hparams());
+        ForwardOptions fo = m.fo;
+        fo.mtp = true;
+        fo.all_logits = true;
+        const int c = std::max(1, fo.gdn_chunk);
+        fo.max_batch = std::max(fo.max_batch, (int(ids.size()) + c - 1) / c * c);  // one piece
+        model.forward(st, ids.data(), int(ids.size()), fo, logits.data());
+    });
     return logits;
 }
 

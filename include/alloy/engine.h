@@ -253,6 +253,7 @@ public:
 private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
+    void run_between_steps(const std::function<void()>& body);
 };
 
 }  // namespace alloy

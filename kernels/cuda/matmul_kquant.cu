@@ -32,9 +32,6 @@ __global__ void __launch_bounds__(kGemvThreads) kquant_gemv_kernel(const GemvPar
                                                                     const float* __restrict__ xd) {
     using F = BlockFormat<kType>;
     constexpr int kUnits = F::kValues / 32;
-    constexpr bool kMin = kType == GgmlType::Q4_K || kType == GgmlType::Q5_K || kType == GgmlType::Q5_1;
-    constexpr int kBias = kType == GgmlType::Q4_0 ? 8 : kType == GgmlType::Q5_0 ? 16 : kType == GgmlType::Q6_K ? 32 : 0;
-    constexpr bool kSum = kMin || kBias != 0;  // the segment's sum of x
     const GemvPart part = gemv_part(parts);
     const int64_t n_out = part.n_out;
     const int64_t bpr = n_in / F::kValues, upr = n_in / 32;
@@ -83,22 +80,7 @@ __global__ void __launch_bounds__(kGemvThreads) kquant_gemv_kernel(const GemvPar
                 for (int s = 0; s < 2; ++s) {
                     const int64_t o = t * n_in + blk * F::kValues + w.off[s];
                     const int4 xv = __ldg(reinterpret_cast<const int4*>(xq + o));
-                    const float xs = __ldg(xd + o / 32);
-                    int dot = __dp4a(w.q[s][0], xv.x, 0);
-                    dot = __dp4a(w.q[s][1], xv.y, dot);
-                    dot = __dp4a(w.q[s][2], xv.z, dot);
-                    dot = __dp4a(w.q[s][3], xv.w, dot);
-                    int sum = 0;
-                    if constexpr (kSum) {
-                        sum = __dp4a(0x01010101, xv.x, 0);
-                        sum = __dp4a(0x01010101, xv.y, sum);
-                        sum = __dp4a(0x01010101, xv.z, sum);
-                        sum = __dp4a(0x01010101, xv.w, sum);
-                    }
-                    // the codes' offset in integers (exact), the min in floats
-                    float v = w.scale[s] * float(kBias ? dot - kBias * sum : dot);
-                    if constexpr (kMin) v = fmaf(-w.min[s], float(sum), v);
-                    acc[r][t] = fmaf(xs, v, acc[r][t]);
+                    acc[r][t] = fmaf(__ldg(xd + o / 32), segment_dot<kType>(w, s, xv), acc[r][t]);
                 }
             }
         }

@@ -190,9 +190,6 @@ __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const Exper
         // and the min (Q4_K, Q5_K, Q5_1) through the segment's sum of x in integers.
         using F = detail::BlockFormat<kW>;
         constexpr int kUnits = F::kValues / 32;
-        constexpr bool kMin = kW == GgmlType::Q4_K || kW == GgmlType::Q5_K || kW == GgmlType::Q5_1;
-        constexpr int kBias = kW == GgmlType::Q4_0 ? 8 : kW == GgmlType::Q5_0 ? 16 : kW == GgmlType::Q6_K ? 32 : 0;
-        constexpr bool kSum = kMin || kBias != 0;
         const int64_t bpr = n_in / F::kValues, upr = n_in / 32;
         int64_t rowb[kM][kRowsPerWarp];  // each row's first block in its split matrix
         const uint8_t* codes[kM];
@@ -229,21 +226,7 @@ __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const Exper
                         for (int sg = 0; sg < 2; ++sg) {
                             const int64_t o = in_row * n_in + blk * F::kValues + w.off[sg];
                             const int4 xv = __ldg(reinterpret_cast<const int4*>(a.xq + o));
-                            const float xs = __ldg(a.xd + o / 32);
-                            int dot = __dp4a(w.q[sg][0], xv.x, 0);
-                            dot = __dp4a(w.q[sg][1], xv.y, dot);
-                            dot = __dp4a(w.q[sg][2], xv.z, dot);
-                            dot = __dp4a(w.q[sg][3], xv.w, dot);
-                            int sum = 0;
-                            if constexpr (kSum) {
-                                sum = __dp4a(0x01010101, xv.x, 0);
-                                sum = __dp4a(0x01010101, xv.y, sum);
-                                sum = __dp4a(0x01010101, xv.z, sum);
-                                sum = __dp4a(0x01010101, xv.w, sum);
-                            }
-                            float v = w.scale[sg] * float(kBias ? dot - kBias * sum : dot);
-                            if constexpr (kMin) v = fmaf(-w.min[sg], float(sum), v);
-                            acc[m][r][t] = fmaf(xs, v, acc[m][r][t]);
+                            acc[m][r][t] = fmaf(__ldg(a.xd + o / 32), detail::segment_dot<kW>(w, sg, xv), acc[m][r][t]);
                         }
                     }
                 }
@@ -427,6 +410,32 @@ __device__ __forceinline__ void mma_epilogue(const ExpertGemv& a, const float (&
     }
 }
 
+// The B side of a chunk's tensor-core products, as 32-bit offsets from a.xq / a.xd
+// (tensor_core_path keeps P x n_in below 2^31): lane (g, t)'s x row of pair 8 j + g plus
+// lane_k (its k bytes in the fragment) and the scale rows of the epilogue's columns
+// 8 j + 2 t + e (padding repeats the chunk's last pair).
+__device__ __forceinline__ void chunk_pair_offsets(const ExpertGemv& a, int f, int n, int gq, int tq, int lane_k,
+                                                   int (&xo)[kTcN], int (&xdo)[kTcN][2]) {
+    const int64_t n_in = a.n_in, nb = n_in / 32;
+#pragma unroll
+    for (int j = 0; j < kTcN; ++j) {
+        xo[j] = int(a.ch.pair_of[f + min(8 * j + gq, n - 1)] / a.in_div * n_in) + lane_k;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) xdo[j][e] = int(a.ch.pair_of[f + min(8 * j + 2 * tq + e, n - 1)] / a.in_div * nb);
+    }
+}
+template <int kM>
+__device__ __forceinline__ void zero(float (&acc)[kM][2][kTcN][4]) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < kTcN; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
+}
+
 // One chunk (an expert and up to kTcChunkT of its pairs) x kTcRowsPerBlock rows; each warp its
 // own 32 rows, no block barrier. Same input and output contract as expert_gemv_kernel<Q8, .., kM>
 // (a.out for kM = 1; a.oq / a.od only for kM = 2: the down is Q8_0 on this path).
@@ -440,16 +449,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
     if (r0 >= a.rows) return;  // rows % 32 == 0 on this path: a warp's rows are all in or all out
     const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
     const int64_t n_in = a.n_in, nb = n_in / 32;
-    // The B side: pair 8 j + gq of the chunk (padding repeats the last), its int8 row and the
-    // scales of the epilogue's columns (pairs 8 j + 2 tq + e), as 32-bit offsets from a.xq / a.xd
-    // (tensor_core_path keeps P x n_in below 2^31): registers decide the blocks per SM here.
+    // The B side in 32-bit offsets: registers decide the blocks per SM here.
     int xo[kTcN], xdo[kTcN][2];
-#pragma unroll
-    for (int j = 0; j < kTcN; ++j) {
-        xo[j] = int(a.ch.pair_of[f + min(8 * j + gq, n - 1)] / a.in_div * n_in) + 8 * tq;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) xdo[j][e] = int(a.ch.pair_of[f + min(8 * j + 2 * tq + e, n - 1)] / a.in_div * nb);
-    }
+    chunk_pair_offsets(a, f, n, gq, tq, 8 * tq, xo, xdo);
     // The A side: rows r0 + 16 i + 8 h + gq of each matrix (one pointer a matrix, the four
     // rows at 32-bit offsets: 64-bit pointers per row took the kernel to 255 registers).
     const int8_t* wq[kM];
@@ -462,14 +464,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
     }
     const int q_step = int(8 * n_in), s_step = int(8 * nb);  // 8 rows
     float acc[kM][2][kTcN][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < kTcN; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
+    zero<kM>(acc);
     // Not unrolled: unrolling twice (226 registers), a 128-register cap (4 blocks an SM), an L2
     // prefetch 4 or 8 blocks ahead and a 3-stage cp.async pipeline through shared memory (192 KB,
     // one block an SM) all measured slower on the H200 (bench/RESULTS.md, session 22).
@@ -534,23 +529,17 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kquant_kernel(const 
     detail::pdl_entry();
     using F = detail::BlockFormat<kType>;
     constexpr int kUnits = F::kValues / 32;
-    constexpr bool kMin = kType == GgmlType::Q4_K || kType == GgmlType::Q5_K || kType == GgmlType::Q5_1;
-    constexpr int kBias = kType == GgmlType::Q4_0 ? 8 : kType == GgmlType::Q5_0 ? 16 : kType == GgmlType::Q6_K ? 32 : 0;
-    constexpr bool kSum = kMin || kBias != 0;
+    constexpr bool kMin = detail::CodeOffsets<kType>::kMin, kSum = detail::CodeOffsets<kType>::kSum;
+    constexpr int kBias = detail::CodeOffsets<kType>::kBias;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
     const int c = int(blockIdx.x);
     if (c >= *a.ch.n_chunks) return;
     const int64_t r0 = int64_t(blockIdx.y) * kTcRowsPerBlock + warp * kTcRowsPerWarp;
     if (r0 >= a.rows) return;  // rows % 32 == 0 on this path
     const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
-    const int64_t n_in = a.n_in, nb = n_in / 32, bpr = n_in / F::kValues, upr = n_in / 32;
-    int xo[kTcN], xdo[kTcN][2];  // as expert_mma_kernel: 32-bit offsets from a.xq / a.xd
-#pragma unroll
-    for (int j = 0; j < kTcN; ++j) {
-        xo[j] = int(a.ch.pair_of[f + min(8 * j + gq, n - 1)] / a.in_div * n_in) + 4 * tq;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) xdo[j][e] = int(a.ch.pair_of[f + min(8 * j + 2 * tq + e, n - 1)] / a.in_div * nb);
-    }
+    const int64_t n_in = a.n_in, bpr = n_in / F::kValues, upr = n_in / 32;
+    int xo[kTcN], xdo[kTcN][2];
+    chunk_pair_offsets(a, f, n, gq, tq, 4 * tq, xo, xdo);
     const uint8_t* codes[kM];
     const uint8_t* heads[kM];
     int64_t rowb[kM];  // the first block of row r0 + gq; rows 8 h further are 8 h bpr blocks on
@@ -561,14 +550,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kquant_kernel(const 
         rowb[m] = (int64_t(expert) * a.m[m].stride + a.m[m].offset + r0 + gq) * bpr;
     }
     float acc[kM][2][kTcN][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < kTcN; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
+    zero<kM>(acc);
 #pragma unroll 1
     for (int64_t u = 0; u < upr; ++u) {
         const int64_t blk = u / kUnits;

@@ -248,6 +248,36 @@ __device__ __forceinline__ Unit decode_unit(const UnitRaw& raw, int u) {
     return r;
 }
 
+// How a type's codes map to values beyond the scale: an offset subtracted from every code (Q4_0,
+// Q5_0, Q6_K) and / or a min per segment (Q4_K, Q5_K, Q5_1); either needs the segment's sum of x.
+template <GgmlType kType> struct CodeOffsets {
+    static constexpr bool kMin = kType == GgmlType::Q4_K || kType == GgmlType::Q5_K || kType == GgmlType::Q5_1;
+    static constexpr int kBias = kType == GgmlType::Q4_0 ? 8 : kType == GgmlType::Q5_0 ? 16 : kType == GgmlType::Q6_K ? 32 : 0;
+    static constexpr bool kSum = kMin || kBias != 0;
+};
+
+// Segment s of a unit against x's 16 int8 codes there (quantized per 32; x's scale not applied):
+// scale * (codes . x - bias * sum x) - min * sum x, the offset in integers (exact), four dp4a
+// (and four more for the sum). The GEMVs of matmul_kquant.cu and moe.cu.
+template <GgmlType kType>
+__device__ __forceinline__ float segment_dot(const Unit& w, int s, const int4 xv) {
+    using O = CodeOffsets<kType>;
+    int dot = __dp4a(w.q[s][0], xv.x, 0);
+    dot = __dp4a(w.q[s][1], xv.y, dot);
+    dot = __dp4a(w.q[s][2], xv.z, dot);
+    dot = __dp4a(w.q[s][3], xv.w, dot);
+    int sum = 0;
+    if constexpr (O::kSum) {
+        sum = __dp4a(0x01010101, xv.x, 0);
+        sum = __dp4a(0x01010101, xv.y, sum);
+        sum = __dp4a(0x01010101, xv.z, sum);
+        sum = __dp4a(0x01010101, xv.w, sum);
+    }
+    float v = w.scale[s] * float(O::kBias ? dot - O::kBias * sum : dot);
+    if constexpr (O::kMin) v = fmaf(-w.min[s], float(sum), v);
+    return v;
+}
+
 // Code bytes of a block.
 template <GgmlType kType> __host__ __device__ constexpr int code_bytes() { return BlockFormat<kType>::kBytes - BlockFormat<kType>::kHeadBytes; }
 

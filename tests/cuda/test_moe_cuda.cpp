@@ -70,6 +70,17 @@ std::string name(const Shape& s, GgmlType t, int64_t T) {
 // past 16 tokens rounds x to bf16 in cuBLAS); the block types round x and h to int8 per 32.
 double tolerance(GgmlType t) { return t == GgmlType::F32 ? 2e-5 : t == GgmlType::BF16 ? 1e-2 : 5e-2; }
 
+// One call of T tokens on the device against ref::moe_ffn on the host weights h.
+void expect_reference(const ref::MoeWeights& h, const ref::MoeWeights& d, int64_t T, uint32_t seed, double tol,
+                      const std::string& what) {
+    const auto x = test::routed_input(h, T, 0.05f, seed);
+    std::vector<float> want(x.size());
+    ref::moe_ffn(h, x.data(), want.data(), T);
+    const std::vector<float> got = run(d, x, T);
+    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what;
+    EXPECT_LE(rel_err(got, want), tol) << what;
+}
+
 class CudaMoe : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -93,14 +104,8 @@ TEST_F(CudaMoe, EveryTypeAndShapeAgainstReference) {
             const DeviceLayer D(L.w);
             // 17, 45, 100: grouped by expert (4 experts, k 2, T 100: ~50 pairs an expert, so
             // chunks of 32 and a partial one on the tensor-core path)
-            for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(17), int64_t(45), int64_t(100)}) {
-                const auto x = test::routed_input(L.w, T, 0.05f, seed++);
-                std::vector<float> want(x.size());
-                ref::moe_ffn(L.w, x.data(), want.data(), T);
-                const std::vector<float> got = run(D.w, x, T);
-                for (float v : got) ASSERT_TRUE(std::isfinite(v)) << name(s, t, T);
-                EXPECT_LE(rel_err(got, want), tolerance(t)) << name(s, t, T);
-            }
+            for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(17), int64_t(45), int64_t(100)})
+                expect_reference(L.w, D.w, T, seed++, tolerance(t), name(s, t, T));
         }
     }
 }
@@ -115,14 +120,8 @@ TEST_F(CudaMoe, BlockTypesAgainstReference) {
         for (const Shape& s : shapes) {
             const Layer L(s, t, GgmlType::F32, seed++);
             const DeviceLayer D(L.w);
-            for (int64_t T : {int64_t(1), int64_t(4), int64_t(17), int64_t(60)}) {
-                const auto x = test::routed_input(L.w, T, 0.05f, seed++);
-                std::vector<float> want(x.size());
-                ref::moe_ffn(L.w, x.data(), want.data(), T);
-                const std::vector<float> got = run(D.w, x, T);
-                for (float v : got) ASSERT_TRUE(std::isfinite(v)) << name(s, t, T);
-                EXPECT_LE(rel_err(got, want), tolerance(t)) << name(s, t, T);
-            }
+            for (int64_t T : {int64_t(1), int64_t(4), int64_t(17), int64_t(60)})
+                expect_reference(L.w, D.w, T, seed++, tolerance(t), name(s, t, T));
         }
     // Q4_K gate / up with a Q6_K down, Q6_K with Q8_0 (each matrix its own tensor-core kernel
     // when grouped), Q4_K with BF16 (grouped calls on the GEMV kernels: not every matrix blocks).
@@ -133,13 +132,9 @@ TEST_F(CudaMoe, BlockTypesAgainstReference) {
         ref::MoeWeights hw = A.w;
         hw.down = B.w.down;
         const DeviceLayer D(hw);
-        for (int64_t T : {int64_t(1), int64_t(33)}) {
-            const auto x = test::routed_input(hw, T, 0.05f, seed++);
-            std::vector<float> want(x.size());
-            ref::moe_ffn(hw, x.data(), want.data(), T);
-            EXPECT_LE(rel_err(run(D.w, x, T), want), tolerance(tg))
-                << type_traits(tg).name << " gate/up, " << type_traits(td).name << " down, T=" << T;
-        }
+        for (int64_t T : {int64_t(1), int64_t(33)})
+            expect_reference(hw, D.w, T, seed++, tolerance(tg),
+                             std::string(type_traits(tg).name) + " gate/up, " + type_traits(td).name + " down, T=" + std::to_string(T));
     }
 }
 

@@ -22,6 +22,7 @@ const char* op_name(Op op) {
         case Op::SigmoidGateMul: return "sigmoid_gate_mul";
         case Op::GdnFused: return "gdn_fused";
         case Op::MoeFfn: return "moe_ffn";
+        case Op::Input: return "input";
     }
     return "?";
 }

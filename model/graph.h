@@ -39,6 +39,8 @@ enum class Op : uint8_t {
     GdnFused,        // in mixed_qkv, z, b, a -> out y [T, value_dim]; the layer's conv and recurrent
                      // states updated in place (kernels/ref/gdn.h gdn_fused)
     MoeFfn,          // in y [T, D] -> out [T, D]: router, experts, shared expert (kernels/ref/moe.h)
+    Input,           // out [T, cols]: rows the step is given (StepContext::hidden): the MTP head's
+                     // hidden states when it runs alone
 };
 const char* op_name(Op op);
 
@@ -89,6 +91,9 @@ struct GraphSpec {
     // the trunk's pre-norm h_t and token t + 1, its attention layer at position t over the
     // MTP cache (ModelState layer n_layer). The trunk runs as usual before it.
     bool mtp = false;
+    // The MTP head alone (a drafter's step): its h_t are given rows (Op::Input, [T, D]) and the
+    // step's ids are the next tokens t + 1, at the step's positions; no trunk.
+    bool mtp_alone = false;
 };
 
 struct Graph {

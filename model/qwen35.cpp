@@ -276,9 +276,8 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
 // a its output, y the MLP's normed input. Every node works on every row here; which rows each
 // needs (the last layer's, for the last token's logits), the fusions and the buffers are the
 // passes' and the backend's business (runtime/graph_passes.h, runtime/backend.h).
-namespace {
-
-struct GraphBuilder {
+// Builds the graph's nodes (Qwen35Model::build_graph and its MTP head).
+struct Qwen35GraphBuilder {
     const Qwen35HParams& hp;
     graph::Graph& g;
 
@@ -378,12 +377,18 @@ struct GraphBuilder {
     }
 };
 
-}  // namespace
-
 graph::Graph Qwen35Model::build_graph(const graph::GraphSpec& spec) const {
     graph::Graph g;
     g.spec = spec;
-    GraphBuilder b{hp_, g};
+    Qwen35GraphBuilder b{hp_, g};
+    if (spec.mtp_alone) {
+        const int h = b.tensor("mtp.h_in", hp_.n_embd);
+        g.add(graph::Op::Input, "mtp.hidden", {}, {h});
+        const int en = b.tensor("mtp.e_next", hp_.n_embd);
+        g.add(graph::Op::Embed, "mtp.token_embd", {}, {en}).weights = {&tok_embd};
+        mtp_head(b, h, en);
+        return g;
+    }
     int h = b.tensor("h0", hp_.n_embd);
     g.add(graph::Op::Embed, "token_embd", {}, {h}).weights = {&tok_embd};
     for (int l = 0; l < hp_.n_layer; ++l) {
@@ -395,36 +400,41 @@ graph::Graph Qwen35Model::build_graph(const graph::GraphSpec& spec) const {
         const int y = b.rms_norm(h, L.post_attn_norm, p + "y", p + "post_attention_norm");
         h = b.add(h, b.ffn(l, L, y), p + "h", p + "residual");
     }
-    if (spec.logits == graph::Rows::None && !spec.mtp) return g;  // an inner piece of a long prompt: states only
     if (spec.mtp) {
-        // spec/MODEL.md section 8: c = W_eh (enorm(E[x_{t+1}]) | hnorm(h_t)), one gated-attention
-        // decoder layer (its own cache: layer n_layer) at position t, shared_head_norm, LM head.
-        if (!mtp_) throw Error(file_->path() + ": the model has no MTP block (nextn_predict_layers is 0)");
-        const Qwen35Mtp& M = *mtp_;
-        const int l = hp_.n_layer;
-        const std::string p = "mtp.";
-        const int en = b.tensor(p + "e_next", hp_.n_embd);
+        const int en = b.tensor("mtp.e_next", hp_.n_embd);
         graph::Node& emb = g.add(graph::Op::Embed, "mtp.token_embd", {}, {en});
         emb.weights = {&tok_embd};
         emb.next_token = true;
-        const int e = b.rms_norm(en, M.enorm, p + "e", "mtp.enorm");
-        const int hh = b.rms_norm(h, M.hnorm, p + "hh", "mtp.hnorm");
-        int c = b.matmul(M.eh_e, e, p + "c", "mtp.eh_proj_e");
-        c = b.add(c, b.matmul(M.eh_h, hh, p + "c_h", "mtp.eh_proj_h"), p + "c_sum", "mtp.eh_proj");
-        const std::string q = "blk." + std::to_string(l) + ".";
-        const int x = b.rms_norm(c, M.layer.attn_norm, q + "x", q + "attn_norm");
-        int hm = b.add(c, b.attn_block(l, M.layer, x), q + "h_mid", q + "residual");
-        const int y = b.rms_norm(hm, M.layer.post_attn_norm, q + "y", q + "post_attention_norm");
-        hm = b.add(hm, b.ffn(l, M.layer, y), q + "h", q + "residual");
-        const int hf = b.rms_norm(hm, M.head_norm, "mtp.hf", "mtp.shared_head_norm");
-        const int logits = b.matmul(output, hf, "logits", "output");
-        g.tensors[size_t(logits)].logits = true;
+        mtp_head(b, h, en);
         return g;
     }
+    if (spec.logits == graph::Rows::None) return g;  // an inner piece of a long prompt: states only
     const int hf = b.rms_norm(h, output_norm, "hf", "output_norm");
     const int logits = b.matmul(output, hf, "logits", "output");
     g.tensors[size_t(logits)].logits = true;
     return g;
+}
+
+// spec/MODEL.md section 8 on h (the trunk's pre-norm hidden rows) and en (the next tokens'
+// embeddings): c = W_eh (enorm(en) | hnorm(h)), one gated-attention decoder layer (its own
+// cache: layer n_layer) at the rows' positions, shared_head_norm, the LM head.
+void Qwen35Model::mtp_head(Qwen35GraphBuilder& b, int h, int en) const {
+    if (!mtp_) throw Error(file_->path() + ": the model has no MTP block (nextn_predict_layers is 0)");
+    const Qwen35Mtp& M = *mtp_;
+    graph::Graph& g = b.g;
+    const int l = hp_.n_layer;
+    const std::string p = "mtp.", q = "blk." + std::to_string(l) + ".";
+    const int e = b.rms_norm(en, M.enorm, p + "e", "mtp.enorm");
+    const int hh = b.rms_norm(h, M.hnorm, p + "hh", "mtp.hnorm");
+    int c = b.matmul(M.eh_e, e, p + "c", "mtp.eh_proj_e");
+    c = b.add(c, b.matmul(M.eh_h, hh, p + "c_h", "mtp.eh_proj_h"), p + "c_sum", "mtp.eh_proj");
+    const int x = b.rms_norm(c, M.layer.attn_norm, q + "x", q + "attn_norm");
+    int hm = b.add(c, b.attn_block(l, M.layer, x), q + "h_mid", q + "residual");
+    const int y = b.rms_norm(hm, M.layer.post_attn_norm, q + "y", q + "post_attention_norm");
+    hm = b.add(hm, b.ffn(l, M.layer, y), q + "h", q + "residual");  // h': the next chained step's hidden row
+    const int hf = b.rms_norm(hm, M.head_norm, "mtp.hf", "mtp.shared_head_norm");
+    const int logits = b.matmul(output, hf, "logits", "output");
+    g.tensors[size_t(logits)].logits = true;
 }
 
 }  // namespace alloy

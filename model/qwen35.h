@@ -66,6 +66,8 @@ struct Qwen35Layer {
     const float* k_norm = nullptr;          // [head_dim]
 };
 
+struct Qwen35GraphBuilder;
+
 // The MTP block (blk.{n_layer}: nextn.* and one gated-attention decoder layer).
 struct Qwen35Mtp {
     Qwen35Layer layer;                      // attention kind (wq, wk, wv, wo, norms, FFN)
@@ -100,6 +102,7 @@ private:
     std::vector<std::vector<float>> owned_;  // small tensors converted to fp32
     std::vector<std::vector<uint8_t>> owned_bytes_;  // eh_proj's halves, in the file's type
     std::optional<Qwen35Mtp> mtp_;
+    void mtp_head(Qwen35GraphBuilder& b, int h, int en) const;  // build_graph's MTP nodes
 };
 
 }  // namespace alloy

@@ -58,6 +58,10 @@ struct ForwardOptions {
     // The logits are the MTP head's (graph::GraphSpec::mtp): row t predicts token t + 2. The
     // state needs the MTP cache (add_mtp_cache); one piece of at most max_batch tokens.
     bool mtp = false;
+    // The MTP head alone (graph::GraphSpec::mtp_alone): its hidden rows [n, D] (the trunk's
+    // pre-norm rows, or the head's own for a chained draft); the step's ids are the next tokens.
+    // The state: new_mtp_state's (its n_past is the head's own position count). One piece.
+    const float* mtp_hidden = nullptr;
 };
 
 }  // namespace alloy

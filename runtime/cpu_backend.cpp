@@ -1,6 +1,7 @@
 #include "runtime/cpu_backend.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -192,6 +193,14 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
     for (const Node& n : g.nodes) {
         const Rows r = n.rows;
         switch (n.op) {
+            case Op::Input: {  // the given rows (StepContext::hidden)
+                const TensorRef o = out(n, 0);
+                plan->add("input", n.label, [o](const StepContext& c) {
+                    if (!c.hidden) throw Error("forward: the MTP head alone needs its hidden rows (ForwardOptions::mtp_hidden)");
+                    std::memcpy(o.base, c.hidden, size_t(c.n) * size_t(o.cols) * sizeof(float));
+                });
+                break;
+            }
             case Op::Embed: {
                 const WeightView* tab = n.weights[0];
                 const TensorRef o = out(n, 0);

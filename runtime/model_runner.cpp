@@ -74,6 +74,8 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
     }
     const int n_seqs = int(batch.seqs.size());
     if (n_seqs == 0) throw Error("forward: the batch has no sequences");
+    if ((opts.mtp || opts.mtp_hidden) && st.k_cache.size() <= size_t(hparams().n_layer))
+        throw Error("forward: the MTP head needs the state's MTP cache (add_mtp_cache, new_mtp_state)");
     int64_t total = 0;
     std::vector<uint8_t> used(size_t(st.n_slots), 0);
     for (int i = 0; i < n_seqs; ++i) {
@@ -117,7 +119,7 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
         const int32_t slot = q.slot;
         const uint8_t serial = q.serial;
         if (log && q.n_tokens > piece) log->valid = false;
-        if (opts.mtp && q.n_tokens > piece)  // a piece's last row would pair with its own token
+        if ((opts.mtp || opts.mtp_hidden) && q.n_tokens > piece)  // a piece's last row would pair with its own token
             throw Error("forward: the MTP head takes one piece of at most " + std::to_string(piece) + " tokens, got " +
                         std::to_string(q.n_tokens));
         for (int done = 0; done < q.n_tokens;) {
@@ -129,6 +131,7 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
             const int32_t offsets[2] = {0, len}, n_past = st.n_past[size_t(slot)];
             ctx.ids = batch.ids.data() + done;
             ctx.n = len;
+            ctx.hidden = opts.mtp_hidden ? opts.mtp_hidden + size_t(done) * size_t(hparams().n_embd) : nullptr;
             ctx.n_seqs = 1;
             ctx.offsets = offsets;
             ctx.slots = &slot;
@@ -162,6 +165,7 @@ void ModelRunner::forward(ModelState& st, const Batch& batch, const ForwardOptio
     }
     ctx.ids = batch.ids.data();
     ctx.n = int(total);
+    ctx.hidden = opts.mtp_hidden;
     ctx.n_seqs = n_seqs;
     ctx.offsets = offsets.data();
     ctx.slots = slots.data();
@@ -182,12 +186,14 @@ void ModelRunner::run_plan(StepContext& ctx, int bucket, const ForwardOptions& o
                            Profiler* prof) const {
     std::string dumped;
     for (const std::string& d : opts.dump) dumped += d + "\n";
-    auto key = std::make_tuple(bucket, int(logits), int(opts.gdn_mode), opts.gdn_chunk, opts.mtp, dumped);
+    const int mtp = opts.mtp_hidden ? 2 : opts.mtp ? 1 : 0;
+    auto key = std::make_tuple(bucket, int(logits), int(opts.gdn_mode), opts.gdn_chunk, mtp, dumped);
     auto it = plans_.find(key);
     if (it == plans_.end()) {
         if (plans_.size() >= 6) plans_.clear();  // bound the memory held by old buckets
         graph::GraphSpec spec{logits, opts.gdn_mode, opts.gdn_chunk};
-        spec.mtp = opts.mtp;
+        spec.mtp = mtp == 1;
+        spec.mtp_alone = mtp == 2;
         graph::Graph g = step_graph(spec);
         it = plans_.emplace(key, backend_->compile(g, bucket, CompileOptions{opts.dump})).first;
     }

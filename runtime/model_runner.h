@@ -76,7 +76,7 @@ private:
     const Qwen35Model& model_;
     std::unique_ptr<Backend> backend_;
     // Plans by (bucket, logits rows, gdn mode, chunk, MTP head, dumped names); built lazily, reused.
-    mutable std::map<std::tuple<int, int, int, int, bool, std::string>, std::unique_ptr<Plan>> plans_;
+    mutable std::map<std::tuple<int, int, int, int, int, std::string>, std::unique_ptr<Plan>> plans_;
     mutable std::vector<float> host_logits_;  // argmax / top-k without logits on a host backend
     mutable std::vector<uint64_t> host_top_keys_;  // ref::top_k's scratch there (kept: 2 MB a row)
     void run_plan(StepContext& ctx, int bucket, const ForwardOptions& opts, graph::Rows logits, Profiler* prof) const;

@@ -65,6 +65,12 @@ void add_mtp_cache(ModelState& s, const Qwen35HParams& hp) {
     }
 }
 
+ModelState new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+    ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
+    add_mtp_cache(s, hp);
+    return s;
+}
+
 ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
     ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
     const size_t kv = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);

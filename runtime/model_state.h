@@ -71,6 +71,9 @@ ModelState new_model_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_t
 // Adds the MTP block's KV cache (layer index n_layer, spec/MODEL.md section 8) to a host state,
 // for the graphs of GraphSpec::mtp; throws for a device state or a model without the block.
 void add_mtp_cache(ModelState& s, const Qwen35HParams& hp);
+// A host state of the MTP block's cache alone (the trunk's layers empty), for
+// ForwardOptions::mtp_hidden: a drafter keeps it beside the trunk's state, its n_past its own.
+ModelState new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types = {}, int n_slots = 1);
 // The same checks and sizes, with every per-layer array left empty: the part a device backend
 // shares before it allocates its own memory.
 ModelState model_state_shape(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots);

@@ -51,6 +51,7 @@ struct StepContext {
     // Where a backend that can replay its GDN ops (Backend::replay_gdn) logs their inputs for a
     // speculative rollback (runtime/gdn_replay.h); nullptr: not wanted.
     GdnReplayLog* gdn_log = nullptr;
+    const float* hidden = nullptr;  // [n, cols] the rows of an Op::Input (the MTP head alone)
 };
 
 struct PlanStep {

@@ -779,6 +779,8 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     for (const Node& n : g.nodes) {
         const Rows r = n.rows;
         switch (n.op) {
+            case Op::Input:
+                throw Error("cuda backend: '" + n.label + "': the MTP head runs on the CPU backend only for now");
             case Op::Embed: {
                 if (n.next_token)
                     throw Error("cuda backend: '" + n.label + "': the MTP head runs on the CPU backend only for now");

@@ -329,8 +329,6 @@ TEST(HfFixtureDeep, VerificationReproducesDecodeAcrossKeyCells) {
     }
 }
 
-// Plans keep their scratch uninitialised and shared between plans; every kernel must mask the
-
 // The graph's named tensors against transformers' residual stream (forward hooks on its modules:
 // scripts/fixture_hidden_states.py): the embedding (h0), every layer's output (blk.N.h) and the
 // final norm (hf), dumped through ForwardOptions::dump as alloy logits --dump does, on the
@@ -377,6 +375,58 @@ TEST(HfFixtureDump, ResidualStreamAgreesWithTransformersLayerByLayer) {
     }
 }
 
+// The MTP head (r3_deep_mtp carries a random one: transformers ignores it, so no oracle here;
+// tests/cli/default_model_test.py checks the trained one against its training script). Run alone
+// on given hidden rows (a drafter's step: ForwardOptions::mtp_hidden, its own cache) with the
+// trunk's dumped last-layer rows and the next tokens, it gives the bits of the head run after
+// the trunk in one graph (GraphSpec::mtp); row t depends on rows <= t only.
+TEST(HfFixtureMtp, HeadAloneOnTheTrunksRowsGivesTheChainedGraphsBits) {
+    Fixture& f = fixture("r3_deep_mtp");
+    const ModelRunner& m = *f.runner;
+    ASSERT_NE(m.model().mtp(), nullptr);
+    const auto ids = f.ref["sequences"][0]["ids"].get<std::vector<int32_t>>();
+    const size_t T = ids.size(), D = size_t(m.hparams().n_embd), V = size_t(m.hparams().n_vocab);
+    ASSERT_GE(T, 4u);
+    const std::string last = "blk." + std::to_string(m.hparams().n_layer - 1) + ".h";
+    std::vector<float> hidden, chained(T * V);
+    ForwardOptions fo;
+    fo.all_logits = true;
+    fo.mtp = true;
+    fo.dump = {last};
+    fo.dump_sink = [&](const std::string&, int64_t, const float* rows, int64_t n_rows, int64_t cols) {
+        hidden.insert(hidden.end(), rows, rows + n_rows * cols);
+    };
+    ModelState st = m.new_state(256, kF32Cache);
+    add_mtp_cache(st, m.hparams());
+    m.forward(st, ids.data(), int(T), fo, chained.data());
+    ASSERT_EQ(hidden.size(), T * D);
+    // Alone: h_t with token t + 1 (the last row: its own token, as the chained graph pairs it).
+    std::vector<int32_t> next(ids.begin() + 1, ids.end());
+    next.push_back(ids.back());
+    ForwardOptions fa;
+    fa.all_logits = true;
+    fa.mtp_hidden = hidden.data();
+    ModelState ms = new_mtp_state(m.hparams(), 256, kF32Cache);
+    std::vector<float> alone(T * V);
+    m.forward(ms, next.data(), int(T), fa, alone.data());
+    EXPECT_EQ(alone, chained);
+    // The first half alone: its rows are the same (causal), and not the trunk's logits.
+    ModelState ms2 = new_mtp_state(m.hparams(), 256, kF32Cache);
+    std::vector<float> half(T / 2 * V);
+    m.forward(ms2, next.data(), int(T / 2), fa, half.data());
+    for (size_t i = 0; i < half.size(); ++i) ASSERT_NEAR(half[i], alone[i], 1e-5f * (1 + std::fabs(alone[i]))) << i;
+    EXPECT_NE(alone, run_logits(m, ids, Path::Chunked16));
+    // The head on a state without its cache: refused by name.
+    ModelState plain = m.new_state(256, kF32Cache);
+    try {
+        m.forward(plain, ids.data(), int(T), fo, chained.data());
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("MTP cache"), std::string::npos) << e.what();
+    }
+}
+
+// Plans keep their scratch uninitialised and shared between plans; every kernel must mask the
 // rows past the tokens of its call. With every scratch block filled with NaN, each path must
 // give the bits it gives with clean scratch (odd lengths, so buckets have padding rows).
 TEST(HfFixturePlans, ScratchPastTheRealTokensIsNeverRead) {

@@ -1,0 +1,41 @@
+// The model's MTP head as a drafter (issue 21; spec/MODEL.md section 8) for one sequence: the
+// head keeps its own cache (new_mtp_state: positions of its own, on the CPU backend), fed with
+// the trunk's pre-norm last-layer rows of every position the sequence keeps and the token that
+// followed each, exactly as it was trained (scripts/train_tiny_default.py MtpHead: row t pairs
+// h_t with token t + 1 at position t). The last such row predicts the token after the
+// sequence's next one: draft 1. Drafts 2..k chain on the head's own output row (its h', before
+// shared_head_norm) with the previous draft's embedding at the next position; those cache rows
+// are overwritten when the trunk's real rows for the positions arrive. The drafts only propose:
+// verification (runtime/speculative.h) decides, so the output is plain decode's whatever they are.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model_runner.h"
+
+namespace alloy {
+
+class MtpDrafter {
+public:
+    // Throws alloy::Error when the model has no MTP block.
+    MtpDrafter(const ModelRunner& m, int n_ctx, KvCacheTypes kv_types = {});
+    // The trunk's name for its last layer's rows, to dump them out of a forward
+    // (ForwardOptions::dump): "blk.{n_layer - 1}.h".
+    std::string trunk_rows_name() const;
+    // Rows the trunk computed at positions pos0 .. pos0 + n - 1 (hidden [n, D]), next[i] the
+    // token that followed position pos0 + i: fills the head's cache there (over whatever a chain
+    // left) and predicts the first draft.
+    void observe(int pos0, const float* hidden, const int32_t* next, int n);
+    // Up to k drafts after the last observed row (none before any observe).
+    std::vector<int32_t> draft(int k);
+
+private:
+    const ModelRunner& m_;
+    ModelState st_;
+    std::vector<float> logits_, head_row_;  // the last row's logits and h'
+    int pos_ = -1;                          // the last observed row's position
+    int32_t first_ = -1;                    // its prediction
+    void run(int pos, const float* hidden, const int32_t* ids, int n);
+};
+
+}  // namespace alloy

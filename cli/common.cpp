@@ -58,7 +58,7 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
 
 void SpecOptions::add_to(CLI::App* cmd) {
     cmd->add_option("--spec", mode,
-                    "speculative decoding: off | ngram (prompt lookup). Exact: greedy output (--temp 0) is token for "
+                    "speculative decoding: off | ngram (prompt lookup) | mtp (the model's MTP head; cpu backend). Exact: greedy output (--temp 0) is token for "
                     "token plain decode's; sampled output (temperature > 0) keeps plain sampling's distribution "
                     "(the speculative sampling rule), not its token stream for a seed")
         ->capture_default_str();
@@ -66,7 +66,8 @@ void SpecOptions::add_to(CLI::App* cmd) {
 }
 
 void SpecOptions::validate() const {
-    if (mode != "off" && mode != "ngram") throw Error("--spec must be 'off' or 'ngram', got '" + mode + "'");
+    if (mode != "off" && mode != "ngram" && mode != "mtp")
+        throw Error("--spec must be 'off', 'ngram' or 'mtp', got '" + mode + "'");
     if (k < 1 || k > 3) throw Error("--spec-k must be in [1, 3] (drafts per step), got " + std::to_string(k));
 }
 

@@ -94,6 +94,9 @@ struct GraphSpec {
     // The MTP head alone (a drafter's step): its h_t are given rows (Op::Input, [T, D]) and the
     // step's ids are the next tokens t + 1, at the step's positions; no trunk.
     bool mtp_alone = false;
+    // Tensors computed on every row whatever the logits need (graph names: a drafter reads the
+    // trunk's last-layer rows of every position, also of a prompt piece without logits).
+    std::vector<std::string> keep_rows;
 };
 
 struct Graph {

@@ -62,6 +62,8 @@ struct ForwardOptions {
     // pre-norm rows, or the head's own for a chained draft); the step's ids are the next tokens.
     // The state: new_mtp_state's (its n_past is the head's own position count). One piece.
     const float* mtp_hidden = nullptr;
+    // Tensors to compute on every row (graph::GraphSpec::keep_rows), e.g. to dump them.
+    std::vector<std::string> keep_rows;
 };
 
 }  // namespace alloy

@@ -48,6 +48,7 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/slot_cache.h"
 #include "runtime/gdn_replay.h"
+#include "runtime/mtp_drafter.h"
 #include "runtime/speculative.h"
 #include "runtime/stop_filter.h"
 
@@ -78,6 +79,11 @@ struct Sequence {
     // many tokens the request had taken when the step began.
     std::vector<int32_t> history;
     std::vector<int32_t> step_ids;
+    // --spec mtp: the model's MTP head drafting for this request (its own cache), fed after each
+    // step with the trunk's rows of the positions the request keeps; step_pos0: the position of
+    // this step's first token.
+    std::optional<MtpDrafter> mtp;
+    int step_pos0 = 0;
     std::optional<StateSnapshot> before;
     size_t ids_before = 0;
     // Adaptive drafting (speculation must not cost more than it saves): drafts per step follow
@@ -98,6 +104,8 @@ struct Engine::Impl {
     std::optional<SlotStateCache> slots;
     std::optional<PrefixCache> prefix;  // when cache_ram_mib > 0 on a host state
     std::optional<NgramDrafter> drafter;  // when spec is "ngram"
+    bool mtp_spec = false;                // when spec is "mtp"
+    std::vector<float> step_rows;         // --spec mtp: the step's trunk rows [T, D], batch order
 
     mutable std::mutex mu;
     std::condition_variable cv;
@@ -178,7 +186,24 @@ struct Engine::Impl {
     // the acceptance rules do not see). Greedy requests keep drafts by accept_greedy (plain
     // decode's tokens bit for bit); sampled ones by accept_sampled (plain sampling's
     // distribution, not its token stream for a given seed).
-    bool speculates(const Sequence& s) const { return drafter && !s.json; }
+    bool speculates(const Sequence& s) const { return (drafter || s.mtp) && !s.json; }
+
+    // --spec mtp: the rows [first, first + next.size()) of the step's trunk rows, at positions
+    // pos0.., each followed by next[i], into the request's MTP head. A failure turns its drafting
+    // off (the tokens never depend on drafts).
+    void mtp_observe(Sequence& s, size_t first, int pos0, const std::vector<int32_t>& next) {
+        const size_t D = size_t(lm.model->hparams().n_embd);
+        if (!s.mtp || next.empty()) return;
+        if ((first + next.size()) * D > step_rows.size()) {
+            s.mtp.reset();
+            return;
+        }
+        try {
+            s.mtp->observe(pos0, step_rows.data() + first * D, next.data(), int(next.size()));
+        } catch (const std::exception&) {
+            s.mtp.reset();
+        }
+    }
 
     // The sampled token of a step: stream it, then decide whether the request goes on.
     // Returns false when it finished. Same order of checks as a single run always had.
@@ -294,6 +319,7 @@ struct Engine::Impl {
         if (s.req.text) s.dec.emplace(*lm.tokenizer);
         s.filter.emplace(s.req.stop);
         if (drafter) s.history = s.req.prompt;
+        if (mtp_spec) s.mtp.emplace(*lm.runner, opt.n_ctx);
         if (s.req.format == GenerationRequest::Format::JsonObject) {
             if (!json_mask) json_mask.emplace(*lm.tokenizer, lm.model->hparams().n_vocab);
             s.json.emplace(/*object_only=*/true);
@@ -375,13 +401,14 @@ struct Engine::Impl {
             for (auto& s : active)
                 if (s->decoding) {
                     s->step_ids.assign(1, s->next);
+                    s->step_pos0 = slots->n_past(s->slot);
                     if (speculates(*s) && s->spec_skip > 0) {
                         --s->spec_skip;
                     } else if (speculates(*s)) {
                         if (s->spec_k_now == 0) s->spec_k_now = opt.spec_k;
                         const int k = std::min({s->spec_k_now, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
                         if (k > 0)
-                            for (int32_t d : drafter->draft(s->history, k)) s->step_ids.push_back(d);
+                            for (int32_t d : s->mtp ? s->mtp->draft(k) : drafter->draft(s->history, k)) s->step_ids.push_back(d);
                     }
                     const bool verify = s->step_ids.size() > 1;
                     if (verify) {
@@ -402,6 +429,19 @@ struct Engine::Impl {
         // those ops again instead of the model (runtime/gdn_replay.h); the log is this step's.
         const bool verifies = std::any_of(batch.seqs.begin(), batch.seqs.end(), [](const BatchSeq& q) { return q.logits == BatchLogits::All; });
         step_log.clear();
+        // --spec mtp: the rows of the trunk's last layer the step computes anyway, in batch order:
+        // every row of a decode or verification step, the last of a prompt's last piece, none of
+        // an inner piece. (Computing the others would change the prompt's last row's bits: the
+        // 16-bit GEMMs of many rows do not round as the one-row GEMV does.)
+        step_rows.clear();
+        const bool mtp_rows = std::any_of(order.begin(), order.end(), [](const Sequence* s) { return bool(s->mtp); });
+        if (mtp_rows) {
+            const std::string name = "blk." + std::to_string(lm.model->hparams().n_layer - 1) + ".h";
+            run.dump = {name};
+            run.dump_sink = [this](const std::string&, int64_t, const float* rows, int64_t n, int64_t cols) {
+                step_rows.insert(step_rows.end(), rows, rows + n * cols);
+            };
+        }
         if (verifies) run.gdn_log = &step_log;
         const size_t V = size_t(lm.model->hparams().n_vocab);
         // Kept between steps: 32 decoding requests need 19 MB of rows, not worth allocating and
@@ -450,6 +490,8 @@ struct Engine::Impl {
             drop_finished();
             return;
         }
+        std::vector<size_t> seq_first(order.size(), 0);  // batch sequence i's first row of the step
+        for (size_t i = 1; i < order.size(); ++i) seq_first[i] = seq_first[i - 1] + size_t(batch.seqs[i - 1].n_tokens);
         size_t row = 0;
         uint64_t sampled = 0, drafted = 0, accepted = 0;
         std::vector<Rollback> rollbacks;  // verifications that kept fewer tokens than they fed
@@ -503,6 +545,7 @@ struct Engine::Impl {
                     if (s.slot >= 0) finish(s, "error");
                 }
                 row += n;
+                mtp_observe(s, seq_first[i], s.step_pos0, std::vector<int32_t>(g.begin(), g.begin() + a + 1));
                 if (s.slot >= 0 && size_t(a) + 1 < n)
                     rollbacks.push_back({s.slot, &*s.before, std::vector<int32_t>(s.step_ids.begin(), s.step_ids.begin() + 1 + a)});
                 continue;
@@ -543,6 +586,8 @@ struct Engine::Impl {
             ++sampled;
             try {
                 take_token(s, token);
+                if (s.mtp && s.slot >= 0)  // the step's row (a prompt's: its last alone), followed by the token just taken
+                    mtp_observe(s, piece[i] > 0 ? 0 : seq_first[i], piece[i] > 0 ? int(s.fed) - 1 : s.step_pos0, {token});
             } catch (const std::exception& e) {  // a callback threw: that request fails, not the engine
                 s.dec.reset();
                 s.r.error = std::string("a callback of the request threw: ") + e.what();
@@ -611,7 +656,8 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
         throw Error("engine: n_parallel must be in [1, 256], got " + std::to_string(o.n_parallel));
     if (o.n_ctx < 2) throw Error("engine: n_ctx must be at least 2, got " + std::to_string(o.n_ctx));
     if (o.spec == "ngram") m.drafter.emplace();
-    else if (o.spec != "off") throw Error("engine: spec must be 'off' or 'ngram', got '" + o.spec + "'");
+    else if (o.spec == "mtp") m.mtp_spec = true;
+    else if (o.spec != "off") throw Error("engine: spec must be 'off', 'ngram' or 'mtp', got '" + o.spec + "'");
     if (o.spec_k < 1 || o.spec_k > kMaxVerifyTokens - 1)
         throw Error("engine: spec_k must be in [1, " + std::to_string(kMaxVerifyTokens - 1) + "] (drafts per step), got " +
                     std::to_string(o.spec_k));
@@ -619,6 +665,10 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     const KvCacheTypes kv = kv_cache_types(o);
     if (o.model_path.empty()) o.model_path = default_model_path();
     m.lm = load_model(o.model_path, tensor_placement(o), o.backend);
+    if (m.mtp_spec && !m.lm.model->mtp())
+        throw Error("engine: spec 'mtp' needs a model with an MTP block (nextn_predict_layers > 0); " + o.model_path +
+                    " has none (use 'ngram')");
+    if (m.mtp_spec && o.backend == "cuda") throw Error("engine: spec 'mtp' runs on the cpu backend only for now");
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
     if (o.cache_ram_mib < 0) throw Error("engine: cache_ram_mib must be >= 0, got " + std::to_string(o.cache_ram_mib));
     if (o.checkpoint_every < 1)

@@ -46,8 +46,10 @@ std::vector<int> producers(const Graph& g) {
 
 void prune_rows(Graph& g) {
     std::vector<Rows> need(g.tensors.size(), Rows::None);
-    for (size_t t = 0; t < g.tensors.size(); ++t)
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
         if (g.tensors[t].logits) need[t] = g.spec.logits;
+        if (name_matches(g.spec.keep_rows, g.tensors[t].name)) need[t] = Rows::All;
+    }
     std::vector<bool> dead(g.nodes.size(), false);
     for (size_t i = g.nodes.size(); i-- > 0;) {
         Node& n = g.nodes[i];

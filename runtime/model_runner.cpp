@@ -186,6 +186,7 @@ void ModelRunner::run_plan(StepContext& ctx, int bucket, const ForwardOptions& o
                            Profiler* prof) const {
     std::string dumped;
     for (const std::string& d : opts.dump) dumped += d + "\n";
+    for (const std::string& k : opts.keep_rows) dumped += "keep " + k + "\n";
     const int mtp = opts.mtp_hidden ? 2 : opts.mtp ? 1 : 0;
     auto key = std::make_tuple(bucket, int(logits), int(opts.gdn_mode), opts.gdn_chunk, mtp, dumped);
     auto it = plans_.find(key);
@@ -194,6 +195,7 @@ void ModelRunner::run_plan(StepContext& ctx, int bucket, const ForwardOptions& o
         graph::GraphSpec spec{logits, opts.gdn_mode, opts.gdn_chunk};
         spec.mtp = mtp == 1;
         spec.mtp_alone = mtp == 2;
+        spec.keep_rows = opts.keep_rows;
         graph::Graph g = step_graph(spec);
         it = plans_.emplace(key, backend_->compile(g, bucket, CompileOptions{opts.dump})).first;
     }

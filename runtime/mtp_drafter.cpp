@@ -18,9 +18,10 @@ std::string MtpDrafter::trunk_rows_name() const { return "blk." + std::to_string
 
 // The head alone on n rows at positions pos..: the last row's logits and h' kept.
 void MtpDrafter::run(int pos, const float* hidden, const int32_t* ids, int n) {
-    if (pos < 0 || pos + n > st_.n_ctx)
+    if (base_ < 0) base_ = pos;
+    if (pos < base_ || pos - base_ + n > st_.n_ctx)
         throw Error("MTP drafter: positions " + std::to_string(pos) + ".." + std::to_string(pos + n - 1) +
-                    " outside its cache of " + std::to_string(st_.n_ctx));
+                    " outside its cache of " + std::to_string(st_.n_ctx) + " from " + std::to_string(base_));
     ForwardOptions fo;
     fo.gdn_mode = ref::GdnMode::Serial;  // no GDN layer here; one plan key for every call
     fo.mtp_hidden = hidden;
@@ -31,7 +32,7 @@ void MtpDrafter::run(int pos, const float* hidden, const int32_t* ids, int n) {
     fo.dump_sink = [&](const std::string&, int64_t, const float* rows, int64_t n_rows, int64_t) {
         std::copy(rows + (n_rows - 1) * int64_t(D), rows + n_rows * int64_t(D), head_row_.begin());  // the last row's
     };
-    st_.n_past[0] = pos;  // the head's own positions: rows past pos are rewritten here
+    st_.n_past[0] = pos - base_;  // the head's own positions: rows past it are rewritten here
     m_.forward(st_, ids, n, fo, logits_.data());
 }
 
@@ -47,7 +48,7 @@ std::vector<int32_t> MtpDrafter::draft(int k) {
     if (pos_ < 0 || k <= 0) return d;
     d.push_back(first_);
     const std::vector<float> saved_logits = logits_, saved_row = head_row_;
-    for (int i = 1; i < k && pos_ + i < st_.n_ctx; ++i) {
+    for (int i = 1; i < k && pos_ - base_ + i < st_.n_ctx; ++i) {
         const std::vector<float> h = head_row_;
         run(pos_ + i, h.data(), &d.back(), 1);
         d.push_back(greedy_token(logits_.data(), int(logits_.size())));

@@ -1,11 +1,14 @@
 // The model's MTP head as a drafter (issue 21; spec/MODEL.md section 8) for one sequence: the
-// head keeps its own cache (new_mtp_state: positions of its own, on the CPU backend), fed with
-// the trunk's pre-norm last-layer rows of every position the sequence keeps and the token that
-// followed each, exactly as it was trained (scripts/train_tiny_default.py MtpHead: row t pairs
+// head keeps its own cache (new_mtp_state, on the CPU backend), fed with the trunk's pre-norm
+// last-layer rows of the positions the sequence keeps and the token that followed each, as it
+// was trained (scripts/train_tiny_default.py MtpHead: row t pairs
 // h_t with token t + 1 at position t). The last such row predicts the token after the
 // sequence's next one: draft 1. Drafts 2..k chain on the head's own output row (its h', before
 // shared_head_norm) with the previous draft's embedding at the next position; those cache rows
-// are overwritten when the trunk's real rows for the positions arrive. The drafts only propose:
+// are overwritten when the trunk's real rows for the positions arrive. The cache starts at the
+// first observed position (RoPE makes attention depend on distances only), so a caller may
+// begin at a prompt's last row (the engine: the other prompt rows are not computed in a
+// prefill whose logits are the last row's). The drafts only propose:
 // verification (runtime/speculative.h) decides, so the output is plain decode's whatever they are.
 #pragma once
 #include <cstdint>
@@ -34,6 +37,7 @@ private:
     ModelState st_;
     std::vector<float> logits_, head_row_;  // the last row's logits and h'
     int pos_ = -1;                          // the last observed row's position
+    int base_ = -1;                         // the first observed position: the cache's row 0
     int32_t first_ = -1;                    // its prediction
     void run(int pos, const float* hidden, const int32_t* ids, int n);
 };

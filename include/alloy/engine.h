@@ -44,8 +44,9 @@ struct EngineOptions {
     // checkpoint_every (>= 1) as well as of batch_size.
     int cache_ram_mib = 0;
     int checkpoint_every = 1024;
-    // Speculative decoding (exact): "off" or "ngram" (prompt lookup: drafts are the tokens that
-    // followed the latest earlier occurrence of the context's last 1-3 tokens). A greedy
+    // Speculative decoding (exact): "off", "ngram" (prompt lookup: drafts are the tokens that
+    // followed the latest earlier occurrence of the context's last 1-3 tokens) or "mtp" (the
+    // model's MTP head, runtime/mtp_drafter.h: the cpu backend, a model with the block). A greedy
     // request (temperature 0) without an output format then feeds its token and up to spec_k
     // drafts (1..3) per step and keeps each draft while it is the model's greedy token there,
     // so its tokens and logits are bit for bit those of plain decode. Sampled and constrained

@@ -105,6 +105,7 @@ struct Engine::Impl {
     std::optional<PrefixCache> prefix;  // when cache_ram_mib > 0 on a host state
     std::optional<NgramDrafter> drafter;  // when spec is "ngram"
     bool mtp_spec = false;                // when spec is "mtp"
+    std::unique_ptr<ModelRunner> mtp_runner;  // then: the MTP heads' plans (CPU), shared by the requests' drafters
     std::vector<float> step_rows;         // --spec mtp: the step's trunk rows [T, D], batch order
 
     mutable std::mutex mu;
@@ -319,7 +320,7 @@ struct Engine::Impl {
         if (s.req.text) s.dec.emplace(*lm.tokenizer);
         s.filter.emplace(s.req.stop);
         if (drafter) s.history = s.req.prompt;
-        if (mtp_spec) s.mtp.emplace(*lm.runner, opt.n_ctx);
+        if (mtp_spec) s.mtp.emplace(*mtp_runner, opt.n_ctx);
         if (s.req.format == GenerationRequest::Format::JsonObject) {
             if (!json_mask) json_mask.emplace(*lm.tokenizer, lm.model->hparams().n_vocab);
             s.json.emplace(/*object_only=*/true);
@@ -669,6 +670,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
         throw Error("engine: spec 'mtp' needs a model with an MTP block (nextn_predict_layers > 0); " + o.model_path +
                     " has none (use 'ngram')");
     if (m.mtp_spec && o.backend == "cuda") throw Error("engine: spec 'mtp' runs on the cpu backend only for now");
+    if (m.mtp_spec) m.mtp_runner = std::make_unique<ModelRunner>(*m.lm.model);
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
     if (o.cache_ram_mib < 0) throw Error("engine: cache_ram_mib must be >= 0, got " + std::to_string(o.cache_ram_mib));
     if (o.checkpoint_every < 1)

@@ -20,7 +20,9 @@ namespace alloy {
 
 class MtpDrafter {
 public:
-    // Throws alloy::Error when the model has no MTP block.
+    // m: a runner of its own for the head's plans (a CPU one; drafters may share it), so that the
+    // head's plans do not push the trunk's out of its runner's cache. Throws alloy::Error when
+    // the model has no MTP block.
     MtpDrafter(const ModelRunner& m, int n_ctx, KvCacheTypes kv_types = {});
     // The trunk's name for its last layer's rows, to dump them out of a forward
     // (ForwardOptions::dump): "blk.{n_layer - 1}.h".

@@ -22,7 +22,9 @@
 #include "kernels/cpu/matmul_kquant.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "format/quant.h"
 #include "kernels/cpu/cpu_features.h"
@@ -83,6 +85,46 @@ void q4k_unpack_scales(const uint8_t* s12, uint8_t* sc, uint8_t* m) {
             m[j] = uint8_t((s12[j + 4] >> 4) | ((s12[j] >> 6) << 4));
         }
     }
+}
+
+void q4k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst) {
+    const size_t rb = size_t(nb) * kQ4KBytes;
+    for (int64_t b = 0; b < nb; ++b, dst += kQ4KGroupBlock)
+        for (int r = 0; r < kQ4KGroupRows; ++r) {
+            const uint8_t* blk = src + r * rb + b * kQ4KBytes;
+            std::memcpy(dst + 2 * r, blk, 2);
+            std::memcpy(dst + 32 + 2 * r, blk + 2, 2);
+            for (int k = 0; k < 12; ++k) dst[64 + 16 * k + r] = blk[4 + k];
+            for (int i = 0; i < 8; ++i)
+                for (int g = 0; g < 4; ++g) std::memcpy(dst + 256 + 64 * (4 * i + g) + 4 * r, blk + 16 + 32 * g + 4 * i, 4);
+        }
+}
+
+void q4k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out) {
+    for (int64_t b = 0; b < nb; ++b, grp += kQ4KGroupBlock, out += kQ4KBytes) {
+        std::memcpy(out, grp + 2 * r, 2);
+        std::memcpy(out + 2, grp + 32 + 2 * r, 2);
+        for (int k = 0; k < 12; ++k) out[4 + k] = grp[64 + 16 * k + r];
+        for (int i = 0; i < 8; ++i)
+            for (int g = 0; g < 4; ++g) std::memcpy(out + 16 + 32 * g + 4 * i, grp + 256 + 64 * (4 * i + g) + 4 * r, 4);
+    }
+}
+
+void q4k_repack_matrix(uint8_t* data, int64_t n_out, int64_t n_in) {
+    const int64_t nb = n_in / kQK;
+    const size_t group_bytes = size_t(kQ4KGroupRows) * size_t(nb) * kQ4KBytes;
+    std::vector<uint8_t> tmp(group_bytes);
+    for (int64_t r = 0; r + kQ4KGroupRows <= n_out; r += kQ4KGroupRows) {
+        uint8_t* g = data + size_t(r) * size_t(nb) * kQ4KBytes;
+        std::memcpy(tmp.data(), g, group_bytes);
+        q4k_repack_group(tmp.data(), nb, g);
+    }
+}
+
+const uint8_t* q4k_gguf_row(const WeightView& W, int64_t r, uint8_t* buf) {
+    if (W.layout != WeightLayout::Q4KRows16 || r >= W.n_out / kQ4KGroupRows * kQ4KGroupRows) return W.row(r);
+    q4k_unpack_group_row(W.row(r - r % kQ4KGroupRows), W.n_in / kQK, int(r % kQ4KGroupRows), buf);
+    return buf;
 }
 
 namespace {
@@ -175,6 +217,20 @@ void gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, 
         }
 }
 
+// The scalar GEMV of a Q4KRows16 matrix: each row unpacked to its GGUF bytes, then q4k_dot.
+void q4k_r16_gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                         int64_t ldy) {
+    const int64_t nb = a.K / kQK;
+    std::vector<uint8_t> buf(W.row_bytes);
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+        const uint8_t* row = q4k_gguf_row(W, r, buf.data());
+        for (int t = 0; t < nt; ++t) {
+            const int64_t tt = t0 + t;
+            y[tt * ldy + r] = q4k_dot<false>(row, a.q + tt * a.K, a.d + tt * nb, a.bsums + tt * (a.K / 16), nb);
+        }
+    }
+}
+
 }  // namespace
 
 GemvFn kquant_gemv(GgmlType type, Isa isa) {
@@ -195,6 +251,17 @@ GemvFn kquant_gemv(GgmlType type, Isa isa) {
         case GgmlType::IQ4_XS: return gemv_scalar<iq4xs_dot>;
         default: return nullptr;
     }
+}
+
+GemvFn q4k_r16_gemv(Isa isa) {
+    // The same choice of build as kquant_gemv; on AVX-512 the 512-bit kernel (16 rows a vector)
+    // unless ALLOY_KQ_R16_ZMM=0 (the 256-bit one of the VNNI build: A/B, the same bits).
+    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni() && !cpu_is_intel()) {
+        static const bool zmm = [] { const char* e = std::getenv("ALLOY_KQ_R16_ZMM"); return !e || std::atoi(e) != 0; }();
+        return zmm ? q4k_r16_gemv_zmm() : q4k_r16_gemv_vnni();
+    }
+    if (isa >= Isa::Avx2) return q4k_r16_gemv_avx2();
+    return q4k_r16_gemv_scalar;
 }
 
 }  // namespace alloy::cpu::mm

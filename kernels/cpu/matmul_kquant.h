@@ -81,6 +81,35 @@ __attribute__((target("avx2"))) inline __m128i q4k_scales_mins(const uint8_t* s1
     return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(B, 2), _mm_set1_epi8(0x30)));  // (b >> 6) << 4
 }
 
+// Q4_K rows repacked at load (WeightLayout::Q4KRows16): each group of 16 rows keeps the bytes
+// of its 16 rows (16 * row_bytes, so a matrix repacks in place) as super-block-major blocks of
+// 2304 bytes, where SIMD lanes are rows: per super-block b of the group
+//   [0, 32)      the 16 rows' f16 d            [32, 64)  their f16 dmin
+//   [64, 256)    the 12 scale bytes, byte k of row r at 64 + 16 k + r
+//   [256, 2304)  the codes: for quad i (0..7), nibble group g (0..3): 64 bytes, row r's 4 bytes
+//                at 256 + 64 (4 i + g) + 4 r = its bytes 16 + 32 g + 4 i .. + 3 in the GGUF block
+// A last n_out % 16 rows stay as GGUF rows after the groups. The decode GEMVs read it with rows
+// in lanes (no horizontal sums, scales unpacked once per 16 rows) and give the bits of the GGUF
+// kernels (the same integer lane sums, the same fp32 steps); every other reader unpacks rows.
+constexpr int kQ4KGroupRows = 16;
+constexpr int kQ4KGroupBlock = kQ4KGroupRows * kQ4KBytes;  // 2304
+// 16 GGUF rows of nb super-blocks (row r at src + r * nb * 144) -> one group's bytes in dst.
+void q4k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst);
+// Row r (0..15) of a group back to its GGUF bytes (nb * 144 into out).
+void q4k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out);
+// A whole Q4_K matrix in place (data: n_out GGUF rows of n_in values) to the repacked layout.
+void q4k_repack_matrix(uint8_t* data, int64_t n_out, int64_t n_in);
+// Row r of W (GGUF or Q4KRows16 layout) as GGUF bytes: W.row(r) itself where it is one, else
+// unpacked into buf (row_bytes).
+const uint8_t* q4k_gguf_row(const WeightView& W, int64_t r, uint8_t* buf);
+// The decode GEMV of a Q4KRows16 matrix (GemvFn's contract; r0 and nr: multiples of 16 but at
+// the matrix's end) on the best path up to isa: the bits of kquant_gemv(Q4_K, isa) on the GGUF
+// rows for the SIMD paths.
+GemvFn q4k_r16_gemv(Isa isa);
+GemvFn q4k_r16_gemv_avx2();  // matmul_kquant_avx2.cpp
+GemvFn q4k_r16_gemv_vnni();  // matmul_kquant_vnni.cpp
+GemvFn q4k_r16_gemv_zmm();   // matmul_kquant_vnni.cpp: 16 rows in one zmm (AVX512-BW + VNNI)
+
 enum class KqKind { Q4, Q5, Q6 };
 
 // What a prefill tile of R rows (from r0) reads: the weight rows and the Q8_K panel from group

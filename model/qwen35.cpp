@@ -373,3 +373,23 @@ graph::Graph Qwen35Model::build_graph(const graph::GraphSpec& spec) const {
 }
 
 }  // namespace alloy
+
+namespace alloy {
+
+int Qwen35Model::repack_for_cpu() {
+    // The resident copy is this process's own anonymous memory (gguf::File, ResidentBytes),
+    // read-only only through the views' type; a mapped file's pages are not written.
+    if (!file_->resident()) return 0;
+    int n = 0;
+    const auto one = [&](WeightView& w) { n += cpu::repack_weight(w, const_cast<uint8_t*>(w.data)); };
+    for (Qwen35Layer& L : layers_)
+        for (WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ssm_qkv, &L.ssm_gate, &L.ssm_beta, &L.ssm_alpha,
+                              &L.ssm_out, &L.wq, &L.wk, &L.wv, &L.wo})
+            one(*w);
+    const bool tied = output.data == tok_embd.data;
+    one(output);
+    if (tied) tok_embd.layout = output.layout;
+    return n;
+}
+
+}  // namespace alloy

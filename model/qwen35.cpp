@@ -376,12 +376,14 @@ graph::Graph Qwen35Model::build_graph(const graph::GraphSpec& spec) const {
 
 namespace alloy {
 
-int Qwen35Model::repack_for_cpu() {
+int Qwen35Model::repack_for_cpu(bool (*allow)(GgmlType)) {
     // The resident copy is this process's own anonymous memory (gguf::File, ResidentBytes),
     // read-only only through the views' type; a mapped file's pages are not written.
     if (!file_->resident()) return 0;
     int n = 0;
-    const auto one = [&](WeightView& w) { n += cpu::repack_weight(w, const_cast<uint8_t*>(w.data)); };
+    const auto one = [&](WeightView& w) {
+        if (!allow || allow(w.type)) n += cpu::repack_weight(w, const_cast<uint8_t*>(w.data));
+    };
     for (Qwen35Layer& L : layers_)
         for (WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ssm_qkv, &L.ssm_gate, &L.ssm_beta, &L.ssm_alpha,
                               &L.ssm_out, &L.wq, &L.wk, &L.wv, &L.wo})

@@ -77,12 +77,12 @@ public:
     // this model's weights, so the graph is valid as long as the model is.
     graph::Graph build_graph(const graph::GraphSpec& spec) const;
     const gguf::File& file() const { return *file_; }
-    // Repacks the Q4_K matrices of the dense layers and the LM head in place for the CPU kernels
-    // (cpu::repack_weight; tied tables keep one copy, the embedding gather unpacks its rows).
-    // Only for a file whose tensor bytes are resident (writable) and a model run on the CPU
-    // backend only: other readers (the CUDA upload, kernels/ref) read the GGUF layout. Returns
-    // the matrices repacked.
-    int repack_for_cpu();
+    // Repacks the Q4_K and Q6_K matrices of the dense layers and the LM head in place for the
+    // CPU kernels (cpu::repack_weight; `allow`: the types to repack, nullptr: both). A tied table
+    // keeps one copy (the embedding gather unpacks its rows). Only for a file whose tensor bytes
+    // are resident (writable) and a model run on the CPU backend only: other readers (the CUDA
+    // upload, kernels/ref) read the GGUF layout. Returns the matrices repacked.
+    int repack_for_cpu(bool (*allow)(GgmlType) = nullptr);
 
 private:
     std::shared_ptr<gguf::File> file_;

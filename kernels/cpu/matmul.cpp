@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -228,7 +229,7 @@ Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
         return p;
     }
     Plan p = make_plan(W.type, isa, W.n_in, T);
-    if (W.layout == WeightLayout::Q4KRows16 && p.gemv) p.gemv = mm::q4k_r16_gemv(isa), p.name += " r16";
+    if (W.layout == WeightLayout::KqRows16 && p.gemv) p.gemv = mm::kq_r16_gemv(W.type, isa), p.name += " r16";
     return p;
 }
 
@@ -251,15 +252,15 @@ void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int6
 
 // GEMM over rows [r0, r0 + rc) and token groups [g0, g0 + nv) into tile [rc][ldt].
 // T: the call's tokens (a last group of at most mm::kNarrowTokens takes the narrow kernel).
-// unpack: rc * W.row_bytes bytes where W is repacked (WeightLayout::Q4KRows16): the tiles read
+// unpack: rc * W.row_bytes bytes where W is repacked (WeightLayout::KqRows16): the tiles read
 // GGUF rows, so the item's rows are unpacked there first (unpack_bytes).
 void gemm_tile(const Plan& p, const WeightView& W_in, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
                int nv, int64_t T, float* tile, int ldt, uint8_t* unpack) {
     WeightView W = W_in;
-    if (W_in.layout == WeightLayout::Q4KRows16) {
+    if (W_in.layout == WeightLayout::KqRows16) {
         for (int64_t i = 0; i < rc; ++i) {
             uint8_t* dst = unpack + size_t(i) * W_in.row_bytes;
-            const uint8_t* src = mm::q4k_gguf_row(W_in, r0 + i, dst);
+            const uint8_t* src = mm::kq_gguf_row(W_in, r0 + i, dst);
             if (src != dst) std::memcpy(dst, src, W_in.row_bytes);
         }
         W = WeightView{W_in.type, W_in.n_in, rc, unpack, W_in.row_bytes};
@@ -338,10 +339,10 @@ void nibble_rows_to_q8_0(const WeightView& W, int64_t r0, int64_t rc, uint8_t* o
 void convert_rows(const Plan& p, const WeightView& W, int64_t r0, int64_t rc, float* out) {
     for (int64_t i = 0; i < rc; ++i) {
         if (W.type == GgmlType::F16 && !p.avx2_tiles) mm::f16_to_f32_avx512(W.row(r0 + i), W.n_in, out + i * W.n_in);
-        else if (W.layout == WeightLayout::Q4KRows16) {
+        else if (W.layout == WeightLayout::KqRows16) {
             thread_local std::vector<uint8_t> buf;
             buf.resize(W.row_bytes);
-            dequantize_row(W.type, mm::q4k_gguf_row(W, r0 + i, buf.data()), out + i * W.n_in, W.n_in);
+            dequantize_row(W.type, mm::kq_gguf_row(W, r0 + i, buf.data()), out + i * W.n_in, W.n_in);
         } else {
             dequantize_row(W.type, W.row(r0 + i), out + i * W.n_in, W.n_in);
         }
@@ -420,7 +421,7 @@ Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unp
     return n;
 }
 
-size_t unpack_row_bytes(const WeightView& W) { return W.layout == WeightLayout::Q4KRows16 ? W.row_bytes : 0; }
+size_t unpack_row_bytes(const WeightView& W) { return W.layout == WeightLayout::KqRows16 ? W.row_bytes : 0; }
 // Where a thread's GEMM items unpack repacked rows: after its tile(s) in its slice.
 uint8_t* unpack_slice(const Plan& p, const Scratch& s, int thread, bool fused = false) {
     const int64_t ldt = int64_t(p.tile.groups) * mm::kGroup, chunk = kTileRowGroups * p.tile.rows;
@@ -541,7 +542,7 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         } else if (gemv) {
             // Decode: contiguous row ranges per item (guided sizes), each streamed several rows at a time.
             jb.count = guided_items(N, threads, jb.bounds,
-                                    jb.W->layout == WeightLayout::Q4KRows16 ? mm::kQ4KGroupRows : 1);
+                                    jb.W->layout == WeightLayout::KqRows16 ? mm::kQ4KGroupRows : 1);
         } else {
             jb.n_chunks = (N + kRowChunk - 1) / kRowChunk;
             jb.count = n_row_tiles * jb.n_chunks;
@@ -784,30 +785,38 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 }
 
 bool repack_weight(WeightView& W, uint8_t* data) {
-    if (W.type != GgmlType::Q4_K || W.layout != WeightLayout::Gguf || W.n_out < mm::kQ4KGroupRows ||
+    if (!mm::kq_repacks(W.type) || W.layout != WeightLayout::Gguf || W.n_out < mm::kQ4KGroupRows ||
         W.n_in % mm::kQK != 0 || data != W.data)
         return false;
     const int64_t groups = W.n_out / mm::kQ4KGroupRows, nb = W.n_in / mm::kQK;
     const size_t group_bytes = size_t(mm::kQ4KGroupRows) * W.row_bytes;
     const int64_t per_item = 64, items = (groups + per_item - 1) / per_item;
+    const bool q6 = W.type == GgmlType::Q6_K;
     parallel_for(items, [&](int64_t it, int) {
         std::vector<uint8_t> tmp(group_bytes);
         for (int64_t g = it * per_item; g < std::min(groups, (it + 1) * per_item); ++g) {
             uint8_t* grp = data + size_t(g) * group_bytes;
             std::memcpy(tmp.data(), grp, group_bytes);
-            mm::q4k_repack_group(tmp.data(), nb, grp);
+            if (q6) mm::q6k_repack_group(tmp.data(), nb, grp);
+            else mm::q4k_repack_group(tmp.data(), nb, grp);
         }
     });
-    W.layout = WeightLayout::Q4KRows16;
+    W.layout = WeightLayout::KqRows16;
     return true;
 }
 
-bool repack_enabled() {
-    static const bool on = [] { const char* e = std::getenv("ALLOY_KQ_REPACK"); return !e || std::atoi(e) != 0; }();
-    return on;
+bool repack_enabled(GgmlType t) {
+    // Unset or 1: every type that has the layout; 0: none; else the types named (q4_k,q6_k).
+    static const std::string e = [] { const char* v = std::getenv("ALLOY_KQ_REPACK"); return std::string(v ? v : "1"); }();
+    if (e == "1") return mm::kq_repacks(t);
+    if (e == "0") return false;
+    std::string name = type_traits(t).name, list = e;
+    for (char& c : list) c = char(std::tolower(static_cast<unsigned char>(c)));
+    for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return mm::kq_repacks(t) && ("," + list + ",").find("," + name + ",") != std::string::npos;
 }
 
-const uint8_t* weight_row(const WeightView& W, int64_t r, uint8_t* buf) { return mm::q4k_gguf_row(W, r, buf); }
+const uint8_t* weight_row(const WeightView& W, int64_t r, uint8_t* buf) { return mm::kq_gguf_row(W, r, buf); }
 
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T) {
     const Plan p = make_plan(wtype, isa, n_in, T);

@@ -18,6 +18,6 @@ namespace {
 }  // namespace
 
 GemvFn kquant_gemv_avx2(GgmlType type) { return kq_gemv_for(type); }
-GemvFn q4k_r16_gemv_avx2() { return q4k_r16_gemv_isa; }
+GemvFn kq_r16_gemv_avx2(GgmlType type) { return kq_r16_for(type); }
 
 }  // namespace alloy::cpu::mm

@@ -28,6 +28,11 @@ namespace {
 // bytes (broadcast from memory) gives each row's quad dot d (|d| <= 4 * 15 * 128, an int16),
 // then one vpdpwssd adds d * sc (sc zero-extended: the high half of the pair adds 0). The same
 // integers and fp32 steps as q4k_r16_half: the same bits. Into out[t * 16 + row].
+// 16 int8 at p sign-extended to 16 int32 lanes.
+KQ_ZMM_TARGET inline __m512i r16_i8x16(const uint8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // 16 bytes at p zero-extended to 16 int32 lanes.
 KQ_ZMM_TARGET inline __m512i r16_bytes16(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -122,15 +127,90 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
     }
 }
 
+// q6k_r16_half on all 16 rows of a group in 512-bit vectors: per quad i, group g, one vpdpbusd
+// of the 16 rows' 6-bit codes against the token's 4 activation bytes (|dot| <= 4 * 63 * 128,
+// an int16), then one vpdpwssd by the scale (sign-extended to 16 bits, the high half 0). The
+// same integers and fp32 steps as q6k_r16_half: the same bits. Into out[t * 16 + row].
 template <int NT>
-void q4k_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y,
-                      int64_t ldy) {
+KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
+    const int64_t K = a.K, nb = K / kQK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xFFFF);
+    __m512 acc[NT][8];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = grp + b * kQ6KGroupBlock;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+        const uint8_t* s8 = blk + 32;  // scale s of the 16 rows at s8 + 16 s
+        __m512 dxd[NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) dxd[t] = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + t) * nb + b]), d);
+#pragma GCC unroll 2
+        for (int ih = 0; ih < 2; ++ih) {
+            __m512i scv[8];  // group g's scale for quads 4 ih .. 4 ih + 3: 2g + ih, as (sc, 0) int16
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; ++g) scv[g] = _mm512_and_si512(r16_i8x16(s8 + 16 * (2 * g + ih)), lo16);
+#pragma GCC unroll 4
+            for (int ii = 0; ii < 4; ++ii) {
+                const int i = 4 * ih + ii;
+                __m512i s0[NT], s1[NT];
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; ++t) s0[t] = s1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; ++h) {
+                    const uint8_t* c = blk + 288 + 192 * (2 * i + h);
+                    const __m512i A = _mm512_loadu_si512(c), B = _mm512_loadu_si512(c + 64), Q = _mm512_loadu_si512(c + 128);
+                    __m512i q6[4];
+                    q6[0] = _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_and_si512(_mm512_slli_epi16(Q, 4), m30));
+                    q6[1] = _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(_mm512_slli_epi16(Q, 2), m30));
+                    q6[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), m4), _mm512_and_si512(Q, m30));
+                    q6[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), m4),
+                                            _mm512_and_si512(_mm512_srli_epi16(Q, 2), m30));
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; ++k) {
+                        const int g = 4 * h + k;
+#pragma GCC unroll 4
+                        for (int t = 0; t < NT; ++t) {
+                            const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 32 * g + 4 * i;
+                            const __m512i dq = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q6[k], _mm512_set1_epi32(load_i32(q8)));
+                            __m512i& sk = k % 2 ? s1[t] : s0[t];
+                            sk = _mm512_dpwssd_epi32(sk, dq, scv[g]);
+                        }
+                    }
+                }
+                const __m512i scp = _mm512_or_si512(_mm512_and_si512(r16_i8x16(s8 + 16 * (2 * i)), lo16),
+                                                    _mm512_slli_epi32(r16_i8x16(s8 + 16 * (2 * i + 1)), 16));
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; ++t) {
+                    const int16_t* bs = a.bsums + (t0 + t) * (K / 16) + b * 16;
+                    const __m512i corr = _mm512_slli_epi32(_mm512_madd_epi16(scp, _mm512_set1_epi32(load_i32(bs + 2 * i))), 5);
+                    const __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), corr);
+                    acc[t][i] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(sumi), acc[t][i]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+        const __m512* A = acc[t];
+        _mm512_storeu_ps(out + t * 16, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(A[0], A[4]), _mm512_add_ps(A[2], A[6])),
+                                                     _mm512_add_ps(_mm512_add_ps(A[1], A[5]), _mm512_add_ps(A[3], A[7]))));
+    }
+}
+
+template <KqKind kind, int NT>
+void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y,
+                     int64_t ldy) {
     const int64_t full = W.n_out / kQ4KGroupRows * kQ4KGroupRows, end = r0 + nr;
     int64_t r = r0;
     for (; r < std::min(end, full); r = r - r % kQ4KGroupRows + kQ4KGroupRows) {
         const int64_t g0 = r - r % kQ4KGroupRows;
         float out[NT * 16];
-        q4k_r16_group_zmm<NT>(W.data + size_t(g0) * W.row_bytes, a, t0, out);
+        const uint8_t* grp = W.data + size_t(g0) * W.row_bytes;
+        if constexpr (kind == KqKind::Q6) q6k_r16_group_zmm<NT>(grp, a, t0, out);
+        else q4k_r16_group_zmm<NT>(grp, a, t0, out);
         const int64_t hi = std::min(end, g0 + 16);
         if (r == g0 && hi == g0 + 16 && NT == 1) {
             std::memcpy(y + t0 * ldy + g0, out, 16 * sizeof(float));
@@ -140,23 +220,30 @@ void q4k_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows
             for (int64_t x = r; x < hi; ++x) y[(t0 + t) * ldy + x] = out[t * 16 + (x - g0)];
     }
     r = std::max(r, full);
-    if (r < end) gemv<KqKind::Q4>(W, r, end - r, a, t0, NT, y, ldy);
+    if (r < end) gemv<kind>(W, r, end - r, a, t0, NT, y, ldy);
 }
 
-void q4k_r16_gemv_zmm_fn(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
-                         int64_t ldy) {
+template <KqKind kind>
+void kq_r16_gemv_zmm_fn(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                        int64_t ldy) {
     switch (nt) {
-        case 1: return q4k_r16_rows_zmm<1>(W, r0, nr, a, t0, y, ldy);
-        case 2: return q4k_r16_rows_zmm<2>(W, r0, nr, a, t0, y, ldy);
-        case 3: return q4k_r16_rows_zmm<3>(W, r0, nr, a, t0, y, ldy);
-        default: return q4k_r16_rows_zmm<4>(W, r0, nr, a, t0, y, ldy);
+        case 1: return kq_r16_rows_zmm<kind, 1>(W, r0, nr, a, t0, y, ldy);
+        case 2: return kq_r16_rows_zmm<kind, 2>(W, r0, nr, a, t0, y, ldy);
+        case 3: return kq_r16_rows_zmm<kind, 3>(W, r0, nr, a, t0, y, ldy);
+        default: return kq_r16_rows_zmm<kind, 4>(W, r0, nr, a, t0, y, ldy);
     }
+}
+
+GemvFn kq_r16_zmm_for(GgmlType type) {
+    return type == GgmlType::Q4_K   ? kq_r16_gemv_zmm_fn<KqKind::Q4>
+           : type == GgmlType::Q6_K ? kq_r16_gemv_zmm_fn<KqKind::Q6>
+                                    : nullptr;
 }
 
 }  // namespace
 
 GemvFn kquant_gemv_vnni(GgmlType type) { return kq_gemv_for(type); }
-GemvFn q4k_r16_gemv_vnni() { return q4k_r16_gemv_isa; }
-GemvFn q4k_r16_gemv_zmm() { return q4k_r16_gemv_zmm_fn; }
+GemvFn kq_r16_gemv_vnni(GgmlType type) { return kq_r16_for(type); }
+GemvFn kq_r16_gemv_zmm(GgmlType type) { return kq_r16_zmm_for(type); }
 
 }  // namespace alloy::cpu::mm

@@ -1,4 +1,4 @@
-// Q4_K rows repacked at load (WeightLayout::Q4KRows16, kernels/cpu/matmul_kquant.h): every CPU
+// Q4_K and Q6_K rows repacked at load (WeightLayout::KqRows16, kernels/cpu/matmul_kquant.h): every CPU
 // path that reads a repacked matrix gives the bits it gives the same matrix as stored (GGUF rows):
 // the decode GEMVs (rows in SIMD lanes, the same integer lane sums and fp32 steps), the prefill
 // tiles and the scalar paths (rows unpacked), matmul_multi and matmul_swiglu; row counts that are
@@ -27,18 +27,21 @@ namespace {
 
 std::vector<cpu::Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 
-// A Q4_K matrix as stored and its repacked copy.
+const GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
+std::string tname(GgmlType t) { return type_traits(t).name; }
+
+// A matrix as stored and its repacked copy.
 struct Pair {
     std::vector<uint8_t> gguf, packed;
     WeightView g, p;
-    Pair(int64_t n_in, int64_t n_out, std::mt19937& rng) {
-        gguf = random_weights(GgmlType::Q4_K, n_in, n_out, rng);
+    Pair(GgmlType type, int64_t n_in, int64_t n_out, std::mt19937& rng) {
+        gguf = random_weights(type, n_in, n_out, rng);
         packed = gguf;
-        g = WeightView{GgmlType::Q4_K, n_in, n_out, gguf.data(), row_bytes(GgmlType::Q4_K, n_in)};
+        g = WeightView{type, n_in, n_out, gguf.data(), row_bytes(type, n_in)};
         p = g;
         p.data = packed.data();
         EXPECT_TRUE(cpu::repack_weight(p, packed.data()));
-        EXPECT_EQ(p.layout, WeightLayout::Q4KRows16);
+        EXPECT_EQ(p.layout, WeightLayout::KqRows16);
     }
 };
 
@@ -49,11 +52,12 @@ std::vector<float> randn(size_t n, std::mt19937& rng) {
     return v;
 }
 
-TEST(Q4KRepack, EveryRowUnpacksToItsStoredBytes) {
+TEST(KqRepack, EveryRowUnpacksToItsStoredBytes) {
     std::mt19937 rng(3);
+    for (GgmlType type : kTypes)
     for (int64_t n_out : {16, 37, 53, 1501})
         for (int64_t n_in : {256, 1280}) {
-            Pair m(n_in, n_out, rng);
+            Pair m(type, n_in, n_out, rng);
             const int64_t full = n_out / 16 * 16;
             // The groups moved (random codes: some byte differs), the tail did not.
             EXPECT_NE(0, std::memcmp(m.gguf.data(), m.packed.data(), size_t(full) * m.g.row_bytes));
@@ -62,27 +66,28 @@ TEST(Q4KRepack, EveryRowUnpacksToItsStoredBytes) {
             std::vector<uint8_t> buf(m.g.row_bytes);
             for (int64_t r = 0; r < n_out; ++r)
                 ASSERT_EQ(0, std::memcmp(cpu::weight_row(m.p, r, buf.data()), m.g.row(r), m.g.row_bytes))
-                    << "n_in=" << n_in << " n_out=" << n_out << " row " << r;
+                    << tname(type) << " n_in=" << n_in << " n_out=" << n_out << " row " << r;
         }
     // Nothing to do for other types, other layouts, or fewer rows than a group.
-    std::vector<uint8_t> b = random_weights(GgmlType::Q6_K, 256, 32, rng);
-    WeightView q6{GgmlType::Q6_K, 256, 32, b.data(), row_bytes(GgmlType::Q6_K, 256)};
-    EXPECT_FALSE(cpu::repack_weight(q6, b.data()));
+    std::vector<uint8_t> b = random_weights(GgmlType::Q5_K, 256, 32, rng);
+    WeightView q5{GgmlType::Q5_K, 256, 32, b.data(), row_bytes(GgmlType::Q5_K, 256)};
+    EXPECT_FALSE(cpu::repack_weight(q5, b.data()));
     std::vector<uint8_t> s = random_weights(GgmlType::Q4_K, 256, 15, rng);
     WeightView small{GgmlType::Q4_K, 256, 15, s.data(), row_bytes(GgmlType::Q4_K, 256)};
     EXPECT_FALSE(cpu::repack_weight(small, s.data()));
-    Pair twice(256, 32, rng);
+    Pair twice(GgmlType::Q6_K, 256, 32, rng);
     EXPECT_FALSE(cpu::repack_weight(twice.p, twice.packed.data()));
 }
 
 // matmul on the repacked matrix = matmul on the stored one, bit for bit, on every ISA path and
 // token count (T <= 16: the GEMVs; 17 and up: the tiles or fp32 rows, which unpack rows).
-TEST(Q4KRepack, MatmulGivesTheStoredMatrixBitsOnEveryPathAndTokenCount) {
+TEST(KqRepack, MatmulGivesTheStoredMatrixBitsOnEveryPathAndTokenCount) {
     std::mt19937 rng(11);
     cpu::MatmulScratch scratch;
     struct Shape { int64_t n_in, n_out; };
+    for (GgmlType type : kTypes)
     for (const Shape sh : {Shape{256, 37}, Shape{4096 + 256, 19}, Shape{1024, 67}, Shape{512, 1501}, Shape{768, 32}}) {
-        Pair m(sh.n_in, sh.n_out, rng);
+        Pair m(type, sh.n_in, sh.n_out, rng);
         std::vector<int64_t> Ts;
         for (int64_t t = 1; t <= 17; ++t) Ts.push_back(t);
         Ts.push_back(40);
@@ -94,7 +99,7 @@ TEST(Q4KRepack, MatmulGivesTheStoredMatrixBitsOnEveryPathAndTokenCount) {
                 cpu::matmul(m.p, x.data(), got.data(), T, isa, scratch);
                 for (float v : got) ASSERT_TRUE(std::isfinite(v));
                 ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
-                    << cpu::isa_name(isa) << " n_in=" << sh.n_in << " n_out=" << sh.n_out << " T=" << T;
+                    << tname(type) << " " << cpu::isa_name(isa) << " n_in=" << sh.n_in << " n_out=" << sh.n_out << " T=" << T;
             }
         }
     }
@@ -102,19 +107,20 @@ TEST(Q4KRepack, MatmulGivesTheStoredMatrixBitsOnEveryPathAndTokenCount) {
 
 // The repacked path is right, not only equal to the stored one: against ref::matmul on the
 // effective input (the contract's tight tolerance).
-TEST(Q4KRepack, MatchesTheReference) {
+TEST(KqRepack, MatchesTheReference) {
     std::mt19937 rng(13);
     cpu::MatmulScratch scratch;
-    Pair m(1024, 53, rng);
+    for (GgmlType type : kTypes)
     for (int64_t T : {1, 3, 16, 17}) {
+        Pair m(type, 1024, 53, rng);
         const std::vector<float> x = randn(size_t(T * 1024), rng);
         std::vector<float> xe(x.size()), want(size_t(T * 53));
-        cpu::matmul_effective_input(GgmlType::Q4_K, x.data(), xe.data(), T, 1024);
+        cpu::matmul_effective_input(type, x.data(), xe.data(), T, 1024);
         ref::matmul(m.g, xe.data(), want.data(), T);
         for (cpu::Isa isa : isas()) {
             std::vector<float> got(want.size(), NAN);
             cpu::matmul(m.p, x.data(), got.data(), T, isa, scratch);
-            EXPECT_LT(rel_err(got, want), 1e-5) << cpu::isa_name(isa) << " T=" << T;
+            EXPECT_LT(rel_err(got, want), 1e-5) << tname(type) << " " << cpu::isa_name(isa) << " T=" << T;
         }
     }
 }
@@ -122,18 +128,19 @@ TEST(Q4KRepack, MatchesTheReference) {
 // Every repacked GEMV variant called directly on row ranges that start and end inside groups
 // and reach into the GGUF tail: the stored-layout GEMV's bits (AVX2 build: the AVX2 one; VNNI:
 // the VNNI one, which gives the AVX2 bits too), 1 to 4 tokens.
-TEST(Q4KRepack, GemvVariantsGiveTheStoredGemvBitsOnAnyRowRange) {
+TEST(KqRepack, GemvVariantsGiveTheStoredGemvBitsOnAnyRowRange) {
     if (cpu::active_isa() < cpu::Isa::Avx2) GTEST_SKIP() << "no AVX2 here";
     std::mt19937 rng(17);
     struct Variant { const char* name; cpu::mm::GemvFn fn; };
-    std::vector<Variant> vs{{"avx2", cpu::mm::q4k_r16_gemv_avx2()}};
+    for (GgmlType type : kTypes) {
+    std::vector<Variant> vs{{"avx2", cpu::mm::kq_r16_gemv_avx2(type)}};
     if (cpu::active_isa() >= cpu::Isa::Avx512 && cpu::mm::cpu_has_avx512_vnni()) {
-        vs.push_back({"vnni ymm", cpu::mm::q4k_r16_gemv_vnni()});
-        vs.push_back({"zmm", cpu::mm::q4k_r16_gemv_zmm()});
+        vs.push_back({"vnni ymm", cpu::mm::kq_r16_gemv_vnni(type)});
+        vs.push_back({"zmm", cpu::mm::kq_r16_gemv_zmm(type)});
     }
-    const cpu::mm::GemvFn stored = cpu::mm::kquant_gemv_avx2(GgmlType::Q4_K);
+    const cpu::mm::GemvFn stored = cpu::mm::kquant_gemv_avx2(type);
     const int64_t K = 1280, N = 75;  // 4 groups and an 11-row tail
-    Pair m(K, N, rng);
+    Pair m(type, K, N, rng);
     struct Range { int64_t r0, nr; };
     for (int nt = 1; nt <= 4; ++nt) {
         const std::vector<float> x = randn(size_t(nt * K), rng);
@@ -154,32 +161,33 @@ TEST(Q4KRepack, GemvVariantsGiveTheStoredGemvBitsOnAnyRowRange) {
                     for (int64_t r = 0; r < N; ++r) {
                         const float g = got[size_t(t * N + r)], w = want[size_t(t * N + r)];
                         if (r < rg.r0 || r >= rg.r0 + rg.nr) {
-                            ASSERT_TRUE(std::isnan(g)) << v.name << ": wrote row " << r << " outside its range";
+                            ASSERT_TRUE(std::isnan(g)) << tname(type) << " " << v.name << ": wrote row " << r << " outside its range";
                         } else {
-                            ASSERT_EQ(0, std::memcmp(&g, &w, 4)) << v.name << " T=" << nt << " rows [" << rg.r0 << ", "
-                                                                 << rg.r0 + rg.nr << ") row " << r;
+                            ASSERT_EQ(0, std::memcmp(&g, &w, 4)) << tname(type) << " " << v.name << " T=" << nt << " rows ["
+                                                                 << rg.r0 << ", " << rg.r0 + rg.nr << ") row " << r;
                         }
                     }
             }
+    }
     }
 }
 
 // matmul_multi (one shared call, mixed layouts, mixed K-quant types) and matmul_swiglu (GEMVs
 // and the fused tiles) on repacked matrices: the stored matrices' bits.
-TEST(Q4KRepack, MultiAndSwigluGiveTheStoredBits) {
+TEST(KqRepack, MultiAndSwigluGiveTheStoredBits) {
     std::mt19937 rng(19);
     cpu::MatmulScratch scratch;
     const int64_t K = 512;
-    Pair a(K, 301, rng), b(K, 48, rng), c(K, 37, rng);
-    std::vector<uint8_t> q6 = random_weights(GgmlType::Q6_K, K, 29, rng);
-    const WeightView w6{GgmlType::Q6_K, K, 29, q6.data(), row_bytes(GgmlType::Q6_K, K)};
+    Pair a(GgmlType::Q4_K, K, 301, rng), b(GgmlType::Q4_K, K, 48, rng), c(GgmlType::Q6_K, K, 37, rng);
+    std::vector<uint8_t> q5 = random_weights(GgmlType::Q5_K, K, 29, rng);
+    const WeightView w5{GgmlType::Q5_K, K, 29, q5.data(), row_bytes(GgmlType::Q5_K, K)};
     for (int64_t T : {1, 4, 9, 16, 17, 33}) {
         const std::vector<float> x = randn(size_t(T * K), rng);
         for (cpu::Isa isa : isas()) {
             const std::string what = std::string(cpu::isa_name(isa)) + " T=" + std::to_string(T);
-            // All repacked; one stored beside repacked ones; a Q6_K among them.
-            const WeightView* sets[][3] = {{&a.p, &b.p, &c.p}, {&a.p, &b.g, &c.p}, {&a.p, &w6, &c.p}};
-            const WeightView* plain[][3] = {{&a.g, &b.g, &c.g}, {&a.g, &b.g, &c.g}, {&a.g, &w6, &c.g}};
+            // All repacked (Q4_K, Q4_K, Q6_K); one stored beside repacked ones; a Q5_K among them.
+            const WeightView* sets[][3] = {{&a.p, &b.p, &c.p}, {&a.p, &b.g, &c.p}, {&a.p, &w5, &c.p}};
+            const WeightView* plain[][3] = {{&a.g, &b.g, &c.g}, {&a.g, &b.g, &c.g}, {&a.g, &w5, &c.g}};
             for (int s = 0; s < 3; ++s) {
                 std::vector<std::vector<float>> want(3), got(3);
                 cpu::MatmulOut ow[3], og[3];
@@ -195,7 +203,7 @@ TEST(Q4KRepack, MultiAndSwigluGiveTheStoredBits) {
                     EXPECT_EQ(0, std::memcmp(want[j].data(), got[j].data(), want[j].size() * 4))
                         << what << " set " << s << " weight " << j;
             }
-            Pair up(K, 301, rng);
+            Pair up(GgmlType::Q4_K, K, 301, rng);
             std::vector<float> yw(size_t(T * 301)), uw(yw.size()), yg(yw.size(), NAN), ug(yw.size(), NAN);
             cpu::matmul_swiglu(a.g, up.g, x.data(), yw.data(), uw.data(), T, isa, scratch);
             cpu::matmul_swiglu(a.p, up.p, x.data(), yg.data(), ug.data(), T, isa, scratch);
@@ -205,18 +213,19 @@ TEST(Q4KRepack, MultiAndSwigluGiveTheStoredBits) {
 }
 
 // Two pool threads and one give the same bits (the GEMV items' bounds follow the groups).
-TEST(Q4KRepack, ResultDoesNotDependOnThreadCount) {
+TEST(KqRepack, ResultDoesNotDependOnThreadCount) {
     std::mt19937 rng(29);
-    Pair m(1024, 1501, rng);
     const int before = cpu::n_threads();
+    for (GgmlType type : kTypes)
     for (int64_t T : {1, 5, 20}) {
+        Pair m(type, 1024, 1501, rng);
         const std::vector<float> x = randn(size_t(T * 1024), rng);
         std::vector<float> one(size_t(T * 1501)), two(one.size());
         cpu::set_n_threads(1);
         cpu::matmul(m.p, x.data(), one.data(), T);
         cpu::set_n_threads(2);
         cpu::matmul(m.p, x.data(), two.data(), T);
-        EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * 4)) << "T=" << T;
+        EXPECT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * 4)) << tname(type) << " T=" << T;
     }
     cpu::set_n_threads(before);
 }

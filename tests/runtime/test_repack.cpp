@@ -1,12 +1,14 @@
-// Q4_K matrices repacked at load for the CPU kernels (Qwen35Model::repack_for_cpu,
-// WeightLayout::Q4KRows16): the model computes the same logits bit for bit as on the stored
+// Q4_K and Q6_K matrices repacked at load for the CPU kernels (Qwen35Model::repack_for_cpu,
+// WeightLayout::KqRows16): the model computes the same logits bit for bit as on the stored
 // layout, at prefill, decode and verification-sized steps, with a tied Q4_K table (the
-// embedding gather unpacks its rows) and in a mixed Q4_K_M file; a mapped file is not written.
+// embedding gather unpacks its rows) and in a Q4_K_M file (Q4_K and Q6_K matrices, a tied
+// Q6_K table); a mapped file is not written.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -35,9 +37,10 @@ protected:
         synth_qwen35(so);
         QuantizeOptions q;
         q.type = FileType::Q4_K_M;
-        quantize_file(so.out_path, (dir_ / "q4km.gguf").string(), q);
+        for (const auto& t : quantize_file(so.out_path, (dir_ / "q4km.gguf").string(), q).tensors)
+            types_km_[t.name] = t.to;
         q.pure = true;  // every matrix Q4_K, the tied table too
-        quantize_file(so.out_path, (dir_ / "q4k.gguf").string(), q);
+        for (const auto& t : quantize_file(so.out_path, (dir_ / "q4k.gguf").string(), q).tensors) types_k_[t.name] = t.to;
     }
     static void TearDownTestSuite() { fs::remove_all(dir_); }
 
@@ -62,9 +65,15 @@ protected:
         return out;
     }
     static inline fs::path dir_;
+    static inline std::map<std::string, GgmlType> types_km_, types_k_;
 };
 
 TEST_F(Repack, LogitsAreTheStoredLayoutsBitForBit) {
+    // What the files hold: a tied table (no output.weight) of Q6_K / Q4_K, Q4_K and Q6_K layers.
+    EXPECT_EQ(types_km_.count("output.weight"), 0u);
+    EXPECT_EQ(types_km_["token_embd.weight"], GgmlType::Q6_K);
+    EXPECT_EQ(types_k_["token_embd.weight"], GgmlType::Q4_K);
+    EXPECT_EQ(types_km_["blk.0.ffn_gate.weight"], GgmlType::Q4_K);
     for (const char* name : {"q4k.gguf", "q4km.gguf"}) {
         const std::string path = (dir_ / name).string();
         auto plain = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));

@@ -141,18 +141,6 @@ void q6k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out) {
     }
 }
 
-void kq_repack_matrix(GgmlType t, uint8_t* data, int64_t n_out, int64_t n_in) {
-    const int64_t nb = n_in / kQK;
-    const size_t group_bytes = size_t(kQ4KGroupRows) * row_bytes(t, n_in);
-    std::vector<uint8_t> tmp(group_bytes);
-    for (int64_t r = 0; r + kQ4KGroupRows <= n_out; r += kQ4KGroupRows) {
-        uint8_t* g = data + size_t(r / kQ4KGroupRows) * group_bytes;
-        std::memcpy(tmp.data(), g, group_bytes);
-        if (t == GgmlType::Q6_K) q6k_repack_group(tmp.data(), nb, g);
-        else q4k_repack_group(tmp.data(), nb, g);
-    }
-}
-
 const uint8_t* kq_gguf_row(const WeightView& W, int64_t r, uint8_t* buf) {
     if (W.layout != WeightLayout::KqRows16 || r >= W.n_out / kQ4KGroupRows * kQ4KGroupRows) return W.row(r);
     const uint8_t* grp = W.row(r - r % kQ4KGroupRows);

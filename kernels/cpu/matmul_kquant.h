@@ -107,8 +107,7 @@ void q6k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst);
 // Row r (0..15) of a group back to its GGUF bytes (nb blocks into out).
 void q4k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out);
 void q6k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out);
-// A whole matrix of a kq_repacks type in place (data: n_out GGUF rows of n_in values).
-void kq_repack_matrix(GgmlType t, uint8_t* data, int64_t n_out, int64_t n_in);
+// (A whole matrix: cpu::repack_weight, kernels/cpu/matmul.h.)
 // Row r of W (GGUF or KqRows16 layout) as GGUF bytes: W.row(r) itself where it is one, else
 // unpacked into buf (row_bytes).
 const uint8_t* kq_gguf_row(const WeightView& W, int64_t r, uint8_t* buf);

@@ -23,11 +23,11 @@ namespace {
 
 #define KQ_ZMM_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-// q4k_r16_half on all 16 rows of a group in 512-bit vectors (lane r = row r): per quad i and
+// q4k_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r): per quad i and
 // nibble group g, one vpdpbusd of the 16 rows' code bytes against the token's 4 activation
 // bytes (broadcast from memory) gives each row's quad dot d (|d| <= 4 * 15 * 128, an int16),
 // then one vpdpwssd adds d * sc (sc zero-extended: the high half of the pair adds 0). The same
-// integers and fp32 steps as q4k_r16_half: the same bits. Into out[t * 16 + row].
+// integers and fp32 steps as q4k_r16_group: the same bits. Into out[t * 16 + row].
 // 16 int8 at p sign-extended to 16 int32 lanes.
 KQ_ZMM_TARGET inline __m512i r16_i8x16(const uint8_t* p) {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -127,10 +127,10 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
     }
 }
 
-// q6k_r16_half on all 16 rows of a group in 512-bit vectors: per quad i, group g, one vpdpbusd
+// q6k_r16_group on all 16 rows of a group in 512-bit vectors: per quad i, group g, one vpdpbusd
 // of the 16 rows' 6-bit codes against the token's 4 activation bytes (|dot| <= 4 * 63 * 128,
 // an int16), then one vpdpwssd by the scale (sign-extended to 16 bits, the high half 0). The
-// same integers and fp32 steps as q6k_r16_half: the same bits. Into out[t * 16 + row].
+// same integers and fp32 steps as q6k_r16_group: the same bits. Into out[t * 16 + row].
 template <int NT>
 KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
     const int64_t K = a.K, nb = K / kQK;

@@ -252,20 +252,21 @@ void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int6
 
 // GEMM over rows [r0, r0 + rc) and token groups [g0, g0 + nv) into tile [rc][ldt].
 // T: the call's tokens (a last group of at most mm::kNarrowTokens takes the narrow kernel).
-// unpack: rc * W.row_bytes bytes where W is repacked (WeightLayout::KqRows16): the tiles read
-// GGUF rows, so the item's rows are unpacked there first (unpack_bytes).
-void gemm_tile(const Plan& p, const WeightView& W_in, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
-               int nv, int64_t T, float* tile, int ldt, uint8_t* unpack) {
-    WeightView W = W_in;
-    if (W_in.layout == WeightLayout::KqRows16) {
-        for (int64_t i = 0; i < rc; ++i) {
-            uint8_t* dst = unpack + size_t(i) * W_in.row_bytes;
-            const uint8_t* src = mm::kq_gguf_row(W_in, r0 + i, dst);
-            if (src != dst) std::memcpy(dst, src, W_in.row_bytes);
-        }
-        W = WeightView{W_in.type, W_in.n_in, rc, unpack, W_in.row_bytes};
-        r0 = 0;
+// Rows [r0, r0 + rc) of W as a GGUF view of rc rows: W's own bytes, or (a repacked W,
+// WeightLayout::KqRows16, whose rows the GEMM tiles cannot read) unpacked into buf
+// (rc * row_bytes). A GEMM item of a repacked weight unpacks its rows once for every token tile.
+WeightView gguf_rows(const WeightView& W, int64_t r0, int64_t rc, uint8_t* buf) {
+    if (W.layout != WeightLayout::KqRows16) return WeightView{W.type, W.n_in, rc, W.row(r0), W.row_bytes};
+    for (int64_t i = 0; i < rc; ++i) {
+        uint8_t* dst = buf + size_t(i) * W.row_bytes;
+        const uint8_t* src = mm::kq_gguf_row(W, r0 + i, dst);
+        if (src != dst) std::memcpy(dst, src, W.row_bytes);
     }
+    return WeightView{W.type, W.n_in, rc, buf, W.row_bytes};
+}
+
+void gemm_tile(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
+               int nv, int64_t T, float* tile, int ldt) {
     const mm::TileKernel& kt = p.tile;
     const int64_t K = W.n_in;
     // ALLOY_Q8_NARROW=0: the full tile for narrow groups too (A/B; the same bits).
@@ -303,8 +304,8 @@ GemmItem gemm_item(const mm::TileKernel& kt, int64_t it, int64_t n_chunks, int64
 }
 
 void gemm_range(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
-                int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out, uint8_t* unpack) {
-    gemm_tile(p, W, panel, r0, rc, g0, nv, T, tile, ldt, unpack);
+                int nv, int64_t T, float* tile, int ldt, float* y, int64_t ldy, bool stream_out) {
+    gemm_tile(p, W, panel, r0, rc, g0, nv, T, tile, ldt);
     store_tile(p, tile, ldt, r0, rc, g0, nv, T, y, ldy, stream_out);
 }
 
@@ -406,7 +407,8 @@ Scratch carve(const Need& n, void* workspace) {
 
 // The sections a call of T tokens on plan p takes (run_jobs, or run_converted for converted
 // weights); fused: matmul_swiglu's GEMM items (gate and up tiles per thread).
-// unpack_row_bytes: a repacked weight's row bytes (its GEMM items unpack their rows after the tiles).
+// unpack_row_bytes: a repacked weight's row bytes (its GEMM items unpack their rows after the
+// tiles: gate's and up's in a fused item).
 Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unpack_row_bytes = 0) {
     Need n;
     const bool gemm = use_gemm(p, T);
@@ -416,7 +418,7 @@ Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unp
         if (p.round_input != InputRounding::None) n.rounded = size_t(T * K) * sizeof(float);
         n.per_thread = size_t(kConvertRows * K + kConvertRows * ldt) * sizeof(float);
     } else if (gemm) {
-        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float) + size_t(chunk) * unpack_row_bytes;
+        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float) + size_t((fused ? 2 : 1) * chunk) * unpack_row_bytes;
     }
     return n;
 }
@@ -538,7 +540,8 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         jb.first = total;
         if (gemm) {
             jb.n_chunks = (N + chunk - 1) / chunk;
-            jb.count = n_tiles * jb.n_chunks;
+            // A repacked weight: one item per row chunk over every token tile (its rows unpacked once).
+            jb.count = (jb.W->layout == WeightLayout::KqRows16 ? 1 : n_tiles) * jb.n_chunks;
         } else if (gemv) {
             // Decode: contiguous row ranges per item (guided sizes), each streamed several rows at a time.
             jb.count = guided_items(N, threads, jb.bounds,
@@ -556,11 +559,17 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         const Job& jb = jobs[j];
         const WeightView& W = *jb.W;
         const int64_t N = W.n_out, it = item - jb.first;
-        if (gemm) {
+        if (gemm && W.layout == WeightLayout::KqRows16) {
+            float* tile = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt]
+            const int64_t r0 = it * chunk, rc = std::min(chunk, N - r0);
+            const WeightView V = gguf_rows(W, r0, rc, unpack_slice(p, s, thread));
+            for (int64_t g0 = 0; g0 < G; g0 += kt.groups)
+                gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(kt.groups, G - g0)), T, tile, ldt, jb.y + r0, N,
+                           stream_output(T, N));
+        } else if (gemm) {
             const GemmItem gi = gemm_item(kt, it, jb.n_chunks, chunk, G, N);
             float* tile = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt]
-            gemm_range(p, W, panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tile, ldt, jb.y, N, stream_output(T, N),
-                       unpack_slice(p, s, thread));
+            gemm_range(p, W, panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tile, ldt, jb.y, N, stream_output(T, N));
         } else if (gemv) {
             const int64_t r0 = jb.bounds[it], nr = jb.bounds[it + 1] - r0;
             const int64_t run = T <= mm::kRowDotTokens ? nr : mm::kGemvRunRows;
@@ -615,7 +624,7 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
         if (gemm) {
             for (int64_t g0 = 0; g0 < G; g0 += p.tile.groups)
                 gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(p.tile.groups, G - g0)), T, tile, ldt,
-                           y + r0, N, stream_output(T, N), nullptr);
+                           y + r0, N, stream_output(T, N));
         } else {
             rowdot_range(p, V, rows_act, 0, rc, 0, T, y + r0, N);
         }
@@ -726,16 +735,29 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     const int64_t n_chunks = (N + chunk - 1) / chunk, n_tiles = (G_tok + kt.groups - 1) / kt.groups;
     const int ldt = kt.groups * mm::kGroup;
     const Isa swiglu_isa = std::min(isa, active_isa());
-    parallel_for(n_tiles * n_chunks, [&](int64_t it, int thread) {
-        const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
-        const int64_t tn = std::min<int64_t>(gi.nv * mm::kGroup, T - gi.g0 * mm::kGroup);
+    // Repacked gate / up: one item per row chunk over every token tile (their rows unpacked once).
+    const bool repacked = G.layout == WeightLayout::KqRows16 || U.layout == WeightLayout::KqRows16;
+    const auto item = [&](const WeightView& VG, const WeightView& VU, int64_t r0, int64_t rc, int64_t g0, int nv,
+                          float* tg, float* tu, float* yo) {
+        const int64_t tn = std::min<int64_t>(nv * mm::kGroup, T - g0 * mm::kGroup);
+        gemm_tile(p, VG, act.panel, r0, rc, g0, nv, T, tg, ldt);
+        gemm_tile(p, VU, act.panel, r0, rc, g0, nv, T, tu, ldt);
+        for (int64_t r = 0; r < rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, swiglu_isa);
+        store_tile(p, tg, ldt, r0, rc, g0, nv, T, yo, N, stream_output(T, N));
+    };
+    parallel_for((repacked ? 1 : n_tiles) * n_chunks, [&](int64_t it, int thread) {
         float* tg = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt] gate, then up
         float* tu = tg + chunk * ldt;
-        uint8_t* unpack = unpack_slice(p, s, thread, true);
-        gemm_tile(p, G, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tg, ldt, unpack);
-        gemm_tile(p, U, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tu, ldt, unpack);
-        for (int64_t r = 0; r < gi.rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, swiglu_isa);
-        store_tile(p, tg, ldt, gi.r0, gi.rc, gi.g0, gi.nv, T, y, N, stream_output(T, N));
+        if (repacked) {
+            const int64_t r0 = it * chunk, rc = std::min(chunk, N - r0);
+            uint8_t* buf = unpack_slice(p, s, thread, true);
+            const WeightView VG = gguf_rows(G, r0, rc, buf), VU = gguf_rows(U, r0, rc, buf + size_t(chunk) * G.row_bytes);
+            for (int64_t g0 = 0; g0 < G_tok; g0 += kt.groups)
+                item(VG, VU, 0, rc, g0, int(std::min<int64_t>(kt.groups, G_tok - g0)), tg, tu, y + r0);
+            return;
+        }
+        const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
+        item(G, U, gi.r0, gi.rc, gi.g0, gi.nv, tg, tu, y);
     });
 }
 

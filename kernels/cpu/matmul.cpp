@@ -807,8 +807,9 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 }
 
 bool repack_weight(WeightView& W, uint8_t* data) {
+    // (Only a whole matrix: a view of part of each row, row_bytes past its n_in, keeps its layout.)
     if (!mm::kq_repacks(W.type) || W.layout != WeightLayout::Gguf || W.n_out < mm::kQ4KGroupRows ||
-        W.n_in % mm::kQK != 0 || data != W.data)
+        W.n_in % mm::kQK != 0 || W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
         return false;
     const int64_t groups = W.n_out / mm::kQ4KGroupRows, nb = W.n_in / mm::kQK;
     const size_t group_bytes = size_t(mm::kQ4KGroupRows) * W.row_bytes;

@@ -101,7 +101,8 @@ std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T);
 // kernels/cpu/matmul_kquant.h: 16 rows interleaved, rows in SIMD lanes for the decode GEMVs; the
 // prefill tiles, the scalar paths and row gathers unpack rows from it; the same results bit for
 // bit). `data` is W.data, writable; W.layout is set. False (nothing changed) for other types,
-// other layouts, or fewer than 16 rows. Runs on the thread pool.
+// other layouts, fewer than 16 rows, or a view of part of each row (row_bytes past n_in). Runs
+// on the thread pool.
 bool repack_weight(WeightView& W, uint8_t* data);
 // Whether the model loaders repack matrices of type t: ALLOY_KQ_REPACK unset or 1: every type
 // that has the layout; 0: none (A/B); else a comma list of type names (q4_k,q6_k).

@@ -75,6 +75,10 @@ TEST(KqRepack, EveryRowUnpacksToItsStoredBytes) {
     std::vector<uint8_t> s = random_weights(GgmlType::Q4_K, 256, 15, rng);
     WeightView small{GgmlType::Q4_K, 256, 15, s.data(), row_bytes(GgmlType::Q4_K, 256)};
     EXPECT_FALSE(cpu::repack_weight(small, s.data()));
+    // A view of the first half of each row (row_bytes past its n_in) is not a whole matrix.
+    std::vector<uint8_t> h = random_weights(GgmlType::Q4_K, 512, 32, rng);
+    WeightView half{GgmlType::Q4_K, 256, 32, h.data(), row_bytes(GgmlType::Q4_K, 512)};
+    EXPECT_FALSE(cpu::repack_weight(half, h.data()));
     Pair twice(GgmlType::Q6_K, 256, 32, rng);
     EXPECT_FALSE(cpu::repack_weight(twice.p, twice.packed.data()));
 }

@@ -438,3 +438,25 @@ void Qwen35Model::mtp_head(Qwen35GraphBuilder& b, int h, int en) const {
 }
 
 }  // namespace alloy
+
+namespace alloy {
+
+int Qwen35Model::repack_for_cpu(bool (*allow)(GgmlType)) {
+    // The resident copy is this process's own anonymous memory (gguf::File, ResidentBytes),
+    // read-only only through the views' type; a mapped file's pages are not written.
+    if (!file_->resident()) return 0;
+    int n = 0;
+    const auto one = [&](WeightView& w) {
+        if (!allow || allow(w.type)) n += cpu::repack_weight(w, const_cast<uint8_t*>(w.data));
+    };
+    for (Qwen35Layer& L : layers_)
+        for (WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ssm_qkv, &L.ssm_gate, &L.ssm_beta, &L.ssm_alpha,
+                              &L.ssm_out, &L.wq, &L.wk, &L.wv, &L.wo})
+            one(*w);
+    const bool tied = output.data == tok_embd.data;
+    one(output);
+    if (tied) tok_embd.layout = output.layout;
+    return n;
+}
+
+}  // namespace alloy

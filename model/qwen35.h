@@ -91,6 +91,12 @@ public:
     const gguf::File& file() const { return *file_; }
     // The MTP block, bound when the file has one (nextn_predict_layers > 0), else nullptr.
     const Qwen35Mtp* mtp() const { return mtp_ ? &*mtp_ : nullptr; }
+    // Repacks the Q4_K and Q6_K matrices of the dense layers and the LM head in place for the
+    // CPU kernels (cpu::repack_weight; `allow`: the types to repack, nullptr: both). A tied table
+    // keeps one copy (the embedding gather unpacks its rows). Only for a file whose tensor bytes
+    // are resident (writable) and a model run on the CPU backend only: other readers (the CUDA
+    // upload, kernels/ref) read the GGUF layout. Returns the matrices repacked.
+    int repack_for_cpu(bool (*allow)(GgmlType) = nullptr);
 
 private:
     std::shared_ptr<gguf::File> file_;

@@ -219,7 +219,10 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                         if (c.ids[t] < 0 || c.ids[t] >= tab->n_out)
                             throw Error("token id " + std::to_string(c.ids[t]) + " at position " + std::to_string(t) +
                                         " is outside the vocabulary [0, " + std::to_string(tab->n_out) + ")");
-                        dequantize_row(tab->type, tab->row(c.ids[t]), o.base + int64_t(t) * o.cols, o.cols);
+                        thread_local std::vector<uint8_t> row;  // a repacked table's row (cpu::weight_row)
+                        if (tab->layout != WeightLayout::Gguf) row.resize(tab->row_bytes);
+                        dequantize_row(tab->type, cpu::weight_row(*tab, c.ids[t], row.data()), o.base + int64_t(t) * o.cols,
+                                       o.cols);
                     }
                     for (int s = 0; s < c.n_seqs; ++s)  // each sequence continues its slot
                         for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) pos[t] = c.n_past[s] + t - c.offsets[s];

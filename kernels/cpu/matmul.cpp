@@ -18,8 +18,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "alloy/error.h"
 #include "format/quant.h"
@@ -226,7 +228,9 @@ Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
         p.name += " mxfp4->q8_0";
         return p;
     }
-    return make_plan(W.type, isa, W.n_in, T);
+    Plan p = make_plan(W.type, isa, W.n_in, T);
+    if (W.layout == WeightLayout::KqRows16 && p.gemv) p.gemv = mm::kq_r16_gemv(W.type, isa), p.name += " r16";
+    return p;
 }
 
 // The activation converters' path (all give the same bits; only their speed differs).
@@ -248,6 +252,19 @@ void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int6
 
 // GEMM over rows [r0, r0 + rc) and token groups [g0, g0 + nv) into tile [rc][ldt].
 // T: the call's tokens (a last group of at most mm::kNarrowTokens takes the narrow kernel).
+// Rows [r0, r0 + rc) of W as a GGUF view of rc rows: W's own bytes, or (a repacked W,
+// WeightLayout::KqRows16, whose rows the GEMM tiles cannot read) unpacked into buf
+// (rc * row_bytes). A GEMM item of a repacked weight unpacks its rows once for every token tile.
+WeightView gguf_rows(const WeightView& W, int64_t r0, int64_t rc, uint8_t* buf) {
+    if (W.layout != WeightLayout::KqRows16) return WeightView{W.type, W.n_in, rc, W.row(r0), W.row_bytes};
+    for (int64_t i = 0; i < rc; ++i) {
+        uint8_t* dst = buf + size_t(i) * W.row_bytes;
+        const uint8_t* src = mm::kq_gguf_row(W, r0 + i, dst);
+        if (src != dst) std::memcpy(dst, src, W.row_bytes);
+    }
+    return WeightView{W.type, W.n_in, rc, buf, W.row_bytes};
+}
+
 void gemm_tile(const Plan& p, const WeightView& W, const mm::ActPanel& panel, int64_t r0, int64_t rc, int64_t g0,
                int nv, int64_t T, float* tile, int ldt) {
     const mm::TileKernel& kt = p.tile;
@@ -323,7 +340,13 @@ void nibble_rows_to_q8_0(const WeightView& W, int64_t r0, int64_t rc, uint8_t* o
 void convert_rows(const Plan& p, const WeightView& W, int64_t r0, int64_t rc, float* out) {
     for (int64_t i = 0; i < rc; ++i) {
         if (W.type == GgmlType::F16 && !p.avx2_tiles) mm::f16_to_f32_avx512(W.row(r0 + i), W.n_in, out + i * W.n_in);
-        else dequantize_row(W.type, W.row(r0 + i), out + i * W.n_in, W.n_in);
+        else if (W.layout == WeightLayout::KqRows16) {
+            thread_local std::vector<uint8_t> buf;
+            buf.resize(W.row_bytes);
+            dequantize_row(W.type, mm::kq_gguf_row(W, r0 + i, buf.data()), out + i * W.n_in, W.n_in);
+        } else {
+            dequantize_row(W.type, W.row(r0 + i), out + i * W.n_in, W.n_in);
+        }
     }
 }
 
@@ -384,7 +407,9 @@ Scratch carve(const Need& n, void* workspace) {
 
 // The sections a call of T tokens on plan p takes (run_jobs, or run_converted for converted
 // weights); fused: matmul_swiglu's GEMM items (gate and up tiles per thread).
-Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false) {
+// unpack_row_bytes: a repacked weight's row bytes (its GEMM items unpack their rows after the
+// tiles: gate's and up's in a fused item).
+Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unpack_row_bytes = 0) {
     Need n;
     const bool gemm = use_gemm(p, T);
     n.act = gemm ? mm::act_panel_bytes(p.act, T, K) : mm::act_rows_bytes(p.act, T, K);
@@ -393,15 +418,22 @@ Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false) {
         if (p.round_input != InputRounding::None) n.rounded = size_t(T * K) * sizeof(float);
         n.per_thread = size_t(kConvertRows * K + kConvertRows * ldt) * sizeof(float);
     } else if (gemm) {
-        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float);
+        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float) + size_t((fused ? 2 : 1) * chunk) * unpack_row_bytes;
     }
     return n;
+}
+
+size_t unpack_row_bytes(const WeightView& W) { return W.layout == WeightLayout::KqRows16 ? W.row_bytes : 0; }
+// Where a thread's GEMM items unpack repacked rows: after its tile(s) in its slice.
+uint8_t* unpack_slice(const Plan& p, const Scratch& s, int thread, bool fused = false) {
+    const int64_t ldt = int64_t(p.tile.groups) * mm::kGroup, chunk = kTileRowGroups * p.tile.rows;
+    return s.thread(thread) + size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float);
 }
 
 // need_of for weight W, without reading its data: MXFP4 prefill takes the Q8_0 tiles or the
 // fp32 rows after a scan of its scales (plan_for), so both are counted.
 Need need_for(const WeightView& W, Isa isa, int64_t T) {
-    Need n = need_of(make_plan(W.type, isa, W.n_in, T), W.n_in, T);
+    Need n = need_of(make_plan(W.type, isa, W.n_in, T), W.n_in, T, false, unpack_row_bytes(W));
     if (W.type == GgmlType::MXFP4 && T > mm::kGemvMaxTokens && std::min(isa, active_isa()) >= Isa::Avx2) {
         Plan q = make_plan(GgmlType::Q8_0, isa, W.n_in, T);
         q.convert = true;
@@ -424,7 +456,7 @@ bool swiglu_fused(const Plan& p, const WeightView& G, const WeightView& U, int64
 }
 Need swiglu_need(const WeightView& G, const WeightView& U, int64_t T, Isa isa) {
     const Plan p = make_plan(G.type, isa, G.n_in, T);  // (an MXFP4 weight converts: never fused)
-    if (swiglu_fused(p, G, U, T)) return need_of(p, G.n_in, T, true);
+    if (swiglu_fused(p, G, U, T)) return need_of(p, G.n_in, T, true, std::max(unpack_row_bytes(G), unpack_row_bytes(U)));
     const MatmulOut outs[2] = {{&G, nullptr}, {&U, nullptr}};
     return multi_need(outs, 2, T, isa);
 }
@@ -474,13 +506,14 @@ struct Job {
 // t/s and Q8_0 49-50 -> 51-53.5 t/s in the host's fast memory phase, even in the slow one;
 // 128 to 512 rows minimum and first items of 1/2 to 1/4 of the rows measured alike, while
 // 1024 rows minimum lost 8% (too few items on the small matrices). Returns the item count.
-int64_t guided_items(int64_t N, int threads, int64_t* bounds) {
+// align: item bounds are multiples of it (but N): a repacked weight's groups of 16 rows.
+int64_t guided_items(int64_t N, int threads, int64_t* bounds, int64_t align = 1) {
     int64_t r = 0, c = 0;
     bounds[0] = 0;
     while (r < N) {
         int64_t rows = std::max<int64_t>(kMinGemvRows, (N - r) * 2 / (3 * int64_t(threads)) + 1);
         if (c + 1 == kMaxGemvItems) rows = N - r;
-        r = std::min(N, r + rows);
+        r = std::min(N, (r + rows + align - 1) / align * align);
         bounds[++c] = r;
     }
     return c;
@@ -507,10 +540,12 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         jb.first = total;
         if (gemm) {
             jb.n_chunks = (N + chunk - 1) / chunk;
-            jb.count = n_tiles * jb.n_chunks;
+            // A repacked weight: one item per row chunk over every token tile (its rows unpacked once).
+            jb.count = (jb.W->layout == WeightLayout::KqRows16 ? 1 : n_tiles) * jb.n_chunks;
         } else if (gemv) {
             // Decode: contiguous row ranges per item (guided sizes), each streamed several rows at a time.
-            jb.count = guided_items(N, threads, jb.bounds);
+            jb.count = guided_items(N, threads, jb.bounds,
+                                    jb.W->layout == WeightLayout::KqRows16 ? mm::kQ4KGroupRows : 1);
         } else {
             jb.n_chunks = (N + kRowChunk - 1) / kRowChunk;
             jb.count = n_row_tiles * jb.n_chunks;
@@ -524,7 +559,14 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         const Job& jb = jobs[j];
         const WeightView& W = *jb.W;
         const int64_t N = W.n_out, it = item - jb.first;
-        if (gemm) {
+        if (gemm && W.layout == WeightLayout::KqRows16) {
+            float* tile = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt]
+            const int64_t r0 = it * chunk, rc = std::min(chunk, N - r0);
+            const WeightView V = gguf_rows(W, r0, rc, unpack_slice(p, s, thread));
+            for (int64_t g0 = 0; g0 < G; g0 += kt.groups)
+                gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(kt.groups, G - g0)), T, tile, ldt, jb.y + r0, N,
+                           stream_output(T, N));
+        } else if (gemm) {
             const GemmItem gi = gemm_item(kt, it, jb.n_chunks, chunk, G, N);
             float* tile = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt]
             gemm_range(p, W, panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tile, ldt, jb.y, N, stream_output(T, N));
@@ -609,7 +651,8 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
     bool shared = n <= kMaxJobs;
     for (int j = 0; j < n; ++j) {
         check_shape(*outs[j].W);
-        shared = shared && outs[j].W->type == outs[0].W->type && outs[j].W->n_in == outs[0].W->n_in;
+        shared = shared && outs[j].W->type == outs[0].W->type && outs[j].W->n_in == outs[0].W->n_in &&
+                 outs[j].W->layout == outs[0].W->layout;
     }
     const Plan p = plan_for(*outs[0].W, isa, T);
     // K-quants of several types (a Q4_K_M file's q/k/v beside Q4_K gate, beta, alpha) at decode:
@@ -657,7 +700,7 @@ void matmul_multi(const MatmulOut* outs, int n, const float* x, int64_t T, Isa i
         return;
     }
     // One plan for all (same type and n_in): its sections, within multi_need's.
-    const Scratch s = carve(need_of(p, outs[0].W->n_in, T), workspace);
+    const Scratch s = carve(need_of(p, outs[0].W->n_in, T, false, unpack_row_bytes(*outs[0].W)), workspace);
     Job jobs[kMaxJobs];
     int n_jobs = 0;
     for (int j = 0; j < n; ++j)
@@ -685,22 +728,36 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     }
     // Each item makes the gate and up tiles of its rows and tokens (the items of run_jobs for
     // one weight), combines them in the tile and stores the result once.
-    const Scratch s = carve(need_of(p, G.n_in, T, true), workspace);
+    const Scratch s = carve(need_of(p, G.n_in, T, true, std::max(unpack_row_bytes(G), unpack_row_bytes(U))), workspace);
     const Prepared act = prepare(p, x, T, G.n_in, s);
     const mm::TileKernel& kt = p.tile;
     const int64_t G_tok = (T + mm::kGroup - 1) / mm::kGroup, chunk = kTileRowGroups * kt.rows;
     const int64_t n_chunks = (N + chunk - 1) / chunk, n_tiles = (G_tok + kt.groups - 1) / kt.groups;
     const int ldt = kt.groups * mm::kGroup;
     const Isa swiglu_isa = std::min(isa, active_isa());
-    parallel_for(n_tiles * n_chunks, [&](int64_t it, int thread) {
-        const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
-        const int64_t tn = std::min<int64_t>(gi.nv * mm::kGroup, T - gi.g0 * mm::kGroup);
+    // Repacked gate / up: one item per row chunk over every token tile (their rows unpacked once).
+    const bool repacked = G.layout == WeightLayout::KqRows16 || U.layout == WeightLayout::KqRows16;
+    const auto item = [&](const WeightView& VG, const WeightView& VU, int64_t r0, int64_t rc, int64_t g0, int nv,
+                          float* tg, float* tu, float* yo) {
+        const int64_t tn = std::min<int64_t>(nv * mm::kGroup, T - g0 * mm::kGroup);
+        gemm_tile(p, VG, act.panel, r0, rc, g0, nv, T, tg, ldt);
+        gemm_tile(p, VU, act.panel, r0, rc, g0, nv, T, tu, ldt);
+        for (int64_t r = 0; r < rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, swiglu_isa);
+        store_tile(p, tg, ldt, r0, rc, g0, nv, T, yo, N, stream_output(T, N));
+    };
+    parallel_for((repacked ? 1 : n_tiles) * n_chunks, [&](int64_t it, int thread) {
         float* tg = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt] gate, then up
         float* tu = tg + chunk * ldt;
-        gemm_tile(p, G, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tg, ldt);
-        gemm_tile(p, U, act.panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tu, ldt);
-        for (int64_t r = 0; r < gi.rc; ++r) swiglu(tg + r * ldt, tu + r * ldt, tg + r * ldt, tn, swiglu_isa);
-        store_tile(p, tg, ldt, gi.r0, gi.rc, gi.g0, gi.nv, T, y, N, stream_output(T, N));
+        if (repacked) {
+            const int64_t r0 = it * chunk, rc = std::min(chunk, N - r0);
+            uint8_t* buf = unpack_slice(p, s, thread, true);
+            const WeightView VG = gguf_rows(G, r0, rc, buf), VU = gguf_rows(U, r0, rc, buf + size_t(chunk) * G.row_bytes);
+            for (int64_t g0 = 0; g0 < G_tok; g0 += kt.groups)
+                item(VG, VU, 0, rc, g0, int(std::min<int64_t>(kt.groups, G_tok - g0)), tg, tu, y + r0);
+            return;
+        }
+        const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
+        item(G, U, gi.r0, gi.rc, gi.g0, gi.nv, tg, tu, y);
     });
 }
 
@@ -748,6 +805,41 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
         std::memcpy(out, x, n * sizeof(float));
     }
 }
+
+bool repack_weight(WeightView& W, uint8_t* data) {
+    // (Only a whole matrix: a view of part of each row, row_bytes past its n_in, keeps its layout.)
+    if (!mm::kq_repacks(W.type) || W.layout != WeightLayout::Gguf || W.n_out < mm::kQ4KGroupRows ||
+        W.n_in % mm::kQK != 0 || W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
+        return false;
+    const int64_t groups = W.n_out / mm::kQ4KGroupRows, nb = W.n_in / mm::kQK;
+    const size_t group_bytes = size_t(mm::kQ4KGroupRows) * W.row_bytes;
+    const int64_t per_item = 64, items = (groups + per_item - 1) / per_item;
+    const bool q6 = W.type == GgmlType::Q6_K;
+    parallel_for(items, [&](int64_t it, int) {
+        std::vector<uint8_t> tmp(group_bytes);
+        for (int64_t g = it * per_item; g < std::min(groups, (it + 1) * per_item); ++g) {
+            uint8_t* grp = data + size_t(g) * group_bytes;
+            std::memcpy(tmp.data(), grp, group_bytes);
+            if (q6) mm::q6k_repack_group(tmp.data(), nb, grp);
+            else mm::q4k_repack_group(tmp.data(), nb, grp);
+        }
+    });
+    W.layout = WeightLayout::KqRows16;
+    return true;
+}
+
+bool repack_enabled(GgmlType t) {
+    // Unset or 1: every type that has the layout; 0: none; else the types named (q4_k,q6_k).
+    static const std::string e = [] { const char* v = std::getenv("ALLOY_KQ_REPACK"); return std::string(v ? v : "1"); }();
+    if (e == "1") return mm::kq_repacks(t);
+    if (e == "0") return false;
+    std::string name = type_traits(t).name, list = e;
+    for (char& c : list) c = char(std::tolower(static_cast<unsigned char>(c)));
+    for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return mm::kq_repacks(t) && ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
+
+const uint8_t* weight_row(const WeightView& W, int64_t r, uint8_t* buf) { return mm::kq_gguf_row(W, r, buf); }
 
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T) {
     const Plan p = make_plan(wtype, isa, n_in, T);

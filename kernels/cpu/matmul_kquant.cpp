@@ -22,7 +22,9 @@
 #include "kernels/cpu/matmul_kquant.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "format/quant.h"
 #include "kernels/cpu/cpu_features.h"
@@ -83,6 +85,68 @@ void q4k_unpack_scales(const uint8_t* s12, uint8_t* sc, uint8_t* m) {
             m[j] = uint8_t((s12[j + 4] >> 4) | ((s12[j] >> 6) << 4));
         }
     }
+}
+
+void q4k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst) {
+    const size_t rb = size_t(nb) * kQ4KBytes;
+    for (int64_t b = 0; b < nb; ++b, dst += kQ4KGroupBlock)
+        for (int r = 0; r < kQ4KGroupRows; ++r) {
+            const uint8_t* blk = src + r * rb + b * kQ4KBytes;
+            std::memcpy(dst + 2 * r, blk, 2);
+            std::memcpy(dst + 32 + 2 * r, blk + 2, 2);
+            for (int k = 0; k < 12; ++k) dst[64 + 16 * k + r] = blk[4 + k];
+            for (int i = 0; i < 8; ++i)
+                for (int g = 0; g < 4; ++g) std::memcpy(dst + 256 + 64 * (4 * i + g) + 4 * r, blk + 16 + 32 * g + 4 * i, 4);
+        }
+}
+
+void q4k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out) {
+    for (int64_t b = 0; b < nb; ++b, grp += kQ4KGroupBlock, out += kQ4KBytes) {
+        std::memcpy(out, grp + 2 * r, 2);
+        std::memcpy(out + 2, grp + 32 + 2 * r, 2);
+        for (int k = 0; k < 12; ++k) out[4 + k] = grp[64 + 16 * k + r];
+        for (int i = 0; i < 8; ++i)
+            for (int g = 0; g < 4; ++g) std::memcpy(out + 16 + 32 * g + 4 * i, grp + 256 + 64 * (4 * i + g) + 4 * r, 4);
+    }
+}
+
+void q6k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst) {
+    const size_t rb = size_t(nb) * kQ6KBytes;
+    for (int64_t b = 0; b < nb; ++b, dst += kQ6KGroupBlock)
+        for (int r = 0; r < kQ4KGroupRows; ++r) {
+            const uint8_t* blk = src + r * rb + b * kQ6KBytes;
+            std::memcpy(dst + 2 * r, blk + 208, 2);
+            for (int k = 0; k < 16; ++k) dst[32 + 16 * k + r] = blk[192 + k];
+            for (int i = 0; i < 8; ++i)
+                for (int h = 0; h < 2; ++h) {
+                    uint8_t* c = dst + 288 + 192 * (2 * i + h) + 4 * r;
+                    std::memcpy(c, blk + 64 * h + 4 * i, 4);
+                    std::memcpy(c + 64, blk + 64 * h + 32 + 4 * i, 4);
+                    std::memcpy(c + 128, blk + 128 + 32 * h + 4 * i, 4);
+                }
+        }
+}
+
+void q6k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out) {
+    for (int64_t b = 0; b < nb; ++b, grp += kQ6KGroupBlock, out += kQ6KBytes) {
+        std::memcpy(out + 208, grp + 2 * r, 2);
+        for (int k = 0; k < 16; ++k) out[192 + k] = grp[32 + 16 * k + r];
+        for (int i = 0; i < 8; ++i)
+            for (int h = 0; h < 2; ++h) {
+                const uint8_t* c = grp + 288 + 192 * (2 * i + h) + 4 * r;
+                std::memcpy(out + 64 * h + 4 * i, c, 4);
+                std::memcpy(out + 64 * h + 32 + 4 * i, c + 64, 4);
+                std::memcpy(out + 128 + 32 * h + 4 * i, c + 128, 4);
+            }
+    }
+}
+
+const uint8_t* kq_gguf_row(const WeightView& W, int64_t r, uint8_t* buf) {
+    if (W.layout != WeightLayout::KqRows16 || r >= W.n_out / kQ4KGroupRows * kQ4KGroupRows) return W.row(r);
+    const uint8_t* grp = W.row(r - r % kQ4KGroupRows);
+    if (W.type == GgmlType::Q6_K) q6k_unpack_group_row(grp, W.n_in / kQK, int(r % kQ4KGroupRows), buf);
+    else q4k_unpack_group_row(grp, W.n_in / kQK, int(r % kQ4KGroupRows), buf);
+    return buf;
 }
 
 namespace {
@@ -175,6 +239,21 @@ void gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, 
         }
 }
 
+// The scalar GEMV of a KqRows16 matrix: each row unpacked to its GGUF bytes, then its dot.
+template <float (*Dot)(const uint8_t*, const int8_t*, const float*, const int16_t*, int64_t)>
+void kq_r16_gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                         int64_t ldy) {
+    const int64_t nb = a.K / kQK;
+    std::vector<uint8_t> buf(W.row_bytes);
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+        const uint8_t* row = kq_gguf_row(W, r, buf.data());
+        for (int t = 0; t < nt; ++t) {
+            const int64_t tt = t0 + t;
+            y[tt * ldy + r] = Dot(row, a.q + tt * a.K, a.d + tt * nb, a.bsums + tt * (a.K / 16), nb);
+        }
+    }
+}
+
 }  // namespace
 
 GemvFn kquant_gemv(GgmlType type, Isa isa) {
@@ -195,6 +274,18 @@ GemvFn kquant_gemv(GgmlType type, Isa isa) {
         case GgmlType::IQ4_XS: return gemv_scalar<iq4xs_dot>;
         default: return nullptr;
     }
+}
+
+GemvFn kq_r16_gemv(GgmlType t, Isa isa) {
+    if (!kq_repacks(t)) return nullptr;
+    // The same choice of build as kquant_gemv; on AVX-512 the 512-bit kernels (16 rows a vector)
+    // unless ALLOY_KQ_R16_ZMM=0 (the 256-bit ones of the VNNI build: A/B, the same bits).
+    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni() && !cpu_is_intel()) {
+        static const bool zmm = [] { const char* e = std::getenv("ALLOY_KQ_R16_ZMM"); return !e || std::atoi(e) != 0; }();
+        return zmm ? kq_r16_gemv_zmm(t) : kq_r16_gemv_vnni(t);
+    }
+    if (isa >= Isa::Avx2) return kq_r16_gemv_avx2(t);
+    return t == GgmlType::Q6_K ? kq_r16_gemv_scalar<q6k_dot> : kq_r16_gemv_scalar<q4k_dot<false>>;
 }
 
 }  // namespace alloy::cpu::mm

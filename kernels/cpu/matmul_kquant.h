@@ -81,6 +81,44 @@ __attribute__((target("avx2"))) inline __m128i q4k_scales_mins(const uint8_t* s1
     return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(B, 2), _mm_set1_epi8(0x30)));  // (b >> 6) << 4
 }
 
+// Q4_K and Q6_K rows repacked at load (WeightLayout::KqRows16): each group of 16 rows keeps the
+// bytes of its 16 rows (16 * row_bytes, so a matrix repacks in place) as super-block-major blocks
+// of 16 * 144 (Q4_K) or 16 * 210 (Q6_K) bytes, where SIMD lanes are rows. Per super-block b:
+// Q4_K (2304 bytes):
+//   [0, 32)      the 16 rows' f16 d            [32, 64)  their f16 dmin
+//   [64, 256)    the 12 scale bytes, byte k of row r at 64 + 16 k + r
+//   [256, 2304)  the codes: for quad i (0..7), nibble group g (0..3): 64 bytes, row r's 4 bytes
+//                at 256 + 64 (4 i + g) + 4 r = its bytes 16 + 32 g + 4 i .. + 3 in the GGUF block
+// Q6_K (3360 bytes):
+//   [0, 32)      the 16 rows' f16 d            [32, 288) the int8 scales, scale s of row r at 32 + 16 s + r
+//   [288, 3360)  for quad i (0..7), half h (0..1): 192 bytes at 288 + 192 (2 i + h): 64 bytes of
+//                ql[64 h + 4 i ..], 64 of ql[64 h + 32 + 4 i ..], 64 of qh[32 h + 4 i ..], 4 a row
+// A last n_out % 16 rows stay as GGUF rows after the groups. The decode GEMVs read it with rows
+// in lanes (no horizontal sums, scales unpacked once per 16 rows) and give the bits of the GGUF
+// kernels (the same integer lane sums, the same fp32 steps); every other reader unpacks rows.
+constexpr int kQ4KGroupRows = 16;
+constexpr int kQ4KGroupBlock = kQ4KGroupRows * kQ4KBytes;  // 2304
+constexpr int kQ6KGroupBlock = kQ4KGroupRows * kQ6KBytes;  // 3360
+// Whether a weight type has the repacked layout.
+inline bool kq_repacks(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
+// 16 GGUF rows of nb super-blocks (row r at src + r * nb * block bytes) -> one group's bytes in dst.
+void q4k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst);
+void q6k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst);
+// Row r (0..15) of a group back to its GGUF bytes (nb blocks into out).
+void q4k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out);
+void q6k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out);
+// (A whole matrix: cpu::repack_weight, kernels/cpu/matmul.h.)
+// Row r of W (GGUF or KqRows16 layout) as GGUF bytes: W.row(r) itself where it is one, else
+// unpacked into buf (row_bytes).
+const uint8_t* kq_gguf_row(const WeightView& W, int64_t r, uint8_t* buf);
+// The decode GEMV of a KqRows16 matrix of type t (GemvFn's contract; any row range, groups cut
+// by it computed whole) on the best path up to isa: the bits of kquant_gemv(t, isa) on the GGUF
+// rows for the SIMD paths (the scalar one unpacks rows: its bits too).
+GemvFn kq_r16_gemv(GgmlType t, Isa isa);
+GemvFn kq_r16_gemv_avx2(GgmlType t);  // matmul_kquant_avx2.cpp
+GemvFn kq_r16_gemv_vnni(GgmlType t);  // matmul_kquant_vnni.cpp (256-bit)
+GemvFn kq_r16_gemv_zmm(GgmlType t);   // matmul_kquant_vnni.cpp: 16 rows in one zmm (AVX512-BW + VNNI)
+
 enum class KqKind { Q4, Q5, Q6 };
 
 // What a prefill tile of R rows (from r0) reads: the weight rows and the Q8_K panel from group

@@ -2,6 +2,7 @@
 // AVX-512 CPUs without VNNI; at decode the packed weights are memory-bound.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "format/quant.h"
@@ -17,5 +18,6 @@ namespace {
 }  // namespace
 
 GemvFn kquant_gemv_avx2(GgmlType type) { return kq_gemv_for(type); }
+GemvFn kq_r16_gemv_avx2(GgmlType type) { return kq_r16_for(type); }
 
 }  // namespace alloy::cpu::mm

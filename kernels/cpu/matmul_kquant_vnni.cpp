@@ -2,8 +2,12 @@
 // vpdpwssd for each vpmaddwd + vpaddd of the AVX2 file (the same integers, so the same bits).
 // Zen 4 runs 512-bit integer ops as two 256-bit halves, so wider vectors would not move more
 // bytes per cycle; the fused multiply-add cuts the instruction count of the per-token part.
+// GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* internally and trip these warnings.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "format/quant.h"
@@ -16,8 +20,230 @@
 namespace alloy::cpu::mm {
 namespace {
 #include "kernels/cpu/matmul_kquant_rows.inc"
+
+#define KQ_ZMM_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+// q4k_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r): per quad i and
+// nibble group g, one vpdpbusd of the 16 rows' code bytes against the token's 4 activation
+// bytes (broadcast from memory) gives each row's quad dot d (|d| <= 4 * 15 * 128, an int16),
+// then one vpdpwssd adds d * sc (sc zero-extended: the high half of the pair adds 0). The same
+// integers and fp32 steps as q4k_r16_group: the same bits. Into out[t * 16 + row].
+// 16 int8 at p sign-extended to 16 int32 lanes.
+KQ_ZMM_TARGET inline __m512i r16_i8x16(const uint8_t* p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// 16 bytes at p zero-extended to 16 int32 lanes.
+KQ_ZMM_TARGET inline __m512i r16_bytes16(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <int NT>
+KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
+    const int64_t K = a.K, nb = K / kQK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i c63 = _mm512_set1_epi32(63), c15 = _mm512_set1_epi32(15), c48 = _mm512_set1_epi32(0x30);
+    __m512 acc[NT][8], accm[NT][4];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) accm[t][k] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = grp + b * kQ4KGroupBlock;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+        const uint8_t* s8 = blk + 64;  // scale byte k of the 16 rows at s8 + 16 k
+        __m512i sc[8], mp[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            const __m512i lo = r16_bytes16(s8 + 16 * (j)), hi = r16_bytes16(s8 + 16 * (j + 8));
+            sc[j] = _mm512_and_si512(lo, c63);
+            sc[j + 4] = _mm512_or_si512(_mm512_and_si512(hi, c15), _mm512_and_si512(_mm512_srli_epi32(lo, 2), c48));
+        }
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; ++k) {
+            const __m512i a0 = _mm512_and_si512(r16_bytes16(s8 + 16 * (2 * k + 4)), c63), a1 = _mm512_and_si512(r16_bytes16(s8 + 16 * (2 * k + 5)), c63);
+            const __m512i b0 = _mm512_or_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 8)), 4),
+                                               _mm512_and_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 4)), 2), c48));
+            const __m512i b1 = _mm512_or_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 9)), 4),
+                                               _mm512_and_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 5)), 2), c48));
+            mp[k] = _mm512_or_si512(a0, _mm512_slli_epi32(a1, 16));
+            mp[k + 2] = _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16));
+        }
+        __m512 dxd[NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) {
+            const int64_t tt = t0 + t;
+            const int16_t* bs = a.bsums + tt * (K / 16) + b * 16;
+            const float dx = a.d[tt * nb + b];
+            dxd[t] = _mm512_mul_ps(_mm512_set1_ps(dx), d);
+            const __m512 ndm = _mm512_mul_ps(_mm512_set1_ps(-dx), dmin);
+            const __m128i pair = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs)),
+                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 8)));
+            __m512i pk[4];
+            pk[0] = _mm512_broadcastd_epi32(pair);
+            pk[1] = _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 1));
+            pk[2] = _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 2));
+            pk[3] = _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 3));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; ++k)
+                accm[t][k] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(_mm512_madd_epi16(mp[k], pk[k])), accm[t][k]);
+        }
+        const uint8_t* codes = blk + 256;
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+            __m512i slo[NT], shi[NT];
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) slo[t] = shi[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int g = 0; g < 4; ++g) {
+                const __m512i q4 = _mm512_loadu_si512(codes + 64 * (4 * i + g));
+                const __m512i lo = _mm512_and_si512(q4, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; ++t) {
+                    const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 64 * g + 4 * i;
+                    const __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_set1_epi32(load_i32(q8)));
+                    const __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_set1_epi32(load_i32(q8 + 32)));
+                    slo[t] = _mm512_dpwssd_epi32(slo[t], dl, sc[2 * g]);
+                    shi[t] = _mm512_dpwssd_epi32(shi[t], dh, sc[2 * g + 1]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t)
+                acc[t][i] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(_mm512_add_epi32(slo[t], shi[t])), acc[t][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+        const __m512* A = acc[t];
+        const __m512* M = accm[t];
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(A[0], A[4]), _mm512_add_ps(A[2], A[6])),
+                                       _mm512_add_ps(_mm512_add_ps(A[1], A[5]), _mm512_add_ps(A[3], A[7])));
+        const __m512 m = _mm512_add_ps(_mm512_add_ps(M[0], M[2]), _mm512_add_ps(M[1], M[3]));
+        _mm512_storeu_ps(out + t * 16, _mm512_add_ps(s, m));
+    }
+}
+
+// q6k_r16_group on all 16 rows of a group in 512-bit vectors: per quad i, group g, one vpdpbusd
+// of the 16 rows' 6-bit codes against the token's 4 activation bytes (|dot| <= 4 * 63 * 128,
+// an int16), then one vpdpwssd by the scale (sign-extended to 16 bits, the high half 0). The
+// same integers and fp32 steps as q6k_r16_group: the same bits. Into out[t * 16 + row].
+template <int NT>
+KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
+    const int64_t K = a.K, nb = K / kQK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xFFFF);
+    __m512 acc[NT][8];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = grp + b * kQ6KGroupBlock;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+        const uint8_t* s8 = blk + 32;  // scale s of the 16 rows at s8 + 16 s
+        __m512 dxd[NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) dxd[t] = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + t) * nb + b]), d);
+#pragma GCC unroll 2
+        for (int ih = 0; ih < 2; ++ih) {
+            __m512i scv[8];  // group g's scale for quads 4 ih .. 4 ih + 3: 2g + ih, as (sc, 0) int16
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; ++g) scv[g] = _mm512_and_si512(r16_i8x16(s8 + 16 * (2 * g + ih)), lo16);
+#pragma GCC unroll 4
+            for (int ii = 0; ii < 4; ++ii) {
+                const int i = 4 * ih + ii;
+                __m512i s0[NT], s1[NT];
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; ++t) s0[t] = s1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; ++h) {
+                    const uint8_t* c = blk + 288 + 192 * (2 * i + h);
+                    const __m512i A = _mm512_loadu_si512(c), B = _mm512_loadu_si512(c + 64), Q = _mm512_loadu_si512(c + 128);
+                    __m512i q6[4];
+                    q6[0] = _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_and_si512(_mm512_slli_epi16(Q, 4), m30));
+                    q6[1] = _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(_mm512_slli_epi16(Q, 2), m30));
+                    q6[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), m4), _mm512_and_si512(Q, m30));
+                    q6[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), m4),
+                                            _mm512_and_si512(_mm512_srli_epi16(Q, 2), m30));
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; ++k) {
+                        const int g = 4 * h + k;
+#pragma GCC unroll 4
+                        for (int t = 0; t < NT; ++t) {
+                            const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 32 * g + 4 * i;
+                            const __m512i dq = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q6[k], _mm512_set1_epi32(load_i32(q8)));
+                            __m512i& sk = k % 2 ? s1[t] : s0[t];
+                            sk = _mm512_dpwssd_epi32(sk, dq, scv[g]);
+                        }
+                    }
+                }
+                const __m512i scp = _mm512_or_si512(_mm512_and_si512(r16_i8x16(s8 + 16 * (2 * i)), lo16),
+                                                    _mm512_slli_epi32(r16_i8x16(s8 + 16 * (2 * i + 1)), 16));
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; ++t) {
+                    const int16_t* bs = a.bsums + (t0 + t) * (K / 16) + b * 16;
+                    const __m512i corr = _mm512_slli_epi32(_mm512_madd_epi16(scp, _mm512_set1_epi32(load_i32(bs + 2 * i))), 5);
+                    const __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), corr);
+                    acc[t][i] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(sumi), acc[t][i]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+        const __m512* A = acc[t];
+        _mm512_storeu_ps(out + t * 16, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(A[0], A[4]), _mm512_add_ps(A[2], A[6])),
+                                                     _mm512_add_ps(_mm512_add_ps(A[1], A[5]), _mm512_add_ps(A[3], A[7]))));
+    }
+}
+
+template <KqKind kind, int NT>
+void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y,
+                     int64_t ldy) {
+    const int64_t full = W.n_out / kQ4KGroupRows * kQ4KGroupRows, end = r0 + nr;
+    int64_t r = r0;
+    for (; r < std::min(end, full); r = r - r % kQ4KGroupRows + kQ4KGroupRows) {
+        const int64_t g0 = r - r % kQ4KGroupRows;
+        float out[NT * 16];
+        const uint8_t* grp = W.data + size_t(g0) * W.row_bytes;
+        if constexpr (kind == KqKind::Q6) q6k_r16_group_zmm<NT>(grp, a, t0, out);
+        else q4k_r16_group_zmm<NT>(grp, a, t0, out);
+        const int64_t hi = std::min(end, g0 + 16);
+        if (r == g0 && hi == g0 + 16 && NT == 1) {
+            std::memcpy(y + t0 * ldy + g0, out, 16 * sizeof(float));
+            continue;
+        }
+        for (int t = 0; t < NT; ++t)
+            for (int64_t x = r; x < hi; ++x) y[(t0 + t) * ldy + x] = out[t * 16 + (x - g0)];
+    }
+    r = std::max(r, full);
+    if (r < end) gemv<kind>(W, r, end - r, a, t0, NT, y, ldy);
+}
+
+template <KqKind kind>
+void kq_r16_gemv_zmm_fn(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                        int64_t ldy) {
+    switch (nt) {
+        case 1: return kq_r16_rows_zmm<kind, 1>(W, r0, nr, a, t0, y, ldy);
+        case 2: return kq_r16_rows_zmm<kind, 2>(W, r0, nr, a, t0, y, ldy);
+        case 3: return kq_r16_rows_zmm<kind, 3>(W, r0, nr, a, t0, y, ldy);
+        default: return kq_r16_rows_zmm<kind, 4>(W, r0, nr, a, t0, y, ldy);
+    }
+}
+
+GemvFn kq_r16_zmm_for(GgmlType type) {
+    return type == GgmlType::Q4_K   ? kq_r16_gemv_zmm_fn<KqKind::Q4>
+           : type == GgmlType::Q6_K ? kq_r16_gemv_zmm_fn<KqKind::Q6>
+                                    : nullptr;
+}
+
 }  // namespace
 
 GemvFn kquant_gemv_vnni(GgmlType type) { return kq_gemv_for(type); }
+GemvFn kq_r16_gemv_vnni(GgmlType type) { return kq_r16_for(type); }
+GemvFn kq_r16_gemv_zmm(GgmlType type) { return kq_r16_zmm_for(type); }
 
 }  // namespace alloy::cpu::mm

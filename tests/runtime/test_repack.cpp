@@ -1,0 +1,97 @@
+// Q4_K and Q6_K matrices repacked at load for the CPU kernels (Qwen35Model::repack_for_cpu,
+// WeightLayout::KqRows16): the model computes the same logits bit for bit as on the stored
+// layout, at prefill, decode and verification-sized steps, with a tied Q4_K table (the
+// embedding gather unpacks its rows) and in a Q4_K_M file (Q4_K and Q6_K matrices, a tied
+// Q6_K table); a mapped file is not written.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "model/qwen35.h"
+#include "model/quantize.h"
+#include "model/synth.h"
+#include "runtime/model_runner.h"
+
+namespace alloy {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Repack : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir_ = fs::temp_directory_path() / ("alloy_repack_" + std::to_string(::getpid()));
+        fs::create_directories(dir_);
+        SynthOptions so;  // tiny: D 256, tied embeddings
+        so.dtype = GgmlType::F32;
+        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
+        so.out_path = (dir_ / "tiny.gguf").string();
+        synth_qwen35(so);
+        QuantizeOptions q;
+        q.type = FileType::Q4_K_M;
+        for (const auto& t : quantize_file(so.out_path, (dir_ / "q4km.gguf").string(), q).tensors)
+            types_km_[t.name] = t.to;
+        q.pure = true;  // every matrix Q4_K, the tied table too
+        for (const auto& t : quantize_file(so.out_path, (dir_ / "q4k.gguf").string(), q).tensors) types_k_[t.name] = t.to;
+    }
+    static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+    // Logits of a 40-token prompt (every row), then 3 decode steps, then a 5-token step.
+    static std::vector<float> run(const Qwen35Model& m) {
+        ModelRunner runner(m);
+        ModelState st = runner.new_state(128);
+        const int V = int(m.hparams().n_vocab);
+        std::mt19937 rng(3);
+        std::vector<int32_t> ids(52);
+        for (auto& t : ids) t = int32_t(rng() % uint32_t(V));
+        ForwardOptions all;
+        all.all_logits = true;
+        std::vector<float> out(size_t(40) * V), step(size_t(5) * V);
+        runner.forward(st, ids.data(), 40, all, out.data());
+        for (int i = 0; i < 3; ++i) {
+            runner.forward(st, ids.data() + 40 + i, 1, all, step.data());
+            out.insert(out.end(), step.begin(), step.begin() + V);
+        }
+        runner.forward(st, ids.data() + 43, 5, all, step.data());
+        out.insert(out.end(), step.begin(), step.end());
+        return out;
+    }
+    static inline fs::path dir_;
+    static inline std::map<std::string, GgmlType> types_km_, types_k_;
+};
+
+TEST_F(Repack, LogitsAreTheStoredLayoutsBitForBit) {
+    // What the files hold: a tied table (no output.weight) of Q6_K / Q4_K, Q4_K and Q6_K layers.
+    EXPECT_EQ(types_km_.count("output.weight"), 0u);
+    EXPECT_EQ(types_km_["token_embd.weight"], GgmlType::Q6_K);
+    EXPECT_EQ(types_k_["token_embd.weight"], GgmlType::Q4_K);
+    EXPECT_EQ(types_km_["blk.0.ffn_gate.weight"], GgmlType::Q4_K);
+    for (const char* name : {"q4k.gguf", "q4km.gguf"}) {
+        const std::string path = (dir_ / name).string();
+        auto plain = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));
+        auto packed = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));
+        ASSERT_TRUE(packed->file().resident()) << name;
+        EXPECT_GT(packed->repack_for_cpu(), 0) << name;
+        EXPECT_EQ(packed->repack_for_cpu(), 0) << name << ": repacked twice";
+        const std::vector<float> a = run(*plain), b = run(*packed);
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << name;
+    }
+}
+
+TEST_F(Repack, AMappedFileIsNotWritten) {
+    const std::string path = (dir_ / "q4k.gguf").string();
+    auto mapped = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Mapped)));
+    EXPECT_EQ(mapped->repack_for_cpu(), 0);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -117,7 +117,8 @@ TEST_F(Cli, SpeculativeRunGivesTheSameTokens) {
     Result sampled = run("run -m " + model + " --ids \"" + prompt + "\" -n 4 --temp 0.8 --print-ids --spec ngram");
     ASSERT_EQ(sampled.code, 0) << sampled.output;
     EXPECT_NE(sampled.output.find(" drafts accepted ("), std::string::npos) << sampled.output;  // sampling speculates too
-    expect_error(run("run -m " + model + " --ids 1 --spec mtp"), "--spec");
+    expect_error(run("run -m " + model + " --ids 1 --spec medusa"), "--spec");
+    expect_error(run("run -m " + model + " --ids 1 --spec mtp"), "MTP block");  // this model has none
     expect_error(run("run -m " + model + " --ids 1 --spec ngram --spec-k 4"), "--spec-k");
     expect_error(run("run -m " + model + " --ids 1 --spec ngram --spec-k 0"), "--spec-k");
     expect_error(run("serve -m " + model + " --spec-k 9"), "--spec-k");
@@ -140,7 +141,7 @@ TEST_F(Cli, BenchSpecReportsAcceptanceAndExactness) {
     std::istringstream lines(r.output);
     for (std::string line; std::getline(lines, line);)  // each drafting row kept some drafts
         if (line.rfind("| ngram", 0) == 0) EXPECT_EQ(line.find("| 0 of "), std::string::npos) << line;
-    expect_error(run("bench --spec mtp --spec-prompt " + prompt + " -n 8 -r 2"), "--spec");
+    expect_error(run("bench --spec medusa --spec-prompt " + prompt + " -n 8 -r 2"), "--spec");
     expect_error(run("bench --spec ngram --spec-k 5 --spec-prompt " + prompt + " -n 8 -r 2"), "--spec-k");
     expect_error(run("bench --spec ngram -n 8 -r 2"), "--spec-prompt");
     expect_error(run("bench --spec ngram --spec-prompt " + (dir / "missing.txt").string() + " -n 8 -r 2"), "missing.txt");

@@ -47,13 +47,13 @@ std::vector<int32_t> MtpDrafter::draft(int k) {
     std::vector<int32_t> d;
     if (pos_ < 0 || k <= 0) return d;
     d.push_back(first_);
-    const std::vector<float> saved_logits = logits_, saved_row = head_row_;
+    const std::vector<float> saved_row = head_row_;  // logits_ is read only right after a run: no copy
     for (int i = 1; i < k && pos_ - base_ + i < st_.n_ctx; ++i) {
         const std::vector<float> h = head_row_;
         run(pos_ + i, h.data(), &d.back(), 1);
         d.push_back(greedy_token(logits_.data(), int(logits_.size())));
     }
-    logits_ = saved_logits, head_row_ = saved_row;  // draft() again gives the same drafts
+    head_row_ = saved_row;  // draft() again gives the same drafts (first_ is kept apart)
     return d;
 }
 

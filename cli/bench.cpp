@@ -103,7 +103,7 @@ void add_bench_command(CLI::App& app) {
                   "run repetition r of every test before repetition r+1 (A/B comparisons on a drifting host)");
     static std::string spec_modes, spec_ks = "1,2,3", spec_prompt;
     cmd->add_option("--spec", spec_modes,
-                    "benchmark speculative decoding instead of pp/tg: drafters, comma separated (ngram), on the text of "
+                    "benchmark speculative decoding instead of pp/tg: drafters, comma separated (ngram, mtp), on the text of "
                     "--spec-prompt, against plain greedy decode (-n sizes, -r, -t apply)");
     cmd->add_option("--spec-k", spec_ks, "with --spec: drafts per step, comma separated (1..3)")->capture_default_str();
     cmd->add_option("--spec-prompt", spec_prompt, "with --spec: a text file, the prompt (its tokens are the drafter's context)");

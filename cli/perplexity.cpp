@@ -35,7 +35,7 @@ void add_perplexity_command(CLI::App& app) {
     eo.add_to(cmd, true);
     cmd->add_option("-f,--file", file, "text file")->required();
     cmd->add_option("--chunks", max_chunks, "stop after this many chunks (-1 = all)");
-    cmd->add_flag("--mtp", mtp, "also the MTP head's top-1 agreement and accuracy (teacher-forced; CPU backend)");
+    cmd->add_flag("--mtp", mtp, "also the MTP head's top-1 agreement and accuracy (teacher-forced)");
     cmd->callback([] {
         std::ifstream in(file, std::ios::binary);
         if (!in) throw Error(file + ": cannot open");

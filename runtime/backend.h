@@ -33,6 +33,12 @@ public:
     virtual std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) = 0;
     // The state of n_slots sequences of up to n_ctx tokens each, in this backend's memory.
     virtual ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) = 0;
+    // The MTP block's KV cache (layer n_layer, spec/MODEL.md section 8) added to a state of this
+    // backend, and a state of that cache alone (the host versions: runtime/model_state.h).
+    virtual void add_mtp_cache(ModelState& s, const Qwen35HParams& hp) { alloy::add_mtp_cache(s, hp); }
+    virtual ModelState new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+        return alloy::new_mtp_state(hp, n_ctx, kv_types, n_slots);
+    }
     // Frees the scratch the plans compiled so far share (call after dropping them).
     virtual void drop_scratch() = 0;
     // Whether its plans compute StepContext::argmax themselves (a GPU: then a greedy token costs

@@ -49,6 +49,7 @@
 #include "runtime/slot_cache.h"
 #include "runtime/gdn_replay.h"
 #include "runtime/mtp_drafter.h"
+#include "runtime/spec_policy.h"
 #include "runtime/speculative.h"
 #include "runtime/stop_filter.h"
 
@@ -86,10 +87,12 @@ struct Sequence {
     int step_pos0 = 0;
     std::optional<StateSnapshot> before;
     size_t ids_before = 0;
-    // Adaptive drafting (speculation must not cost more than it saves): drafts per step follow
-    // the last verification's accepted run (+1, up to spec_k), and a verification that kept
-    // nothing makes the request decode plainly for spec_backoff steps, doubling (up to 32) while
-    // drafts keep failing. Output is unaffected: whether a step drafts changes no token or bit.
+    // Adaptive drafting (speculation must not cost more than it saves): the engine's SpecPolicy
+    // caps the drafts of every step from measured step times and acceptance (0: plain decode);
+    // under that cap a request's drafts follow its last verification's accepted run (+1), and a
+    // verification that kept nothing makes it decode plainly for spec_backoff steps, doubling (up
+    // to 32) while drafts keep failing. Output is unaffected: whether a step drafts changes no
+    // token or bit.
     int spec_k_now = 0, spec_skip = 0, spec_backoff = 1;
     GenerationResult r;
     clock::time_point submitted, started, prompt_done;
@@ -105,8 +108,9 @@ struct Engine::Impl {
     std::optional<PrefixCache> prefix;  // when cache_ram_mib > 0 on a host state
     std::optional<NgramDrafter> drafter;  // when spec is "ngram"
     bool mtp_spec = false;                // when spec is "mtp"
-    std::unique_ptr<ModelRunner> mtp_runner;  // then: the MTP heads' plans (CPU), shared by the requests' drafters
+    std::unique_ptr<ModelRunner> mtp_runner;  // then: the MTP heads' plans (the trunk's backend), shared by the requests' drafters
     std::vector<float> step_rows;         // --spec mtp: the step's trunk rows [T, D], batch order
+    std::optional<SpecPolicy> policy;     // when spec is on: the drafts a step may carry
 
     mutable std::mutex mu;
     std::condition_variable cv;
@@ -367,6 +371,11 @@ struct Engine::Impl {
         // Which step: every decoding request (one token each), or the next prompt piece of the
         // oldest prefilling request on its own; the two alternate while both wait.
         Batch batch;
+        // A decode step of speculating requests: its time (drafting, forward, rollback) and the
+        // most drafts a request carried go to the policy.
+        const auto step_start = clock::now();
+        int spec_step_k = 0;
+        bool spec_step = false;
         std::vector<Sequence*> order;       // batch sequence i -> its request
         std::vector<int> piece;             // prompt tokens of batch sequence i (0: decode)
         Sequence* prefill = nullptr;
@@ -399,6 +408,9 @@ struct Engine::Impl {
             // its own: see the top of this file), and never past the request's max_tokens.
             int budget = cpu::mm::kGemvMaxTokens;
             for (auto& s : active) budget -= s->decoding ? 1 : 0;
+            const bool any_spec = std::any_of(active.begin(), active.end(), [&](const auto& s) { return s->decoding && speculates(*s); });
+            const int cap = any_spec ? policy->choose() : 0;
+            spec_step = any_spec;
             for (auto& s : active)
                 if (s->decoding) {
                     s->step_ids.assign(1, s->next);
@@ -407,11 +419,12 @@ struct Engine::Impl {
                         --s->spec_skip;
                     } else if (speculates(*s)) {
                         if (s->spec_k_now == 0) s->spec_k_now = opt.spec_k;
-                        const int k = std::min({s->spec_k_now, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
+                        const int k = std::min({s->spec_k_now, cap, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
                         if (k > 0)
                             for (int32_t d : s->mtp ? s->mtp->draft(k) : drafter->draft(s->history, k)) s->step_ids.push_back(d);
                     }
                     const bool verify = s->step_ids.size() > 1;
+                    spec_step_k = std::max(spec_step_k, int(s->step_ids.size()) - 1);
                     if (verify) {
                         budget -= int(s->step_ids.size()) - 1;
                         s->before = slots->snapshot(s->slot);
@@ -516,6 +529,7 @@ struct Engine::Impl {
                 }
                 s.r.n_drafted += int(n) - 1;
                 s.r.n_accepted += a;
+                policy->record_verification(int(n) - 1, a);
                 ++s.r.n_decode_steps;
                 s.spec_k_now = std::min(opt.spec_k, a + 1);
                 if (a == 0) {
@@ -605,6 +619,7 @@ struct Engine::Impl {
                 }
         }
         for (Sequence* s : order) s->before.reset();
+        if (spec_step) policy->record_step(spec_step_k, std::chrono::duration<double>(clock::now() - step_start).count());
         drop_finished();
         std::lock_guard<std::mutex> lock(mu);
         ++st.steps;
@@ -662,6 +677,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (o.spec_k < 1 || o.spec_k > kMaxVerifyTokens - 1)
         throw Error("engine: spec_k must be in [1, " + std::to_string(kMaxVerifyTokens - 1) + "] (drafts per step), got " +
                     std::to_string(o.spec_k));
+    if (o.spec != "off") m.policy.emplace(o.spec_k);
     m.fo = forward_options(o);
     const KvCacheTypes kv = kv_cache_types(o);
     if (o.model_path.empty()) o.model_path = default_model_path();
@@ -669,8 +685,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (m.mtp_spec && !m.lm.model->mtp())
         throw Error("engine: spec 'mtp' needs a model with an MTP block (nextn_predict_layers > 0); " + o.model_path +
                     " has none (use 'ngram')");
-    if (m.mtp_spec && o.backend == "cuda") throw Error("engine: spec 'mtp' runs on the cpu backend only for now");
-    if (m.mtp_spec) m.mtp_runner = std::make_unique<ModelRunner>(*m.lm.model);
+    if (m.mtp_spec) m.mtp_runner = m.lm.runner->with_own_plans();
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
     if (o.cache_ram_mib < 0) throw Error("engine: cache_ram_mib must be >= 0, got " + std::to_string(o.cache_ram_mib));
     if (o.checkpoint_every < 1)
@@ -858,7 +873,7 @@ std::vector<float> Engine::evaluate_mtp(const std::vector<int32_t>& ids) {
     std::vector<float> logits(ids.size() * size_t(V));
     run_between_steps([&] {
         ModelState st = model.new_state(m.opt.n_ctx, m.slots->state().kv_types);
-        add_mtp_cache(st, model.hparams());
+        model.add_mtp_cache(st);
         ForwardOptions fo = m.fo;
         fo.mtp = true;
         fo.all_logits = true;

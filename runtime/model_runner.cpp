@@ -16,8 +16,23 @@ namespace alloy {
 ModelRunner::ModelRunner(const Qwen35Model& model, std::unique_ptr<Backend> backend)
     : model_(model), backend_(backend ? std::move(backend) : std::make_unique<CpuBackend>()) {}
 
+ModelRunner::ModelRunner(const Qwen35Model& model, std::shared_ptr<Backend> backend)
+    : model_(model), backend_(std::move(backend)) {
+    if (!backend_) throw Error("ModelRunner: no backend");
+}
+
 ModelState ModelRunner::new_state(int n_ctx, KvCacheTypes kv_types, int n_slots) const {
     return backend_->new_state(hparams(), n_ctx, kv_types, n_slots);
+}
+
+void ModelRunner::add_mtp_cache(ModelState& state) const { backend_->add_mtp_cache(state, hparams()); }
+
+ModelState ModelRunner::new_mtp_state(int n_ctx, KvCacheTypes kv_types, int n_slots) const {
+    return backend_->new_mtp_state(hparams(), n_ctx, kv_types, n_slots);
+}
+
+std::unique_ptr<ModelRunner> ModelRunner::with_own_plans() const {
+    return std::make_unique<ModelRunner>(model_, backend_);
 }
 
 int ModelRunner::bucket_for(int n, const ForwardOptions& opts) {

@@ -26,12 +26,23 @@ class ModelRunner {
 public:
     // backend: nullptr = the CPU backend. The model must outlive the runner.
     explicit ModelRunner(const Qwen35Model& model, std::unique_ptr<Backend> backend = nullptr);
+    ModelRunner(const Qwen35Model& model, std::shared_ptr<Backend> backend);
 
     const Qwen35Model& model() const { return model_; }
     const Qwen35HParams& hparams() const { return model_.hparams(); }
     // Fresh states of n_slots sequences of up to n_ctx tokens each, in the backend's memory;
     // throws for n_ctx <= 0, n_slots <= 0 or a cache type other than F32/F16/BF16.
     ModelState new_state(int n_ctx, KvCacheTypes kv_types = {}, int n_slots = 1) const;
+    // The MTP block's KV cache (layer n_layer) added to a state of this runner's backend, for the
+    // graphs of GraphSpec::mtp; throws for a model without the block.
+    void add_mtp_cache(ModelState& state) const;
+    // A state of the MTP block's cache alone, in the backend's memory (the trunk's layers
+    // empty), for ForwardOptions::mtp_hidden: a drafter keeps it beside the trunk's state.
+    ModelState new_mtp_state(int n_ctx, KvCacheTypes kv_types = {}, int n_slots = 1) const;
+    // A runner on the same model and backend with a plan cache of its own: a drafter's plans
+    // then never push the trunk's out, while weights (uploaded once on a GPU), the stream and
+    // the scratch arena stay shared (one plan runs at a time).
+    std::unique_ptr<ModelRunner> with_own_plans() const;
     // Runs n tokens of one sequence (slot) at positions n_past[slot].. and advances it, by
     // replaying the recorded plan of the bucket n falls in (built on first use).
     // logits: [n, n_vocab] if opts.all_logits else [n_vocab] (the last token's).
@@ -74,7 +85,7 @@ public:
 
 private:
     const Qwen35Model& model_;
-    std::unique_ptr<Backend> backend_;
+    std::shared_ptr<Backend> backend_;  // shared with the runners of with_own_plans()
     // Plans by (bucket, logits rows, gdn mode, chunk, MTP head, dumped names); built lazily, reused.
     mutable std::map<std::tuple<int, int, int, int, int, std::string>, std::unique_ptr<Plan>> plans_;
     mutable std::vector<float> host_logits_;  // argmax / top-k without logits on a host backend

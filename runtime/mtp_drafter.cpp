@@ -3,21 +3,24 @@
 #include <algorithm>
 
 #include "alloy/error.h"
-#include "runtime/sampler.h"
 
 namespace alloy {
 
 MtpDrafter::MtpDrafter(const ModelRunner& m, int n_ctx, KvCacheTypes kv_types)
-    : m_(m), st_(new_mtp_state(m.hparams(), n_ctx, kv_types)) {
-    if (!m.model().mtp()) throw Error("MTP drafter: the model has no MTP block (nextn_predict_layers is 0)");
-    logits_.resize(size_t(m.hparams().n_vocab));
+    : m_(m), st_(check_mtp(m).new_mtp_state(n_ctx, kv_types)) {
     head_row_.resize(size_t(m.hparams().n_embd));
+}
+
+const ModelRunner& MtpDrafter::check_mtp(const ModelRunner& m) {
+    if (!m.model().mtp()) throw Error("MTP drafter: the model has no MTP block (nextn_predict_layers is 0)");
+    return m;
 }
 
 std::string MtpDrafter::trunk_rows_name() const { return "blk." + std::to_string(m_.hparams().n_layer - 1) + ".h"; }
 
-// The head alone on n rows at positions pos..: the last row's logits and h' kept.
-void MtpDrafter::run(int pos, const float* hidden, const int32_t* ids, int n) {
+// The head alone on n rows at positions pos..: the last row's greedy token (picked where the
+// logits are: one int32 from a GPU) and h' kept.
+int32_t MtpDrafter::run(int pos, const float* hidden, const int32_t* ids, int n) {
     if (base_ < 0) base_ = pos;
     if (pos < base_ || pos - base_ + n > st_.n_ctx)
         throw Error("MTP drafter: positions " + std::to_string(pos) + ".." + std::to_string(pos + n - 1) +
@@ -33,25 +36,53 @@ void MtpDrafter::run(int pos, const float* hidden, const int32_t* ids, int n) {
         std::copy(rows + (n_rows - 1) * int64_t(D), rows + n_rows * int64_t(D), head_row_.begin());  // the last row's
     };
     st_.n_past[0] = pos - base_;  // the head's own positions: rows past it are rewritten here
-    m_.forward(st_, ids, n, fo, logits_.data());
+    Batch b;
+    b.add(0, ids, n, BatchLogits::Last, true);
+    int32_t token = -1;
+    m_.forward(st_, b, fo, nullptr, nullptr, &token);
+    return token;
 }
 
 void MtpDrafter::observe(int pos0, const float* hidden, const int32_t* next, int n) {
     if (n <= 0) return;
-    run(pos0, hidden, next, n);
+    const size_t D = head_row_.size();
+    const int waiting = int(pending_next_.size());
+    if (waiting > 0 && pos0 >= pending_pos_ && pos0 <= pending_pos_ + waiting) {
+        const size_t keep = size_t(pos0 - pending_pos_);  // the rows before pos0 still wait
+        pending_rows_.resize(keep * D);
+        pending_next_.resize(keep);
+    } else {  // nothing waits, or a jump: the waiting rows are of other positions
+        pending_rows_.clear();
+        pending_next_.clear();
+        pending_pos_ = pos0;
+    }
+    pending_rows_.insert(pending_rows_.end(), hidden, hidden + size_t(n) * D);
+    pending_next_.insert(pending_next_.end(), next, next + n);
+    if (int(pending_next_.size()) > kMaxPending) {
+        const size_t drop = pending_next_.size() - size_t(kMaxPending);
+        pending_rows_.erase(pending_rows_.begin(), pending_rows_.begin() + long(drop * D));
+        pending_next_.erase(pending_next_.begin(), pending_next_.begin() + long(drop));
+        pending_pos_ += int(drop);
+    }
     pos_ = pos0 + n - 1;
-    first_ = greedy_token(logits_.data(), int(logits_.size()));
+}
+
+void MtpDrafter::flush() {
+    if (pending_next_.empty()) return;
+    first_ = run(pending_pos_, pending_rows_.data(), pending_next_.data(), int(pending_next_.size()));
+    pending_rows_.clear();
+    pending_next_.clear();
 }
 
 std::vector<int32_t> MtpDrafter::draft(int k) {
     std::vector<int32_t> d;
     if (pos_ < 0 || k <= 0) return d;
+    flush();
     d.push_back(first_);
-    const std::vector<float> saved_row = head_row_;  // logits_ is read only right after a run: no copy
+    const std::vector<float> saved_row = head_row_;
     for (int i = 1; i < k && pos_ - base_ + i < st_.n_ctx; ++i) {
         const std::vector<float> h = head_row_;
-        run(pos_ + i, h.data(), &d.back(), 1);
-        d.push_back(greedy_token(logits_.data(), int(logits_.size())));
+        d.push_back(run(pos_ + i, h.data(), &d.back(), 1));
     }
     head_row_ = saved_row;  // draft() again gives the same drafts (first_ is kept apart)
     return d;

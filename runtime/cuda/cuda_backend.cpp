@@ -77,6 +77,7 @@ struct CudaState final : DeviceState {
     // the recorded KV store and decode attention index by each token's slot.
     std::vector<std::unique_ptr<DeviceBuffer>> k_tab, v_tab;
     size_t conv_elems = 0, ssm_elems = 0;
+    void add_layer(int l, bool recurrent, size_t kv_elems, KvCacheTypes kv_types, int n_slots);
     static uint64_t next_serial() {
         static std::atomic<uint64_t> n{0};
         return ++n;
@@ -192,8 +193,9 @@ public:
           host_io_(size_t(kIoFields) * io_stride(bucket) * sizeof(int32_t), "step inputs", CudaBuffer::kPinnedHost) {}
     // Device arrays of the step's inputs, each [bucket + 1] int32, 256-byte aligned (the
     // kernels load offsets and slots as vectors).
-    // kTokSlots: each token's slot (the KV store's and decode attention's cache).
-    enum IoField { kIds, kPos, kOffsets, kSlots, kOutRows, kTokSlots, kIoFields };
+    // kTokSlots: each token's slot (the KV store's and decode attention's cache); kNextIds: each
+    // token's sequence's next token (its own at a sequence's end): the MTP head's Embed.
+    enum IoField { kIds, kPos, kOffsets, kSlots, kOutRows, kTokSlots, kNextIds, kIoFields };
     static size_t io_stride(int bucket) { return (size_t(bucket) + 1 + 63) / 64 * 64; }
     int32_t* io(IoField f) const { return io_.get<int32_t>() + size_t(f) * io_stride(bucket()); }
     float* logits() const { return logits_.get<float>(); }
@@ -234,6 +236,7 @@ public:
             for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) {
                 h[size_t(kPos) * w + size_t(t)] = c.n_past[s] + t - c.offsets[s];
                 h[size_t(kTokSlots) * w + size_t(t)] = c.slots[s];
+                h[size_t(kNextIds) * w + size_t(t)] = c.ids[std::min(t + 1, c.offsets[s + 1] - 1)];
             }
             h[size_t(kSlots) * w + size_t(s)] = c.slots[s];
         }
@@ -482,6 +485,8 @@ public:
     }
     std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) override;
     ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
+    void add_mtp_cache(ModelState& s, const Qwen35HParams& hp) override;
+    ModelState new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
     void drop_scratch() override {}
     bool greedy_on_device() const override { return true; }
     // ALLOY_CUDA_TOP_K=0: none (the runner then picks the pairs from the logits rows; A/B).
@@ -495,6 +500,8 @@ public:
 
 private:
     cudaStream_t stream_ = nullptr;
+    std::pair<ModelState, std::shared_ptr<CudaState>> empty_state(const Qwen35HParams& hp, int n_ctx,
+                                                                  KvCacheTypes kv_types, int n_slots);
     // Uploaded weights by host address: each matrix and small fp32 array once.
     std::unordered_map<const void*, std::unique_ptr<DeviceBuffer>> uploads_;
     // Attention's split-K workspace, zeroed when (re)allocated (its counters stay zeroed).
@@ -564,45 +571,69 @@ private:
     }
 };
 
-ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
-    // The host part (checks, sizes, n_past) as the CPU's, without its arrays.
+// Layer l's device state: a GDN layer's conv and recurrent states of every slot, or an
+// attention layer's K and V per slot and the device tables of their pointers.
+void CudaState::add_layer(int l, bool recurrent, size_t kv_elems, KvCacheTypes kv_types, int n_slots) {
+    const size_t L = std::max(conv.size(), size_t(l) + 1);
+    conv.resize(L), ssm.resize(L), k.resize(L), v.resize(L), k_tab.resize(L), v_tab.resize(L);
+    const std::string who = "layer " + std::to_string(l) + "'s state";
+    if (recurrent) {
+        conv[size_t(l)] = std::make_unique<DeviceBuffer>(conv_elems * size_t(n_slots) * sizeof(float), who);
+        ssm[size_t(l)] = std::make_unique<DeviceBuffer>(ssm_elems * size_t(n_slots) * sizeof(float), who);
+        return;
+    }
+    std::vector<void*> kp, vp;
+    for (int slot = 0; slot < n_slots; ++slot) {
+        k[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv_elems * ref::kv_elem_bytes(kv_types.k), who));
+        v[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv_elems * ref::kv_elem_bytes(kv_types.v), who));
+        kp.push_back(k[size_t(l)].back()->get());
+        vp.push_back(v[size_t(l)].back()->get());
+    }
+    for (auto [tab, ptrs] : {std::pair{&k_tab, &kp}, std::pair{&v_tab, &vp}}) {
+        (*tab)[size_t(l)] = std::make_unique<DeviceBuffer>(ptrs->size() * sizeof(void*), who);
+        check(cudaMemcpy((*tab)[size_t(l)]->get(), ptrs->data(), ptrs->size() * sizeof(void*), cudaMemcpyHostToDevice),
+              "cache pointers of " + who);
+    }
+}
+
+// A device state with no layer allocated yet (model_state_shape's host part).
+std::pair<ModelState, std::shared_ptr<CudaState>> CudaBackend::empty_state(const Qwen35HParams& hp, int n_ctx,
+                                                                           KvCacheTypes kv_types, int n_slots) {
     ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
-    const size_t L = size_t(hp.n_layer);
     auto d = std::make_shared<CudaState>();
     d->conv_elems = s.conv_elems;
     d->ssm_elems = s.ssm_elems;
     d->n_ctx = n_ctx;
     d->stream = stream_;
-    d->conv.resize(L);
-    d->ssm.resize(L);
-    d->k.resize(L);
-    d->v.resize(L);
-    d->k_tab.resize(L);
-    d->v_tab.resize(L);
-    const size_t kv = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
-    for (int l = 0; l < hp.n_layer; ++l) {
-        const std::string who = "layer " + std::to_string(l) + "'s state";
-        if (hp.is_recurrent(l)) {
-            d->conv[size_t(l)] = std::make_unique<DeviceBuffer>(s.conv_elems * size_t(n_slots) * sizeof(float), who);
-            d->ssm[size_t(l)] = std::make_unique<DeviceBuffer>(s.ssm_elems * size_t(n_slots) * sizeof(float), who);
-        } else {
-            std::vector<void*> kp, vp;
-            for (int slot = 0; slot < n_slots; ++slot) {
-                d->k[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv * ref::kv_elem_bytes(kv_types.k), who));
-                d->v[size_t(l)].push_back(std::make_unique<DeviceBuffer>(kv * ref::kv_elem_bytes(kv_types.v), who));
-                kp.push_back(d->k[size_t(l)].back()->get());
-                vp.push_back(d->v[size_t(l)].back()->get());
-            }
-            for (auto [tab, ptrs] : {std::pair{&d->k_tab, &kp}, std::pair{&d->v_tab, &vp}}) {
-                (*tab)[size_t(l)] = std::make_unique<DeviceBuffer>(ptrs->size() * sizeof(void*), who);
-                check(cudaMemcpy((*tab)[size_t(l)]->get(), ptrs->data(), ptrs->size() * sizeof(void*), cudaMemcpyHostToDevice),
-                      "cache pointers of " + who);
-            }
-        }
-    }
     s.device = d;
+    return {std::move(s), d};
+}
+
+ModelState CudaBackend::new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+    auto [s, d] = empty_state(hp, n_ctx, kv_types, n_slots);
+    const size_t kv = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
+    for (int l = 0; l < hp.n_layer; ++l) d->add_layer(l, hp.is_recurrent(l), kv, kv_types, n_slots);
     for (int slot = 0; slot < n_slots; ++slot) d->reset(slot);
-    return s;
+    return std::move(s);
+}
+
+// The MTP block is an attention layer at index n_layer (spec/MODEL.md section 8): its K and V
+// per slot on the device; the host shape grows to n_layer + 1 layers (ModelRunner checks it).
+void CudaBackend::add_mtp_cache(ModelState& s, const Qwen35HParams& hp) {
+    if (hp.n_layer_mtp <= 0) throw Error("the model has no MTP block (nextn_predict_layers is 0)");
+    auto* d = dynamic_cast<CudaState*>(s.device.get());
+    if (!d) throw Error("cuda backend: add_mtp_cache: the state was not made by the cuda backend");
+    const size_t L = size_t(hp.n_layer) + 1;
+    if (s.k_cache.size() >= L) return;  // added already
+    const size_t kv = size_t(s.n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
+    d->add_layer(hp.n_layer, false, kv, s.kv_types, s.n_slots);
+    s.k_cache.resize(L), s.v_cache.resize(L), s.conv_state.resize(L), s.ssm_state.resize(L);
+}
+
+ModelState CudaBackend::new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) {
+    auto [s, d] = empty_state(hp, n_ctx, kv_types, n_slots);
+    add_mtp_cache(s, hp);
+    return std::move(s);
 }
 
 std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, const CompileOptions& opt) {
@@ -779,14 +810,21 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
     for (const Node& n : g.nodes) {
         const Rows r = n.rows;
         switch (n.op) {
-            case Op::Input:
-                throw Error("cuda backend: '" + n.label + "': the MTP head runs on the CPU backend only for now");
+            case Op::Input: {  // the MTP head's given rows (StepContext::hidden, host memory): eager
+                const TensorRef o = out(n, 0);
+                plan->add_eager("input", n.label, [=](const StepContext& c) {
+                    if (!c.hidden) throw Error("forward: the MTP head alone needs its hidden rows (ForwardOptions::mtp_hidden)");
+                    check(cudaMemcpyAsync(o.base, c.hidden, size_t(c.n) * size_t(o.cols) * sizeof(float),
+                                          cudaMemcpyHostToDevice, st),
+                          "'" + n.label + "' rows");
+                });
+                break;
+            }
             case Op::Embed: {
-                if (n.next_token)
-                    throw Error("cuda backend: '" + n.label + "': the MTP head runs on the CPU backend only for now");
                 const WeightView tab = device_weight(*n.weights[0], "token_embd");
                 const TensorRef o = out(n, 0);
-                plan->add("get_rows", n.label, [=](const StepContext& c) { cuda::get_rows(tab, d_ids, o.base, c.n, st); });
+                const int32_t* ids = n.next_token ? plan->io(CudaPlan::kNextIds) : d_ids;
+                plan->add("get_rows", n.label, [=](const StepContext& c) { cuda::get_rows(tab, ids, o.base, c.n, st); });
                 break;
             }
             case Op::RmsNorm: {

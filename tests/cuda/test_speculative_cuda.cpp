@@ -7,6 +7,9 @@
 // CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -111,25 +114,62 @@ TEST_F(SpeculativeCuda, GreedyOutputIsPlainDecodeBitForBit) {
             int drafted = 0, accepted = 0;
             for (size_t i = 0; i < reqs.size(); ++i) {
                 SCOPED_TRACE("prompt " + std::to_string(i));
-                ASSERT_EQ(got[i].finish_reason, plain[i].finish_reason) << got[i].error;
-                ASSERT_EQ(got[i].ids, plain[i].ids);
-                ASSERT_EQ(got[i].logprobs.size(), plain[i].logprobs.size());
-                for (size_t t = 0; t < plain[i].logprobs.size(); ++t) {
-                    const TokenLogprob &a = plain[i].logprobs[t], &b = got[i].logprobs[t];
-                    ASSERT_EQ(b.id, a.id) << "token " << t;
-                    ASSERT_EQ(0, std::memcmp(&b.logprob, &a.logprob, sizeof(float))) << "token " << t;
-                    ASSERT_EQ(b.top.size(), a.top.size());
-                    for (size_t j = 0; j < a.top.size(); ++j) {
-                        ASSERT_EQ(b.top[j].first, a.top[j].first) << "token " << t << " alternative " << j;
-                        ASSERT_EQ(0, std::memcmp(&b.top[j].second, &a.top[j].second, sizeof(float)));
-                    }
-                }
+                expect_same(plain[i], got[i]);
                 drafted += got[i].n_drafted;
                 accepted += got[i].n_accepted;
             }
             EXPECT_GT(accepted, 0) << "no draft was accepted";
             EXPECT_GT(drafted, accepted) << "no draft was rejected (no rollback ran)";
         }
+}
+
+// --spec mtp on the device (the MTP head's graphs: Op::Input rows copied in, its own cache in a
+// CudaState): plain decode's tokens and logprobs bit for bit, first drafts accepted.
+TEST_F(SpeculativeCuda, MtpDraftsOfTheDefaultModelAreExactAndAccepted) { expect_mtp_exact_and_accepted("cuda"); }
+
+// The MTP head teacher-forced on the device (alloy perplexity --mtp's evaluate_mtp: the trunk,
+// then the head on each row's next token, GraphSpec::mtp) against the CPU backend's rows: the
+// same greedy token on nearly every row, and logits no further from the CPU's than the trunk's
+// own rows are (the default model is Q8_0: both backends quantize activations, in their own
+// summation orders).
+TEST_F(SpeculativeCuda, MtpHeadOfTheDefaultModelMatchesTheCpu) {
+    EngineOptions o;
+    o.model_path = default_model_file();
+    o.n_ctx = 1024;
+    const std::vector<GenerationRequest> reqs = heldout_requests(o.model_path);
+    ASSERT_FALSE(reqs.empty());
+    const std::vector<int32_t>& ids = reqs[0].prompt;
+    std::vector<float> cpu_mtp, cpu_trunk, gpu_mtp, gpu_trunk;
+    {
+        Engine e(o);
+        cpu_mtp = e.evaluate_mtp(ids);
+        cpu_trunk = e.evaluate(ids);
+    }
+    o.backend = "cuda";
+    {
+        Engine e(o);
+        gpu_mtp = e.evaluate_mtp(ids);
+        gpu_trunk = e.evaluate(ids);
+    }
+    ASSERT_EQ(cpu_mtp.size(), gpu_mtp.size());
+    ASSERT_EQ(cpu_trunk.size(), gpu_trunk.size());
+    const size_t V = cpu_mtp.size() / ids.size();
+    auto compare = [&](const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+        size_t same = 0;
+        double max_diff = 0;
+        for (size_t r = 0; r < a.size() / V; ++r) {
+            const float* x = a.data() + r * V;
+            const float* y = b.data() + r * V;
+            same += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
+            for (size_t j = 0; j < V; ++j) max_diff = std::max(max_diff, double(std::fabs(x[j] - y[j])));
+        }
+        std::printf("%s, cuda vs cpu: %zu of %zu rows the same argmax, max |diff| %.3g\n", what, same, a.size() / V, max_diff);
+        EXPECT_GE(double(same), 0.98 * double(a.size() / V)) << what;
+        return max_diff;
+    };
+    const double trunk = compare(cpu_trunk, gpu_trunk, "trunk");
+    const double head = compare(cpu_mtp, gpu_mtp, "MTP head");
+    EXPECT_LT(head, 3 * trunk + 1e-3);
 }
 
 }  // namespace

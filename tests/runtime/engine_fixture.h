@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <random>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "alloy/engine.h"
+#include "alloy/error.h"
 #include "format/gguf.h"
 #include "model/qwen35.h"
 #include "model/synth.h"
@@ -100,6 +104,91 @@ protected:
         r.ignore_eos = true;
         r.text = false;
         return r;
+    }
+    // Same ids, and every logprob (value, alternatives and their values) bit for bit.
+    static void expect_same(const GenerationResult& want, const GenerationResult& got) {
+        ASSERT_EQ(got.finish_reason, want.finish_reason) << got.error;
+        ASSERT_EQ(got.ids, want.ids);
+        EXPECT_EQ(got.text, want.text);
+        ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+        for (size_t t = 0; t < want.logprobs.size(); ++t) {
+            const TokenLogprob &a = want.logprobs[t], &b = got.logprobs[t];
+            ASSERT_EQ(b.id, a.id) << "token " << t;
+            ASSERT_EQ(0, std::memcmp(&b.logprob, &a.logprob, sizeof(float))) << "token " << t;
+            ASSERT_EQ(b.top.size(), a.top.size()) << "token " << t;
+            for (size_t j = 0; j < a.top.size(); ++j) {
+                ASSERT_EQ(b.top[j].first, a.top[j].first) << "token " << t << " alternative " << j;
+                ASSERT_EQ(0, std::memcmp(&b.top[j].second, &a.top[j].second, sizeof(float)))
+                    << "token " << t << " alternative " << j;
+            }
+        }
+    }
+    // The trained default model, unpacked by the build beside the alloy binary.
+    static std::string default_model_file() {
+        const std::string m = (fs::path(ALLOY_BINARY).parent_path() / "share" / "alloy" / "alloy-default-kjv.gguf").string();
+        if (!fs::exists(m)) ADD_FAILURE() << m << ": not unpacked by the build";
+        return m;
+    }
+    // Six greedy requests of 24 tokens on pieces of the default model's held-out text (the
+    // first in two prompt pieces at a batch size of 256; logprobs on every other one).
+    static std::vector<GenerationRequest> heldout_requests(const std::string& model) {
+        EngineOptions o;
+        o.model_path = model;
+        o.n_ctx = 1024;
+        Engine e(o);
+        std::ifstream in(std::string(ALLOY_SOURCE_DIR) + "/testdata/default-model/heldout.txt");
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const std::vector<int32_t> all = e.tokenize(text, false);
+        EXPECT_GT(all.size(), 2000u);
+        std::vector<GenerationRequest> reqs;
+        for (size_t i = 0; i < 6 && all.size() > 2000; ++i) {
+            const size_t n = i == 0 ? 300 : 20 + 23 * i;
+            GenerationRequest r = greedy(std::vector<int32_t>(all.begin() + long(300 * i), all.begin() + long(300 * i + n)), 24);
+            if (i % 2 == 0) r.logprobs = kMaxTopLogprobs;
+            reqs.push_back(r);
+        }
+        return reqs;
+    }
+    // --spec mtp on the default model (its MTP head) through an engine on `backend`: for K 1 and 3,
+    // 1 and 3 requests in flight, every greedy token and logprob bit for bit the same engine's
+    // without speculation, and the head's first drafts accepted more than 30% of the time.
+    static void expect_mtp_exact_and_accepted(const std::string& backend) {
+        const std::string model = default_model_file();
+        auto opts = [&](const std::string& spec, int n_parallel, int k) {
+            EngineOptions o;
+            o.model_path = model;
+            o.backend = backend;
+            o.n_ctx = 1024;
+            o.batch_size = 256;
+            o.n_parallel = n_parallel;
+            o.spec = spec;
+            o.spec_k = k;
+            return o;
+        };
+        const std::vector<GenerationRequest> reqs = heldout_requests(model);
+        std::vector<GenerationResult> plain;
+        {
+            Engine e(opts("off", 1, 1));
+            plain = run_all(e, reqs);
+        }
+        for (int k : {1, 3})
+            for (int n_parallel : {1, 3}) {
+                SCOPED_TRACE(backend + ": K " + std::to_string(k) + ", " + std::to_string(n_parallel) + " in flight");
+                Engine e(opts("mtp", n_parallel, k));
+                const auto got = run_all(e, reqs);
+                int first_drafted = 0, first_accepted = 0;
+                for (size_t i = 0; i < reqs.size(); ++i) {
+                    SCOPED_TRACE("prompt " + std::to_string(i));
+                    expect_same(plain[i], got[i]);
+                    if (!got[i].drafted_at.empty())
+                        first_drafted += got[i].drafted_at[0], first_accepted += got[i].accepted_at[0];
+                }
+                ASSERT_GT(first_drafted, 0);
+                const double rate = double(first_accepted) / first_drafted;
+                std::printf("%s --spec mtp, K %d, %d in flight: first draft accepted %d of %d (%.3f)\n", backend.c_str(), k,
+                            n_parallel, first_accepted, first_drafted, rate);
+                EXPECT_GT(rate, 0.3);
+            }
     }
     static inline fs::path dir_;
     static inline std::string path_;

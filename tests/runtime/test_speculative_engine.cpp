@@ -42,24 +42,6 @@ protected:
         o.spec_k = k;
         return o;
     }
-    // Same ids, and every logprob (value, alternatives and their values) bit for bit.
-    static void expect_same(const GenerationResult& want, const GenerationResult& got) {
-        ASSERT_EQ(got.finish_reason, want.finish_reason) << got.error;
-        ASSERT_EQ(got.ids, want.ids);
-        EXPECT_EQ(got.text, want.text);
-        ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
-        for (size_t t = 0; t < want.logprobs.size(); ++t) {
-            const TokenLogprob &a = want.logprobs[t], &b = got.logprobs[t];
-            ASSERT_EQ(b.id, a.id) << "token " << t;
-            ASSERT_EQ(0, std::memcmp(&b.logprob, &a.logprob, sizeof(float))) << "token " << t;
-            ASSERT_EQ(b.top.size(), a.top.size()) << "token " << t;
-            for (size_t j = 0; j < a.top.size(); ++j) {
-                ASSERT_EQ(b.top[j].first, a.top[j].first) << "token " << t << " alternative " << j;
-                ASSERT_EQ(0, std::memcmp(&b.top[j].second, &a.top[j].second, sizeof(float)))
-                    << "token " << t << " alternative " << j;
-            }
-        }
-    }
 };
 
 TEST_F(SpeculativeEngine, GreedyOutputIsPlainDecodeBitForBit) {
@@ -114,55 +96,11 @@ TEST_F(SpeculativeEngine, GreedyOutputIsPlainDecodeBitForBit) {
 // 1 and 3 requests in flight, and the first draft of a step is accepted about as often as
 // the head's teacher-forced agreement (0.54) says.
 TEST_F(SpeculativeEngine, MtpDraftsOfTheDefaultModelAreExactAndAccepted) {
-    const std::string model = (std::filesystem::path(ALLOY_BINARY).parent_path() / "share" / "alloy" / "alloy-default-kjv.gguf").string();
-    ASSERT_TRUE(std::filesystem::exists(model)) << model << ": not unpacked by the build";
-    auto opts = [&](const std::string& spec, int n_parallel, int k) {
-        EngineOptions o;
-        o.model_path = model;
-        o.n_ctx = 1024;
-        o.batch_size = 256;
-        o.n_parallel = n_parallel;
-        o.spec = spec;
-        o.spec_k = k;
-        return o;
-    };
-    std::vector<GenerationRequest> reqs;
-    {
-        Engine e(opts("off", 1, 1));
-        std::ifstream in(std::string(ALLOY_SOURCE_DIR) + "/testdata/default-model/heldout.txt");
-        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        const std::vector<int32_t> all = e.tokenize(text, false);
-        ASSERT_GT(all.size(), 2000u);
-        for (size_t i = 0; i < 6; ++i) {
-            const size_t n = i == 0 ? 300 : 20 + 23 * i;  // the first in two prompt pieces
-            GenerationRequest r = greedy(std::vector<int32_t>(all.begin() + long(300 * i), all.begin() + long(300 * i + n)), 24);
-            if (i % 2 == 0) r.logprobs = kMaxTopLogprobs;
-            reqs.push_back(r);
-        }
-    }
-    std::vector<GenerationResult> plain;
-    {
-        Engine e(opts("off", 1, 1));
-        plain = run_all(e, reqs);
-    }
-    for (int k : {1, 3})
-        for (int n_parallel : {1, 3}) {
-            SCOPED_TRACE("K " + std::to_string(k) + ", " + std::to_string(n_parallel) + " in flight");
-            Engine e(opts("mtp", n_parallel, k));
-            const auto got = run_all(e, reqs);
-            int first_drafted = 0, first_accepted = 0;
-            for (size_t i = 0; i < reqs.size(); ++i) {
-                SCOPED_TRACE("prompt " + std::to_string(i));
-                expect_same(plain[i], got[i]);
-                if (!got[i].drafted_at.empty()) first_drafted += got[i].drafted_at[0], first_accepted += got[i].accepted_at[0];
-            }
-            ASSERT_GT(first_drafted, 0);
-            const double rate = double(first_accepted) / first_drafted;
-            std::printf("--spec mtp, K %d, %d in flight: first draft accepted %d of %d (%.3f)\n", k, n_parallel, first_accepted,
-                        first_drafted, rate);
-            EXPECT_GT(rate, 0.3);
-        }
-    EXPECT_THROW(Engine(opts("mtp", 1, 1)).evaluate_mtp({}), Error);
+    expect_mtp_exact_and_accepted("cpu");
+    EngineOptions o;
+    o.model_path = default_model_file();
+    o.spec = "mtp";
+    EXPECT_THROW(Engine(o).evaluate_mtp({}), Error);
 }
 
 // Sampled requests speculate too (accept_sampled, whose distribution test is in

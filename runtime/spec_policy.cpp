@@ -1,0 +1,79 @@
+#include "runtime/spec_policy.h"
+
+#include <algorithm>
+
+#include "alloy/error.h"
+
+namespace alloy {
+
+SpecPolicy::SpecPolicy(int k_max)
+    : k_max_(k_max), times_(size_t(std::max(k_max, 0)) + 1), n_times_(times_.size(), 0),
+      last_measured_(times_.size(), -1), drafted_(size_t(std::max(k_max, 0)), 0.0), accepted_(drafted_.size(), 0.0) {
+    if (k_max < 1) throw Error("speculation: drafts per step must be at least 1, got " + std::to_string(k_max));
+}
+
+double SpecPolicy::step_seconds(int k) const {
+    const std::vector<double>& v = times_[size_t(k)];
+    if (v.empty()) return 0;
+    std::vector<double> s = v;
+    std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
+    return s[s.size() / 2];
+}
+
+double SpecPolicy::tokens_per_step(int k) const {
+    double e = 1, last = 1;
+    for (int t = 0; t < k; ++t) {
+        // P(drafts 0..t all accepted); a position not measured yet is taken as likely as the one before.
+        const double p = drafted_[size_t(t)] > 0 ? accepted_[size_t(t)] / drafted_[size_t(t)] : last;
+        e += p;
+        last = p;
+    }
+    return e;
+}
+
+int SpecPolicy::choose() {
+    ++steps_;
+    // Measure every k first: plain decode (the yardstick) before the drafts.
+    for (int k = 0; k <= k_max_; ++k)
+        if (n_times_[size_t(k)] < kWarmup) return k;
+    if (drafted_[0] < kWarmupVerifications) return 1 + int(steps_ % k_max_);
+    int best = 0;
+    double best_rate = 0;
+    for (int k = 0; k <= k_max_; ++k) {
+        const double t = step_seconds(k);
+        const double rate = t > 0 ? tokens_per_step(k) / t : 0;
+        if (rate > best_rate) best = k, best_rate = rate;
+    }
+    if (best != last_best_) probe_every_ = kProbeEvery, last_best_ = best;
+    if (steps_ - last_probe_ >= probe_every_) {  // the least recently measured other k
+        last_probe_ = steps_;
+        probe_every_ = std::min<int64_t>(2 * probe_every_, kProbeMax);
+        int oldest = -1;
+        for (int k = 0; k <= k_max_; ++k)
+            if (k != best && (oldest < 0 || last_measured_[size_t(k)] < last_measured_[size_t(oldest)])) oldest = k;
+        return oldest;
+    }
+    return best;
+}
+
+void SpecPolicy::record_step(int k, double seconds) {
+    if (k < 0 || k > k_max_ || !(seconds >= 0)) return;
+    std::vector<double>& v = times_[size_t(k)];
+    if (v.size() < size_t(kSamples)) v.push_back(seconds);
+    else v[size_t(n_times_[size_t(k)] % kSamples)] = seconds;
+    ++n_times_[size_t(k)];
+    last_measured_[size_t(k)] = steps_;
+}
+
+void SpecPolicy::record_verification(int n, int accepted) {
+    for (size_t t = 0; t < drafted_.size(); ++t) {
+        drafted_[t] *= kDecay;
+        accepted_[t] *= kDecay;
+        if (int(t) < n) {
+            drafted_[t] += 1;
+            accepted_[t] += int(t) < accepted ? 1 : 0;
+        }
+    }
+}
+
+}  // namespace alloy

@@ -101,12 +101,13 @@ void add_bench_command(CLI::App& app) {
         ->check(CLI::Range(0, 1 << 20));
     cmd->add_flag("--interleave", interleave,
                   "run repetition r of every test before repetition r+1 (A/B comparisons on a drifting host)");
-    static std::string spec_modes, spec_ks = "1,2,3", spec_prompt;
+    static std::string spec_modes, spec_ks = "1,2,3", spec_prompt, draft_model;
     cmd->add_option("--spec", spec_modes,
-                    "benchmark speculative decoding instead of pp/tg: drafters, comma separated (ngram, mtp), on the text of "
+                    "benchmark speculative decoding instead of pp/tg: drafters, comma separated (ngram, mtp, draft), on the text of "
                     "--spec-prompt, against plain greedy decode (-n sizes, -r, -t apply)");
     cmd->add_option("--spec-k", spec_ks, "with --spec: drafts per step, comma separated (1..3)")->capture_default_str();
     cmd->add_option("--spec-prompt", spec_prompt, "with --spec: a text file, the prompt (its tokens are the drafter's context)");
+    cmd->add_option("--draft-model", draft_model, "with --spec draft: the draft model's GGUF file");
     cmd->callback([cmd] {
         if (cmd->count("-b") == 0 && backend == "cuda") batch_size = 4096;
         if (reps < 2) throw Error("-r must be at least 2 (the first repetition is cold and reported apart)");
@@ -116,6 +117,7 @@ void add_bench_command(CLI::App& app) {
             sa.model_path = model.empty() ? default_model_path() : resolve_model(model);
             sa.backend = backend;
             sa.prompt_file = spec_prompt;
+            sa.draft_model = draft_model.empty() ? draft_model : resolve_model(draft_model);
             sa.threads = threads_list.empty() ? 0 : parse_int_list(threads_list, "-t", 1).front();
             sa.reps = reps;
             sa.gens = parse_int_list(gens, "-n", 1);

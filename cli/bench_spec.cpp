@@ -38,7 +38,7 @@ void run_spec_bench(const SpecBenchArgs& a) {
     for (const std::string& m : a.modes)  // run|serve's rule, which names --spec / --spec-k
         for (int k : a.ks) {
             if (m == "off") throw Error("--spec: 'off' is the baseline every bench --spec row is compared with; name a drafter (ngram)");
-            SpecOptions{m, k}.validate();
+            SpecOptions{m, k, m == "draft" ? a.draft_model : ""}.validate();
         }
     const std::string text = read_prompt(a.prompt_file);
     int max_n = 1;
@@ -60,6 +60,7 @@ void run_spec_bench(const SpecBenchArgs& a) {
         o.n_ctx = 1 << 15;  // KV pages are backed as they are written
         o.spec = mode;
         o.spec_k = k;
+        if (mode == "draft") o.draft_model = a.draft_model;
         Engine engine(o);
         if (prompt.empty()) {
             prompt = engine.tokenize(text, /*parse_special=*/false);

@@ -7,9 +7,10 @@ namespace alloy::cli {
 
 struct SpecBenchArgs {
     std::string model_path, backend = "cpu", prompt_file;
+    std::string draft_model;          // --draft-model: the drafter "draft"'s
     int threads = 0, reps = 3;
     std::vector<int> gens;            // -n: generated tokens per request
-    std::vector<std::string> modes;   // --spec: drafters (ngram)
+    std::vector<std::string> modes;   // --spec: drafters (ngram, mtp, draft)
     std::vector<int> ks;              // --spec-k: drafts per step
 };
 

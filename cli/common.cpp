@@ -58,16 +58,21 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
 
 void SpecOptions::add_to(CLI::App* cmd) {
     cmd->add_option("--spec", mode,
-                    "speculative decoding: off | ngram (prompt lookup) | mtp (the model's MTP head; cpu backend). Exact: greedy output (--temp 0) is token for "
+                    "speculative decoding: off | ngram (prompt lookup) | mtp (the model's MTP head) | draft (a smaller model "
+                    "with the same vocabulary: --draft-model). Exact: greedy output (--temp 0) is token for "
                     "token plain decode's; sampled output (temperature > 0) keeps plain sampling's distribution "
-                    "(the speculative sampling rule), not its token stream for a seed")
+                    "(the speculative sampling rule), not its token stream for a seed. Drafts per step follow their "
+                    "measured cost and acceptance (none where they do not pay)")
         ->capture_default_str();
-    cmd->add_option("--spec-k", k, "with --spec: drafts verified per step, 1..3")->capture_default_str();
+    cmd->add_option("--spec-k", k, "with --spec: the most drafts verified per step, 1..3")->capture_default_str();
+    cmd->add_option("--draft-model", draft_model, "with --spec draft: the draft model's GGUF file");
 }
 
 void SpecOptions::validate() const {
-    if (mode != "off" && mode != "ngram" && mode != "mtp")
-        throw Error("--spec must be 'off', 'ngram' or 'mtp', got '" + mode + "'");
+    if (mode != "off" && mode != "ngram" && mode != "mtp" && mode != "draft")
+        throw Error("--spec must be 'off', 'ngram', 'mtp' or 'draft', got '" + mode + "'");
+    if ((mode == "draft") != !draft_model.empty())
+        throw Error(mode == "draft" ? "--spec draft needs --draft-model FILE" : "--draft-model is used with --spec draft only");
     if (k < 1 || k > 3) throw Error("--spec-k must be in [1, 3] (drafts per step), got " + std::to_string(k));
 }
 
@@ -75,6 +80,7 @@ void SpecOptions::apply(alloy::EngineOptions& e) const {
     validate();
     e.spec = mode;
     e.spec_k = k;
+    e.draft_model = draft_model.empty() ? draft_model : resolve_model(draft_model);
 }
 
 std::string ModelOptions::model_path() const { return model.empty() ? default_model_path() : resolve_model(model); }

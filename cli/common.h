@@ -33,8 +33,9 @@ struct ModelOptions {
 
 // Speculative decoding for the commands that generate (run, serve): EngineOptions::spec, spec_k.
 struct SpecOptions {
-    std::string mode = "off";  // --spec: off | ngram
+    std::string mode = "off";  // --spec: off | ngram | mtp | draft
     int k = 1;                 // --spec-k: drafts per step, 1..3
+    std::string draft_model;   // --draft-model: with --spec draft
     void add_to(CLI::App* cmd);
     // Throws naming the flag (--spec, --spec-k) whose value is wrong.
     void validate() const;

@@ -48,6 +48,7 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/slot_cache.h"
 #include "runtime/gdn_replay.h"
+#include "runtime/draft_model_drafter.h"
 #include "runtime/mtp_drafter.h"
 #include "runtime/spec_policy.h"
 #include "runtime/speculative.h"
@@ -84,6 +85,7 @@ struct Sequence {
     // step with the trunk's rows of the positions the request keeps; step_pos0: the position of
     // this step's first token.
     std::optional<MtpDrafter> mtp;
+    std::optional<DraftModelDrafter> draft;  // --spec draft: on the request's slot of the draft model
     int step_pos0 = 0;
     std::optional<StateSnapshot> before;
     size_t ids_before = 0;
@@ -111,6 +113,8 @@ struct Engine::Impl {
     std::unique_ptr<ModelRunner> mtp_runner;  // then: the MTP heads' plans (the trunk's backend), shared by the requests' drafters
     std::vector<float> step_rows;         // --spec mtp: the step's trunk rows [T, D], batch order
     std::optional<SpecPolicy> policy;     // when spec is on: the drafts a step may carry
+    std::optional<LoadedModel> draft_lm;  // when spec is "draft": the draft model
+    std::optional<SlotStateCache> draft_slots;  // and its states, a slot per engine slot
 
     mutable std::mutex mu;
     std::condition_variable cv;
@@ -191,7 +195,8 @@ struct Engine::Impl {
     // the acceptance rules do not see). Greedy requests keep drafts by accept_greedy (plain
     // decode's tokens bit for bit); sampled ones by accept_sampled (plain sampling's
     // distribution, not its token stream for a given seed).
-    bool speculates(const Sequence& s) const { return (drafter || s.mtp) && !s.json; }
+    bool speculates(const Sequence& s) const { return (drafter || s.mtp || s.draft) && !s.json; }
+    bool keeps_history() const { return drafter || draft_slots; }
 
     // --spec mtp: the rows [first, first + next.size()) of the step's trunk rows, at positions
     // pos0.., each followed by next[i], into the request's MTP head. A failure turns its drafting
@@ -214,7 +219,7 @@ struct Engine::Impl {
     // Returns false when it finished. Same order of checks as a single run always had.
     bool take_token(Sequence& s, int32_t token) {
         s.r.ids.push_back(token);
-        if (drafter) s.history.push_back(token);
+        if (keeps_history()) s.history.push_back(token);
         if (s.cb.on_token) s.cb.on_token(token);
         if (!s.req.ignore_eos && lm.tokenizer && lm.tokenizer->is_end_of_generation(token)) {
             finish(s, "stop");
@@ -323,8 +328,9 @@ struct Engine::Impl {
                                         s.req.sampling.min_p, s.req.sampling.seed});
         if (s.req.text) s.dec.emplace(*lm.tokenizer);
         s.filter.emplace(s.req.stop);
-        if (drafter) s.history = s.req.prompt;
+        if (keeps_history()) s.history = s.req.prompt;
         if (mtp_spec) s.mtp.emplace(*mtp_runner, opt.n_ctx);
+        if (draft_slots) s.draft.emplace(*draft_lm->runner, *draft_slots, s.slot, fo);
         if (s.req.format == GenerationRequest::Format::JsonObject) {
             if (!json_mask) json_mask.emplace(*lm.tokenizer, lm.model->hparams().n_vocab);
             s.json.emplace(/*object_only=*/true);
@@ -421,7 +427,10 @@ struct Engine::Impl {
                         if (s->spec_k_now == 0) s->spec_k_now = opt.spec_k;
                         const int k = std::min({s->spec_k_now, cap, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
                         if (k > 0)
-                            for (int32_t d : s->mtp ? s->mtp->draft(k) : drafter->draft(s->history, k)) s->step_ids.push_back(d);
+                            for (int32_t d : s->mtp     ? s->mtp->draft(k)
+                                             : s->draft ? s->draft->draft(s->history, k)
+                                                        : drafter->draft(s->history, k))
+                                s->step_ids.push_back(d);
                     }
                     const bool verify = s->step_ids.size() > 1;
                     spec_step_k = std::max(spec_step_k, int(s->step_ids.size()) - 1);
@@ -673,7 +682,11 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     if (o.n_ctx < 2) throw Error("engine: n_ctx must be at least 2, got " + std::to_string(o.n_ctx));
     if (o.spec == "ngram") m.drafter.emplace();
     else if (o.spec == "mtp") m.mtp_spec = true;
-    else if (o.spec != "off") throw Error("engine: spec must be 'off', 'ngram' or 'mtp', got '" + o.spec + "'");
+    else if (o.spec != "off" && o.spec != "draft")
+        throw Error("engine: spec must be 'off', 'ngram', 'mtp' or 'draft', got '" + o.spec + "'");
+    if ((o.spec == "draft") != !o.draft_model.empty())
+        throw Error(o.spec == "draft" ? "engine: spec 'draft' needs a draft model (--draft-model FILE)"
+                                      : "engine: a draft model (--draft-model) is used with spec 'draft' only, not '" + o.spec + "'");
     if (o.spec_k < 1 || o.spec_k > kMaxVerifyTokens - 1)
         throw Error("engine: spec_k must be in [1, " + std::to_string(kMaxVerifyTokens - 1) + "] (drafts per step), got " +
                     std::to_string(o.spec_k));
@@ -687,6 +700,14 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
                     " has none (use 'ngram')");
     if (m.mtp_spec) m.mtp_runner = m.lm.runner->with_own_plans();
     m.slots.emplace(*m.lm.runner, o.n_parallel, o.n_ctx, kv);
+    if (!o.draft_model.empty()) {
+        m.draft_lm = load_model(o.draft_model, tensor_placement(o), o.backend);
+        const int V = m.lm.model->hparams().n_vocab, Vd = m.draft_lm->model->hparams().n_vocab;
+        if (V != Vd)  // the request's tokens feed the draft model, its drafts the target
+            throw Error("engine: the draft model " + o.draft_model + " has a vocabulary of " + std::to_string(Vd) +
+                        " tokens, the model " + o.model_path + " one of " + std::to_string(V) + " (they must be the same)");
+        m.draft_slots.emplace(*m.draft_lm->runner, o.n_parallel, o.n_ctx, kv);
+    }
     if (o.cache_ram_mib < 0) throw Error("engine: cache_ram_mib must be >= 0, got " + std::to_string(o.cache_ram_mib));
     if (o.checkpoint_every < 1)
         throw Error("engine: checkpoint_every must be >= 1, got " + std::to_string(o.checkpoint_every));

@@ -45,15 +45,16 @@ struct EngineOptions {
     int cache_ram_mib = 0;
     int checkpoint_every = 1024;
     // Speculative decoding (exact): "off", "ngram" (prompt lookup: drafts are the tokens that
-    // followed the latest earlier occurrence of the context's last 1-3 tokens) or "mtp" (the
-    // model's MTP head, runtime/mtp_drafter.h: the cpu backend, a model with the block). A greedy
-    // request (temperature 0) without an output format then feeds its token and up to spec_k
-    // drafts (1..3) per step and keeps each draft while it is the model's greedy token there,
-    // so its tokens and logits are bit for bit those of plain decode. Sampled and constrained
-    // requests decode without drafts (sampling would need the rejection-sampling rule, not
-    // built yet). Needs host slot states (the cpu backend): the rollback after a rejected draft
-    // restores the GDN states by copies.
+    // followed the latest earlier occurrence of the context's last 1-3 tokens), "mtp" (the
+    // model's MTP head, runtime/mtp_drafter.h: a model with the block) or "draft" (a separate
+    // model with the same vocabulary, `draft_model`, greedy on a slot of its own per request).
+    // A request without an output format then feeds its token and up to spec_k drafts (1..3) per
+    // step: greedy requests keep each draft while it is the model's greedy token there, so their
+    // tokens and logits are bit for bit plain decode's; sampled ones by the rejection-sampling
+    // rule (plain sampling's distribution). How many drafts a step carries follows what they
+    // measurably cost and gain (runtime/spec_policy.h): none where they do not pay.
     std::string spec = "off";
+    std::string draft_model;  // with spec "draft": the draft model's GGUF file
     int spec_k = 1;  // the setting measured faster on the default model (bench/RESULTS.md: 2-3 pay the re-run)
 };
 

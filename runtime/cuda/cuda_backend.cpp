@@ -214,6 +214,9 @@ public:
         eager_.resize(steps().size(), kRecorded);
         eager_.back() = kEager;
     }
+    static constexpr int kGraphMaxBucket = 16;  // plans recorded as CUDA graphs
+    // Runs on the host after the step's work is done (a recorded dump's sink).
+    void after_step(std::function<void(const StepContext&)> f) { after_step_.push_back(std::move(f)); }
     void add_eager_unless_16bit_kv(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
         add_eager(std::move(kernel), std::move(label), std::move(run));
         eager_.back() = kEagerUnless16BitKv;
@@ -290,6 +293,7 @@ public:
                   "logits");
         const auto t_queued = std::chrono::steady_clock::now();
         check(cudaStreamSynchronize(stream_), "step");
+        for (const auto& f : after_step_) f(c);
         if (top) {
             const size_t n_pairs = size_t(rows) * size_t(c.top_k);
             std::memcpy(c.top_values, top_host_->get<float>(), n_pairs * sizeof(float));
@@ -310,6 +314,7 @@ private:
     mutable std::unique_ptr<DeviceBuffer> top_;
     mutable std::unique_ptr<CudaBuffer> top_host_;
     CudaBuffer host_io_;  // page-locked
+    std::vector<std::function<void(const StepContext&)>> after_step_;
     // [steps] how a step runs under CUDA graphs: kRecorded, kEager (add_eager), kEagerUnless16BitKv
     // (recorded when the state's K and V caches are both f16 / bf16: decode attention).
     enum StepKind : char { kRecorded, kEager, kEagerUnless16BitKv };
@@ -378,7 +383,6 @@ private:
 
     // Read at every replay, so a test can compare both ways in one process.
     bool use_graphs() const { return !env_is("ALLOY_CUDA_GRAPHS", "0") && !graphs_failed_ && bucket() <= kGraphMaxBucket; }
-    static constexpr int kGraphMaxBucket = 16;
     static constexpr size_t kMaxGraphKeys = 64;
 
     std::vector<int64_t> graph_key(const StepContext& c) const {
@@ -1033,6 +1037,24 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             if (!graph::name_matches(opt.dump, x.name)) continue;
             const TensorRef ref = refs[size_t(t)];
             const std::string name = x.name;
+            if (bucket <= CudaPlan::kGraphMaxBucket) {
+                // A small step's rows go into page-locked memory inside the recorded graph (no
+                // split of the step's graph, no synchronization of its own: --spec mtp dumps the
+                // last layer's rows every decode step) and reach the sink after the step.
+                auto host = std::make_shared<CudaBuffer>(size_t(bucket) * size_t(ref.cols) * sizeof(float), "dump of " + name,
+                                                         CudaBuffer::kPinnedHost);
+                plan->add("dump", name, [=](const StepContext& c) {
+                    check(cudaMemcpyAsync(host->get(), ref.at(c, r), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
+                                          cudaMemcpyDeviceToHost, st),
+                          "dump");
+                });
+                plan->after_step([=](const StepContext& c) {
+                    if (c.dump)
+                        (*c.dump)(name, first_row(r, c) + (c.n_seqs == 1 ? c.n_past[0] : 0), host->get<float>(), n_rows(r, c),
+                                  ref.cols);
+                });
+                continue;
+            }
             plan->add_eager("dump", name, [=](const StepContext& c) {
                 if (!c.dump) return;
                 std::vector<float> host(size_t(n_rows(r, c) * ref.cols));

@@ -20,6 +20,7 @@
 
 #include "alloy/engine.h"
 #include "alloy/error.h"
+#include "model/synth.h"
 #include "tests/runtime/engine_fixture.h"
 
 namespace alloy {
@@ -101,6 +102,68 @@ TEST_F(SpeculativeEngine, MtpDraftsOfTheDefaultModelAreExactAndAccepted) {
     o.model_path = default_model_file();
     o.spec = "mtp";
     EXPECT_THROW(Engine(o).evaluate_mtp({}), Error);
+}
+
+// --spec draft (runtime/draft_model_drafter.h): the target as its own draft model (drafts
+// almost always agree: the draft's prompt runs as one call, the target's decode one token a
+// step, so a near tie can still go the other way) and a random model of the same vocabulary
+// (drafts mostly rejected, rollbacks of both models' states every step): 20 prompts, K 1 and 3,
+// 1 and 4 requests in flight, every token and logprob bit for bit plain decode's.
+TEST_F(SpeculativeEngine, DraftModelDraftsAreExact) {
+    SynthOptions so;
+    so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
+    so.out_path = (dir_ / "tiny_other.gguf").string();
+    so.seed = 7;
+    synth_qwen35(so);
+    const auto ps = prompts();
+    std::vector<GenerationRequest> reqs;
+    for (size_t i = 0; i < ps.size(); ++i) {
+        GenerationRequest r = greedy(ps[i], 20 + int(i % 5));
+        if (i % 2 == 0) r.logprobs = kMaxTopLogprobs;
+        reqs.push_back(r);
+    }
+    std::vector<GenerationResult> plain;
+    {
+        Engine e(options(1));
+        plain = run_all(e, reqs);
+    }
+    for (const std::string& draft : {path_, so.out_path})
+        for (int k : {1, 3})
+            for (int n_parallel : {1, 4}) {
+                const bool self = draft == path_;
+                SCOPED_TRACE(std::string(self ? "itself" : "another model") + " as the draft, K " + std::to_string(k) + ", " +
+                             std::to_string(n_parallel) + " in flight");
+                EngineOptions o = options(n_parallel);
+                o.spec = "draft";
+                o.spec_k = k;
+                o.draft_model = draft;
+                Engine e(o);
+                const auto got = run_all(e, reqs);
+                int drafted = 0, accepted = 0;
+                for (size_t i = 0; i < reqs.size(); ++i) {
+                    SCOPED_TRACE("prompt " + std::to_string(i));
+                    expect_same(plain[i], got[i]);
+                    drafted += got[i].n_drafted;
+                    accepted += got[i].n_accepted;
+                }
+                std::printf("draft model (%s), K %d, %d in flight: %d of %d drafts accepted\n", self ? "itself" : "another", k,
+                            n_parallel, accepted, drafted);
+                ASSERT_GE(drafted, 16);  // the policy's warm-up verifies at least that many
+                if (self) EXPECT_GE(accepted, drafted * 9 / 10);
+                else EXPECT_LT(accepted, drafted / 2);
+            }
+    // A draft model of another vocabulary is refused by name.
+    EngineOptions o = options(1);
+    o.spec = "draft";
+    o.draft_model = default_model_file();
+    try {
+        Engine e(o);
+        FAIL() << "a draft model of another vocabulary was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("vocabulary"), std::string::npos) << e.what();
+    }
+    o.draft_model.clear();
+    EXPECT_THROW(Engine{o}, Error);  // spec draft without a draft model
 }
 
 // Sampled requests speculate too (accept_sampled, whose distribution test is in

@@ -14,6 +14,7 @@ void add_synth_command(CLI::App& app) {
     cmd->add_option("--tokenizer", req.tokenizer_json, "vocabulary to embed: tokenizer.json, .gguf or .tiktoken (default: the bundled Qwen3.5 / 3.6 one)");
     cmd->add_option("--seed", req.seed, "random seed")->capture_default_str();
     cmd->add_option("--layers", req.n_layer, "layer count instead of the preset's (every 4th is attention)");
+    cmd->add_flag("--mtp", req.mtp, "also an MTP block after the layers (as in published Qwen3.5 files; random like the rest)");
     cmd->add_option("-o,--output", req.out_path, "output .gguf")->required();
     cmd->callback([] { std::fprintf(stderr, "%s\n", synth_model(req).c_str()); });
 }

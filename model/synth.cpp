@@ -101,7 +101,8 @@ std::string synth_qwen35(const SynthOptions& opt) {
                                                 : opt.dtype == GgmlType::F16 ? 1 : 0));
     w.set(A + "context_length", gguf::Value::u32(262144));
     w.set(A + "embedding_length", gguf::Value::u32(uint32_t(P.D)));
-    w.set(A + "block_count", gguf::Value::u32(uint32_t(P.n_layer)));
+    w.set(A + "block_count", gguf::Value::u32(uint32_t(P.n_layer + (opt.mtp ? 1 : 0))));
+    if (opt.mtp) w.set(A + "nextn_predict_layers", gguf::Value::u32(1));
     if (moe) {
         w.set(A + "expert_count", gguf::Value::u32(uint32_t(P.n_expert)));
         w.set(A + "expert_used_count", gguf::Value::u32(uint32_t(P.n_used)));
@@ -171,7 +172,7 @@ std::string synth_qwen35(const SynthOptions& opt) {
     matrix("token_embd.weight", P.D, n_vocab);
     norm("output_norm.weight", P.D);
     if (!P.tied) matrix("output.weight", P.D, n_vocab);
-    for (int l = 0; l < P.n_layer; ++l) {
+    auto layer = [&](int l, bool attention) {
         const std::string p = "blk." + std::to_string(l) + ".";
         norm(p + "attn_norm.weight", P.D);
         norm(p + "post_attention_norm.weight", P.D);
@@ -189,7 +190,7 @@ std::string synth_qwen35(const SynthOptions& opt) {
             matrix(p + "ffn_up.weight", P.D, P.n_ff);
             matrix(p + "ffn_down.weight", P.n_ff, P.D);
         }
-        if ((l + 1) % 4 == 0) {
+        if (attention) {
             matrix(p + "attn_q.weight", P.D, 2 * P.n_head * P.head_dim);
             matrix(p + "attn_k.weight", P.D, P.n_head_kv * P.head_dim);
             matrix(p + "attn_v.weight", P.D, P.n_head_kv * P.head_dim);
@@ -210,6 +211,18 @@ std::string synth_qwen35(const SynthOptions& opt) {
             norm(p + "ssm_norm.weight", P.d);
             matrix(p + "ssm_out.weight", vd, P.D);
         }
+    };
+    for (int l = 0; l < P.n_layer; ++l) layer(l, (l + 1) % 4 == 0);
+    // The MTP block after the trunk, as llama.cpp's converter writes it (blk.{n_layer}: an
+    // attention layer and its nextn.* tensors); drawn last, so the trunk's values are those of
+    // a file without it.
+    if (opt.mtp) {
+        layer(P.n_layer, true);
+        const std::string p = "blk." + std::to_string(P.n_layer) + ".";
+        matrix(p + "nextn.eh_proj.weight", 2 * P.D, P.D);
+        norm(p + "nextn.enorm.weight", P.D);
+        norm(p + "nextn.hnorm.weight", P.D);
+        norm(p + "nextn.shared_head_norm.weight", P.D);
     }
     w.write(opt.out_path, [&](size_t i, std::vector<uint8_t>& out) {
         const Draw& d = draws[i];
@@ -217,7 +230,7 @@ std::string synth_qwen35(const SynthOptions& opt) {
         gguf::Writer::encode_f32(d.type, d.ne, buf.data(), out);
     });
     return "wrote " + opt.out_path + " (preset " + opt.preset + ", " + std::to_string(P.n_layer) +
-           " layers, vocab " + std::to_string(n_vocab) + ")";
+           " layers" + (opt.mtp ? " + an MTP block" : "") + ", vocab " + std::to_string(n_vocab) + ")";
 }
 
 GgmlType matrix_dtype(const std::string& name, const std::string& what) {
@@ -236,6 +249,7 @@ std::string synth_model(const SynthRequest& r) {
     opt.out_path = r.out_path;
     opt.seed = r.seed;
     opt.n_layer = r.n_layer;
+    opt.mtp = r.mtp;
     return synth_qwen35(opt);
 }
 

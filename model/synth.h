@@ -17,6 +17,7 @@ struct SynthOptions {
     std::string out_path;
     uint64_t seed = 42;
     int n_layer = 0;                  // 0: the preset's; else this many (every 4th is attention)
+    bool mtp = false;                 // also an MTP block (blk.{n_layer}, nextn_predict_layers 1)
 };
 
 std::string synth_qwen35(const SynthOptions& opt);  // returns a one-line summary

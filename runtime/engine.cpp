@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <condition_variable>
@@ -415,7 +416,12 @@ struct Engine::Impl {
             int budget = cpu::mm::kGemvMaxTokens;
             for (auto& s : active) budget -= s->decoding ? 1 : 0;
             const bool any_spec = std::any_of(active.begin(), active.end(), [&](const auto& s) { return s->decoding && speculates(*s); });
-            const int cap = any_spec ? policy->choose() : 0;
+            // ALLOY_SPEC_POLICY=0: every step carries up to spec_k drafts (the raw cost of a K; A/B).
+            static const bool fixed_k = [] {
+                const char* e = std::getenv("ALLOY_SPEC_POLICY");
+                return e && e[0] == '0';
+            }();
+            const int cap = !any_spec ? 0 : fixed_k ? opt.spec_k : policy->choose();
             spec_step = any_spec;
             for (auto& s : active)
                 if (s->decoding) {

@@ -15,6 +15,7 @@ struct SynthRequest {
     std::string out_path;
     uint64_t seed = 42;
     int n_layer = 0;               // 0: the preset's; else this many (every 4th is attention)
+    bool mtp = false;              // also an MTP block (blk.{n_layer}, nextn_predict_layers 1)
 };
 
 // Returns a one-line summary; throws alloy::Error naming the bad preset, dtype or path.

@@ -27,6 +27,11 @@ struct GdnReplayLog {
         ref::GdnWeights weights;  // the backend's pointers to the layer's conv / gate / norm weights
         int conv_dim = 0, value_dim = 0, H_v = 0;
         std::vector<float> qkv, a, b;  // [n, conv_dim], [n, H_v], [n, H_v]: the step's rows
+        // A device backend's log: the same rows in its memory (valid until its next logged
+        // step of the same plan); the vectors above then stay empty.
+        const float* dev_qkv = nullptr;
+        const float* dev_a = nullptr;
+        const float* dev_b = nullptr;
     };
     std::vector<Layer> layers;  // in the step's order
     void clear() {

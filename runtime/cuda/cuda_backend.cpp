@@ -17,6 +17,7 @@
 #include "kernels/cuda/gdn.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/ref/kv_store.h"
+#include "runtime/gdn_replay.h"
 #include "runtime/graph_passes.h"
 #include "runtime/graph_storage.h"
 
@@ -215,6 +216,12 @@ public:
         eager_.back() = kEager;
     }
     static constexpr int kGraphMaxBucket = 16;  // plans recorded as CUDA graphs
+    // A verification's GDN replay log (runtime/gdn_replay.h): each GDN op copies its inputs'
+    // rows into log_ (recorded with the step) and replay() lists them in the host log, from
+    // this table (the closures run only when a graph is recorded).
+    static bool logs_gdn(const StepContext& c) { return c.gdn_log && c.gdn_log->valid; }
+    std::vector<GdnReplayLog::Layer> gdn_layers;  // one per GDN op, dev_* into log_
+    std::unique_ptr<DeviceBuffer> log_;
     // Runs on the host after the step's work is done (a recorded dump's sink).
     void after_step(std::function<void(const StepContext&)> f) { after_step_.push_back(std::move(f)); }
     void add_eager_unless_16bit_kv(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
@@ -294,6 +301,8 @@ public:
         const auto t_queued = std::chrono::steady_clock::now();
         check(cudaStreamSynchronize(stream_), "step");
         for (const auto& f : after_step_) f(c);
+        if (logs_gdn(c))
+            for (const GdnReplayLog::Layer& L : gdn_layers) c.gdn_log->layers.push_back(L);
         if (top) {
             const size_t n_pairs = size_t(rows) * size_t(c.top_k);
             std::memcpy(c.top_values, top_host_->get<float>(), n_pairs * sizeof(float));
@@ -389,6 +398,7 @@ private:
         std::vector<int64_t> k = {int64_t(device_state(c).serial), c.n, c.n_out, c.n_seqs};
         for (int s = 0; s <= c.n_seqs; ++s) k.push_back(c.offsets[s]);
         for (int s = 0; s < c.n_seqs; ++s) k.push_back(c.serial ? c.serial[s] : 0);
+        k.push_back(logs_gdn(c));  // a verification's graph also copies the GDN inputs out
         return k;
     }
 
@@ -490,6 +500,8 @@ public:
     std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) override;
     ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
     void add_mtp_cache(ModelState& s, const Qwen35HParams& hp) override;
+    // The logged GDN ops again on the kept rows, from the plan's device copies (cuda::gdn_fused, serial).
+    bool replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) override;
     ModelState new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override;
     void drop_scratch() override {}
     bool greedy_on_device() const override { return true; }
@@ -511,6 +523,7 @@ private:
     // Attention's split-K workspace, zeroed when (re)allocated (its counters stay zeroed).
     std::unique_ptr<DeviceBuffer> attn_ws_;
     std::unique_ptr<CudaBuffer> host_output_;  // host_output's page-locked rows
+    std::unique_ptr<DeviceBuffer> replay_ws_;  // replay_gdn's offsets and slot, z, y, workspace
 
     // split: a block-quantized matrix (w), rearranged on the device after the copy (cuda::split_blocks).
     // The copies run on the backend's stream, in order with the split and the steps: a plain
@@ -811,6 +824,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
         return out;
     };
 
+    size_t gdn_log_floats = 0;
     for (const Node& n : g.nodes) {
         const Rows r = n.rows;
         switch (n.op) {
@@ -1000,13 +1014,39 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 const ref::GdnParams gp = n.gdn;
                 const ref::GdnShape& sh = gp.shape;
                 const int64_t conv_dim = 2 * int64_t(sh.H_k) * sh.d_k + int64_t(sh.H_v) * sh.d_v;
+                // This op's part of the replay log: [bucket, conv_dim], [bucket, H_v] twice
+                // (small plans only: verifications run in bucket 16).
+                const size_t log_at = gdn_log_floats;
+                if (bucket <= CudaPlan::kGraphMaxBucket) gdn_log_floats += size_t(bucket) * size_t(conv_dim + 2 * sh.H_v);
                 const ref::GdnWeights gw{device_floats(n.gdn_w.conv1d, conv_dim * gp.conv_kernel, n.label + " conv1d"),
                                          device_floats(n.gdn_w.ssm_a, sh.H_v, n.label + " ssm_a"),
                                          device_floats(n.gdn_w.dt_bias, sh.H_v, n.label + " ssm_dt"),
                                          device_floats(n.gdn_w.norm, sh.d_v, n.label + " ssm_norm")};
                 const char* kernel = gp.mode == ref::GdnMode::Serial ? "gdn_fused_serial" : "gdn_fused_chunked";
                 const cuda::MatmulInput packed = packed_out(n, 0);
+                if (bucket <= CudaPlan::kGraphMaxBucket) {
+                    GdnReplayLog::Layer L;
+                    L.layer = l, L.params = gp, L.weights = gw;
+                    L.conv_dim = int(conv_dim), L.value_dim = sh.H_v * sh.d_v, L.H_v = sh.H_v;
+                    L.dev_qkv = reinterpret_cast<const float*>(log_at);  // offsets until log_ exists (below)
+                    plan->gdn_layers.push_back(L);
+                }
+                CudaPlan* pl = plan.get();
+                const size_t n_log = plan->gdn_layers.size();
                 plan->add(kernel, n.label, [=](const StepContext& c) {
+                    if (CudaPlan::logs_gdn(c) && n_log > 0) {  // the inputs' rows, for a rollback's replay
+                        const GdnReplayLog::Layer& L = pl->gdn_layers[n_log - 1];
+                        const size_t rows = size_t(c.n);
+                        check(cudaMemcpyAsync(const_cast<float*>(L.dev_qkv), qkv, rows * size_t(conv_dim) * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, st),
+                              "GDN replay log");
+                        check(cudaMemcpyAsync(const_cast<float*>(L.dev_a), a, rows * size_t(sh.H_v) * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, st),
+                              "GDN replay log");
+                        check(cudaMemcpyAsync(const_cast<float*>(L.dev_b), b, rows * size_t(sh.H_v) * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, st),
+                              "GDN replay log");
+                    }
                     uint16_t* y_bf16 = packed_at(packed, r, c).b;
                     CudaState& d = device_state(c);
                     float* conv = d.conv[size_t(l)]->get<float>();
@@ -1064,7 +1104,60 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             });
         }
     }
+    if (gdn_log_floats) {  // the log's rows: offsets into one buffer become pointers
+        plan->log_ = std::make_unique<DeviceBuffer>(gdn_log_floats * sizeof(float), "the GDN replay log");
+        float* base = plan->log_->get<float>();
+        for (GdnReplayLog::Layer& L : plan->gdn_layers) {
+            float* q = base + reinterpret_cast<size_t>(L.dev_qkv);
+            L.dev_qkv = q;
+            L.dev_a = q + size_t(bucket) * size_t(L.conv_dim);
+            L.dev_b = L.dev_a + size_t(bucket) * size_t(L.H_v);
+        }
+    }
     return plan;
+}
+
+bool CudaBackend::replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) {
+    if (!log.valid || seq < 0 || size_t(seq) + 1 >= log.offsets.size() || kept < 0 ||
+        kept > log.offsets[size_t(seq) + 1] - log.offsets[size_t(seq)])
+        throw Error("cuda backend: replay_gdn: sequence " + std::to_string(seq) + " / " + std::to_string(kept) +
+                    " tokens not in the log's step");
+    if (log.layers.empty() || !log.layers[0].dev_qkv) return false;  // not this backend's log
+    if (kept == 0) return true;
+    auto* dp = dynamic_cast<CudaState*>(st.device.get());
+    if (!dp) throw Error("cuda backend: replay_gdn: the state was not made by the cuda backend");
+    CudaState& d = *dp;
+    // The kept rows [row0, row0 + kept) of the logged step, on the slot, one serial call per layer
+    // (the serial kernels give a token the same bits whatever the call's split: decode's).
+    const int32_t row0 = log.offsets[size_t(seq)];
+    const int32_t host[4] = {row0, row0 + kept, log.slots[size_t(seq)], 0};
+    size_t zy = 0, ws = 0;
+    for (const GdnReplayLog::Layer& L : log.layers) {
+        ref::GdnParams p = L.params;
+        p.mode = ref::GdnMode::Serial;
+        zy = std::max(zy, size_t(row0 + kept) * size_t(L.value_dim));
+        ws = std::max(ws, cuda::gdn_fused_workspace_bytes(p, 1, row0 + kept));
+    }
+    const size_t need = 256 + 2 * ((zy * sizeof(float) + 255) / 256 * 256) + ws;
+    if (!replay_ws_ || replay_ws_->bytes() < need) {
+        check(cudaStreamSynchronize(stream_), "GDN replay workspace");
+        replay_ws_ = std::make_unique<DeviceBuffer>(need, "the GDN replay workspace");
+        check(cudaMemsetAsync(replay_ws_->get(), 0, need, stream_), "GDN replay workspace");  // z: zeros (the states do not read it)
+    }
+    char* base = replay_ws_->get<char>();
+    auto* ints = reinterpret_cast<int32_t*>(base);
+    float* z = reinterpret_cast<float*>(base + 256);
+    float* y = z + (zy * sizeof(float) + 255) / 256 * 256 / sizeof(float);
+    void* work = reinterpret_cast<char*>(y) + (zy * sizeof(float) + 255) / 256 * 256;
+    check(cudaMemcpyAsync(ints, host, sizeof(host), cudaMemcpyHostToDevice, stream_), "GDN replay");
+    for (const GdnReplayLog::Layer& L : log.layers) {
+        ref::GdnParams p = L.params;
+        p.mode = ref::GdnMode::Serial;
+        cuda::gdn_fused(p, L.weights, 1, ints, row0 + kept, L.dev_qkv, z, L.dev_a, L.dev_b, d.conv[size_t(L.layer)]->get<float>(),
+                        d.ssm[size_t(L.layer)]->get<float>(), y, work, stream_, cuda::GdnFusedPath::Auto, ints + 2, nullptr);
+    }
+    check(cudaStreamSynchronize(stream_), "GDN replay");
+    return true;
 }
 
 }  // namespace

@@ -19,6 +19,8 @@
 #include "kernels/cuda/gdn.h"
 #include "runtime/backend.h"
 #include "runtime/batch.h"
+#include "runtime/gdn_replay.h"
+#include "runtime/speculative.h"
 #include "runtime/slot_cache.h"
 #include "tests/runtime/engine_fixture.h"
 
@@ -92,6 +94,58 @@ TEST_F(SpeculativeCuda, DeviceSnapshotRestoreAndCopyAreExact) {
     }
 }
 
+// Rollback without the re-run on the device (CudaBackend::replay_gdn): a verification step of
+// two slots copies every GDN op's inputs into the plan's log (inside its recorded graph);
+// rolling back (one slot keeps its sampled token only, the other two tokens) replays the GDN
+// ops alone, and the next decode step's logits are the re-run's bit for bit.
+TEST_F(SpeculativeCuda, RollbackReplaysTheLoggedGdnOpsAsTheRerunWould) {
+    ModelRunner gpu(*model_, make_backend("cuda"));
+    const int V = gpu.hparams().n_vocab;
+    const std::vector<int32_t> p0 = ids(9, 41), p1 = ids(14, 42);
+    ForwardOptions fo, serial;
+    serial.gdn_mode = ref::GdnMode::Serial;
+    SlotStateCache replayed(gpu, 2, 128), rerun(gpu, 2, 128);
+    for (SlotStateCache* c : {&replayed, &rerun}) {
+        std::vector<float> row(static_cast<size_t>(V));
+        gpu.forward(c->state(), p0.data(), int(p0.size()), fo, row.data(), nullptr, 0);
+        gpu.forward(c->state(), p1.data(), int(p1.size()), fo, row.data(), nullptr, 1);
+    }
+    const std::vector<int32_t> s0 = {5, 6, 7, 8}, s1 = {9, 10, 11};
+    GdnReplayLog log;
+    std::vector<StateSnapshot> before;
+    for (int rep = 0; rep < 2; ++rep)  // the second logged step replays the recorded graph
+        for (SlotStateCache* c : {&replayed, &rerun}) {
+            if (rep == 1) {
+                c->restore(0, before[c == &replayed ? 0 : 2]);
+                c->restore(1, before[c == &replayed ? 1 : 3]);
+            } else {
+                before.push_back(c->snapshot(0));
+                before.push_back(c->snapshot(1));
+            }
+            Batch step;
+            step.add(0, s0.data(), int(s0.size()), BatchLogits::All, true);
+            step.add(1, s1.data(), int(s1.size()), BatchLogits::All, true);
+            ForwardOptions o = serial;
+            if (c == &replayed) o.gdn_log = &log;
+            std::vector<float> rows(7 * static_cast<size_t>(V));
+            gpu.forward(c->state(), step, o, rows.data());
+        }
+    ASSERT_TRUE(log.valid);
+    ASSERT_FALSE(log.layers.empty());
+    ASSERT_NE(log.layers[0].dev_qkv, nullptr) << "not the device's log";
+    const std::vector<int32_t> k0 = {5}, k1 = {9, 10};
+    roll_back(gpu, replayed, {{0, &before[0], k0}, {1, &before[1], k1}}, serial, &log);
+    roll_back(gpu, rerun, {{0, &before[2], k0}, {1, &before[3], k1}}, serial, nullptr);
+    for (int slot = 0; slot < 2; ++slot) {
+        ASSERT_EQ(replayed.n_past(slot), rerun.n_past(slot));
+        const int32_t t = 12;
+        std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+        gpu.forward(replayed.state(), &t, 1, serial, la.data(), nullptr, slot);
+        gpu.forward(rerun.state(), &t, 1, serial, lb.data(), nullptr, slot);
+        EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4)) << "slot " << slot;
+    }
+}
+
 TEST_F(SpeculativeCuda, GreedyOutputIsPlainDecodeBitForBit) {
     std::vector<GenerationRequest> reqs;
     for (int i = 0; i < 20; ++i) {
@@ -126,6 +180,9 @@ TEST_F(SpeculativeCuda, GreedyOutputIsPlainDecodeBitForBit) {
 // --spec mtp on the device (the MTP head's graphs: Op::Input rows copied in, its own cache in a
 // CudaState): plain decode's tokens and logprobs bit for bit, first drafts accepted.
 TEST_F(SpeculativeCuda, MtpDraftsOfTheDefaultModelAreExactAndAccepted) { expect_mtp_exact_and_accepted("cuda"); }
+
+// --spec draft on the device: both models' plans and states on the GPU, exact.
+TEST_F(SpeculativeCuda, DraftModelDraftsAreExact) { expect_draft_model_exact("cuda"); }
 
 // The MTP head teacher-forced on the device (alloy perplexity --mtp's evaluate_mtp: the trunk,
 // then the head on each row's next token, GraphSpec::mtp) against the CPU backend's rows: the

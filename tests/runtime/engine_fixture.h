@@ -172,7 +172,7 @@ protected:
             plain = run_all(e, reqs);
         }
         for (int k : {1, 3})
-            for (int n_parallel : {1, 3}) {
+            for (int n_parallel : {1, 4}) {
                 SCOPED_TRACE(backend + ": K " + std::to_string(k) + ", " + std::to_string(n_parallel) + " in flight");
                 Engine e(opts("mtp", n_parallel, k));
                 const auto got = run_all(e, reqs);
@@ -189,6 +189,81 @@ protected:
                             n_parallel, first_accepted, first_drafted, rate);
                 EXPECT_GT(rate, 0.3);
             }
+    }
+    // 20 prompts of 5..100 tokens: the even ones repetitive, the odd ones random.
+    static std::vector<std::vector<int32_t>> prompts() {
+        std::vector<std::vector<int32_t>> p;
+        for (int i = 0; i < 20; ++i) {
+            const int n = 5 + (i * 37) % 96;
+            p.push_back(i % 2 == 0 ? repetitive(n, 2 + i % 7, 700 + uint32_t(i)) : ids(n, 800 + uint32_t(i)));
+        }
+        return p;
+    }
+    // --spec draft (runtime/draft_model_drafter.h) through an engine on `backend`: the target as
+    // its own draft model (drafts almost always agree: the draft's prompt runs as one call, the
+    // target's decode one token a step, so a near tie can still go the other way) and a random
+    // model of the same vocabulary (drafts mostly rejected: rollbacks of both models' states every
+    // step): 20 prompts, K 1 and 3, 1 and 4 requests in flight, every token and logprob bit for
+    // bit plain decode's; a draft model of another vocabulary is refused by name.
+    static void expect_draft_model_exact(const std::string& backend) {
+        SynthOptions so;
+        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
+        so.out_path = (dir_ / "tiny_other.gguf").string();
+        so.seed = 7;
+        synth_qwen35(so);
+        const auto ps = prompts();
+        std::vector<GenerationRequest> reqs;
+        for (size_t i = 0; i < ps.size(); ++i) {
+            GenerationRequest r = greedy(ps[i], 20 + int(i % 5));
+            if (i % 2 == 0) r.logprobs = kMaxTopLogprobs;
+            reqs.push_back(r);
+        }
+        std::vector<GenerationResult> plain;
+        {
+            EngineOptions o = options(1);
+            o.backend = backend;
+            Engine e(o);
+            plain = run_all(e, reqs);
+        }
+        for (const std::string& draft : {path_, so.out_path})
+            for (int k : {1, 3})
+                for (int n_parallel : {1, 4}) {
+                    const bool self = draft == path_;
+                    SCOPED_TRACE(std::string(self ? "itself" : "another model") + " as the draft, K " + std::to_string(k) + ", " +
+                                 std::to_string(n_parallel) + " in flight");
+                    EngineOptions o = options(n_parallel);
+            o.backend = backend;
+                    o.spec = "draft";
+                    o.spec_k = k;
+                    o.draft_model = draft;
+                    Engine e(o);
+                    const auto got = run_all(e, reqs);
+                    int drafted = 0, accepted = 0;
+                    for (size_t i = 0; i < reqs.size(); ++i) {
+                        SCOPED_TRACE("prompt " + std::to_string(i));
+                        expect_same(plain[i], got[i]);
+                        drafted += got[i].n_drafted;
+                        accepted += got[i].n_accepted;
+                    }
+                    std::printf("draft model (%s), K %d, %d in flight: %d of %d drafts accepted\n", self ? "itself" : "another", k,
+                                n_parallel, accepted, drafted);
+                    ASSERT_GE(drafted, 16);  // the policy's warm-up verifies at least that many
+                    if (self) EXPECT_GE(accepted, drafted * 9 / 10);
+                    else EXPECT_LT(accepted, drafted / 2);
+                }
+        // A draft model of another vocabulary is refused by name.
+        EngineOptions o = options(1);
+        o.backend = backend;
+        o.spec = "draft";
+        o.draft_model = default_model_file();
+        try {
+            Engine e(o);
+            FAIL() << "a draft model of another vocabulary was accepted";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("vocabulary"), std::string::npos) << e.what();
+        }
+        o.draft_model.clear();
+        EXPECT_THROW(Engine{o}, Error);  // spec draft without a draft model
     }
     static inline fs::path dir_;
     static inline std::string path_;

@@ -24,8 +24,8 @@ public:
     static constexpr int kSamples = 8;      // step times kept per k (their median is t(k))
     static constexpr int kWarmup = 3;       // samples of each k before choosing by the estimates
     static constexpr int kWarmupVerifications = 16;  // and verifications (acceptance is noisier)
-    static constexpr int kProbeEvery = 32;  // steps between re-measurements of another k, at first
-    static constexpr int kProbeMax = 1024;
+    static constexpr int kProbeEvery = 64;  // steps between re-measurements of another k, at first
+    static constexpr int kProbeMax = 4096;
     static constexpr double kDecay = 0.98;  // per verification, on the acceptance counts
 
     explicit SpecPolicy(int k_max);

@@ -58,7 +58,9 @@ void MtpDrafter::observe(int pos0, const float* hidden, const int32_t* next, int
     }
     pending_rows_.insert(pending_rows_.end(), hidden, hidden + size_t(n) * D);
     pending_next_.insert(pending_next_.end(), next, next + n);
-    if (int(pending_next_.size()) > kMaxPending) {
+    // Over the limit by as much again: the oldest dropped at once (moving 64 rows every step
+    // cost the H200 decode step ~3% at D = 1024).
+    if (int(pending_next_.size()) > 2 * kMaxPending) {
         const size_t drop = pending_next_.size() - size_t(kMaxPending);
         pending_rows_.erase(pending_rows_.begin(), pending_rows_.begin() + long(drop * D));
         pending_next_.erase(pending_next_.begin(), pending_next_.begin() + long(drop));

@@ -11,7 +11,7 @@
 // prefill whose logits are the last row's). Observed rows wait until the next draft() and run
 // through the head as one call (the head's weights read once for all of them): a step that
 // does not draft (SpecPolicy chose plain decode) costs a copy of its rows, not a forward of the
-// head; at most kMaxPending rows wait (older ones are dropped: the head's cache keeps stale rows
+// head; at most 2 kMaxPending rows wait (then the older ones down to kMaxPending are dropped: the head's cache keeps stale rows
 // there, which only makes drafts worse). The drafts only propose:
 // verification (runtime/speculative.h) decides, so the output is plain decode's whatever they are.
 #pragma once

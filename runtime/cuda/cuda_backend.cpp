@@ -224,6 +224,8 @@ public:
     std::unique_ptr<DeviceBuffer> log_;
     // Runs on the host after the step's work is done (a recorded dump's sink).
     void after_step(std::function<void(const StepContext&)> f) { after_step_.push_back(std::move(f)); }
+    // Issues work after the step's (its copies back), before the host waits for the step.
+    void before_sync(std::function<void(const StepContext&)> f) { before_sync_.push_back(std::move(f)); }
     void add_eager_unless_16bit_kv(std::string kernel, std::string label, std::function<void(const StepContext&)> run) {
         add_eager(std::move(kernel), std::move(label), std::move(run));
         eager_.back() = kEagerUnless16BitKv;
@@ -298,6 +300,7 @@ public:
             check(cudaMemcpyAsync(c.logits, logits(), size_t(rows) * size_t(n_logits_) * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream_),
                   "logits");
+        for (const auto& f : before_sync_) f(c);
         const auto t_queued = std::chrono::steady_clock::now();
         check(cudaStreamSynchronize(stream_), "step");
         for (const auto& f : after_step_) f(c);
@@ -323,7 +326,7 @@ private:
     mutable std::unique_ptr<DeviceBuffer> top_;
     mutable std::unique_ptr<CudaBuffer> top_host_;
     CudaBuffer host_io_;  // page-locked
-    std::vector<std::function<void(const StepContext&)>> after_step_;
+    std::vector<std::function<void(const StepContext&)>> after_step_, before_sync_;
     // [steps] how a step runs under CUDA graphs: kRecorded, kEager (add_eager), kEagerUnless16BitKv
     // (recorded when the state's K and V caches are both f16 / bf16: decode attention).
     enum StepKind : char { kRecorded, kEager, kEagerUnless16BitKv };
@@ -1078,15 +1081,25 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
             const TensorRef ref = refs[size_t(t)];
             const std::string name = x.name;
             if (bucket <= CudaPlan::kGraphMaxBucket) {
-                // A small step's rows go into page-locked memory inside the recorded graph (no
+                // A small step's rows are copied device to device inside the recorded graph (no
                 // split of the step's graph, no synchronization of its own: --spec mtp dumps the
-                // last layer's rows every decode step) and reach the sink after the step.
+                // last layer's rows every decode step), then to page-locked memory with the step's
+                // outputs (a device-to-host copy inside the graph held its next kernels up: the
+                // H200 ran --spec mtp 3-5% below plain decode with drafting off), and reach the
+                // sink after the step.
                 auto host = std::make_shared<CudaBuffer>(size_t(bucket) * size_t(ref.cols) * sizeof(float), "dump of " + name,
                                                          CudaBuffer::kPinnedHost);
+                auto staged = std::make_shared<DeviceBuffer>(size_t(bucket) * size_t(ref.cols) * sizeof(float), "dump of " + name);
                 plan->add("dump", name, [=](const StepContext& c) {
-                    check(cudaMemcpyAsync(host->get(), ref.at(c, r), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
-                                          cudaMemcpyDeviceToHost, st),
+                    check(cudaMemcpyAsync(staged->get(), ref.at(c, r), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, st),
                           "dump");
+                });
+                plan->before_sync([=](const StepContext& c) {
+                    if (c.dump)
+                        check(cudaMemcpyAsync(host->get(), staged->get(), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
+                                              cudaMemcpyDeviceToHost, st),
+                              "dump");
                 });
                 plan->after_step([=](const StepContext& c) {
                     if (c.dump)

@@ -422,16 +422,17 @@ struct Engine::Impl {
                 return e && e[0] == '0';
             }();
             const int cap = !any_spec ? 0 : fixed_k ? opt.spec_k : policy->choose();
+            const bool measure = any_spec && !fixed_k && policy->exploring();  // the policy's k, unhindered
             spec_step = any_spec;
             for (auto& s : active)
                 if (s->decoding) {
                     s->step_ids.assign(1, s->next);
                     s->step_pos0 = slots->n_past(s->slot);
-                    if (speculates(*s) && s->spec_skip > 0) {
+                    if (speculates(*s) && s->spec_skip > 0 && !measure) {
                         --s->spec_skip;
                     } else if (speculates(*s)) {
                         if (s->spec_k_now == 0) s->spec_k_now = opt.spec_k;
-                        const int k = std::min({s->spec_k_now, cap, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
+                        const int k = std::min({measure ? cap : s->spec_k_now, cap, s->req.max_tokens - int(s->r.ids.size()) - 1, budget});
                         if (k > 0)
                             for (int32_t d : s->mtp     ? s->mtp->draft(k)
                                              : s->draft ? s->draft->draft(s->history, k)

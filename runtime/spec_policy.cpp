@@ -33,6 +33,7 @@ double SpecPolicy::tokens_per_step(int k) const {
 
 int SpecPolicy::choose() {
     ++steps_;
+    exploring_ = true;
     // Measure every k first: plain decode (the yardstick) before the drafts.
     for (int k = 0; k <= k_max_; ++k)
         if (n_times_[size_t(k)] < kWarmup) return k;
@@ -53,6 +54,7 @@ int SpecPolicy::choose() {
             if (k != best && (oldest < 0 || last_measured_[size_t(k)] < last_measured_[size_t(oldest)])) oldest = k;
         return oldest;
     }
+    exploring_ = false;
     return best;
 }
 

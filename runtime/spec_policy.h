@@ -32,6 +32,9 @@ public:
     int k_max() const { return k_max_; }
     // Drafts for the next step, 0..k_max (0: plain decode).
     int choose();
+    // Whether that choice measures (warm-up or a re-measurement) rather than exploits: the
+    // caller then drafts exactly that many where it can (its own heuristics would hide the cost).
+    bool exploring() const { return exploring_; }
     // A decode step that carried k drafts (the most any request carried; 0: none) took
     // `seconds` in all.
     void record_step(int k, double seconds);
@@ -45,6 +48,7 @@ private:
     int k_max_;
     int64_t steps_ = 0, last_probe_ = 0, probe_every_ = kProbeEvery;
     int last_best_ = -1;
+    bool exploring_ = true;
     std::vector<std::vector<double>> times_;  // [k] the last kSamples step times
     std::vector<int64_t> n_times_, last_measured_;  // [k] samples recorded; the step of the last one
     std::vector<double> drafted_, accepted_;       // [position] decayed counts

@@ -814,14 +814,12 @@ bool repack_weight(WeightView& W, uint8_t* data) {
     const int64_t groups = W.n_out / mm::kQ4KGroupRows, nb = W.n_in / mm::kQK;
     const size_t group_bytes = size_t(mm::kQ4KGroupRows) * W.row_bytes;
     const int64_t per_item = 64, items = (groups + per_item - 1) / per_item;
-    const bool q6 = W.type == GgmlType::Q6_K;
     parallel_for(items, [&](int64_t it, int) {
         std::vector<uint8_t> tmp(group_bytes);
         for (int64_t g = it * per_item; g < std::min(groups, (it + 1) * per_item); ++g) {
             uint8_t* grp = data + size_t(g) * group_bytes;
             std::memcpy(tmp.data(), grp, group_bytes);
-            if (q6) mm::q6k_repack_group(tmp.data(), nb, grp);
-            else mm::q4k_repack_group(tmp.data(), nb, grp);
+            mm::kq_repack_group(W.type, tmp.data(), nb, grp);
         }
     });
     W.layout = WeightLayout::KqRows16;
@@ -829,7 +827,8 @@ bool repack_weight(WeightView& W, uint8_t* data) {
 }
 
 bool repack_enabled(GgmlType t) {
-    // Unset or 1: every type that has the layout; 0: none; else the types named (q4_k,q6_k).
+    // Unset or 1: every type that has the layout; 0: none; else the types named
+    // (q4_k,q5_k,q6_k,iq4_xs).
     static const std::string e = [] { const char* v = std::getenv("ALLOY_KQ_REPACK"); return std::string(v ? v : "1"); }();
     if (e == "1") return mm::kq_repacks(t);
     if (e == "0") return false;

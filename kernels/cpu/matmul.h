@@ -97,7 +97,7 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 // Which kernel path matmul takes, e.g. "avx512-vnni gemm" (for logs, profiles and test names).
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T);
 
-// A Q4_K or Q6_K matrix repacked in place for the CPU kernels (WeightLayout::KqRows16,
+// A Q4_K, Q5_K, Q6_K or IQ4_XS matrix repacked in place for the CPU kernels (WeightLayout::KqRows16,
 // kernels/cpu/matmul_kquant.h: 16 rows interleaved, rows in SIMD lanes for the decode GEMVs; the
 // prefill tiles, the scalar paths and row gathers unpack rows from it; the same results bit for
 // bit). `data` is W.data, writable; W.layout is set. False (nothing changed) for other types,
@@ -105,7 +105,7 @@ std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T);
 // on the thread pool.
 bool repack_weight(WeightView& W, uint8_t* data);
 // Whether the model loaders repack matrices of type t: ALLOY_KQ_REPACK unset or 1: every type
-// that has the layout; 0: none (A/B); else a comma list of type names (q4_k,q6_k).
+// that has the layout; 0: none (A/B); else a comma list of type names (q4_k,q5_k,q6_k,iq4_xs).
 bool repack_enabled(GgmlType t);
 // Row r of W as GGUF bytes whatever its layout: W.row(r), or unpacked into buf (W.row_bytes).
 const uint8_t* weight_row(const WeightView& W, int64_t r, uint8_t* buf);

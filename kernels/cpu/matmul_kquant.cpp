@@ -87,65 +87,84 @@ void q4k_unpack_scales(const uint8_t* s12, uint8_t* sc, uint8_t* m) {
     }
 }
 
-void q4k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst) {
-    const size_t rb = size_t(nb) * kQ4KBytes;
-    for (int64_t b = 0; b < nb; ++b, dst += kQ4KGroupBlock)
-        for (int r = 0; r < kQ4KGroupRows; ++r) {
-            const uint8_t* blk = src + r * rb + b * kQ4KBytes;
-            std::memcpy(dst + 2 * r, blk, 2);
-            std::memcpy(dst + 32 + 2 * r, blk + 2, 2);
-            for (int k = 0; k < 12; ++k) dst[64 + 16 * k + r] = blk[4 + k];
-            for (int i = 0; i < 8; ++i)
-                for (int g = 0; g < 4; ++g) std::memcpy(dst + 256 + 64 * (4 * i + g) + 4 * r, blk + 16 + 32 * g + 4 * i, 4);
-        }
-}
+namespace {
 
-void q4k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out) {
-    for (int64_t b = 0; b < nb; ++b, grp += kQ4KGroupBlock, out += kQ4KBytes) {
-        std::memcpy(out, grp + 2 * r, 2);
-        std::memcpy(out + 2, grp + 32 + 2 * r, 2);
-        for (int k = 0; k < 12; ++k) out[4 + k] = grp[64 + 16 * k + r];
-        for (int i = 0; i < 8; ++i)
-            for (int g = 0; g < 4; ++g) std::memcpy(out + 16 + 32 * g + 4 * i, grp + 256 + 64 * (4 * i + g) + 4 * r, 4);
+// Each type's group block (matmul_kquant.h) as the byte runs of row r that it moves:
+// copy(at, from, n) for the n bytes at `from` in the row's GGUF block that stand at `at` in the
+// group block. One map serves both directions, so repacking and unpacking cannot disagree.
+template <bool kQ5, class Copy>
+void q4k_map(int r, Copy&& copy) {
+    copy(2 * r, 0, 2);       // d
+    copy(32 + 2 * r, 2, 2);  // dmin
+    for (int k = 0; k < 12; ++k) copy(64 + 16 * k + r, 4 + k, 1);
+    for (int i = 0; i < 8; ++i) {
+        if constexpr (kQ5) {
+            const int quad = 256 + 320 * i;
+            copy(quad + 4 * r, 16 + 4 * i, 4);  // the fifth bits of the quad's 4 positions
+            for (int g = 0; g < 4; ++g) copy(quad + 64 + 64 * g + 4 * r, 48 + 32 * g + 4 * i, 4);
+        } else {
+            for (int g = 0; g < 4; ++g) copy(256 + 64 * (4 * i + g) + 4 * r, 16 + 32 * g + 4 * i, 4);
+        }
     }
 }
 
-void q6k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst) {
-    const size_t rb = size_t(nb) * kQ6KBytes;
-    for (int64_t b = 0; b < nb; ++b, dst += kQ6KGroupBlock)
-        for (int r = 0; r < kQ4KGroupRows; ++r) {
-            const uint8_t* blk = src + r * rb + b * kQ6KBytes;
-            std::memcpy(dst + 2 * r, blk + 208, 2);
-            for (int k = 0; k < 16; ++k) dst[32 + 16 * k + r] = blk[192 + k];
-            for (int i = 0; i < 8; ++i)
-                for (int h = 0; h < 2; ++h) {
-                    uint8_t* c = dst + 288 + 192 * (2 * i + h) + 4 * r;
-                    std::memcpy(c, blk + 64 * h + 4 * i, 4);
-                    std::memcpy(c + 64, blk + 64 * h + 32 + 4 * i, 4);
-                    std::memcpy(c + 128, blk + 128 + 32 * h + 4 * i, 4);
-                }
+template <class Copy>
+void q6k_map(int r, Copy&& copy) {
+    copy(2 * r, 208, 2);
+    for (int k = 0; k < 16; ++k) copy(32 + 16 * k + r, 192 + k, 1);
+    for (int i = 0; i < 8; ++i)
+        for (int h = 0; h < 2; ++h) {
+            const int c = 288 + 192 * (2 * i + h) + 4 * r;
+            copy(c, 64 * h + 4 * i, 4);
+            copy(c + 64, 64 * h + 32 + 4 * i, 4);
+            copy(c + 128, 128 + 32 * h + 4 * i, 4);
         }
 }
 
-void q6k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out) {
-    for (int64_t b = 0; b < nb; ++b, grp += kQ6KGroupBlock, out += kQ6KBytes) {
-        std::memcpy(out + 208, grp + 2 * r, 2);
-        for (int k = 0; k < 16; ++k) out[192 + k] = grp[32 + 16 * k + r];
-        for (int i = 0; i < 8; ++i)
-            for (int h = 0; h < 2; ++h) {
-                const uint8_t* c = grp + 288 + 192 * (2 * i + h) + 4 * r;
-                std::memcpy(out + 64 * h + 4 * i, c, 4);
-                std::memcpy(out + 64 * h + 32 + 4 * i, c + 64, 4);
-                std::memcpy(out + 128 + 32 * h + 4 * i, c + 128, 4);
+template <class Copy>
+void iq4xs_map(int r, Copy&& copy) {
+    copy(2 * r, 0, 2);       // d
+    copy(32 + 2 * r, 2, 2);  // scales_h
+    for (int k = 0; k < 4; ++k) copy(64 + 16 * k + r, 4 + k, 1);
+    for (int j = 0; j < 4; ++j)
+        for (int s = 0; s < 8; ++s) copy(128 + 64 * (8 * j + s) + 4 * r, 8 + 16 * s + 4 * j, 4);
+}
+
+// f(map, block bytes) with t's map (a generic lambda taking (r, copy)): the type chosen once.
+template <class F>
+void with_map(GgmlType t, F&& f) {
+    switch (t) {
+        case GgmlType::Q4_K: return f([](int r, auto&& c) { q4k_map<false>(r, c); }, kQ4KBytes);
+        case GgmlType::Q5_K: return f([](int r, auto&& c) { q4k_map<true>(r, c); }, kQ5KBytes);
+        case GgmlType::Q6_K: return f([](int r, auto&& c) { q6k_map(r, c); }, kQ6KBytes);
+        case GgmlType::IQ4_XS: return f([](int r, auto&& c) { iq4xs_map(r, c); }, kIq4XsBytes);
+        default: return;
+    }
+}
+
+}  // namespace
+
+void kq_repack_group(GgmlType t, const uint8_t* src, int64_t nb, uint8_t* dst) {
+    with_map(t, [&](auto map, int bb) {
+        const size_t rb = size_t(nb) * bb;
+        for (int64_t b = 0; b < nb; ++b, dst += kQ4KGroupRows * bb)
+            for (int r = 0; r < kQ4KGroupRows; ++r) {
+                const uint8_t* blk = src + r * rb + b * bb;
+                map(r, [&](int at, int from, int n) { std::memcpy(dst + at, blk + from, size_t(n)); });
             }
-    }
+    });
+}
+
+void kq_unpack_group_row(GgmlType t, const uint8_t* grp, int64_t nb, int r, uint8_t* out) {
+    with_map(t, [&](auto map, int bb) {
+        for (int64_t b = 0; b < nb; ++b, grp += kQ4KGroupRows * bb, out += bb)
+            map(r, [&](int at, int from, int n) { std::memcpy(out + from, grp + at, size_t(n)); });
+    });
 }
 
 const uint8_t* kq_gguf_row(const WeightView& W, int64_t r, uint8_t* buf) {
     if (W.layout != WeightLayout::KqRows16 || r >= W.n_out / kQ4KGroupRows * kQ4KGroupRows) return W.row(r);
-    const uint8_t* grp = W.row(r - r % kQ4KGroupRows);
-    if (W.type == GgmlType::Q6_K) q6k_unpack_group_row(grp, W.n_in / kQK, int(r % kQ4KGroupRows), buf);
-    else q4k_unpack_group_row(grp, W.n_in / kQK, int(r % kQ4KGroupRows), buf);
+    kq_unpack_group_row(W.type, W.row(r - r % kQ4KGroupRows), W.n_in / kQK, int(r % kQ4KGroupRows), buf);
     return buf;
 }
 
@@ -285,7 +304,12 @@ GemvFn kq_r16_gemv(GgmlType t, Isa isa) {
         return zmm ? kq_r16_gemv_zmm(t) : kq_r16_gemv_vnni(t);
     }
     if (isa >= Isa::Avx2) return kq_r16_gemv_avx2(t);
-    return t == GgmlType::Q6_K ? kq_r16_gemv_scalar<q6k_dot> : kq_r16_gemv_scalar<q4k_dot<false>>;
+    switch (t) {
+        case GgmlType::Q4_K: return kq_r16_gemv_scalar<q4k_dot<false>>;
+        case GgmlType::Q5_K: return kq_r16_gemv_scalar<q4k_dot<true>>;
+        case GgmlType::Q6_K: return kq_r16_gemv_scalar<q6k_dot>;
+        default: return kq_r16_gemv_scalar<iq4xs_dot>;
+    }
 }
 
 }  // namespace alloy::cpu::mm

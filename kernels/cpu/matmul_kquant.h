@@ -81,32 +81,44 @@ __attribute__((target("avx2"))) inline __m128i q4k_scales_mins(const uint8_t* s1
     return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(B, 2), _mm_set1_epi8(0x30)));  // (b >> 6) << 4
 }
 
-// Q4_K and Q6_K rows repacked at load (WeightLayout::KqRows16): each group of 16 rows keeps the
-// bytes of its 16 rows (16 * row_bytes, so a matrix repacks in place) as super-block-major blocks
-// of 16 * 144 (Q4_K) or 16 * 210 (Q6_K) bytes, where SIMD lanes are rows. Per super-block b:
+// Q4_K, Q5_K, Q6_K and IQ4_XS rows repacked at load (WeightLayout::KqRows16): each group of 16
+// rows keeps the bytes of its 16 rows (16 * row_bytes, so a matrix repacks in place) as
+// super-block-major blocks of 16 * the type's block bytes, where SIMD lanes are rows. Per
+// super-block b:
 // Q4_K (2304 bytes):
 //   [0, 32)      the 16 rows' f16 d            [32, 64)  their f16 dmin
 //   [64, 256)    the 12 scale bytes, byte k of row r at 64 + 16 k + r
 //   [256, 2304)  the codes: for quad i (0..7), nibble group g (0..3): 64 bytes, row r's 4 bytes
 //                at 256 + 64 (4 i + g) + 4 r = its bytes 16 + 32 g + 4 i .. + 3 in the GGUF block
+// Q5_K (2816 bytes): [0, 256) as Q4_K; then for quad i (0..7) 320 bytes at 256 + 320 i: 64 of
+//   the fifth bits (row r's qh[4 i .. 4 i + 3] at + 4 r), then for nibble group g 64 bytes at
+//   + 64 + 64 g (row r's GGUF bytes 48 + 32 g + 4 i .. + 3 at + 4 r): a quad's bytes together.
 // Q6_K (3360 bytes):
 //   [0, 32)      the 16 rows' f16 d            [32, 288) the int8 scales, scale s of row r at 32 + 16 s + r
 //   [288, 3360)  for quad i (0..7), half h (0..1): 192 bytes at 288 + 192 (2 i + h): 64 bytes of
 //                ql[64 h + 4 i ..], 64 of ql[64 h + 32 + 4 i ..], 64 of qh[32 h + 4 i ..], 4 a row
+// IQ4_XS (2176 bytes):
+//   [0, 32)      the 16 rows' f16 d            [32, 64)  their u16 scales_h
+//   [64, 128)    the 4 scales_l bytes, byte k of row r at 64 + 16 k + r
+//   [128, 2176)  for quad j (0..3), sub-block s (0..7): 64 bytes at 128 + 64 (8 j + s), row r's
+//                index bytes 8 + 16 s + 4 j .. + 3 (low nibbles: values 4 j .., high: 16 + 4 j ..)
 // A last n_out % 16 rows stay as GGUF rows after the groups. The decode GEMVs read it with rows
 // in lanes (no horizontal sums, scales unpacked once per 16 rows) and give the bits of the GGUF
 // kernels (the same integer lane sums, the same fp32 steps); every other reader unpacks rows.
 constexpr int kQ4KGroupRows = 16;
-constexpr int kQ4KGroupBlock = kQ4KGroupRows * kQ4KBytes;  // 2304
-constexpr int kQ6KGroupBlock = kQ4KGroupRows * kQ6KBytes;  // 3360
+constexpr int kQ4KGroupBlock = kQ4KGroupRows * kQ4KBytes;      // 2304
+constexpr int kQ5KGroupBlock = kQ4KGroupRows * kQ5KBytes;      // 2816
+constexpr int kQ6KGroupBlock = kQ4KGroupRows * kQ6KBytes;      // 3360
+constexpr int kIq4XsGroupBlock = kQ4KGroupRows * kIq4XsBytes;  // 2176
 // Whether a weight type has the repacked layout.
-inline bool kq_repacks(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
-// 16 GGUF rows of nb super-blocks (row r at src + r * nb * block bytes) -> one group's bytes in dst.
-void q4k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst);
-void q6k_repack_group(const uint8_t* src, int64_t nb, uint8_t* dst);
-// Row r (0..15) of a group back to its GGUF bytes (nb blocks into out).
-void q4k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out);
-void q6k_unpack_group_row(const uint8_t* grp, int64_t nb, int r, uint8_t* out);
+inline bool kq_repacks(GgmlType t) {
+    return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_XS;
+}
+// 16 GGUF rows of type t and nb super-blocks (row r at src + r * nb * block bytes) -> one
+// group's bytes in dst (t: a type kq_repacks takes).
+void kq_repack_group(GgmlType t, const uint8_t* src, int64_t nb, uint8_t* dst);
+// Row r (0..15) of a group of type t back to its GGUF bytes (nb blocks into out).
+void kq_unpack_group_row(GgmlType t, const uint8_t* grp, int64_t nb, int r, uint8_t* out);
 // (A whole matrix: cpu::repack_weight, kernels/cpu/matmul.h.)
 // Row r of W (GGUF or KqRows16 layout) as GGUF bytes: W.row(r) itself where it is one, else
 // unpacked into buf (row_bytes).

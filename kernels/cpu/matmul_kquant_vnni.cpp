@@ -23,11 +23,6 @@ namespace {
 
 #define KQ_ZMM_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
-// q4k_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r): per quad i and
-// nibble group g, one vpdpbusd of the 16 rows' code bytes against the token's 4 activation
-// bytes (broadcast from memory) gives each row's quad dot d (|d| <= 4 * 15 * 128, an int16),
-// then one vpdpwssd adds d * sc (sc zero-extended: the high half of the pair adds 0). The same
-// integers and fp32 steps as q4k_r16_group: the same bits. Into out[t * 16 + row].
 // 16 int8 at p sign-extended to 16 int32 lanes.
 KQ_ZMM_TARGET inline __m512i r16_i8x16(const uint8_t* p) {
     return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -38,8 +33,25 @@ KQ_ZMM_TARGET inline __m512i r16_bytes16(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-template <int NT>
+// r16_sum8 (matmul_kquant_rows.inc) on 512 bits.
+KQ_ZMM_TARGET inline __m512 r16_sum8_zmm(const __m512* A) {
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(A[0], A[4]), _mm512_add_ps(A[2], A[6])),
+                         _mm512_add_ps(_mm512_add_ps(A[1], A[5]), _mm512_add_ps(A[3], A[7])));
+}
+
+// q5_bit4 (matmul_kquant_rows.inc) on 512 bits.
+KQ_ZMM_TARGET inline __m512i q5_bit4_zmm(__m512i v, int bit) {
+    return _mm512_and_si512(bit <= 4 ? _mm512_slli_epi16(v, 4 - bit) : _mm512_srli_epi16(v, bit - 4), _mm512_set1_epi8(0x10));
+}
+
+// q4k_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r): per quad i and
+// nibble group g, one vpdpbusd of the 16 rows' code bytes against the token's 4 activation
+// bytes (broadcast from memory) gives each row's quad dot d (|d| <= 4 * 31 * 128, an int16),
+// then one vpdpwssd adds d * sc (sc zero-extended: the high half of the pair adds 0). The same
+// integers and fp32 steps as q4k_r16_group: the same bits. Into out[t * 16 + row]. kQ5: Q5_K.
+template <bool kQ5, int NT>
 KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
+    constexpr int kBlock = kQ5 ? kQ5KGroupBlock : kQ4KGroupBlock, kQuad = kQ5 ? 320 : 256, kCodes = kQ5 ? 64 : 0;
     const int64_t K = a.K, nb = K / kQK;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i c63 = _mm512_set1_epi32(63), c15 = _mm512_set1_epi32(15), c48 = _mm512_set1_epi32(0x30);
@@ -52,7 +64,7 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
         for (int k = 0; k < 4; ++k) accm[t][k] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = grp + b * kQ4KGroupBlock;
+        const uint8_t* blk = grp + b * kBlock;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
         const uint8_t* s8 = blk + 64;  // scale byte k of the 16 rows at s8 + 16 k
@@ -92,16 +104,19 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
             for (int k = 0; k < 4; ++k)
                 accm[t][k] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(_mm512_madd_epi16(mp[k], pk[k])), accm[t][k]);
         }
-        const uint8_t* codes = blk + 256;
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) {
+            const uint8_t* quad = blk + 256 + kQuad * i;  // Q5_K: the fifth bits, then the codes
+            __m512i qh = _mm512_setzero_si512();
+            if constexpr (kQ5) qh = _mm512_loadu_si512(quad);
             __m512i slo[NT], shi[NT];
 #pragma GCC unroll 4
             for (int t = 0; t < NT; ++t) slo[t] = shi[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int g = 0; g < 4; ++g) {
-                const __m512i q4 = _mm512_loadu_si512(codes + 64 * (4 * i + g));
-                const __m512i lo = _mm512_and_si512(q4, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+                const __m512i q4 = _mm512_loadu_si512(quad + kCodes + 64 * g);
+                __m512i lo = _mm512_and_si512(q4, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+                if constexpr (kQ5) lo = _mm512_or_si512(lo, q5_bit4_zmm(qh, 2 * g)), hi = _mm512_or_si512(hi, q5_bit4_zmm(qh, 2 * g + 1));
 #pragma GCC unroll 4
                 for (int t = 0; t < NT; ++t) {
                     const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 64 * g + 4 * i;
@@ -120,8 +135,7 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
     for (int t = 0; t < NT; ++t) {
         const __m512* A = acc[t];
         const __m512* M = accm[t];
-        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(A[0], A[4]), _mm512_add_ps(A[2], A[6])),
-                                       _mm512_add_ps(_mm512_add_ps(A[1], A[5]), _mm512_add_ps(A[3], A[7])));
+        const __m512 s = r16_sum8_zmm(A);
         const __m512 m = _mm512_add_ps(_mm512_add_ps(M[0], M[2]), _mm512_add_ps(M[1], M[3]));
         _mm512_storeu_ps(out + t * 16, _mm512_add_ps(s, m));
     }
@@ -195,8 +209,75 @@ KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) {
         const __m512* A = acc[t];
-        _mm512_storeu_ps(out + t * 16, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(A[0], A[4]), _mm512_add_ps(A[2], A[6])),
-                                                     _mm512_add_ps(_mm512_add_ps(A[1], A[5]), _mm512_add_ps(A[3], A[7]))));
+        _mm512_storeu_ps(out + t * 16, r16_sum8_zmm(A));
+    }
+}
+
+// iq4xs_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r). A quad's dot
+// can pass an int16 (|w|, |x| <= 127), so no vpdpbusd here: as iq4xs_rows, vpmaddubsw of |w|
+// by x negated where w < 0 (AVX-512 has no vpsignb: a masked subtract), then one vpdpwssd by
+// (ls - 32, ls - 32): the same integers and fp32 steps, the same bits. Into out[t * 16 + row].
+template <int NT>
+KQ_ZMM_TARGET void iq4xs_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
+    const int64_t K = a.K, nb = K / kQK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), c15 = _mm512_set1_epi32(15), c3 = _mm512_set1_epi32(3);
+    const __m512i c32 = _mm512_set1_epi32(32), lo16 = _mm512_set1_epi32(0xFFFF), zero = _mm512_setzero_si512();
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+    __m512 acc[NT][8];
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) acc[t][k] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = grp + b * kIq4XsGroupBlock;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+        const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+        const uint8_t* s8 = blk + 64;  // scales_l byte k of the 16 rows at s8 + 16 k
+        __m512i scp[8];  // sub-block s's ls - 32 as (sc, sc) int16 pairs
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+            const __m512i ls = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (s / 2)), 4 * (s % 2)), c15),
+                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * s), c3), 4));
+            const __m512i v = _mm512_sub_epi32(ls, c32);
+            scp[s] = _mm512_or_si512(_mm512_and_si512(v, lo16), _mm512_slli_epi32(v, 16));
+        }
+        __m512 dxd[NT];
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) dxd[t] = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + t) * nb + b]), d);
+        const uint8_t* codes = blk + 128;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+            __m512i sl[NT][2], su[NT][2];  // lanes j and j + 4, two integer chains each (exact: same sum)
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) sl[t][0] = sl[t][1] = su[t][0] = su[t][1] = zero;
+#pragma GCC unroll 8
+            for (int s = 0; s < 8; ++s) {
+                const __m512i c = _mm512_loadu_si512(codes + 64 * (8 * j + s));
+                const __m512i wl = _mm512_shuffle_epi8(book, _mm512_and_si512(c, m4));
+                const __m512i wu = _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16(c, 4), m4));
+                const __m512i al = _mm512_abs_epi8(wl), au = _mm512_abs_epi8(wu);
+                const __mmask64 nl = _mm512_movepi8_mask(wl), nu = _mm512_movepi8_mask(wu);
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; ++t) {
+                    const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 32 * s + 4 * j;
+                    const __m512i xl = _mm512_set1_epi32(load_i32(q8)), xu = _mm512_set1_epi32(load_i32(q8 + 16));
+                    const __m512i pl = _mm512_maddubs_epi16(al, _mm512_mask_sub_epi8(xl, nl, zero, xl));
+                    const __m512i pu = _mm512_maddubs_epi16(au, _mm512_mask_sub_epi8(xu, nu, zero, xu));
+                    sl[t][s % 2] = _mm512_dpwssd_epi32(sl[t][s % 2], pl, scp[s]);
+                    su[t][s % 2] = _mm512_dpwssd_epi32(su[t][s % 2], pu, scp[s]);
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t) {
+                acc[t][j] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(_mm512_add_epi32(sl[t][0], sl[t][1])), acc[t][j]);
+                acc[t][j + 4] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(_mm512_add_epi32(su[t][0], su[t][1])), acc[t][j + 4]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+        const __m512* A = acc[t];
+        _mm512_storeu_ps(out + t * 16, r16_sum8_zmm(A));
     }
 }
 
@@ -210,7 +291,8 @@ void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows&
         float out[NT * 16];
         const uint8_t* grp = W.data + size_t(g0) * W.row_bytes;
         if constexpr (kind == KqKind::Q6) q6k_r16_group_zmm<NT>(grp, a, t0, out);
-        else q4k_r16_group_zmm<NT>(grp, a, t0, out);
+        else if constexpr (kind == KqKind::Iq4Xs) iq4xs_r16_group_zmm<NT>(grp, a, t0, out);
+        else q4k_r16_group_zmm<kind == KqKind::Q5, NT>(grp, a, t0, out);
         const int64_t hi = std::min(end, g0 + 16);
         if (r == g0 && hi == g0 + 16 && NT == 1) {
             std::memcpy(y + t0 * ldy + g0, out, 16 * sizeof(float));
@@ -235,9 +317,13 @@ void kq_r16_gemv_zmm_fn(const WeightView& W, int64_t r0, int64_t nr, const ActRo
 }
 
 GemvFn kq_r16_zmm_for(GgmlType type) {
-    return type == GgmlType::Q4_K   ? kq_r16_gemv_zmm_fn<KqKind::Q4>
-           : type == GgmlType::Q6_K ? kq_r16_gemv_zmm_fn<KqKind::Q6>
-                                    : nullptr;
+    switch (type) {
+        case GgmlType::Q4_K: return kq_r16_gemv_zmm_fn<KqKind::Q4>;
+        case GgmlType::Q5_K: return kq_r16_gemv_zmm_fn<KqKind::Q5>;
+        case GgmlType::Q6_K: return kq_r16_gemv_zmm_fn<KqKind::Q6>;
+        case GgmlType::IQ4_XS: return kq_r16_gemv_zmm_fn<KqKind::Iq4Xs>;
+        default: return nullptr;
+    }
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace alloy {
 // every block's code bytes first, [n_out, blocks a row, code bytes] (16-byte multiples), then
 // every block's scales, [n_out, blocks a row, the rest] (Q8_0: the int8 quants [n_out, n_in],
 // then the f16 scales [n_out, n_in / 32]); row() does not apply.
-// KqRows16 (Q4_K and Q6_K on the CPU backend, repacked at load: kernels/cpu/matmul_kquant.h):
+// KqRows16 (Q4_K, Q5_K, Q6_K and IQ4_XS on the CPU backend, repacked at load: kernels/cpu/matmul_kquant.h):
 // groups of 16 rows interleaved so that SIMD lanes are rows, the same n_out * row_bytes bytes;
 // row() applies only to the last n_out % 16 rows (cpu::weight_row gives any row's GGUF bytes).
 enum class WeightLayout : uint8_t { Gguf, Split, KqRows16 };

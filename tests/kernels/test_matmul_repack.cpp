@@ -1,4 +1,4 @@
-// Q4_K and Q6_K rows repacked at load (WeightLayout::KqRows16, kernels/cpu/matmul_kquant.h): every CPU
+// Q4_K, Q5_K, Q6_K and IQ4_XS rows repacked at load (WeightLayout::KqRows16, kernels/cpu/matmul_kquant.h): every CPU
 // path that reads a repacked matrix gives the bits it gives the same matrix as stored (GGUF rows):
 // the decode GEMVs (rows in SIMD lanes, the same integer lane sums and fp32 steps), the prefill
 // tiles and the scalar paths (rows unpacked), matmul_multi and matmul_swiglu; row counts that are
@@ -27,7 +27,7 @@ namespace {
 
 std::vector<cpu::Isa> isas() { return test::isa_paths(/*has_avx2_code=*/true); }
 
-const GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
+const GgmlType kTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
 std::string tname(GgmlType t) { return type_traits(t).name; }
 
 // A matrix as stored and its repacked copy.
@@ -69,9 +69,9 @@ TEST(KqRepack, EveryRowUnpacksToItsStoredBytes) {
                     << tname(type) << " n_in=" << n_in << " n_out=" << n_out << " row " << r;
         }
     // Nothing to do for other types, other layouts, or fewer rows than a group.
-    std::vector<uint8_t> b = random_weights(GgmlType::Q5_K, 256, 32, rng);
-    WeightView q5{GgmlType::Q5_K, 256, 32, b.data(), row_bytes(GgmlType::Q5_K, 256)};
-    EXPECT_FALSE(cpu::repack_weight(q5, b.data()));
+    std::vector<uint8_t> b = random_weights(GgmlType::Q4_0, 256, 32, rng);
+    WeightView q40{GgmlType::Q4_0, 256, 32, b.data(), row_bytes(GgmlType::Q4_0, 256)};
+    EXPECT_FALSE(cpu::repack_weight(q40, b.data()));
     std::vector<uint8_t> s = random_weights(GgmlType::Q4_K, 256, 15, rng);
     WeightView small{GgmlType::Q4_K, 256, 15, s.data(), row_bytes(GgmlType::Q4_K, 256)};
     EXPECT_FALSE(cpu::repack_weight(small, s.data()));
@@ -183,16 +183,16 @@ TEST(KqRepack, MultiAndSwigluGiveTheStoredBits) {
     cpu::MatmulScratch scratch;
     const int64_t K = 512;
     Pair a(GgmlType::Q4_K, K, 301, rng), b(GgmlType::Q4_K, K, 48, rng), c(GgmlType::Q6_K, K, 37, rng);
-    std::vector<uint8_t> q5 = random_weights(GgmlType::Q5_K, K, 29, rng);
-    const WeightView w5{GgmlType::Q5_K, K, 29, q5.data(), row_bytes(GgmlType::Q5_K, K)};
+    Pair e(GgmlType::Q5_K, K, 29, rng), f(GgmlType::IQ4_XS, K, 45, rng);
     for (int64_t T : {1, 4, 9, 16, 17, 33}) {
         const std::vector<float> x = randn(size_t(T * K), rng);
         for (cpu::Isa isa : isas()) {
             const std::string what = std::string(cpu::isa_name(isa)) + " T=" + std::to_string(T);
-            // All repacked (Q4_K, Q4_K, Q6_K); one stored beside repacked ones; a Q5_K among them.
-            const WeightView* sets[][3] = {{&a.p, &b.p, &c.p}, {&a.p, &b.g, &c.p}, {&a.p, &w5, &c.p}};
-            const WeightView* plain[][3] = {{&a.g, &b.g, &c.g}, {&a.g, &b.g, &c.g}, {&a.g, &w5, &c.g}};
-            for (int s = 0; s < 3; ++s) {
+            // All repacked (Q4_K, Q4_K, Q6_K); one stored beside repacked ones; Q5_K and IQ4_XS
+            // repacked beside Q4_K; a stored IQ4_XS beside repacked Q5_K and Q6_K.
+            const WeightView* sets[][3] = {{&a.p, &b.p, &c.p}, {&a.p, &b.g, &c.p}, {&a.p, &e.p, &f.p}, {&e.p, &f.g, &c.p}};
+            const WeightView* plain[][3] = {{&a.g, &b.g, &c.g}, {&a.g, &b.g, &c.g}, {&a.g, &e.g, &f.g}, {&e.g, &f.g, &c.g}};
+            for (int s = 0; s < 4; ++s) {
                 std::vector<std::vector<float>> want(3), got(3);
                 cpu::MatmulOut ow[3], og[3];
                 for (int j = 0; j < 3; ++j) {

@@ -1,8 +1,9 @@
-// Q4_K and Q6_K matrices repacked at load for the CPU kernels (Qwen35Model::repack_for_cpu,
-// WeightLayout::KqRows16): the model computes the same logits bit for bit as on the stored
-// layout, at prefill, decode and verification-sized steps, with a tied Q4_K table (the
-// embedding gather unpacks its rows) and in a Q4_K_M file (Q4_K and Q6_K matrices, a tied
-// Q6_K table); a mapped file is not written.
+// Q4_K, Q5_K, Q6_K and IQ4_XS matrices repacked at load for the CPU kernels
+// (Qwen35Model::repack_for_cpu, WeightLayout::KqRows16): the model computes the same logits bit
+// for bit as on the stored layout, at prefill, decode and verification-sized steps, with a tied
+// Q4_K table (the embedding gather unpacks its rows), in a Q4_K_M file (Q4_K and Q6_K matrices,
+// a tied Q6_K table), a Q5_K_M file (Q5_K and Q6_K) and an IQ4_XS file; a mapped file is not
+// written.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "format/gguf.h"
@@ -25,6 +27,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// repack_for_cpu's filter is a plain function: the one type a test repacks first.
+GgmlType g_only = GgmlType::F32;
+bool only(GgmlType t) { return t == g_only; }
+
 class Repack : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
@@ -35,12 +41,16 @@ protected:
         so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
         so.out_path = (dir_ / "tiny.gguf").string();
         synth_qwen35(so);
-        QuantizeOptions q;
-        q.type = FileType::Q4_K_M;
-        for (const auto& t : quantize_file(so.out_path, (dir_ / "q4km.gguf").string(), q).tensors)
-            types_km_[t.name] = t.to;
-        q.pure = true;  // every matrix Q4_K, the tied table too
-        for (const auto& t : quantize_file(so.out_path, (dir_ / "q4k.gguf").string(), q).tensors) types_k_[t.name] = t.to;
+        const auto quantize = [&](FileType type, bool pure, const char* name) {
+            QuantizeOptions q;
+            q.type = type;
+            q.pure = pure;  // pure: every matrix of the type, the tied table too
+            for (const auto& t : quantize_file(so.out_path, (dir_ / name).string(), q).tensors) types_[name][t.name] = t.to;
+        };
+        quantize(FileType::Q4_K_M, false, "q4km.gguf");
+        quantize(FileType::Q4_K_M, true, "q4k.gguf");
+        quantize(FileType::Q5_K_M, false, "q5km.gguf");
+        quantize(FileType::IQ4_XS, false, "iq4xs.gguf");
     }
     static void TearDownTestSuite() { fs::remove_all(dir_); }
 
@@ -65,21 +75,29 @@ protected:
         return out;
     }
     static inline fs::path dir_;
-    static inline std::map<std::string, GgmlType> types_km_, types_k_;
+    static inline std::map<std::string, std::map<std::string, GgmlType>> types_;  // file -> tensor -> type
 };
 
 TEST_F(Repack, LogitsAreTheStoredLayoutsBitForBit) {
-    // What the files hold: a tied table (no output.weight) of Q6_K / Q4_K, Q4_K and Q6_K layers.
-    EXPECT_EQ(types_km_.count("output.weight"), 0u);
-    EXPECT_EQ(types_km_["token_embd.weight"], GgmlType::Q6_K);
-    EXPECT_EQ(types_k_["token_embd.weight"], GgmlType::Q4_K);
-    EXPECT_EQ(types_km_["blk.0.ffn_gate.weight"], GgmlType::Q4_K);
-    for (const char* name : {"q4k.gguf", "q4km.gguf"}) {
+    // What the files hold: a tied table (no output.weight) of Q6_K / Q4_K, Q4_K and Q6_K layers;
+    // Q5_K and IQ4_XS layers.
+    auto& km = types_["q4km.gguf"];
+    EXPECT_EQ(km.count("output.weight"), 0u);
+    EXPECT_EQ(km["token_embd.weight"], GgmlType::Q6_K);
+    EXPECT_EQ(types_["q4k.gguf"]["token_embd.weight"], GgmlType::Q4_K);
+    EXPECT_EQ(km["blk.0.ffn_gate.weight"], GgmlType::Q4_K);
+    EXPECT_EQ(types_["q5km.gguf"]["blk.0.ffn_gate.weight"], GgmlType::Q5_K);
+    EXPECT_EQ(types_["iq4xs.gguf"]["blk.0.ffn_gate.weight"], GgmlType::IQ4_XS);
+    const std::pair<const char*, GgmlType> files[] = {
+        {"q4k.gguf", GgmlType::Q4_K}, {"q4km.gguf", GgmlType::Q4_K}, {"q5km.gguf", GgmlType::Q5_K}, {"iq4xs.gguf", GgmlType::IQ4_XS}};
+    for (const auto& [name, type] : files) {
         const std::string path = (dir_ / name).string();
         auto plain = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));
         auto packed = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));
         ASSERT_TRUE(packed->file().resident()) << name;
-        EXPECT_GT(packed->repack_for_cpu(), 0) << name;
+        g_only = type;  // the file's own type is repacked (not only its Q6_K matrices), then the rest
+        EXPECT_GT(packed->repack_for_cpu(only), 0) << name;
+        packed->repack_for_cpu();
         EXPECT_EQ(packed->repack_for_cpu(), 0) << name << ": repacked twice";
         const std::vector<float> a = run(*plain), b = run(*packed);
         ASSERT_EQ(a.size(), b.size());

@@ -1,4 +1,4 @@
-// The decode GEMV for Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K and IQ4_XS weights (kernels/cuda/gemv.cuh,
+// The decode GEMV for Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS and MXFP4 weights (kernels/cuda/gemv.cuh,
 // ops.h matmul): the format most published GGUF files use (Q4_K_M: Q4_K with Q6_K for the LM
 // head and some down/value projections) streamed at its own 4.5-6.6 bits a weight.
 //
@@ -135,6 +135,7 @@ void kquant_gemv(GgmlType type, GemvParts p, int64_t n_in, int64_t T, const int8
         case GgmlType::Q5_K: launch_typed<GgmlType::Q5_K>(p, n_in, T, xq, xd, st); break;
         case GgmlType::Q6_K: launch_typed<GgmlType::Q6_K>(p, n_in, T, xq, xd, st); break;
         case GgmlType::IQ4_XS: launch_typed<GgmlType::IQ4_XS>(p, n_in, T, xq, xd, st); break;
+        case GgmlType::MXFP4: launch_typed<GgmlType::MXFP4>(p, n_in, T, xq, xd, st); break;
         default: throw Error(std::string("cuda::matmul: no K-quant GEMV for ") + type_traits(type).name);
     }
     ALLOY_CUDA_LAUNCHED("cuda::matmul");

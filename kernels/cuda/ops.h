@@ -44,7 +44,7 @@ namespace alloy::cuda {
 //  Batch invariance (the CPU's contract, kGemvMaxTokens = 16): for T <= kQ8GemvMaxT each row
 //  of y has the bits of a T = 1 call on that row of x, whatever T and the row's position (the
 //  GEMVs' order of summation per (row, token) depends on the weight's shape only).
-// Other weight types (F16, Q5_0, Q5_1, MXFP4, ...) throw alloy::Error. cuBLAS runs on a per-thread handle bound to `stream`.
+// Other weight types (F16, ...) throw alloy::Error. cuBLAS runs on a per-thread handle bound to `stream`.
 constexpr int64_t kQ8GemvMaxT = 16;  // both GEMVs (the name is historical)
 constexpr int64_t kQ8PanelRows = 8192;
 // A matmul input its producer (rms_norm, add_rms_norm, swiglu, sigmoid_gate_mul) writes in
@@ -75,7 +75,7 @@ void quantize_q8_input(const float* x, int64_t T, int64_t n, MatmulInput out, vo
 // are only 2-byte aligned), so a GEMV lane reads 16 code bytes with one 16-byte load instead of
 // five 4-byte ones and a shift. Types: kSplitBlockTypes (split_blocks_supported). gguf: a device copy of GGUF's rows; out: n_out * row_bytes bytes on
 // the device, 16-byte aligned, not overlapping gguf. Returns out's view. Enqueued on `stream`.
-inline constexpr const char* kSplitBlockTypes = "Q8_0, Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS";
+inline constexpr const char* kSplitBlockTypes = "Q8_0, Q4_0, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4";
 bool split_blocks_supported(GgmlType t);
 WeightView split_blocks(const WeightView& gguf, void* out, void* stream = nullptr);
 size_t matmul_workspace_bytes(const WeightView& W, int64_t T);

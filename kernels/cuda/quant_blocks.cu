@@ -19,18 +19,23 @@ using detail::BlockFormat;
 using detail::ceil_div;
 
 // GGUF's blocks [blocks] -> codes [blocks, code bytes] then heads [blocks, head bytes]; one
-// thread a block, copied as 2-byte words (GGUF's alignment; every part is an even size).
+// thread a block, copied as 2-byte words (GGUF's alignment where every part is an even size),
+// or bytes (MXFP4's 17-byte blocks).
 template <GgmlType kType>
-__global__ void split_blocks_kernel(const unsigned short* __restrict__ in, int64_t blocks, unsigned short* __restrict__ out) {
+__global__ void split_blocks_kernel(const void* __restrict__ in_, int64_t blocks, void* __restrict__ out_) {
     detail::pdl_entry();
     using F = BlockFormat<kType>;
-    constexpr int kCode = detail::code_bytes<kType>() / 2, kHead = F::kHeadBytes / 2, kOff = F::kHeadOffset / 2;
-    unsigned short* heads = out + blocks * kCode;
+    using Word = std::conditional_t<F::kBytes % 2 == 0 && F::kHeadBytes % 2 == 0, unsigned short, unsigned char>;
+    constexpr int kW = int(sizeof(Word));
+    constexpr int kCode = detail::code_bytes<kType>() / kW, kHead = F::kHeadBytes / kW, kOff = F::kHeadOffset / kW;
+    const Word* in = static_cast<const Word*>(in_);
+    Word* out = static_cast<Word*>(out_);
+    Word* heads = out + blocks * kCode;
     for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
-        const unsigned short* blk = in + b * (F::kBytes / 2);
+        const Word* blk = in + b * (F::kBytes / kW);
         for (int i = 0; i < kHead; ++i) heads[b * kHead + i] = blk[kOff + i];
         // the codes: the block without its head (a prefix or a suffix)
-        const unsigned short* code = blk + (kOff == 0 ? kHead : 0);
+        const Word* code = blk + (kOff == 0 ? kHead : 0);
         for (int i = 0; i < kCode; ++i) out[b * kCode + i] = code[i];
     }
 }
@@ -85,8 +90,7 @@ WeightView split_blocks(const WeightView& gguf, void* out, void* stream) {
             throw Error(std::string(op) + ": " + tr.name + " rows must be whole " + std::to_string(F::kBytes) + "-byte blocks");
         const int64_t blocks = gguf.n_out * (gguf.n_in / F::kValues);
         detail::launch(op, split_blocks_kernel<kt.value>, dim3(unsigned(std::min<int64_t>(ceil_div(blocks, 256), 16 * 1024))),
-                       dim3(256), 0, detail::as_stream(stream), reinterpret_cast<const unsigned short*>(gguf.data), blocks,
-                       static_cast<unsigned short*>(out));
+                       dim3(256), 0, detail::as_stream(stream), static_cast<const void*>(gguf.data), blocks, out);
     });
     if (!ok) throw Error(std::string(op) + ": " + tr.name + " has no split layout (" + kSplitBlockTypes + ")");
     ALLOY_CUDA_LAUNCHED(op);

@@ -44,6 +44,9 @@ template <> struct BlockFormat<GgmlType::Q5_1> {  // d, m, qh (u32), qs[16]
 template <> struct BlockFormat<GgmlType::IQ4_NL> {  // d, qs[16]
     static constexpr int kValues = 32, kBytes = 18, kHeadOffset = 0, kHeadBytes = 2;
 };
+template <> struct BlockFormat<GgmlType::MXFP4> {  // e (E8M0), qs[16]: 17 bytes, so GGUF's blocks are byte-aligned
+    static constexpr int kValues = 32, kBytes = 17, kHeadOffset = 0, kHeadBytes = 1;
+};
 template <> struct BlockFormat<GgmlType::Q4_K> {  // d, dmin, scales[12], qs[128]
     static constexpr int kValues = 256, kBytes = 144, kHeadOffset = 0, kHeadBytes = 16;
 };
@@ -99,6 +102,12 @@ __device__ __forceinline__ int lut16(uint32_t idx, uint32_t t0, uint32_t t1, uin
 }
 // kIq4nlValues (format/quant.h) as 4 little-endian words.
 constexpr uint32_t kIq4W0 = 0xbfad9881u, kIq4W1 = 0xf6eaddcfu, kIq4W2 = 0x26190d01u, kIq4W3 = 0x71594535u;
+// kMxfp4Values (format/quant.h: the FP4 values times 2) likewise.
+constexpr uint32_t kFp4W0 = 0x03020100u, kFp4W1 = 0x0c080604u, kFp4W2 = 0xfdfeff00u, kFp4W3 = 0xf4f8fafcu;
+// An MXFP4 block's scale 2^(e - 128) (format/quant.cpp mxfp4_half_scale: subnormal for e < 2).
+__device__ __forceinline__ float mxfp4_half_scale(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
 
 // Where unit u's 16 code bytes start inside its block's code part.
 template <GgmlType kType> __device__ __forceinline__ int unit_code_offset(int u) {
@@ -139,6 +148,8 @@ __device__ __forceinline__ UnitRaw load_unit_rest(const int4 c, const uint8_t* _
     } else if constexpr (kType == GgmlType::Q8_0) {
         r.e = __ldg(reinterpret_cast<const int4*>(code + 16));
         r.h[0] = __ldg(reinterpret_cast<const unsigned short*>(head));
+    } else if constexpr (kType == GgmlType::MXFP4) {
+        r.h[0] = __ldg(head);
     } else {  // Q4_0, IQ4_NL
         r.h[0] = __ldg(reinterpret_cast<const unsigned short*>(head));
     }
@@ -153,20 +164,23 @@ __device__ __forceinline__ Unit decode_unit(const UnitRaw& raw, int u) {
     const uint32_t e[4] = {uint32_t(raw.e.x), uint32_t(raw.e.y), uint32_t(raw.e.z), uint32_t(raw.e.w)};
     r.bias = 0;
     r.min[0] = r.min[1] = 0.0f;
-    if constexpr (kType == GgmlType::Q4_0 || kType == GgmlType::IQ4_NL) {
+    if constexpr (kType == GgmlType::Q4_0 || kType == GgmlType::IQ4_NL || kType == GgmlType::MXFP4) {
         // byte j: value j (low nibble) and j + 16 (high)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const uint32_t lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;
             if constexpr (kType == GgmlType::Q4_0) {
                 r.q[0][i] = int(lo), r.q[1][i] = int(hi);
-            } else {
+            } else if constexpr (kType == GgmlType::IQ4_NL) {
                 r.q[0][i] = lut16(lo, kIq4W0, kIq4W1, kIq4W2, kIq4W3);
                 r.q[1][i] = lut16(hi, kIq4W0, kIq4W1, kIq4W2, kIq4W3);
+            } else {
+                r.q[0][i] = lut16(lo, kFp4W0, kFp4W1, kFp4W2, kFp4W3);
+                r.q[1][i] = lut16(hi, kFp4W0, kFp4W1, kFp4W2, kFp4W3);
             }
         }
         if constexpr (kType == GgmlType::Q4_0) r.bias = 8;
-        r.scale[0] = r.scale[1] = f16_bits(raw.h[0]);
+        r.scale[0] = r.scale[1] = kType == GgmlType::MXFP4 ? mxfp4_half_scale(raw.h[0]) : f16_bits(raw.h[0]);
         r.off[0] = 0, r.off[1] = 16;
     } else if constexpr (kType == GgmlType::Q5_0 || kType == GgmlType::Q5_1) {
         // As Q4_0, with bit j of qh the fifth bit of value j (Q5_0: offset by 16; Q5_1: value =
@@ -312,6 +326,7 @@ template <class F> bool with_block_type(GgmlType t, F&& f) {
     switch (t) {
 #define ALLOY_BT(x) case GgmlType::x: f(std::integral_constant<GgmlType, GgmlType::x>{}); return true;
         ALLOY_BT(Q8_0) ALLOY_BT(Q4_0) ALLOY_BT(Q5_0) ALLOY_BT(Q5_1) ALLOY_BT(IQ4_NL) ALLOY_BT(Q4_K) ALLOY_BT(Q5_K) ALLOY_BT(Q6_K) ALLOY_BT(IQ4_XS)
+        ALLOY_BT(MXFP4)
 #undef ALLOY_BT
         default: return false;
     }

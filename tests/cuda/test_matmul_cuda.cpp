@@ -47,7 +47,7 @@ struct HostWeight {
 // The block types with a K-quant GEMV (kernels/cuda/matmul_kquant.cu), and shapes for them:
 // rows of 1, 3, 4 and 14 super-blocks (Q4_0 / IQ4_NL: 3 and 5 blocks too), odd row counts.
 const GgmlType kKquantTypes[] = {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL,
-                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
+                                 GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::MXFP4};
 bool super_blocks(GgmlType t) { return type_traits(t).block_elems == 256; }
 
 HostWeight make_weight(GgmlType t, int64_t n_out, int64_t n_in, std::vector<float>& f, uint32_t seed) {
@@ -514,7 +514,7 @@ TEST(CudaMatmul, RefusesOtherTypes) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     std::vector<uint8_t> dummy(64);
     DeviceArray<uint8_t> d(dummy);
-    const WeightView W{GgmlType::MXFP4, 32, 1, d.p, 17};
+    const WeightView W{GgmlType::F16, 32, 1, d.p, 64};
     EXPECT_THROW(cuda::matmul(W, nullptr, nullptr, 1, nullptr), Error);
     // A K-quant in GGUF's layout, as Q8_0.
     const WeightView q4k{GgmlType::Q4_K, 256, 1, d.p, 144};

@@ -116,7 +116,7 @@ TEST_F(CudaMoe, BlockTypesAgainstReference) {
     const std::vector<Shape> shapes = {{256, 256, 256, 7, 3, false}, {512, 256, 0, 5, 2, true}};
     uint32_t seed = 400;
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K,
-                       GgmlType::Q6_K, GgmlType::IQ4_XS})
+                       GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::MXFP4})
         for (const Shape& s : shapes) {
             const Layer L(s, t, GgmlType::F32, seed++);
             const DeviceLayer D(L.w);
@@ -179,14 +179,15 @@ TEST_F(CudaMoe, RefusesWeightsItCannotRun) {
     w = D.w;
     w.up = DB.w.up;  // gate Q8_0, up BF16
     EXPECT_THROW(cuda::moe_ffn(w, nullptr, nullptr, 0, nullptr, nullptr), Error);
-    // MXFP4 experts (no device kernel yet): refused by type name.
-    const Layer M(s, GgmlType::MXFP4, GgmlType::F32, 7);
+    // F16 experts (no device kernel): refused by type name.
+    const Layer M(s, GgmlType::F16, GgmlType::F32, 7);
     DeviceLayer DM(M.w);
     try {
         cuda::moe_ffn(DM.w, nullptr, nullptr, 0, nullptr, nullptr);
-        ADD_FAILURE() << "MXFP4 experts accepted";
+        ADD_FAILURE() << "F16 experts accepted";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("mxfp4"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("expert weight type " + std::string(type_traits(GgmlType::F16).name)), std::string::npos)
+            << e.what();
     }
 }
 

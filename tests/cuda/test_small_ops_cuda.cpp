@@ -181,7 +181,7 @@ TEST(CudaSmallOps, GetRowsIsExact) {
     const auto table = randn(size_t(n_vocab * n), 3);
     std::vector<int32_t> ids = {0, 300, 7, 7, 151, 2, 299};
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
-                       GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
+                       GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::MXFP4}) {
         const size_t rb = row_bytes(t, n);
         std::vector<uint8_t> bytes(rb * n_vocab);
         for (int64_t r = 0; r < n_vocab; ++r) quantize_row(t, table.data() + r * n, bytes.data() + r * rb, n);

@@ -86,6 +86,57 @@ void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Q8Rows16 (matmul_kernels.h): the 16 rows of a group in the 16 lanes of a zmm. Per block, the
+// 8 k-quads of the 16 rows are 8 loads (codes already u8 = w + 128), the 16 scales one
+// vcvtph2ps; per token the int32 accumulator starts at corr (-128 * sum(x), as the GGUF
+// kernels), takes 8 vpdpbusd with the token's 4 codes of each quad broadcast, and is then the
+// exact block sum of every row; y = fma(float(isum), d_w * d_x, y) per block in order from 0:
+// the GGUF kernels' chain per (row, token), so their bits. NT <= 8 tokens a pass (8 fp32 and 8
+// weight registers); a group's second pass over tokens 8..15 reads it again from L1/L2.
+#define ALLOY_Q8_R16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+template <int NT>
+ALLOY_Q8_R16_TARGET void r16_group(const uint8_t* grp, const ActRows& a, int64_t t0, float* out, int64_t ldo) {
+    const int64_t K = a.K, nb = K / 32;
+    __m512 f[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) f[t] = _mm512_setzero_ps();
+    const int8_t* xq = a.q + t0 * K;
+    const int32_t* xc = a.corr + t0 * nb;
+    const float* xd = a.d + t0 * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = grp + b * kQ8R16Block;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+        __m512i w[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(blk + 32 + 64 * j);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t) {
+            const int8_t* x = xq + t * K + b * 32;
+            __m512i acc = _mm512_set1_epi32(xc[t * nb + b]);
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) acc = _mm512_dpbusd_epi32(acc, w[j], _mm512_set1_epi32(load_i32(x + 4 * j)));
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(dw, _mm512_set1_ps(xd[t * nb + b])), f[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * ldo, f[t]);
+}
+
+void r16_group_any(const uint8_t* grp, const ActRows& a, int64_t t0, int nt, float* out, int64_t ldo) {
+    switch (nt) {
+        case 1: r16_group<1>(grp, a, t0, out, ldo); break;
+        case 2: r16_group<2>(grp, a, t0, out, ldo); break;
+        case 3: r16_group<3>(grp, a, t0, out, ldo); break;
+        case 4: r16_group<4>(grp, a, t0, out, ldo); break;
+        case 5: r16_group<5>(grp, a, t0, out, ldo); break;
+        case 6: r16_group<6>(grp, a, t0, out, ldo); break;
+        case 7: r16_group<7>(grp, a, t0, out, ldo); break;
+        default: r16_group<8>(grp, a, t0, out, ldo); break;
+    }
+}
+
 }  // namespace
 
 void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
@@ -106,6 +157,37 @@ void iq4_nl_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRo
 void mxfp4_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                        int64_t ldy) {
     gemv<Blocks::MXFP4>(W, r0, nr, a, t0, nt, y, ldy);
+}
+
+}  // namespace alloy::cpu::mm
+
+namespace alloy::cpu::mm {
+
+void q8_r16_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                        int64_t ldy) {
+    constexpr int kPass = 8;
+    const int64_t full = q8_r16_rows(W), r1 = r0 + nr;
+    const size_t group_bytes = size_t(kQ8R16Rows) * W.row_bytes;
+    for (int64_t g0 = r0 / kQ8R16Rows * kQ8R16Rows; g0 < std::min(r1, full); g0 += kQ8R16Rows) {
+        const uint8_t* grp = W.data + size_t(g0 / kQ8R16Rows) * group_bytes;
+        const bool whole = g0 >= r0 && g0 + kQ8R16Rows <= r1;
+        for (int t = 0; t < nt; t += kPass) {
+            const int n = std::min(kPass, nt - t);
+            if (whole) {
+                r16_group_any(grp, a, t0 + t, n, y + (t0 + t) * ldy + g0, ldy);
+            } else {  // a group the range cuts: computed whole, its rows in the range stored
+                alignas(64) float tmp[kPass * kQ8R16Rows];
+                r16_group_any(grp, a, t0 + t, n, tmp, kQ8R16Rows);
+                for (int i = 0; i < n; ++i)
+                    for (int64_t r = std::max(r0, g0); r < std::min(r1, g0 + kQ8R16Rows); ++r)
+                        y[(t0 + t + i) * ldy + r] = tmp[i * kQ8R16Rows + (r - g0)];
+            }
+        }
+    }
+    const int64_t tail0 = std::max(r0, full);  // the GGUF rows
+    if (tail0 < r1)
+        for (int t = 0; t < nt; t += kRowDotTokens)
+            q8_gemv_avx512(W, tail0, r1 - tail0, a, t0 + t, std::min(kRowDotTokens, nt - t), y, ldy);
 }
 
 }  // namespace alloy::cpu::mm

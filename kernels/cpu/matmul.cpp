@@ -299,8 +299,13 @@ void gemm_tile(const Plan& p, const WeightView& W, const mm::ActPanel& panel, in
                 T - g0 * mm::kGroup <= mm::kNarrowTokens
             ? kt.narrow
             : kt.fn;
-    for (int64_t k0 = 0; k0 < K; k0 += kt.kc) {
-        const int64_t k1 = std::min<int64_t>(K, k0 + kt.kc);
+    // ALLOY_Q8_R16_KC: a Q8Rows16 matrix's k-chunk (A/B; chunking changes no bit: one chain
+    // per output, continued from the tile). 128 / 256 / 512 measured no better than the tile's
+    // 1024 at T = 64 (3584 x 1024, Zen 4, session 28).
+    static const int64_t r16_kc = [] { const char* e = std::getenv("ALLOY_Q8_R16_KC"); return e ? int64_t(std::atoi(e)) / 32 * 32 : int64_t(0); }();
+    const int64_t kc = W.layout == WeightLayout::Q8Rows16 && r16_kc > 0 ? r16_kc : kt.kc;
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t k1 = std::min<int64_t>(K, k0 + kc);
         for (int64_t r = 0; r < rc; r += kt.rows)
             fn(W, r0 + r, int(std::min<int64_t>(kt.rows, rc - r)), panel, g0, nv, k0, k1, tile + r * ldt, ldt);
     }

@@ -209,7 +209,10 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                         for (int s = 0; s < c.n_seqs; ++s)
                             for (int t = c.offsets[s]; t < c.offsets[s + 1]; ++t) {
                                 const int32_t id = c.ids[std::min(t + 1, c.offsets[s + 1] - 1)];
-                                dequantize_row(tab->type, tab->row(id), o.base + int64_t(t) * o.cols, o.cols);
+                                thread_local std::vector<uint8_t> row;  // a repacked table's row (cpu::weight_row)
+                                if (tab->layout != WeightLayout::Gguf) row.resize(tab->row_bytes);
+                                dequantize_row(tab->type, cpu::weight_row(*tab, id, row.data()), o.base + int64_t(t) * o.cols,
+                                               o.cols);
                             }
                     });
                     break;

@@ -28,7 +28,7 @@ LoadedModel load_model(const std::string& path, gguf::TensorData where, const st
                              "mapping instead (as --mmap)\n", path.c_str());
     m.model = Qwen35Model::load(m.file);
     // Q4_K / Q5_K / Q6_K / IQ4_XS rows repacked for the CPU kernels (in place, same bytes;
-    // ALLOY_KQ_REPACK=0: as stored).
+    // ALLOY_KQ_REPACK=0: as stored); Q8_0 too where AVX512-VNNI runs (ALLOY_Q8_REPACK=0: as stored).
     if (backend == "cpu" || backend.empty()) m.model->repack_for_cpu(cpu::repack_enabled);
     m.runner = std::make_unique<ModelRunner>(*m.model, make_backend(backend));
     if (m.file->has("tokenizer.ggml.model")) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));

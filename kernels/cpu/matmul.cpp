@@ -69,6 +69,8 @@ struct Plan {
     // where their bits are the batch-invariant ones.
     int64_t gemv_max = mm::kGemvMaxTokens;
     bool avx2_tiles = false;   // the GEMM tiles are the AVX2 ones (their transposed store too)
+    // The GEMV takes all of a call's tokens (up to gemv_max) at once, not 4 a call (Q8Rows16).
+    bool gemv_all_tokens = false;
     // K-quant and Q4_0 prefill (converted weights): the activations are first rounded through
     // Q8_K (K-quants) or Q8_0 (Q4_0), as the decode GEMVs and llama.cpp (vec_dot_type) see them,
     // so a prompt's rows and its decode steps compute the same function and perplexity tracks
@@ -216,6 +218,28 @@ bool mxfp4_fits_q8_0(const WeightView& W) {
     return true;
 }
 
+// A plan adjusted to a repacked weight's layout (reads only W's shape and layout).
+//  - KqRows16: the layout's GEMVs; GEMM items unpack rows (gguf_rows).
+//  - Q8Rows16 with AVX512-VNNI: the zmm GEMV (16 rows a vector) for every call of up to
+//    kGemvMaxTokens tokens (all at once), the tiles read the layout in place past that.
+//    Other paths (AVX2, scalar: only tests, the loader repacks for VNNI only) convert each item
+//    of 16 rows back to GGUF rows (run_converted) and run the GGUF plan's kernels on them.
+Plan layout_plan(Plan p, const WeightView& W, Isa isa) {
+    if (W.layout == WeightLayout::KqRows16 && p.gemv) p.gemv = mm::kq_r16_gemv(W.type, isa), p.name += " r16";
+    if (W.layout == WeightLayout::Q8Rows16) {
+        if (p.gemv == mm::q8_gemv_avx512) {  // (the VNNI plan)
+            p.gemv = mm::q8_r16_gemv_avx512;
+            p.gemv_max = mm::kGemvMaxTokens;
+            p.gemv_all_tokens = true;
+        } else {
+            p.convert = true;
+            p.convert_q8 = true;
+        }
+        p.name += " r16";
+    }
+    return p;
+}
+
 // make_plan for this weight's data: MXFP4 prefill takes the int8 Q8_0 tiles when its scales
 // allow an exact conversion (else fp32 rows, which compute the same function).
 Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
@@ -228,9 +252,7 @@ Plan plan_for(const WeightView& W, Isa isa, int64_t T) {
         p.name += " mxfp4->q8_0";
         return p;
     }
-    Plan p = make_plan(W.type, isa, W.n_in, T);
-    if (W.layout == WeightLayout::KqRows16 && p.gemv) p.gemv = mm::kq_r16_gemv(W.type, isa), p.name += " r16";
-    return p;
+    return layout_plan(make_plan(W.type, isa, W.n_in, T), W, isa);
 }
 
 // The activation converters' path (all give the same bits; only their speed differs).
@@ -256,10 +278,11 @@ void rowdot_range(const Plan& p, const WeightView& W, const mm::ActRows& a, int6
 // WeightLayout::KqRows16, whose rows the GEMM tiles cannot read) unpacked into buf
 // (rc * row_bytes). A GEMM item of a repacked weight unpacks its rows once for every token tile.
 WeightView gguf_rows(const WeightView& W, int64_t r0, int64_t rc, uint8_t* buf) {
-    if (W.layout != WeightLayout::KqRows16) return WeightView{W.type, W.n_in, rc, W.row(r0), W.row_bytes};
+    if (W.layout != WeightLayout::KqRows16 && W.layout != WeightLayout::Q8Rows16)
+        return WeightView{W.type, W.n_in, rc, W.row(r0), W.row_bytes};
     for (int64_t i = 0; i < rc; ++i) {
         uint8_t* dst = buf + size_t(i) * W.row_bytes;
-        const uint8_t* src = mm::kq_gguf_row(W, r0 + i, dst);
+        const uint8_t* src = weight_row(W, r0 + i, dst);
         if (src != dst) std::memcpy(dst, src, W.row_bytes);
     }
     return WeightView{W.type, W.n_in, rc, buf, W.row_bytes};
@@ -276,8 +299,13 @@ void gemm_tile(const Plan& p, const WeightView& W, const mm::ActPanel& panel, in
                 T - g0 * mm::kGroup <= mm::kNarrowTokens
             ? kt.narrow
             : kt.fn;
-    for (int64_t k0 = 0; k0 < K; k0 += kt.kc) {
-        const int64_t k1 = std::min<int64_t>(K, k0 + kt.kc);
+    // ALLOY_Q8_R16_KC: a Q8Rows16 matrix's k-chunk (A/B; chunking changes no bit: one chain
+    // per output, continued from the tile). 128 / 256 / 512 measured no better than the tile's
+    // 1024 at T = 64 (3584 x 1024, Zen 4, session 28).
+    static const int64_t r16_kc = [] { const char* e = std::getenv("ALLOY_Q8_R16_KC"); return e ? int64_t(std::atoi(e)) / 32 * 32 : int64_t(0); }();
+    const int64_t kc = W.layout == WeightLayout::Q8Rows16 && r16_kc > 0 ? r16_kc : kt.kc;
+    for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t k1 = std::min<int64_t>(K, k0 + kc);
         for (int64_t r = 0; r < rc; r += kt.rows)
             fn(W, r0 + r, int(std::min<int64_t>(kt.rows, rc - r)), panel, g0, nv, k0, k1, tile + r * ldt, ldt);
     }
@@ -433,7 +461,7 @@ uint8_t* unpack_slice(const Plan& p, const Scratch& s, int thread, bool fused = 
 // need_of for weight W, without reading its data: MXFP4 prefill takes the Q8_0 tiles or the
 // fp32 rows after a scan of its scales (plan_for), so both are counted.
 Need need_for(const WeightView& W, Isa isa, int64_t T) {
-    Need n = need_of(make_plan(W.type, isa, W.n_in, T), W.n_in, T, false, unpack_row_bytes(W));
+    Need n = need_of(layout_plan(make_plan(W.type, isa, W.n_in, T), W, isa), W.n_in, T, false, unpack_row_bytes(W));
     if (W.type == GgmlType::MXFP4 && T > mm::kGemvMaxTokens && std::min(isa, active_isa()) >= Isa::Avx2) {
         Plan q = make_plan(GgmlType::Q8_0, isa, W.n_in, T);
         q.convert = true;
@@ -455,7 +483,7 @@ bool swiglu_fused(const Plan& p, const WeightView& G, const WeightView& U, int64
     return U.type == G.type && U.n_in == G.n_in && U.n_out == G.n_out && !p.convert && !p.convert_gemm && use_gemm(p, T);
 }
 Need swiglu_need(const WeightView& G, const WeightView& U, int64_t T, Isa isa) {
-    const Plan p = make_plan(G.type, isa, G.n_in, T);  // (an MXFP4 weight converts: never fused)
+    const Plan p = layout_plan(make_plan(G.type, isa, G.n_in, T), G, isa);  // (an MXFP4 weight converts: never fused)
     if (swiglu_fused(p, G, U, T)) return need_of(p, G.n_in, T, true, std::max(unpack_row_bytes(G), unpack_row_bytes(U)));
     const MatmulOut outs[2] = {{&G, nullptr}, {&U, nullptr}};
     return multi_need(outs, 2, T, isa);
@@ -545,7 +573,9 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         } else if (gemv) {
             // Decode: contiguous row ranges per item (guided sizes), each streamed several rows at a time.
             jb.count = guided_items(N, threads, jb.bounds,
-                                    jb.W->layout == WeightLayout::KqRows16 ? mm::kQ4KGroupRows : 1);
+                                    jb.W->layout == WeightLayout::KqRows16   ? mm::kQ4KGroupRows
+                                    : jb.W->layout == WeightLayout::Q8Rows16 ? mm::kQ8R16Rows
+                                                                             : 1);
         } else {
             jb.n_chunks = (N + kRowChunk - 1) / kRowChunk;
             jb.count = n_row_tiles * jb.n_chunks;
@@ -572,6 +602,10 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
             gemm_range(p, W, panel, gi.r0, gi.rc, gi.g0, gi.nv, T, tile, ldt, jb.y, N, stream_output(T, N));
         } else if (gemv) {
             const int64_t r0 = jb.bounds[it], nr = jb.bounds[it + 1] - r0;
+            if (p.gemv_all_tokens) {  // (Q8Rows16: every token per group of rows, in the kernel)
+                p.gemv(W, r0, nr, rows_act, 0, int(T), jb.y, N);
+                return;
+            }
             const int64_t run = T <= mm::kRowDotTokens ? nr : mm::kGemvRunRows;
             for (int64_t r = r0; r < r0 + nr; r += run)
                 for (int64_t t = 0; t < T; t += mm::kRowDotTokens) {
@@ -615,7 +649,9 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
         float* wf = reinterpret_cast<float*>(buf);
         float* tile = wf + kConvertRows * K;
         WeightView V{GgmlType::F32, K, rc, reinterpret_cast<const uint8_t*>(wf), size_t(K) * 4};
-        if (p.convert_q8) {
+        if (p.convert_q8 && W.layout == WeightLayout::Q8Rows16) {
+            V = gguf_rows(W, r0, rc, buf);  // (this item's group, or its GGUF tail rows)
+        } else if (p.convert_q8) {
             nibble_rows_to_q8_0(W, r0, rc, buf);
             V = WeightView{GgmlType::Q8_0, K, rc, buf, row_bytes(GgmlType::Q8_0, K)};
         } else {
@@ -625,6 +661,9 @@ void run_converted(const Plan& p, const WeightView& W, const float* x, float* y,
             for (int64_t g0 = 0; g0 < G; g0 += p.tile.groups)
                 gemm_range(p, V, panel, 0, rc, g0, int(std::min<int64_t>(p.tile.groups, G - g0)), T, tile, ldt,
                            y + r0, N, stream_output(T, N));
+        } else if (p.gemv) {  // (Q8Rows16 off VNNI: the GGUF plan's GEMV on the group's rows)
+            for (int64_t t = 0; t < T; t += mm::kRowDotTokens)
+                p.gemv(V, 0, rc, rows_act, t, int(std::min<int64_t>(mm::kRowDotTokens, T - t)), y + r0, N);
         } else {
             rowdot_range(p, V, rows_act, 0, rc, 0, T, y + r0, N);
         }
@@ -808,6 +847,24 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 
 bool repack_weight(WeightView& W, uint8_t* data) {
     // (Only a whole matrix: a view of part of each row, row_bytes past its n_in, keeps its layout.)
+    if (W.type == GgmlType::Q8_0) {
+        if (W.layout != WeightLayout::Gguf || W.n_out < mm::kQ8R16Rows || W.n_in % mm::kQ8 != 0 ||
+            W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
+            return false;
+        const int64_t groups = W.n_out / mm::kQ8R16Rows, nb = W.n_in / mm::kQ8;
+        const size_t group_bytes = size_t(mm::kQ8R16Rows) * W.row_bytes;
+        const int64_t per_item = 64, items = (groups + per_item - 1) / per_item;
+        parallel_for(items, [&](int64_t it, int) {
+            std::vector<uint8_t> tmp(group_bytes);
+            for (int64_t g = it * per_item; g < std::min(groups, (it + 1) * per_item); ++g) {
+                uint8_t* grp = data + size_t(g) * group_bytes;
+                std::memcpy(tmp.data(), grp, group_bytes);
+                mm::q8_r16_repack_group(tmp.data(), W.row_bytes, nb, grp);
+            }
+        });
+        W.layout = WeightLayout::Q8Rows16;
+        return true;
+    }
     if (!mm::kq_repacks(W.type) || W.layout != WeightLayout::Gguf || W.n_out < mm::kQ4KGroupRows ||
         W.n_in % mm::kQK != 0 || W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
         return false;
@@ -827,6 +884,15 @@ bool repack_weight(WeightView& W, uint8_t* data) {
 }
 
 bool repack_enabled(GgmlType t) {
+    // Q8_0: ALLOY_Q8_REPACK unset or 1: repacked (WeightLayout::Q8Rows16) where its kernels run,
+    // AVX512-VNNI (ALLOY_ISA not lowered); 0: as stored (A/B).
+    if (t == GgmlType::Q8_0) {
+        static const bool q8 = [] {
+            const char* v = std::getenv("ALLOY_Q8_REPACK");
+            return (!v || std::atoi(v) != 0) && active_isa() == Isa::Avx512 && mm::cpu_has_avx512_vnni();
+        }();
+        return q8;
+    }
     // Unset or 1: every type that has the layout; 0: none; else the types named
     // (q4_k,q5_k,q6_k,iq4_xs).
     static const std::string e = [] { const char* v = std::getenv("ALLOY_KQ_REPACK"); return std::string(v ? v : "1"); }();
@@ -838,7 +904,14 @@ bool repack_enabled(GgmlType t) {
     return mm::kq_repacks(t) && ("," + list + ",").find("," + name + ",") != std::string::npos;
 }
 
-const uint8_t* weight_row(const WeightView& W, int64_t r, uint8_t* buf) { return mm::kq_gguf_row(W, r, buf); }
+const uint8_t* weight_row(const WeightView& W, int64_t r, uint8_t* buf) {
+    if (W.layout == WeightLayout::Q8Rows16) {
+        if (r >= mm::q8_r16_rows(W)) return W.row(r);
+        mm::q8_r16_unpack_row(W.row(r - r % mm::kQ8R16Rows), W.n_in / mm::kQ8, int(r % mm::kQ8R16Rows), buf);
+        return buf;
+    }
+    return mm::kq_gguf_row(W, r, buf);
+}
 
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T) {
     const Plan p = make_plan(wtype, isa, n_in, T);

@@ -97,14 +97,17 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
 // Which kernel path matmul takes, e.g. "avx512-vnni gemm" (for logs, profiles and test names).
 std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T);
 
-// A Q4_K, Q5_K, Q6_K or IQ4_XS matrix repacked in place for the CPU kernels (WeightLayout::KqRows16,
+// A Q8_0 matrix repacked in place as WeightLayout::Q8Rows16 (kernels/cpu/matmul_kernels.h: the
+// zmm GEMV for up to 16 tokens, the VNNI tiles read it in place, other paths unpack rows; the
+// same bits), or a Q4_K, Q5_K, Q6_K or IQ4_XS matrix repacked in place for the CPU kernels (WeightLayout::KqRows16,
 // kernels/cpu/matmul_kquant.h: 16 rows interleaved, rows in SIMD lanes for the decode GEMVs; the
 // prefill tiles, the scalar paths and row gathers unpack rows from it; the same results bit for
 // bit). `data` is W.data, writable; W.layout is set. False (nothing changed) for other types,
 // other layouts, fewer than 16 rows, or a view of part of each row (row_bytes past n_in). Runs
 // on the thread pool.
 bool repack_weight(WeightView& W, uint8_t* data);
-// Whether the model loaders repack matrices of type t: ALLOY_KQ_REPACK unset or 1: every type
+// Whether the model loaders repack matrices of type t: Q8_0 where AVX512-VNNI runs unless
+// ALLOY_Q8_REPACK=0; K-quants: ALLOY_KQ_REPACK unset or 1: every type
 // that has the layout; 0: none (A/B); else a comma list of type names (q4_k,q5_k,q6_k,iq4_xs).
 bool repack_enabled(GgmlType t);
 // Row r of W as GGUF bytes whatever its layout: W.row(r), or unpacked into buf (W.row_bytes).

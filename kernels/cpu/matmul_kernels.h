@@ -152,6 +152,48 @@ void to_bf16_avx512(const float* x, int64_t n, uint16_t* out);
 using GemvFn = void (*)(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                         int64_t ldy);
 
+// Q8_0 rows repacked at load (WeightLayout::Q8Rows16, cpu::repack_weight): each group of 16
+// rows (16 * row_bytes bytes, in place) holds per 32-column block b, at b * kQ8R16Block:
+//   [0, 32)   the 16 rows' f16 scales d (row l at 2 l),
+//   [32, 544) 8 k-quads j, 64 bytes each: row l's codes 4j..4j+3 at 32 + 64 j + 4 l, stored as
+//             u8 = w ^ 0x80 (= w + 128: vpdpbusd's unsigned operand, no flip in the kernels).
+// So a k-quad of 16 rows is one zmm (rows in the 16 int32 lanes) and a token's 4 codes its
+// embedded broadcast: one vpdpbusd = 64 useful MACs. The last n_out % 16 rows stay GGUF.
+constexpr int kQ8R16Rows = 16;
+constexpr int64_t kQ8R16Block = 16 * 34;  // bytes per block of a group (= 16 GGUF blocks)
+// The rows of W in whole groups (W.layout == Q8Rows16), else 0.
+inline int64_t q8_r16_rows(const WeightView& W) {
+    return W.layout == WeightLayout::Q8Rows16 ? W.n_out / kQ8R16Rows * kQ8R16Rows : 0;
+}
+// 16 GGUF rows (src, row_bytes rb, nb blocks) into one group at dst (not overlapping).
+inline void q8_r16_repack_group(const uint8_t* src, size_t rb, int64_t nb, uint8_t* dst) {
+    for (int64_t b = 0; b < nb; ++b, dst += kQ8R16Block)
+        for (int l = 0; l < kQ8R16Rows; ++l) {
+            const uint8_t* blk = src + size_t(l) * rb + size_t(b) * 34;
+            dst[2 * l] = blk[0];
+            dst[2 * l + 1] = blk[1];
+            for (int j = 0; j < 8; ++j)
+                for (int i = 0; i < 4; ++i) dst[32 + 64 * j + 4 * l + i] = uint8_t(blk[2 + 4 * j + i] ^ 0x80);
+        }
+}
+// Row l (0..15) of a group back to its GGUF bytes (nb blocks into out).
+inline void q8_r16_unpack_row(const uint8_t* grp, int64_t nb, int l, uint8_t* out) {
+    for (int64_t b = 0; b < nb; ++b, grp += kQ8R16Block, out += 34) {
+        out[0] = grp[2 * l];
+        out[1] = grp[2 * l + 1];
+        for (int j = 0; j < 8; ++j)
+            for (int i = 0; i < 4; ++i) out[2 + 4 * j + i] = uint8_t(grp[32 + 64 * j + 4 * l + i] ^ 0x80);
+    }
+}
+
+// Q8_0 GEMV of a Q8Rows16 matrix (AVX512-VNNI zmm): rows [r0, r0 + nr) (any range: a group it
+// cuts is computed whole, the GGUF tail through q8_gemv_avx512), tokens [t0, t0 + nt) with
+// nt <= kGemvMaxTokens (not 4: the driver passes a call's every token at once). Per (row, token)
+// the GGUF kernels' chain (y = fma(float(isum_b), d_w * d_x, y) over blocks in order), so the
+// same bits.
+void q8_r16_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
+                        int64_t ldy);
+
 // Q8_0 decode GEMV (AVX512-VNNI, activations in a.q / a.d).
 void q8_gemv_avx512(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                     int64_t ldy);

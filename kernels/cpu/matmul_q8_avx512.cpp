@@ -31,12 +31,20 @@ constexpr int kBlockBytes = 34;       // f16 scale + 32 int8
 // broadcast (and flipped) once and meet NV activation vectors; per block, the exact int32
 // sums are scaled by d_w (broadcast) * d_x (16 tokens) into fp32 accumulators.
 
-template <int R, int NV>
+// kR16: rows r0..r0 + R - 1 lie in one group of a Q8Rows16 matrix (matmul_kernels.h), read
+// in place (row l's quad j of block b at 32 + 64 j + 4 l of the group's block, already flipped;
+// its scale at 2 l): the same values in the same order, so the same bits, and no unpacking.
+template <int R, int NV, bool kR16 = false>
 ALLOY_Q8_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                              int64_t k1, float* tile, int ldt) {
     const int64_t K = p.K, nb = K / kQ8;
     const size_t rb = W.row_bytes;
-    const uint8_t* w = W.row(r0);
+    const uint8_t* w = kR16 ? W.data + size_t(r0 / kQ8R16Rows) * kQ8R16Rows * rb + (r0 % kQ8R16Rows) * 4 : W.row(r0);
+    const uint8_t* ws = kR16 ? w - (r0 % kQ8R16Rows) * 2 : w;  // the scales (kR16: of row r0 at ws[0], + 2 a row)
+    // Bytes from a row to the next, from a block to the next, from a k-quad to the next.
+    constexpr int64_t kRowQ = 4, kRowS = 2, kBlk = kR16 ? kQ8R16Block : kBlockBytes, kQuad = kR16 ? 64 : 4;
+    const int64_t row_q = kR16 ? kRowQ : int64_t(rb), row_s = kR16 ? kRowS : int64_t(rb);
+    const int64_t q_off = kR16 ? 32 : 2;
     const int64_t gq = K * kGroup;   // bytes per group of q
     const int64_t gs = nb * kGroup;  // elements per group of d and corr
     const int8_t* xq = p.q + g0 * gq;
@@ -50,29 +58,42 @@ ALLOY_Q8_TARGET void q8_tile(const WeightView& W, int64_t r0, const ActPanel& p,
     __m512 f[R][NV];
     for (int r = 0; r < R; ++r)
         for (int v = 0; v < NV; ++v) f[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(tile + r * ldt + v * kGroup);
-    const int next_rows = int(std::min<int64_t>(R, W.n_out - r0 - R));  // rows of the next tile (<= 0: none)
+    // (kR16: the next rows share the group's lines, or start the next group, which the
+    // hardware prefetcher streams: no software prefetch.)
+    const int next_rows = kR16 ? 0 : int(std::min<int64_t>(R, W.n_out - r0 - R));  // rows of the next tile (<= 0: none)
+    const uint8_t* r16_next = kR16 && (r0 / kQ8R16Rows + 2) * kQ8R16Rows <= q8_r16_rows(W)
+                                  ? W.data + size_t(r0 / kQ8R16Rows + 1) * kQ8R16Rows * rb
+                                  : nullptr;
+    const int r16_line = int(r0 % kQ8R16Rows) / 4 * 3;
     for (int64_t b = k0 / kQ8; b < k1 / kQ8; ++b) {
         // The same block of the next R rows, which the next call of gemm_range reads (as in
         // bf16_tile: +4.7% GEMM at T = 512).
         for (int r = 0; r < next_rows; ++r)
             _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb + b * kBlockBytes), _MM_HINT_T0);
+        if constexpr (kR16) {  // the same block of the next group: its 9 lines shared among the group's 4 tiles
+            if (r16_next)
+                for (int i = 0; i < 3; ++i)
+                    if (r16_line + i < 9)
+                        _mm_prefetch(reinterpret_cast<const char*>(r16_next + b * kBlk + (r16_line + i) * 64), _MM_HINT_T0);
+        }
         __m512i acc[R][NV];
         for (int v = 0; v < NV; ++v) {
             const __m512i c = _mm512_load_si512(xc + v * gs + b * kGroup);
             for (int r = 0; r < R; ++r) acc[r][v] = c;
         }
-        const uint8_t* wb = w + b * kBlockBytes + 2;
+        const uint8_t* wb = w + b * kBlk + q_off;
         const int8_t* xb = xq + b * kQ8 * kGroup;
         for (int j = 0; j < kQ8 / 4; ++j) {
             __m512i xv[NV];
             for (int v = 0; v < NV; ++v) xv[v] = _mm512_load_si512(xb + v * gq + j * 64);
             for (int r = 0; r < R; ++r) {
-                const __m512i wv = _mm512_xor_si512(_mm512_set1_epi32(load_i32(wb + r * rb + 4 * j)), flip);
+                const __m512i wb4 = _mm512_set1_epi32(load_i32(wb + r * row_q + kQuad * j));
+                const __m512i wv = kR16 ? wb4 : _mm512_xor_si512(wb4, flip);
                 for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], wv, xv[v]);
             }
         }
         for (int r = 0; r < R; ++r) {
-            const __m512 dw = _mm512_set1_ps(_cvtsh_ss(load_u16(w + r * rb + b * kBlockBytes)));
+            const __m512 dw = _mm512_set1_ps(_cvtsh_ss(load_u16(ws + r * row_s + b * kBlk)));
             for (int v = 0; v < NV; ++v) {
                 const __m512 scale = _mm512_mul_ps(dw, _mm512_load_ps(xd + v * gs + b * kGroup));
                 f[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][v]), scale, f[r][v]);
@@ -144,15 +165,26 @@ using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, 
 const TileImpl kQ8Table[kQ8Rows][kQ8Groups] = {ALLOY_Q8_ROW(1), ALLOY_Q8_ROW(2), ALLOY_Q8_ROW(3), ALLOY_Q8_ROW(4)};
 #undef ALLOY_Q8_ROW
 
+#define ALLOY_Q8_ROW(R) {&q8_tile<R, 1, true>, &q8_tile<R, 2, true>, &q8_tile<R, 3, true>}
+const TileImpl kQ8R16Table[kQ8Rows][kQ8Groups] = {ALLOY_Q8_ROW(1), ALLOY_Q8_ROW(2), ALLOY_Q8_ROW(3), ALLOY_Q8_ROW(4)};
+#undef ALLOY_Q8_ROW
+
+// Rows [r0, r0 + nr) of a Q8Rows16 matrix inside one group (the driver's row tiles of 4 start at
+// multiples of 4, and the GGUF tail at a multiple of 16).
+bool in_r16_group(const WeightView& W, int64_t r0) { return r0 < q8_r16_rows(W); }
+
 void q8_tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
                  int64_t k1, float* tile, int ldt) {
-    kQ8Table[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
+    (in_r16_group(W, r0) ? kQ8R16Table : kQ8Table)[nr - 1][nv - 1](W, r0, p, g0, k0, k1, tile, ldt);
 }
 
 // nv is 1 here (the driver calls the narrow kernel for one group only).
 void q8_narrow_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0,
                    int64_t k1, float* tile, int ldt) {
     (void)nv;
+    // A Q8Rows16 group: the full tile (the narrow one broadcasts two adjacent GGUF quads; the
+    // same bits either way; lanes past the group's tokens are computed and ignored).
+    if (in_r16_group(W, r0)) return kQ8R16Table[nr - 1][0](W, r0, p, g0, k0, k1, tile, ldt);
     switch (nr) {
         case 1: q8_narrow<1>(W, r0, p, g0, k0, k1, tile, ldt); break;
         case 2: q8_narrow<2>(W, r0, p, g0, k0, k1, tile, ldt); break;

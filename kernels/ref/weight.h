@@ -17,7 +17,10 @@ namespace alloy {
 // KqRows16 (Q4_K, Q5_K, Q6_K and IQ4_XS on the CPU backend, repacked at load: kernels/cpu/matmul_kquant.h):
 // groups of 16 rows interleaved so that SIMD lanes are rows, the same n_out * row_bytes bytes;
 // row() applies only to the last n_out % 16 rows (cpu::weight_row gives any row's GGUF bytes).
-enum class WeightLayout : uint8_t { Gguf, Split, KqRows16 };
+// Q8Rows16 (Q8_0 on the CPU backend with AVX512-VNNI, repacked at load: kernels/cpu/matmul_kernels.h
+// "Q8Rows16"): each group of 16 rows block-major, per 32-column block the 16 f16 scales then 8
+// k-quads of the 16 rows (64 bytes each, codes stored as u8 = w ^ 0x80); the last n_out % 16 rows as GGUF.
+enum class WeightLayout : uint8_t { Gguf, Split, KqRows16, Q8Rows16 };
 
 struct WeightView {
     GgmlType type = GgmlType::F32;

@@ -37,7 +37,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<Qwen35Model> make_model(const std::string& preset, GgmlType dtype) {
+std::unique_ptr<Qwen35Model> make_model(const std::string& preset, GgmlType dtype, bool repack = false) {
     const fs::path dir = fs::temp_directory_path() / ("alloy_batch_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     SynthOptions so;
@@ -46,17 +46,20 @@ std::unique_ptr<Qwen35Model> make_model(const std::string& preset, GgmlType dtyp
     so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
     so.out_path = (dir / (preset + ".gguf")).string();
     synth_qwen35(so);
-    auto m = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+    auto m = repack ? Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path, gguf::TensorData::Resident)))
+                    : Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+    if (repack) EXPECT_GT(m->repack_for_cpu(), 0);  // (Q8_0: WeightLayout::Q8Rows16)
     fs::remove_all(dir);
     return m;
 }
 
 // The model's forward on the CPU backend (the runner keeps a reference: both live to the end).
-const ModelRunner& model(const std::string& preset, GgmlType dtype) {
+// repack: the matrices repacked for the CPU kernels (Qwen35Model::repack_for_cpu).
+const ModelRunner& model(const std::string& preset, GgmlType dtype, bool repack = false) {
     static std::map<std::pair<std::string, int>, std::pair<std::unique_ptr<Qwen35Model>, std::unique_ptr<ModelRunner>>> models;
-    auto& m = models[{preset, int(dtype)}];
+    auto& m = models[{preset, int(dtype) + (repack ? 1000 : 0)}];
     if (!m.first) {
-        m.first = make_model(preset, dtype);
+        m.first = make_model(preset, dtype, repack);
         m.second = std::make_unique<ModelRunner>(*m.first);
     }
     return *m.second;
@@ -148,6 +151,19 @@ TEST(Batch, DecodeStepsOfOneTo8And20SequencesEqualSingleRunsF32) {
 // 20 sequences (a GEMM step) give each sequence its alone bits too.
 TEST(Batch, DecodeStepsOfOneTo8And20SequencesEqualSingleRunsQ8_0) {
     expect_batches_equal_single_runs(model("tiny", GgmlType::Q8_0));
+}
+
+// Q8_0 repacked (WeightLayout::Q8Rows16 where AVX512-VNNI runs: the zmm GEMV for up to 16
+// sequences, the tiles reading the layout past that): every batch size gives each sequence its
+// alone bits, and those are the stored layout's bits.
+TEST(Batch, DecodeStepsEqualSingleRunsQ8_0Repacked) {
+    const ModelRunner& packed = model("tiny", GgmlType::Q8_0, true);
+    expect_batches_equal_single_runs(packed);
+    const ModelRunner& plain = model("tiny", GgmlType::Q8_0);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int s = 0; s < 9; ++s) prompts.push_back(ids(3 + 7 * s, 300 + uint32_t(s)));
+    const auto a = run_batched(packed, prompts, 4), b = run_batched(plain, prompts, 4);
+    for (int s = 0; s < 9; ++s) EXPECT_EQ(a[size_t(s)].logits, b[size_t(s)].logits) << "sequence " << s;
 }
 
 TEST(Batch, DecodeStepsEqualSingleRunsMoE) {

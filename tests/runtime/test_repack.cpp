@@ -2,8 +2,8 @@
 // (Qwen35Model::repack_for_cpu, WeightLayout::KqRows16): the model computes the same logits bit
 // for bit as on the stored layout, at prefill, decode and verification-sized steps, with a tied
 // Q4_K table (the embedding gather unpacks its rows), in a Q4_K_M file (Q4_K and Q6_K matrices,
-// a tied Q6_K table), a Q5_K_M file (Q5_K and Q6_K) and an IQ4_XS file; a mapped file is not
-// written.
+// a tied Q6_K table), a Q5_K_M file (Q5_K and Q6_K), an IQ4_XS file and a Q8_0 file (every matrix and
+// the tied table Q8_0: WeightLayout::Q8Rows16); a mapped file is not written.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -51,6 +51,7 @@ protected:
         quantize(FileType::Q4_K_M, true, "q4k.gguf");
         quantize(FileType::Q5_K_M, false, "q5km.gguf");
         quantize(FileType::IQ4_XS, false, "iq4xs.gguf");
+        quantize(FileType::Q8_0, true, "q8.gguf");
     }
     static void TearDownTestSuite() { fs::remove_all(dir_); }
 
@@ -88,8 +89,10 @@ TEST_F(Repack, LogitsAreTheStoredLayoutsBitForBit) {
     EXPECT_EQ(km["blk.0.ffn_gate.weight"], GgmlType::Q4_K);
     EXPECT_EQ(types_["q5km.gguf"]["blk.0.ffn_gate.weight"], GgmlType::Q5_K);
     EXPECT_EQ(types_["iq4xs.gguf"]["blk.0.ffn_gate.weight"], GgmlType::IQ4_XS);
+    EXPECT_EQ(types_["q8.gguf"]["token_embd.weight"], GgmlType::Q8_0);  // a tied Q8_0 table (Q8Rows16)
     const std::pair<const char*, GgmlType> files[] = {
-        {"q4k.gguf", GgmlType::Q4_K}, {"q4km.gguf", GgmlType::Q4_K}, {"q5km.gguf", GgmlType::Q5_K}, {"iq4xs.gguf", GgmlType::IQ4_XS}};
+        {"q4k.gguf", GgmlType::Q4_K}, {"q4km.gguf", GgmlType::Q4_K}, {"q5km.gguf", GgmlType::Q5_K}, {"iq4xs.gguf", GgmlType::IQ4_XS},
+        {"q8.gguf", GgmlType::Q8_0}};
     for (const auto& [name, type] : files) {
         const std::string path = (dir_ / name).string();
         auto plain = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));

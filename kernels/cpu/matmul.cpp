@@ -845,40 +845,43 @@ void matmul_effective_input(GgmlType wtype, const float* x, float* out, int64_t 
     }
 }
 
-bool repack_weight(WeightView& W, uint8_t* data) {
-    // (Only a whole matrix: a view of part of each row, row_bytes past its n_in, keeps its layout.)
-    if (W.type == GgmlType::Q8_0) {
-        if (W.layout != WeightLayout::Gguf || W.n_out < mm::kQ8R16Rows || W.n_in % mm::kQ8 != 0 ||
-            W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
-            return false;
-        const int64_t groups = W.n_out / mm::kQ8R16Rows, nb = W.n_in / mm::kQ8;
-        const size_t group_bytes = size_t(mm::kQ8R16Rows) * W.row_bytes;
-        const int64_t per_item = 64, items = (groups + per_item - 1) / per_item;
-        parallel_for(items, [&](int64_t it, int) {
-            std::vector<uint8_t> tmp(group_bytes);
-            for (int64_t g = it * per_item; g < std::min(groups, (it + 1) * per_item); ++g) {
-                uint8_t* grp = data + size_t(g) * group_bytes;
-                std::memcpy(tmp.data(), grp, group_bytes);
-                mm::q8_r16_repack_group(tmp.data(), W.row_bytes, nb, grp);
-            }
-        });
-        W.layout = WeightLayout::Q8Rows16;
-        return true;
-    }
-    if (!mm::kq_repacks(W.type) || W.layout != WeightLayout::Gguf || W.n_out < mm::kQ4KGroupRows ||
-        W.n_in % mm::kQK != 0 || W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
-        return false;
-    const int64_t groups = W.n_out / mm::kQ4KGroupRows, nb = W.n_in / mm::kQK;
-    const size_t group_bytes = size_t(mm::kQ4KGroupRows) * W.row_bytes;
+namespace {
+// Repacks a matrix in place, group by group of `group_bytes` (a copy of the group, then
+// repack(copy, group)), in parallel items of 64 groups.
+template <class F>
+void repack_groups(uint8_t* data, int64_t groups, size_t group_bytes, F&& repack) {
     const int64_t per_item = 64, items = (groups + per_item - 1) / per_item;
     parallel_for(items, [&](int64_t it, int) {
         std::vector<uint8_t> tmp(group_bytes);
         for (int64_t g = it * per_item; g < std::min(groups, (it + 1) * per_item); ++g) {
             uint8_t* grp = data + size_t(g) * group_bytes;
             std::memcpy(tmp.data(), grp, group_bytes);
-            mm::kq_repack_group(W.type, tmp.data(), nb, grp);
+            repack(tmp.data(), grp);
         }
     });
+}
+}  // namespace
+
+bool repack_weight(WeightView& W, uint8_t* data) {
+    // (Only a whole matrix: a view of part of each row, row_bytes past its n_in, keeps its layout.)
+    if (W.type == GgmlType::Q8_0) {
+        if (W.layout != WeightLayout::Gguf || W.n_out < mm::kQ8R16Rows || W.n_in % mm::kQ8 != 0 ||
+            W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
+            return false;
+        const int64_t nb = W.n_in / mm::kQ8;
+        const size_t rb = W.row_bytes;
+        repack_groups(data, W.n_out / mm::kQ8R16Rows, size_t(mm::kQ8R16Rows) * rb,
+                      [&](const uint8_t* src, uint8_t* dst) { mm::q8_r16_repack_group(src, rb, nb, dst); });
+        W.layout = WeightLayout::Q8Rows16;
+        return true;
+    }
+    if (!mm::kq_repacks(W.type) || W.layout != WeightLayout::Gguf || W.n_out < mm::kQ4KGroupRows ||
+        W.n_in % mm::kQK != 0 || W.row_bytes != row_bytes(W.type, W.n_in) || data != W.data)
+        return false;
+    const int64_t nb = W.n_in / mm::kQK;
+    const GgmlType t = W.type;
+    repack_groups(data, W.n_out / mm::kQ4KGroupRows, size_t(mm::kQ4KGroupRows) * W.row_bytes,
+                  [&](const uint8_t* src, uint8_t* dst) { mm::kq_repack_group(t, src, nb, dst); });
     W.layout = WeightLayout::KqRows16;
     return true;
 }

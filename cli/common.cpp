@@ -25,6 +25,9 @@ void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
                                    "(faster start; slower decode)");
     cmd->add_option("--backend", backend, "where the model runs: cpu | cuda (a build with nvcc, on an NVIDIA GPU)")
         ->capture_default_str();
+    cmd->add_option("--tp", tp, "tensor parallel: the model split over this many GPUs 0..N-1 (--backend cuda, NCCL) "
+                                "or CPU ranks (a test of the split, not a speed-up)")
+        ->capture_default_str();
 }
 
 void ModelOptions::validate() const {
@@ -37,6 +40,7 @@ void ModelOptions::validate() const {
     check_cache_type(cache_type_k, kCacheTypeKFlag);  // a bad -ctk/-ctv fails before the model is loaded
     check_cache_type(cache_type_v, kCacheTypeVFlag);
     if (backend != "cpu" && backend != "cuda") throw Error("--backend must be 'cpu' or 'cuda', got '" + backend + "'");
+    if (tp < 1 || tp > 64) throw Error("--tp must be in [1, 64], got " + std::to_string(tp));
 }
 
 alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
@@ -53,6 +57,7 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
     e.cache_type_v = cache_type_v;
     e.mmap = mmap;
     e.backend = backend;
+    e.tensor_parallel = tp;
     return e;
 }
 

@@ -23,6 +23,7 @@ struct ModelOptions {
     std::string cache_type_k = "f16", cache_type_v = "f16";  // -ctk / -ctv, llama.cpp's defaults
     bool mmap = false;       // use the file mapping instead of reading the weights into memory
     std::string backend = "cpu";  // cpu | cuda
+    int tp = 1;              // --tp: ranks the model is split over (runtime/tensor_parallel_backend.h)
     void add_to(CLI::App* cmd, bool model_required);
     // Throws naming the flag (--gdn, --chunk, -b, -c, -t, -ctk/-ctv) whose value is wrong.
     void validate() const;

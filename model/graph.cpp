@@ -23,6 +23,7 @@ const char* op_name(Op op) {
         case Op::GdnFused: return "gdn_fused";
         case Op::MoeFfn: return "moe_ffn";
         case Op::Input: return "input";
+        case Op::AllReduce: return "all_reduce";
     }
     return "?";
 }

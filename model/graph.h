@@ -41,6 +41,8 @@ enum class Op : uint8_t {
     MoeFfn,          // in y [T, D] -> out [T, D]: router, experts, shared expert (kernels/ref/moe.h)
     Input,           // out [T, cols]: rows the step is given (StepContext::hidden): the MTP head's
                      // hidden states when it runs alone
+    AllReduce,       // in x [T, n] -> out = the sum of x over the tensor-parallel ranks, in place on x
+                     // (a sharded model's partial block outputs: model/qwen35_shard.cpp)
 };
 const char* op_name(Op op);
 

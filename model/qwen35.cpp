@@ -280,11 +280,23 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
 struct Qwen35GraphBuilder {
     const Qwen35HParams& hp;
     graph::Graph& g;
+    bool sharded = false;  // a tensor-parallel shard: block outputs are partial sums (all_reduce)
 
     int tensor(const std::string& name, int64_t cols) { return g.add_tensor(name, cols); }
     int matmul(const WeightView& w, int in, const std::string& out, const std::string& label) {
         const int t = tensor(out, w.n_out);
         g.add(graph::Op::Matmul, label, {in}, {t}).weights = {&w};
+        return t;
+    }
+    // A block's output projection: on a shard, this rank's partial product summed over the
+    // ranks (the tensor keeps the spec's name; the partial one is NAME.partial).
+    int out_proj(const WeightView& w, int in, const std::string& out, const std::string& label) {
+        if (!sharded) return matmul(w, in, out, label);
+        return all_reduce(matmul(w, in, out + ".partial", label), out, label + ".all_reduce");
+    }
+    int all_reduce(int in, const std::string& out, const std::string& label) {
+        const int t = tensor(out, g.tensors[size_t(in)].cols);
+        g.add(graph::Op::AllReduce, label, {in}, {t}).inplace = 0;
         return t;
     }
     int rms_norm(int in, const float* w, const std::string& out, const std::string& label) {
@@ -332,7 +344,7 @@ struct Qwen35GraphBuilder {
         n.gdn.mode = g.spec.gdn_mode;
         n.gdn.chunk_size = g.spec.gdn_chunk;
         n.gdn_w = {L.ssm_conv1d, L.ssm_a, L.ssm_dt, L.ssm_norm};
-        return matmul(L.ssm_out, y, p + "a", p + "ssm_out");
+        return out_proj(L.ssm_out, y, p + "a", p + "ssm_out");
     }
 
     // Gated attention (spec 4): q and its gate interleaved per head, q/k RMSNorm + partial RoPE,
@@ -358,29 +370,29 @@ struct Qwen35GraphBuilder {
         gm.head_dim = hd;
         gm.head_stride = 2 * int64_t(hd);  // the gate halves of qg, read in place
         gm.in_offset = hd;
-        return matmul(L.wo, gated, p + "a", p + "attn_output");
+        return out_proj(L.wo, gated, p + "a", p + "attn_output");
     }
 
     // SwiGLU MLP (spec 6) or the MoE block (spec 7, one op: router, experts, shared expert).
     int ffn(int l, const Qwen35Layer& L, int y) {
         const std::string p = "blk." + std::to_string(l) + ".", q = p + "ffn.";
         if (hp.moe()) {
-            const int f = tensor(p + "ffn_out", hp.n_embd);
+            const int f = tensor(p + (sharded ? "ffn_out.partial" : "ffn_out"), hp.n_embd);
             g.add(graph::Op::MoeFfn, p + "ffn_moe", {y}, {f}).moe = &L.moe;
-            return f;
+            return sharded ? all_reduce(f, p + "ffn_out", p + "ffn_moe.all_reduce") : f;
         }
         const int gate = matmul(L.ffn_gate, y, q + "gate", p + "ffn_gate");
         const int up = matmul(L.ffn_up, y, q + "up", p + "ffn_up");
         const int act = tensor(q + "act", hp.n_ff);
         g.add(graph::Op::Swiglu, p + "swiglu", {gate, up}, {act});
-        return matmul(L.ffn_down, act, p + "ffn_out", p + "ffn_down");
+        return out_proj(L.ffn_down, act, p + "ffn_out", p + "ffn_down");
     }
 };
 
 graph::Graph Qwen35Model::build_graph(const graph::GraphSpec& spec) const {
     graph::Graph g;
     g.spec = spec;
-    Qwen35GraphBuilder b{hp_, g};
+    Qwen35GraphBuilder b{hp_, g, tp_size_ > 0};
     if (spec.mtp_alone) {
         const int h = b.tensor("mtp.h_in", hp_.n_embd);
         g.add(graph::Op::Input, "mtp.hidden", {}, {h});

@@ -98,6 +98,20 @@ public:
     // upload, kernels/ref) read the GGUF layout. Returns the matrices repacked.
     int repack_for_cpu(bool (*allow)(GgmlType) = nullptr);
 
+    // Tensor parallelism (model/qwen35_shard.cpp): rank `rank` of `n_ranks`' part of this model.
+    // GDN layers split by key heads (each rank's value heads are those that read its key heads,
+    // so the recurrent state splits with no communication inside the op), attention by query
+    // and KV heads, the MLP and every expert (and the shared expert) by their hidden width; the
+    // embedding, the norms, the router and the LM head are whole on every rank. Its graphs
+    // end each block's output projection with an AllReduce (the partial sums of the ranks).
+    // Throws naming the hyperparameter or tensor that does not split (a head count that
+    // n_ranks does not divide, a quantized block straddling two ranks' columns). The shard
+    // points into this model's file (kept alive) and owns its sliced copies; n_ranks 1 gives
+    // the whole model with the AllReduce nodes (one rank's collective: a test of that path).
+    std::unique_ptr<Qwen35Model> shard(int rank, int n_ranks) const;
+    int tp_rank() const { return tp_rank_; }
+    int tp_size() const { return tp_size_; }  // 0: not a shard
+
 private:
     std::shared_ptr<gguf::File> file_;
     Qwen35HParams hp_;
@@ -108,6 +122,7 @@ private:
     std::vector<std::vector<float>> owned_;  // small tensors converted to fp32
     std::vector<std::vector<uint8_t>> owned_bytes_;  // eh_proj's halves, in the file's type
     std::optional<Qwen35Mtp> mtp_;
+    int tp_rank_ = 0, tp_size_ = 0;  // shard(): which part of the whole model this is
     void mtp_head(Qwen35GraphBuilder& b, int h, int en) const;  // build_graph's MTP nodes
 };
 

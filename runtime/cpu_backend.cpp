@@ -418,6 +418,15 @@ std::unique_ptr<Plan> CpuBackend::compile(const graph::Graph& g, int bucket, con
                 });
                 break;
             }
+            case Op::AllReduce: {
+                if (!collective_)
+                    throw Error("cpu backend: node '" + n.label + "' sums over tensor-parallel ranks, but this backend has no collective");
+                const TensorRef x = in(n, 0);
+                Collective* coll = collective_.get();
+                plan->add("all_reduce", n.label,
+                          [=](const StepContext& c) { coll->all_reduce_sum(x.at(c, r), size_t(n_rows(r, c) * x.cols), nullptr); });
+                break;
+            }
             case Op::MoeFfn: {
                 const ref::MoeWeights* moe = n.moe;
                 const TensorRef x = in(n, 0), y = out(n, 0);

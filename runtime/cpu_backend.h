@@ -5,11 +5,15 @@
 // PlanArena). Weights are read where the model bound them; the state is host memory.
 #pragma once
 #include "runtime/backend.h"
+#include "runtime/collective.h"
 
 namespace alloy {
 
 class CpuBackend final : public Backend {
 public:
+    CpuBackend() = default;
+    // A rank of a tensor-parallel model: its graphs' AllReduce ops sum over `collective`.
+    explicit CpuBackend(std::shared_ptr<Collective> collective) : collective_(std::move(collective)) {}
     std::string name() const override { return "cpu"; }
     // prune_rows is the runner's; here: residual add + norm, SwiGLU in the GEMM epilogue,
     // matmuls sharing an input.
@@ -21,6 +25,7 @@ public:
     bool replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) override;
 
 private:
+    std::shared_ptr<Collective> collective_;
     std::shared_ptr<PlanArena> arena_ = std::make_shared<PlanArena>();
 };
 

@@ -8,6 +8,7 @@
 #include "alloy/error.h"
 #include "kernels/cpu/matmul.h"
 #include "model/synth.h"
+#include "runtime/tensor_parallel_backend.h"
 
 namespace alloy {
 
@@ -18,7 +19,8 @@ const Tokenizer& LoadedModel::require_tokenizer() const {
     return *tokenizer;
 }
 
-LoadedModel load_model(const std::string& path, gguf::TensorData where, const std::string& backend) {
+LoadedModel load_model(const std::string& path, gguf::TensorData where, const std::string& backend, int tensor_parallel) {
+    if (tensor_parallel < 1) throw Error("--tp must be at least 1, got " + std::to_string(tensor_parallel));
     LoadedModel m;
     m.file = std::shared_ptr<gguf::File>(gguf::File::open(path, where));
     const auto& ts = m.file->tensors();
@@ -29,8 +31,13 @@ LoadedModel load_model(const std::string& path, gguf::TensorData where, const st
     m.model = Qwen35Model::load(m.file);
     // Q4_K / Q5_K / Q6_K / IQ4_XS rows repacked for the CPU kernels (in place, same bytes;
     // ALLOY_KQ_REPACK=0: as stored); Q8_0 too where AVX512-VNNI runs (ALLOY_Q8_REPACK=0: as stored).
-    if (backend == "cpu" || backend.empty()) m.model->repack_for_cpu(cpu::repack_enabled);
-    m.runner = std::make_unique<ModelRunner>(*m.model, make_backend(backend));
+    // (Shards slice the GGUF rows: a tensor-parallel model is not repacked.)
+    if (tensor_parallel > 1) {
+        m.runner = std::make_unique<ModelRunner>(*m.model, make_tensor_parallel_backend(*m.model, backend, tensor_parallel));
+    } else {
+        if (backend == "cpu" || backend.empty()) m.model->repack_for_cpu(cpu::repack_enabled);
+        m.runner = std::make_unique<ModelRunner>(*m.model, make_backend(backend));
+    }
     if (m.file->has("tokenizer.ggml.model")) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
     return m;
 }

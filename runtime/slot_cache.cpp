@@ -33,8 +33,11 @@ void SlotStateCache::reset(int slot) { state_.reset(slot); }
 void SlotStateCache::copy(int from, int to) {
     state_.check_slot(from);
     state_.check_slot(to);
+    copy_slot(state_, from, to);
+}
+
+void copy_slot(ModelState& s, int from, int to) {
     if (from == to) return;
-    ModelState& s = state_;
     const size_t n = size_t(s.n_past[size_t(from)]);
     if (s.device) {
         s.device->copy(from, to, int(n));
@@ -58,7 +61,10 @@ void SlotStateCache::copy(int from, int to) {
 
 StateSnapshot SlotStateCache::snapshot(int i) const {
     state_.check_slot(i);
-    const ModelState& s = state_;
+    return snapshot_slot(state_, i);
+}
+
+StateSnapshot snapshot_slot(const ModelState& s, int i) {
     StateSnapshot snap;
     snap.n_past = s.n_past[size_t(i)];
     if (s.device) {
@@ -97,7 +103,10 @@ void SlotStateCache::check_shapes(int i, const StateSnapshot& snap, const char* 
 
 void SlotStateCache::restore(int i, const StateSnapshot& snap) {
     check_shapes(i, snap, "restore");
-    ModelState& s = state_;
+    restore_slot(state_, i, snap);
+}
+
+void restore_slot(ModelState& s, int i, const StateSnapshot& snap) {
     if (s.device) {
         s.device->restore(i, *snap.device);
         s.n_past[size_t(i)] = snap.n_past;

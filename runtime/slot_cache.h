@@ -26,6 +26,12 @@ struct StateSnapshot {
     size_t bytes() const;
 };
 
+// The operations below on a state itself (slots checked by the caller): SlotStateCache's, and
+// a tensor-parallel state's on each rank's part (runtime/tensor_parallel_backend.cpp).
+void copy_slot(ModelState& s, int from, int to);
+StateSnapshot snapshot_slot(const ModelState& s, int slot);
+void restore_slot(ModelState& s, int slot, const StateSnapshot& snap);  // shapes unchecked
+
 class SlotStateCache {
 public:
     // n_slots fresh states of n_ctx tokens each; throws alloy::Error for n_slots < 1.

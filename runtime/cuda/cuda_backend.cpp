@@ -479,8 +479,19 @@ private:
 
 class CudaBackend final : public Backend {
 public:
-    CudaBackend() {
+    // On device `device` (made current for the calling thread, which must be the one that
+    // uses the backend); `collective`: a tensor-parallel rank's (its graphs' AllReduce ops).
+    explicit CudaBackend(int device = -1, std::shared_ptr<Collective> collective = nullptr)
+        : collective_(std::move(collective)) {
         if (!cuda::device_available()) throw Error("cuda backend: no CUDA device is available");
+        if (device >= 0) {
+            int n = 0;
+            check(cudaGetDeviceCount(&n), "device count");
+            if (device >= n)
+                throw Error("cuda backend: device " + std::to_string(device) + " asked for; this machine has " +
+                            std::to_string(n));
+            check(cudaSetDevice(device), "set device " + std::to_string(device));
+        }
         check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     }
     ~CudaBackend() override {
@@ -518,6 +529,7 @@ public:
     }
 
 private:
+    std::shared_ptr<Collective> collective_;
     cudaStream_t stream_ = nullptr;
     std::pair<ModelState, std::shared_ptr<CudaState>> empty_state(const Qwen35HParams& hp, int n_ctx,
                                                                   KvCacheTypes kv_types, int n_slots);
@@ -1072,6 +1084,16 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 });
                 break;
             }
+            case Op::AllReduce: {  // NCCL's sum, queued on the stream (recorded into the graphs)
+                if (!collective_)
+                    throw Error("cuda backend: node '" + n.label + "' sums over tensor-parallel ranks, but this backend has no collective");
+                Collective* coll = collective_.get();
+                const TensorRef x = in(n, 0);
+                plan->add("all_reduce", n.label, [=](const StepContext& c) {
+                    coll->all_reduce_sum(x.at(c, r), size_t(n_rows(r, c) * x.cols), st);
+                });
+                break;
+            }
             case Op::MatmulSwiglu:
                 break;  // refused above
         }
@@ -1176,5 +1198,9 @@ bool CudaBackend::replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, i
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+std::unique_ptr<Backend> make_cuda_backend(int device, std::shared_ptr<Collective> collective) {
+    return std::make_unique<CudaBackend>(device, std::move(collective));
+}
 
 }  // namespace alloy

@@ -14,10 +14,15 @@
 #include <memory>
 
 #include "runtime/backend.h"
+#include "runtime/collective.h"
 
 namespace alloy {
 
 // Throws alloy::Error when no CUDA device is usable.
 std::unique_ptr<Backend> make_cuda_backend();
+// On GPU `device`, made current for the calling thread (which must be the one that uses the
+// backend: the tensor-parallel backend's rank threads); `collective`: the rank's NCCL
+// communicator for its graphs' AllReduce ops (runtime/cuda/nccl_collective.h).
+std::unique_ptr<Backend> make_cuda_backend(int device, std::shared_ptr<Collective> collective);
 
 }  // namespace alloy

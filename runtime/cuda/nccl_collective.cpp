@@ -1,0 +1,102 @@
+#include "runtime/cuda/nccl_collective.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "alloy/error.h"
+
+namespace alloy {
+
+namespace {
+
+// The entry points used, from libnccl.so.2 (its nccl.h declares them; this file only calls
+// through pointers so that the link needs no libnccl).
+struct Nccl {
+    decltype(&ncclCommInitAll) comm_init_all = nullptr;
+    decltype(&ncclCommDestroy) comm_destroy = nullptr;
+    decltype(&ncclAllReduce) all_reduce = nullptr;
+    decltype(&ncclGetErrorString) error_string = nullptr;
+    decltype(&ncclGetVersion) get_version = nullptr;
+
+    static const Nccl& get() {
+        static std::once_flag once;
+        static Nccl n;
+        static std::string why;
+        std::call_once(once, [] {
+            void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+            if (!h) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+            if (!h) {
+                const char* e = dlerror();
+                why = std::string("cannot load libnccl.so.2 (") + (e ? e : "not found") +
+                      "): install NCCL or put its lib folder on LD_LIBRARY_PATH";
+                return;
+            }
+            auto sym = [&](auto& f, const char* name) {
+                f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(dlsym(h, name));
+                if (!f && why.empty()) why = std::string("libnccl.so.2 has no ") + name;
+            };
+            sym(n.comm_init_all, "ncclCommInitAll");
+            sym(n.comm_destroy, "ncclCommDestroy");
+            sym(n.all_reduce, "ncclAllReduce");
+            sym(n.error_string, "ncclGetErrorString");
+            sym(n.get_version, "ncclGetVersion");
+        });
+        if (!why.empty()) throw Error("nccl: " + why);
+        return n;
+    }
+    void check(ncclResult_t r, const std::string& what) const {
+        if (r != ncclSuccess) throw Error("nccl: " + what + ": " + error_string(r));
+    }
+};
+
+// The communicators of one group, destroyed together once no rank uses them.
+struct Comms {
+    std::vector<ncclComm_t> comms;
+    ~Comms() {
+        const Nccl& n = Nccl::get();
+        for (ncclComm_t c : comms)
+            if (c) n.comm_destroy(c);
+    }
+};
+
+class NcclCollective final : public Collective {
+public:
+    NcclCollective(std::shared_ptr<Comms> comms, int rank) : comms_(std::move(comms)), rank_(rank) {}
+    int rank() const override { return rank_; }
+    int size() const override { return int(comms_->comms.size()); }
+    void all_reduce_sum(float* data, size_t n, void* stream) override {
+        const Nccl& nc = Nccl::get();
+        nc.check(nc.all_reduce(data, data, n, ncclFloat32, ncclSum, comms_->comms[size_t(rank_)], cudaStream_t(stream)),
+                 "all-reduce of " + std::to_string(n) + " floats on rank " + std::to_string(rank_));
+    }
+
+private:
+    std::shared_ptr<Comms> comms_;
+    int rank_;
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<Collective>> make_nccl_collectives(int n) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+    if (n < 1 || n > devices)
+        throw Error("nccl: " + std::to_string(n) + " GPUs asked for; this machine has " + std::to_string(devices));
+    setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // see the header
+    const Nccl& nc = Nccl::get();
+    auto comms = std::make_shared<Comms>();
+    comms->comms.assign(size_t(n), nullptr);
+    std::vector<int> devs(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) devs[size_t(i)] = i;
+    nc.check(nc.comm_init_all(comms->comms.data(), n, devs.data()), "init of " + std::to_string(n) + " communicators");
+    std::vector<std::shared_ptr<Collective>> out;
+    for (int r = 0; r < n; ++r) out.push_back(std::make_shared<NcclCollective>(comms, r));
+    return out;
+}
+
+}  // namespace alloy

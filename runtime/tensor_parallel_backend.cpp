@@ -1,0 +1,327 @@
+#include "runtime/tensor_parallel_backend.h"
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "alloy/error.h"
+#include "runtime/collective.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/graph_passes.h"
+#include "runtime/slot_cache.h"
+#ifdef ALLOY_CUDA
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/nccl_collective.h"
+#endif
+
+namespace alloy {
+
+namespace {
+
+// One thread a rank: every call into a rank's backend, plans and state runs on its thread.
+class RankThreads {
+public:
+    explicit RankThreads(int n) : ranks_(size_t(n)) {
+        for (int r = 0; r < n; ++r) ranks_[size_t(r)].thread = std::thread([this, r] { loop(r); });
+    }
+    ~RankThreads() {
+        for (Rank& k : ranks_) {
+            {
+                std::lock_guard<std::mutex> lk(k.m);
+                k.stop = true;
+            }
+            k.cv.notify_all();
+        }
+        for (Rank& k : ranks_) k.thread.join();
+    }
+    int size() const { return int(ranks_.size()); }
+    // f(r) on every rank's thread at once; returns when all are done, rethrowing the first
+    // rank's error (by rank).
+    void all(const std::function<void(int)>& f) {
+        for (Rank& k : ranks_) {
+            std::lock_guard<std::mutex> lk(k.m);
+            k.job = &f;
+            k.error = nullptr;
+            k.done = false;
+        }
+        for (Rank& k : ranks_) k.cv.notify_all();
+        std::exception_ptr first;
+        for (Rank& k : ranks_) {
+            std::unique_lock<std::mutex> lk(k.m);
+            k.cv.wait(lk, [&] { return k.done; });
+            if (k.error && !first) first = k.error;
+        }
+        if (first) std::rethrow_exception(first);
+    }
+    // f() on rank r's thread alone.
+    void one(int r, const std::function<void()>& f) {
+        all([&](int k) {
+            if (k == r) f();
+        });
+    }
+
+private:
+    struct Rank {
+        std::thread thread;
+        std::mutex m;
+        std::condition_variable cv;
+        const std::function<void(int)>* job = nullptr;
+        bool done = false, stop = false;
+        std::exception_ptr error;
+    };
+    std::vector<Rank> ranks_;
+
+    void loop(int r) {
+        Rank& k = ranks_[size_t(r)];
+        for (;;) {
+            const std::function<void(int)>* job;
+            {
+                std::unique_lock<std::mutex> lk(k.m);
+                k.cv.wait(lk, [&] { return k.stop || k.job; });
+                if (k.stop) return;
+                job = k.job;
+                k.job = nullptr;
+            }
+            std::exception_ptr e;
+            try {
+                (*job)(r);
+            } catch (...) {
+                e = std::current_exception();
+            }
+            {
+                std::lock_guard<std::mutex> lk(k.m);
+                k.error = e;
+                k.done = true;
+            }
+            k.cv.notify_all();
+        }
+    }
+};
+
+// What the backend, its plans and its states share.
+struct Ranks {
+    RankThreads threads;
+    std::vector<std::shared_ptr<Collective>> collectives;
+    std::vector<std::unique_ptr<Qwen35Model>> shards;
+    std::vector<std::unique_ptr<Backend>> backends;
+    explicit Ranks(int n) : threads(n) {}
+    ~Ranks() {
+        threads.all([&](int r) {  // freed on their devices' threads (none yet if the constructor threw)
+            if (size_t(r) < backends.size()) backends[size_t(r)].reset();
+        });
+    }
+    int size() const { return threads.size(); }
+};
+
+struct TpSnapshot final : DeviceSnapshot {
+    std::vector<StateSnapshot> ranks;
+    size_t bytes() const override {
+        size_t b = 0;
+        for (const StateSnapshot& s : ranks) b += s.bytes() + (s.device ? s.device->bytes() : 0);
+        return b;
+    }
+};
+
+// Each rank's part of the state (its heads' GDN states and KV rows), in its backend's memory.
+struct TpState final : DeviceState {
+    std::shared_ptr<Ranks> ranks;
+    std::vector<ModelState> parts;
+    explicit TpState(std::shared_ptr<Ranks> r) : ranks(std::move(r)), parts(size_t(ranks->size())) {}
+    ~TpState() override {
+        ranks->threads.all([&](int r) { parts[size_t(r)] = ModelState{}; });
+    }
+    void reset(int slot) override {
+        ranks->threads.all([&](int r) { parts[size_t(r)].reset(slot); });
+    }
+    void copy(int from, int to, int n_rows) override {
+        ranks->threads.all([&](int r) {
+            parts[size_t(r)].n_past[size_t(from)] = n_rows;
+            copy_slot(parts[size_t(r)], from, to);
+        });
+    }
+    std::shared_ptr<const DeviceSnapshot> snapshot(int slot) override {
+        auto s = std::make_shared<TpSnapshot>();
+        s->ranks.resize(parts.size());
+        ranks->threads.all([&](int r) { s->ranks[size_t(r)] = snapshot_slot(parts[size_t(r)], slot); });
+        return s;
+    }
+    void restore(int slot, const DeviceSnapshot& snap) override {
+        const auto* s = dynamic_cast<const TpSnapshot*>(&snap);
+        if (!s || s->ranks.size() != parts.size())
+            throw Error("tensor parallel: restore of slot " + std::to_string(slot) + ": the snapshot is not of this state");
+        ranks->threads.all([&](int r) { restore_slot(parts[size_t(r)], slot, s->ranks[size_t(r)]); });
+    }
+};
+
+TpState& tp_state(const ModelState& s) {
+    auto* t = dynamic_cast<TpState*>(s.device.get());
+    if (!t) throw Error("tensor parallel: the state was not made by the tensor-parallel backend");
+    return *t;
+}
+
+// The LM head and the final norm dropped from a rank other than 0 (their rows are rank 0's
+// to return): nodes whose outputs nothing reads, that write no state and sum nothing, go,
+// back to front.
+void drop_unread_tail(graph::Graph& g) {
+    for (bool changed = true; changed;) {
+        changed = false;
+        const auto readers = g.readers();
+        for (size_t i = g.nodes.size(); i-- > 0;) {
+            const graph::Node& n = g.nodes[i];
+            if (n.op == graph::Op::KvStore || n.op == graph::Op::GdnFused || n.op == graph::Op::AllReduce || n.out.empty())
+                continue;
+            bool read = false;
+            for (int t : n.out) read = read || !readers[size_t(t)].empty();
+            if (read) continue;
+            for (int t : n.out) g.tensors[size_t(t)].logits = false;
+            g.nodes.erase(g.nodes.begin() + std::ptrdiff_t(i));
+            changed = true;
+            break;
+        }
+    }
+}
+
+class TpPlan final : public Plan {
+public:
+    TpPlan(int bucket, std::shared_ptr<Ranks> ranks) : Plan(bucket), ranks_(std::move(ranks)), plans_(size_t(ranks_->size())) {}
+    ~TpPlan() override {
+        ranks_->threads.all([&](int r) { plans_[size_t(r)].reset(); });
+    }
+    std::vector<std::unique_ptr<Plan>>& plans() { return plans_; }
+
+    void replay(const StepContext& c, Profiler* prof) const override {
+        TpState& ts = tp_state(*c.state);
+        ranks_->threads.all([&](int r) {
+            StepContext rc = c;
+            ModelState& part = ts.parts[size_t(r)];
+            part.n_past = c.state->n_past;
+            rc.state = &part;
+            rc.gdn_log = nullptr;  // replay_gdn is not offered: rollback re-runs
+            if (r != 0) {  // rank 0 returns the rows; the others stop after the last all-reduce
+                rc.logits = nullptr;
+                rc.argmax = nullptr;
+                rc.top_k = 0;
+                rc.top_values = nullptr;
+                rc.top_ids = nullptr;
+                rc.dump = nullptr;
+            }
+            Collective& coll = *ranks_->collectives[size_t(r)];
+            coll.begin_step();
+            try {
+                plans_[size_t(r)]->replay(rc, r == 0 ? prof : nullptr);
+            } catch (...) {
+                coll.end_step();
+                throw;
+            }
+            coll.end_step();
+        });
+    }
+
+private:
+    std::shared_ptr<Ranks> ranks_;
+    std::vector<std::unique_ptr<Plan>> plans_;
+};
+
+class TensorParallelBackend final : public Backend {
+public:
+    TensorParallelBackend(const Qwen35Model& model, const std::string& child, int n) : ranks_(std::make_shared<Ranks>(n)) {
+        if (n < 1) throw Error("tensor parallel: needs at least one rank, got " + std::to_string(n));
+        for (int r = 0; r < n; ++r) ranks_->shards.push_back(model.shard(r, n));
+        if (child == "cpu") {
+            ranks_->collectives = make_host_collectives(n);
+        } else if (child == "cuda") {
+#ifdef ALLOY_CUDA
+            ranks_->collectives = make_nccl_collectives(n);
+#else
+            throw Error("tensor parallel over 'cuda': this build has no CUDA backend");
+#endif
+        } else {
+            throw Error("tensor parallel: unknown backend '" + child + "' for the ranks (cpu, cuda)");
+        }
+        ranks_->backends.resize(size_t(n));
+        ranks_->threads.all([&](int r) {
+            std::shared_ptr<Collective> coll = ranks_->collectives[size_t(r)];
+#ifdef ALLOY_CUDA
+            if (child == "cuda") {
+                ranks_->backends[size_t(r)] = make_cuda_backend(r, coll);
+                return;
+            }
+#endif
+            ranks_->backends[size_t(r)] = std::make_unique<CpuBackend>(coll);
+        });
+        name_ = child + " x" + std::to_string(n) + " (tensor parallel)";
+    }
+
+    std::string name() const override { return name_; }
+    void optimize(graph::Graph&) const override {}  // each rank rewrites its own graph (compile)
+
+    std::unique_ptr<Plan> compile(const graph::Graph& g, int bucket, const CompileOptions& opt) override {
+        auto plan = std::make_unique<TpPlan>(bucket, ranks_);
+        ranks_->threads.all([&](int r) {
+            graph::Graph rg = ranks_->shards[size_t(r)]->build_graph(g.spec);
+            graph::prune_rows(rg);
+            if (r != 0) drop_unread_tail(rg);
+            Backend& b = *ranks_->backends[size_t(r)];
+            b.optimize(rg);
+            plan->plans()[size_t(r)] = b.compile(rg, bucket, r == 0 ? opt : CompileOptions{});
+        });
+        return plan;
+    }
+
+    ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override {
+        ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
+        auto t = std::make_shared<TpState>(ranks_);
+        ranks_->threads.all([&](int r) {
+            t->parts[size_t(r)] = ranks_->backends[size_t(r)]->new_state(shard_hp(r), n_ctx, kv_types, n_slots);
+        });
+        s.device = t;
+        return s;
+    }
+    void add_mtp_cache(ModelState& s, const Qwen35HParams& hp) override {
+        TpState& t = tp_state(s);
+        ranks_->threads.all([&](int r) { ranks_->backends[size_t(r)]->add_mtp_cache(t.parts[size_t(r)], shard_hp(r)); });
+        grow_to_mtp(s, hp);
+    }
+    ModelState new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override {
+        ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
+        auto t = std::make_shared<TpState>(ranks_);
+        ranks_->threads.all([&](int r) {
+            t->parts[size_t(r)] = ranks_->backends[size_t(r)]->new_mtp_state(shard_hp(r), n_ctx, kv_types, n_slots);
+        });
+        s.device = t;
+        grow_to_mtp(s, hp);
+        return s;
+    }
+    void drop_scratch() override {
+        ranks_->threads.all([&](int r) { ranks_->backends[size_t(r)]->drop_scratch(); });
+    }
+    bool greedy_on_device() const override { return ranks_->backends[0]->greedy_on_device(); }
+    int max_top_k_on_device() const override { return ranks_->backends[0]->max_top_k_on_device(); }
+    float* host_output(size_t n_floats) override {
+        float* p = nullptr;
+        ranks_->threads.one(0, [&] { p = ranks_->backends[0]->host_output(n_floats); });
+        return p;
+    }
+
+private:
+    std::shared_ptr<Ranks> ranks_;
+    std::string name_;
+    const Qwen35HParams& shard_hp(int r) const { return ranks_->shards[size_t(r)]->hparams(); }
+    // The whole model's shape of a state with the MTP layer (ModelRunner checks it).
+    static void grow_to_mtp(ModelState& s, const Qwen35HParams& hp) {
+        const size_t L = size_t(hp.n_layer) + 1;
+        if (s.k_cache.size() >= L) return;
+        s.k_cache.resize(L), s.v_cache.resize(L), s.conv_state.resize(L), s.ssm_state.resize(L);
+    }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_tensor_parallel_backend(const Qwen35Model& model, const std::string& child, int n_ranks) {
+    return std::make_unique<TensorParallelBackend>(model, child, n_ranks);
+}
+
+}  // namespace alloy

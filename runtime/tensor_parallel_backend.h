@@ -1,0 +1,30 @@
+// Tensor parallelism (issue 22): one model over N ranks (GPUs, or CPU threads for tests), as a
+// Backend, so the runner, the engine, speculation and the server run on it unchanged.
+//
+// Each rank holds its shard of the model (Qwen35Model::shard: heads and hidden units split,
+// AllReduce after each block's output projection), a backend of its own (the GPU of its rank,
+// or the CPU) with its collective (NCCL, or host memory), and a thread that makes every call
+// into that backend (a CUDA device is current per thread; NCCL's ranks must run concurrently).
+// compile() builds each rank's graph for the same step kind and compiles it on its rank; a
+// replay runs the ranks' plans at once, the logits (and the picked tokens) coming from rank 0,
+// whose graph alone keeps the final norm and the LM head (the others stop after the last
+// all-reduce). The state is each rank's own (its heads' GDN states and KV rows), behind one
+// DeviceState; the slot cache's operations run on every rank.
+//
+// Not here: GDN replay after a speculative rollback (replay_gdn says no: the caller re-runs the
+// kept tokens), the CPU repacked layouts (shards slice GGUF rows).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "runtime/backend.h"
+
+namespace alloy {
+
+// `child`: each rank's backend, "cuda" (GPUs 0..n_ranks-1, NCCL) or "cpu" (host collective;
+// ranks take turns on the CPU kernels' thread pool: a test of the sharded graphs, not a speed-up).
+// The model must outlive the backend. Throws naming what does not split (Qwen35Model::shard)
+// or what is missing (GPUs, NCCL).
+std::unique_ptr<Backend> make_tensor_parallel_backend(const Qwen35Model& model, const std::string& child, int n_ranks);
+
+}  // namespace alloy

@@ -1,0 +1,225 @@
+// Tensor parallelism on CPU ranks (issue 22; runtime/tensor_parallel_backend.h): the sharded
+// graphs (model/qwen35_shard.cpp) summed by the host collective give the whole model's logits
+// within fp32 reordering and its greedy tokens; one rank is the plain model bit for bit; a batch
+// equals its sequences run alone, bit for bit; the slot cache's operations work on the ranks'
+// states; what does not split is refused by name. The same code on GPUs: tests/cuda/
+// test_tensor_parallel_cuda.cpp.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "alloy/error.h"
+#include "format/gguf.h"
+#include "model/qwen35.h"
+#include "model/synth.h"
+#include "runtime/model_runner.h"
+#include "runtime/slot_cache.h"
+#include "runtime/tensor_parallel_backend.h"
+#include "tests/logits_error.h"
+
+namespace alloy {
+namespace {
+
+namespace fs = std::filesystem;
+
+const Qwen35Model& model(const std::string& preset, GgmlType dtype) {
+    static std::map<std::pair<std::string, int>, std::unique_ptr<Qwen35Model>> models;
+    auto& m = models[{preset, int(dtype)}];
+    if (!m) {
+        const fs::path dir = fs::temp_directory_path() / ("alloy_tp_" + std::to_string(::getpid()));
+        fs::create_directories(dir);
+        SynthOptions so;
+        so.preset = preset;
+        so.dtype = dtype;
+        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
+        so.out_path = (dir / (preset + ".gguf")).string();
+        synth_qwen35(so);
+        m = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+        fs::remove_all(dir);
+    }
+    return *m;
+}
+
+std::vector<int32_t> ids(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& id : v) id = int32_t(rng() % 5000);
+    return v;
+}
+
+// A prompt's logits at every position (chunked prefill in pieces of 64), then n_gen greedy
+// decode steps: their tokens and logits.
+struct Greedy {
+    std::vector<float> prompt_logits, decode_logits;
+    std::vector<int32_t> tokens;
+};
+
+Greedy run(const ModelRunner& r, const std::vector<int32_t>& prompt, int n_gen) {
+    const size_t V = size_t(r.hparams().n_vocab);
+    ModelState st = r.new_state(256);
+    ForwardOptions fo;
+    fo.all_logits = true;
+    fo.max_batch = 64;
+    Greedy out;
+    out.prompt_logits.resize(prompt.size() * V);
+    r.forward(st, prompt.data(), int(prompt.size()), fo, out.prompt_logits.data());
+    ForwardOptions dec;
+    dec.gdn_mode = ref::GdnMode::Serial;
+    std::vector<float> row(V);
+    int32_t next = int32_t(std::max_element(out.prompt_logits.end() - std::ptrdiff_t(V), out.prompt_logits.end()) -
+                           (out.prompt_logits.end() - std::ptrdiff_t(V)));
+    for (int i = 0; i < n_gen; ++i) {
+        out.tokens.push_back(next);
+        r.forward(st, &next, 1, dec, row.data());
+        out.decode_logits.insert(out.decode_logits.end(), row.begin(), row.end());
+        next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    }
+    return out;
+}
+
+class TensorParallel : public ::testing::TestWithParam<std::pair<std::string, GgmlType>> {};
+
+TEST_P(TensorParallel, TwoCpuRanksGiveTheWholeModelsLogitsAndTokens) {
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner one(m);
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cpu", 2));
+    for (int n : {1, 37, 130}) {
+        const auto prompt = ids(n, uint32_t(n));
+        const Greedy a = run(one, prompt, 12), b = run(two, prompt, 12);
+        const size_t V = size_t(m.hparams().n_vocab);
+        // Each block's output is a sum of two partial products instead of one: fp32 reordering
+        // (~1e-6). With Q8_0 weights the next matmul quantizes that sum to int8 per 32 values,
+        // where a last-bit change sometimes moves one value a quantization step: ~5e-3 on these
+        // random models, which amplify it (a trained model much less); the tokens still agree.
+        const double tol = GetParam().second == GgmlType::F32 ? 1e-4 : 2e-2;
+        EXPECT_LT(test::max_row_rel_error(b.prompt_logits, a.prompt_logits, V), tol) << "prompt of " << n;
+        EXPECT_LT(test::max_row_rel_error(b.decode_logits, a.decode_logits, V), tol) << "decode after " << n;
+        EXPECT_EQ(a.tokens, b.tokens) << "prompt of " << n;
+    }
+}
+
+TEST_P(TensorParallel, OneRankIsThePlainModelBitForBit) {
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner plain(m);
+    const ModelRunner one(m, make_tensor_parallel_backend(m, "cpu", 1));  // AllReduce nodes over one rank
+    const auto prompt = ids(70, 7);
+    const Greedy a = run(plain, prompt, 8), b = run(one, prompt, 8);
+    EXPECT_EQ(a.prompt_logits, b.prompt_logits);
+    EXPECT_EQ(a.decode_logits, b.decode_logits);
+}
+
+// Sequences of different lengths in one step on two ranks: each sequence's logits those of
+// running it alone on two ranks (the host collective sums element by element in rank order,
+// whatever the rows; the rest is the one-rank kernels' batch behaviour: a sequence run alone
+// has its last layer pruned to one query, which takes the decode attention kernel).
+TEST_P(TensorParallel, BatchEqualsSingleRunsOnTwoRanks) {
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cpu", 2));
+    const size_t V = size_t(m.hparams().n_vocab);
+    const std::vector<int> lens = {5, 1, 9};
+    ForwardOptions serial;
+    serial.gdn_mode = ref::GdnMode::Serial;
+    std::vector<std::vector<int32_t>> ps;
+    for (size_t i = 0; i < lens.size(); ++i) ps.push_back(ids(lens[i], uint32_t(100 + i)));
+    std::vector<float> alone;
+    for (size_t i = 0; i < lens.size(); ++i) {
+        ModelState st = two.new_state(64);
+        std::vector<float> out(V);
+        two.forward(st, ps[i].data(), int(ps[i].size()), serial, out.data());
+        alone.insert(alone.end(), out.begin(), out.end());
+    }
+    ModelState st = two.new_state(64, {}, int(lens.size()));
+    Batch b;
+    for (size_t i = 0; i < lens.size(); ++i) b.add(int(i), ps[i].data(), lens[i], BatchLogits::Last, true);
+    std::vector<float> out(lens.size() * V);
+    two.forward(st, b, serial, out.data());
+    EXPECT_LT(test::max_row_rel_error(out, alone, V), 1e-5);
+}
+
+// Speculative verification on two ranks: K tokens in one serial step give the logits of K
+// decode steps bit for bit (the exactness runtime/speculative relies on).
+TEST_P(TensorParallel, VerificationReproducesDecodeStepsOnTwoRanks) {
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cpu", 2));
+    const size_t V = size_t(m.hparams().n_vocab);
+    SlotStateCache cache(two, 1, 128);
+    ForwardOptions serial;
+    serial.gdn_mode = ref::GdnMode::Serial;
+    const auto prompt = ids(23, 9), draft = ids(4, 10);
+    std::vector<float> last(V);
+    two.forward(cache.state(), prompt.data(), int(prompt.size()), serial, last.data(), nullptr, 0);
+    const StateSnapshot at_prompt = cache.snapshot(0);
+    std::vector<float> steps;
+    for (int32_t t : draft) {
+        two.forward(cache.state(), &t, 1, serial, last.data(), nullptr, 0);
+        steps.insert(steps.end(), last.begin(), last.end());
+    }
+    cache.restore(0, at_prompt);
+    ForwardOptions verify = serial;
+    verify.all_logits = true;
+    std::vector<float> all(draft.size() * V);
+    two.forward(cache.state(), draft.data(), int(draft.size()), verify, all.data(), nullptr, 0);
+    EXPECT_EQ(steps, all);
+}
+
+// Snapshot -> 20 tokens -> restore -> the same 20 tokens: the same bits; copy a slot, both go on alike.
+TEST_P(TensorParallel, SlotCacheOperationsOnTheRanksStates) {
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cpu", 2));
+    const size_t V = size_t(m.hparams().n_vocab);
+    SlotStateCache cache(two, 2, 128);
+    ForwardOptions serial;
+    serial.gdn_mode = ref::GdnMode::Serial;
+    const auto prompt = ids(17, 3), more = ids(20, 4);
+    std::vector<float> a(V), b(V), c(V);
+    two.forward(cache.state(), prompt.data(), int(prompt.size()), serial, a.data(), nullptr, 0);
+    const StateSnapshot snap = cache.snapshot(0);
+    cache.copy(0, 1);
+    two.forward(cache.state(), more.data(), int(more.size()), serial, a.data(), nullptr, 0);
+    cache.restore(0, snap);
+    EXPECT_EQ(cache.n_past(0), 17);
+    two.forward(cache.state(), more.data(), int(more.size()), serial, b.data(), nullptr, 0);
+    two.forward(cache.state(), more.data(), int(more.size()), serial, c.data(), nullptr, 1);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(a, c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
+                         ::testing::Values(std::make_pair(std::string("tiny"), GgmlType::F32),
+                                           std::make_pair(std::string("tiny"), GgmlType::Q8_0),
+                                           std::make_pair(std::string("moe-tiny"), GgmlType::Q8_0)),
+                         [](const auto& info) {
+                             return info.param.first.substr(0, 3) + "_" + type_traits(info.param.second).name;
+                         });
+
+TEST(TensorParallelShard, RefusesWhatDoesNotSplitByName) {
+    const Qwen35Model& m = model("tiny", GgmlType::Q8_0);  // 2 key heads, 4 query heads, 2 KV heads
+    try {
+        m.shard(0, 4);
+        FAIL() << "4 ranks over 2 GDN key heads";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("ssm.group_count"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(m.shard(2, 2), Error);
+    EXPECT_THROW(make_tensor_parallel_backend(m, "tpu", 2), Error);
+    // A shard's shapes: half of every split dimension, the rest whole.
+    const auto s = m.shard(1, 2);
+    EXPECT_EQ(s->hparams().ssm_H_k, 1);
+    EXPECT_EQ(s->hparams().ssm_H_v, 2);
+    EXPECT_EQ(s->hparams().n_head, 2);
+    EXPECT_EQ(s->hparams().n_head_kv, 1);
+    EXPECT_EQ(s->hparams().n_ff, 256);
+    EXPECT_EQ(s->hparams().n_embd, m.hparams().n_embd);
+    EXPECT_THROW(s->shard(0, 1), Error);
+    EXPECT_NE(s->build_graph({}).describe().find("all_reduce"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace alloy

@@ -32,7 +32,7 @@ void add_batched_bench_command(CLI::App& app) {
         const ForwardOptions fo = forward_options(e);
         const auto pps = parse_int_list(npp, "-npp", 1), tgs = parse_int_list(ntg, "-ntg", 0),
                    pls = parse_int_list(npl, "-npl", 1);
-        LoadedModel lm = load_model(e.model_path, tensor_placement(e), e.backend, e.tensor_parallel);
+        LoadedModel lm = load_model(e.model_path, tensor_placement(e), e.backend, e.tensor_parallel, e.expert_parallel);
         const ModelRunner& m = *lm.runner;
         const int V = m.hparams().n_vocab;
         int max_pl = 0, max_ctx = 0;

@@ -69,7 +69,7 @@ void add_bench_command(CLI::App& app) {
     static int reps = 5, chunk = 64, sample_top_k = -1;
     static bool interleave = false, use_mmap = false, greedy_tokens = false;
     static std::string backend = "cpu";
-    static int batch_size = 512, tp = 1;
+    static int batch_size = 512, tp = 1, ep = 0;
     cmd->add_option("-m,--model", model, "GGUF model file or a name in $ALLOY_MODELS (default: the embedded tiny model)");
     cmd->add_option("-p,--n-prompt", prompts, "prompt sizes, comma separated (0 = none)")->capture_default_str();
     cmd->add_option("-n,--n-gen", gens, "generation sizes, comma separated (0 = none)")->capture_default_str();
@@ -86,6 +86,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("--backend", backend, "where the model runs: cpu | cuda")->capture_default_str();
     cmd->add_option("--tp", tp, "tensor parallel: the model split over this many GPUs (--backend cuda) or CPU ranks")
         ->capture_default_str()
+        ->check(CLI::Range(1, 64));
+    cmd->add_option("--ep", ep, "expert parallel: as --tp N with a MoE model's experts placed whole, E/N a rank")
         ->check(CLI::Range(1, 64));
     cmd->add_option("-b,--batch-size", batch_size,
                     "most prompt tokens per step (llama-bench -b; a multiple of --chunk; default 512, 4096 with "
@@ -146,7 +148,8 @@ void add_bench_command(CLI::App& app) {
             }
         }
         const std::string path = model.empty() ? default_model_path() : resolve_model(model);
-        LoadedModel lm = load_model(path, use_mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident, backend, tp);
+        LoadedModel lm = load_model(path, use_mmap ? gguf::TensorData::Mapped : gguf::TensorData::Resident, backend,
+                                    ep > 0 ? ep : tp, ep > 0);
         const ModelRunner& m = *lm.runner;
         const ModelInfo info = model_info(m.model());
         const int V = m.hparams().n_vocab;
@@ -367,7 +370,8 @@ void add_bench_command(CLI::App& app) {
             j["n_gpu_layers"] = 0;
             j["use_mmap"] = use_mmap;
             j["backend"] = backend;
-            j["tensor_parallel"] = tp;
+            j["tensor_parallel"] = ep > 0 ? ep : tp;
+            j["expert_parallel"] = ep > 0;
             j["n_prompt"] = t.n_prompt;
             j["n_gen"] = t.n_gen;
             j["n_depth"] = t.n_depth;

@@ -28,6 +28,8 @@ void ModelOptions::add_to(CLI::App* cmd, bool model_required) {
     cmd->add_option("--tp", tp, "tensor parallel: the model split over this many GPUs 0..N-1 (--backend cuda, NCCL) "
                                 "or CPU ranks (a test of the split, not a speed-up)")
         ->capture_default_str();
+    cmd->add_option("--ep", ep, "expert parallel: as --tp N, with a MoE model's routed experts placed whole, E/N a "
+                                "rank, instead of each split by width");
 }
 
 void ModelOptions::validate() const {
@@ -41,6 +43,10 @@ void ModelOptions::validate() const {
     check_cache_type(cache_type_v, kCacheTypeVFlag);
     if (backend != "cpu" && backend != "cuda") throw Error("--backend must be 'cpu' or 'cuda', got '" + backend + "'");
     if (tp < 1 || tp > 64) throw Error("--tp must be in [1, 64], got " + std::to_string(tp));
+    if (ep < 0 || ep > 64) throw Error("--ep must be in [1, 64], got " + std::to_string(ep));
+    if (ep > 0 && tp > 1 && tp != ep)
+        throw Error("--ep " + std::to_string(ep) + " and --tp " + std::to_string(tp) + ": the experts are placed over the "
+                    "same ranks as the heads; give one of them");
 }
 
 alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
@@ -57,7 +63,8 @@ alloy::EngineOptions ModelOptions::engine_options(int n_parallel) const {
     e.cache_type_v = cache_type_v;
     e.mmap = mmap;
     e.backend = backend;
-    e.tensor_parallel = tp;
+    e.tensor_parallel = ranks();
+    e.expert_parallel = ep > 0;
     return e;
 }
 

@@ -24,6 +24,8 @@ struct ModelOptions {
     bool mmap = false;       // use the file mapping instead of reading the weights into memory
     std::string backend = "cpu";  // cpu | cuda
     int tp = 1;              // --tp: ranks the model is split over (runtime/tensor_parallel_backend.h)
+    int ep = 0;              // --ep: the same with a MoE model's experts placed whole (0: off)
+    int ranks() const { return ep > 0 ? ep : tp; }
     void add_to(CLI::App* cmd, bool model_required);
     // Throws naming the flag (--gdn, --chunk, -b, -c, -t, -ctk/-ctv) whose value is wrong.
     void validate() const;

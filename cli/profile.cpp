@@ -44,7 +44,7 @@ void add_profile_command(CLI::App& app) {
         ForwardOptions fo = forward_options(e);
         if (n_prompt < 1) throw Error("-p must be >= 1");
         if (n_gen < 1) throw Error("-n must be >= 1");
-        LoadedModel lm = load_model(e.model_path, tensor_placement(e), e.backend, e.tensor_parallel);
+        LoadedModel lm = load_model(e.model_path, tensor_placement(e), e.backend, e.tensor_parallel, e.expert_parallel);
         const ModelRunner& m = *lm.runner;
         const int V = m.hparams().n_vocab;
         ModelState st = m.new_state(depth + n_prompt + n_gen + 1, kv_cache_types(e));

@@ -108,7 +108,9 @@ public:
     // n_ranks does not divide, a quantized block straddling two ranks' columns). The shard
     // points into this model's file (kept alive) and owns its sliced copies; n_ranks 1 gives
     // the whole model with the AllReduce nodes (one rank's collective: a test of that path).
-    std::unique_ptr<Qwen35Model> shard(int rank, int n_ranks) const;
+    // experts_by_id (expert parallelism, qwen35moe): each rank holds E / n_ranks whole routed
+    // experts instead of a slice of every one (ref::MoeWeights::expert_begin); the rest as above.
+    std::unique_ptr<Qwen35Model> shard(int rank, int n_ranks, bool experts_by_id = false) const;
     int tp_rank() const { return tp_rank_; }
     int tp_size() const { return tp_size_; }  // 0: not a shard
 

@@ -18,6 +18,10 @@
 //               every routed expert the same way (ExpertMatrix rows by offset, no copy; the
 //               down matrices' columns copied), the shared expert too; the router and the
 //               shared expert's gate are whole (the routing is the same on every rank).
+//   experts     or, with experts_by_id (expert parallelism), E / N whole experts a rank (rows
+//               of the expert tensors, no copy): every rank routes every token over all E, runs
+//               the chosen experts it holds, and the AllReduce adds the other ranks' (the
+//               tokens are on every rank already, so no all-to-all is needed to dispatch them).
 // A single row range is a view into the file's bytes; anything else is copied into the shard.
 #include <algorithm>
 #include <cstring>
@@ -130,7 +134,7 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks) const {
+std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks, bool experts_by_id) const {
     const std::string where = file_->path() + ": tensor parallel over " + std::to_string(n_ranks) + " ranks";
     if (n_ranks < 1 || rank < 0 || rank >= n_ranks)
         throw Error(where + ": rank " + std::to_string(rank) + " is not one of them");
@@ -144,8 +148,11 @@ std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks) const {
     need(hp.ssm_H_k, "ssm.group_count (GDN key heads)");
     need(hp.n_head, "attention.head_count");
     need(hp.n_head_kv, "attention.head_count_kv");
+    if (experts_by_id && !hp.moe())
+        throw Error(where + ": expert parallelism asked for a model without experts (" + hp.arch() + ")");
+    if (experts_by_id) need(hp.n_expert, "expert_count");
+    if (hp.moe() && !experts_by_id) need(hp.n_ff_exp, "expert_feed_forward_length");
     if (hp.moe()) {
-        need(hp.n_ff_exp, "expert_feed_forward_length");
         need(hp.n_ff_shexp, "expert_shared_feed_forward_length");
     }
     need(hp.n_ff, "feed_forward_length");
@@ -163,7 +170,7 @@ std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks) const {
     lp.n_head = hp.n_head / n_ranks;
     lp.n_head_kv = hp.n_head_kv / n_ranks;
     lp.n_ff = hp.n_ff / n_ranks;
-    lp.n_ff_exp = hp.n_ff_exp / n_ranks;
+    lp.n_ff_exp = experts_by_id ? hp.n_ff_exp : hp.n_ff_exp / n_ranks;
     lp.n_ff_shexp = hp.n_ff_shexp / n_ranks;
     Slicer s(m->owned_bytes_, m->owned_, where);
 
@@ -188,12 +195,26 @@ std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks) const {
             const ref::MoeWeights& a = L.moe;
             ref::MoeWeights& b = O.moe;
             const int64_t f = lp.n_ff_exp;
-            b.gate = {a.gate.all, a.gate.stride, a.gate.offset + rank * f, f};
-            b.up = {a.up.all, a.up.stride, a.up.offset + rank * f, f};
-            // Every expert's [D, I] down matrix is rows [e D, (e + 1) D) of one [E D, I] view.
-            if (a.down.stride != a.down.rows || a.down.offset != 0)
-                throw Error(where + ": tensor '" + p + "ffn_down_exps.weight' is not one [D, I] matrix an expert");
-            b.down = {s.cols(a.down.all, {{rank * f, f}}, p + "ffn_down_exps.weight"), a.down.stride, 0, a.down.rows};
+            if (experts_by_id) {  // experts [r E/N, (r+1) E/N) whole: rows of each tensor, no copy
+                const int per = hp.n_expert / n_ranks, e0 = rank * per;
+                auto held = [&](const ref::ExpertMatrix& x, const char* name) {
+                    return ref::ExpertMatrix{s.rows(x.all, {{e0 * x.stride, per * x.stride}}, p + name), x.stride, x.offset,
+                                             x.rows};
+                };
+                b.gate = held(a.gate, "ffn_gate_exps.weight");
+                b.up = held(a.up, "ffn_up_exps.weight");
+                b.down = held(a.down, "ffn_down_exps.weight");
+                b.expert_begin = e0;
+                b.expert_count = per;
+            }
+            else {
+                b.gate = {a.gate.all, a.gate.stride, a.gate.offset + rank * f, f};
+                b.up = {a.up.all, a.up.stride, a.up.offset + rank * f, f};
+                // Every expert's [D, I] down matrix is rows [e D, (e + 1) D) of one [E D, I] view.
+                if (a.down.stride != a.down.rows || a.down.offset != 0)
+                    throw Error(where + ": tensor '" + p + "ffn_down_exps.weight' is not one [D, I] matrix an expert");
+                b.down = {s.cols(a.down.all, {{rank * f, f}}, p + "ffn_down_exps.weight"), a.down.stride, 0, a.down.rows};
+            }
             if (a.has_shared()) {
                 const auto part = ffn_part(hp.n_ff_shexp);
                 b.shexp_gate = s.rows(a.shexp_gate, part, p + "ffn_gate_shexp.weight");

@@ -701,7 +701,7 @@ Engine::Engine(const EngineOptions& options) : impl_(std::make_unique<Impl>()) {
     m.fo = forward_options(o);
     const KvCacheTypes kv = kv_cache_types(o);
     if (o.model_path.empty()) o.model_path = default_model_path();
-    m.lm = load_model(o.model_path, tensor_placement(o), o.backend, o.tensor_parallel);
+    m.lm = load_model(o.model_path, tensor_placement(o), o.backend, o.tensor_parallel, o.expert_parallel);
     if (m.mtp_spec && !m.lm.model->mtp())
         throw Error("engine: spec 'mtp' needs a model with an MTP block (nextn_predict_layers > 0); " + o.model_path +
                     " has none (use 'ngram')");

@@ -19,7 +19,8 @@ const Tokenizer& LoadedModel::require_tokenizer() const {
     return *tokenizer;
 }
 
-LoadedModel load_model(const std::string& path, gguf::TensorData where, const std::string& backend, int tensor_parallel) {
+LoadedModel load_model(const std::string& path, gguf::TensorData where, const std::string& backend, int tensor_parallel,
+                       bool expert_parallel) {
     if (tensor_parallel < 1) throw Error("--tp must be at least 1, got " + std::to_string(tensor_parallel));
     LoadedModel m;
     m.file = std::shared_ptr<gguf::File>(gguf::File::open(path, where));
@@ -32,8 +33,9 @@ LoadedModel load_model(const std::string& path, gguf::TensorData where, const st
     // Q4_K / Q5_K / Q6_K / IQ4_XS rows repacked for the CPU kernels (in place, same bytes;
     // ALLOY_KQ_REPACK=0: as stored); Q8_0 too where AVX512-VNNI runs (ALLOY_Q8_REPACK=0: as stored).
     // (Shards slice the GGUF rows: a tensor-parallel model is not repacked.)
-    if (tensor_parallel > 1) {
-        m.runner = std::make_unique<ModelRunner>(*m.model, make_tensor_parallel_backend(*m.model, backend, tensor_parallel));
+    if (tensor_parallel > 1 || expert_parallel) {
+        m.runner = std::make_unique<ModelRunner>(
+            *m.model, make_tensor_parallel_backend(*m.model, backend, tensor_parallel, expert_parallel));
     } else {
         if (backend == "cpu" || backend.empty()) m.model->repack_for_cpu(cpu::repack_enabled);
         m.runner = std::make_unique<ModelRunner>(*m.model, make_backend(backend));

@@ -24,10 +24,10 @@ struct LoadedModel {
 // The weights are read into memory on 2 MiB pages (format/resident_bytes.h: faster to stream
 // than the file mapping) unless `where` is TensorData::Mapped (the commands' --mmap).
 // `backend`: the runner's (runtime/backend.h make_backend: "cpu", "cuda").
-// `tensor_parallel` > 1: the model split over that many ranks of `backend`
-// (runtime/tensor_parallel_backend.h).
+// `tensor_parallel` > 1 (or expert_parallel): the model split over that many ranks of
+// `backend` (runtime/tensor_parallel_backend.h), with the experts placed whole when expert_parallel.
 LoadedModel load_model(const std::string& path, gguf::TensorData where = gguf::TensorData::Resident,
-                       const std::string& backend = "cpu", int tensor_parallel = 1);
+                       const std::string& backend = "cpu", int tensor_parallel = 1, bool expert_parallel = false);
 
 // The default model's file name: a tiny Qwen3.5 trained on the King James Bible, with its MTP
 // head (testdata/default-model/SOURCE.md), unpacked into share/alloy/ by the build.

@@ -227,9 +227,10 @@ private:
 
 class TensorParallelBackend final : public Backend {
 public:
-    TensorParallelBackend(const Qwen35Model& model, const std::string& child, int n) : ranks_(std::make_shared<Ranks>(n)) {
+    TensorParallelBackend(const Qwen35Model& model, const std::string& child, int n, bool experts_by_id)
+        : ranks_(std::make_shared<Ranks>(n)) {
         if (n < 1) throw Error("tensor parallel: needs at least one rank, got " + std::to_string(n));
-        for (int r = 0; r < n; ++r) ranks_->shards.push_back(model.shard(r, n));
+        for (int r = 0; r < n; ++r) ranks_->shards.push_back(model.shard(r, n, experts_by_id));
         if (child == "cpu") {
             ranks_->collectives = make_host_collectives(n);
         } else if (child == "cuda") {
@@ -252,7 +253,7 @@ public:
 #endif
             ranks_->backends[size_t(r)] = std::make_unique<CpuBackend>(coll);
         });
-        name_ = child + " x" + std::to_string(n) + " (tensor parallel)";
+        name_ = child + " x" + std::to_string(n) + (experts_by_id ? " (tensor + expert parallel)" : " (tensor parallel)");
     }
 
     std::string name() const override { return name_; }
@@ -320,8 +321,9 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_tensor_parallel_backend(const Qwen35Model& model, const std::string& child, int n_ranks) {
-    return std::make_unique<TensorParallelBackend>(model, child, n_ranks);
+std::unique_ptr<Backend> make_tensor_parallel_backend(const Qwen35Model& model, const std::string& child, int n_ranks,
+                                                      bool experts_by_id) {
+    return std::make_unique<TensorParallelBackend>(model, child, n_ranks, experts_by_id);
 }
 
 }  // namespace alloy

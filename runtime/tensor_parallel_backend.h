@@ -25,6 +25,9 @@ namespace alloy {
 // ranks take turns on the CPU kernels' thread pool: a test of the sharded graphs, not a speed-up).
 // The model must outlive the backend. Throws naming what does not split (Qwen35Model::shard)
 // or what is missing (GPUs, NCCL).
-std::unique_ptr<Backend> make_tensor_parallel_backend(const Qwen35Model& model, const std::string& child, int n_ranks);
+// experts_by_id: a qwen35moe model's routed experts placed whole, E / n_ranks a rank (expert
+// parallelism, --ep), instead of every expert split by width (Qwen35Model::shard).
+std::unique_ptr<Backend> make_tensor_parallel_backend(const Qwen35Model& model, const std::string& child, int n_ranks,
+                                                      bool experts_by_id = false);
 
 }  // namespace alloy

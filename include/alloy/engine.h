@@ -38,6 +38,7 @@ struct EngineOptions {
     bool mmap = false;                 // use the file mapping instead of reading the weights in
     std::string backend = "cpu";       // where the model runs: cpu | cuda (a build with nvcc)
     int tensor_parallel = 1;           // ranks the model is split over (--tp): GPUs 0..N-1 with cuda
+    bool expert_parallel = false;      // --ep: a MoE model's experts placed whole over those ranks
     // Hybrid prefix cache: checkpoints of the states at the end of every prompt and every
     // generation and every `checkpoint_every` prompt tokens, within cache_ram_mib MiB (0: off),
     // least recently used evicted. A request whose prompt starts with a checkpoint's tokens

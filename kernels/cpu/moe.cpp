@@ -122,15 +122,16 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     float* h = s.h;
     float* u = s.u;
     float* ye = s.ye;
-    for (int e = 0; e < E; ++e) {
+    for (int e = w.expert_begin; e < w.expert_end(); ++e) {  // the experts held here (expert parallelism: a part)
         const int64_t r0 = s.count[e], n = s.count[e + 1] - r0;
         if (n == 0) continue;
+        const int l = e - w.expert_begin;
         for_rows(n, D, [&](int64_t r) {
             const float* src = x + int64_t(tok[r0 + r]) * D;
             std::copy(src, src + D, xe + r * D);
         });
-        matmul_swiglu(w.gate.at(e), w.up.at(e), xe, h, u, n, isa, s.mm);
-        matmul(w.down.at(e), h, ye, n, isa, s.mm);
+        matmul_swiglu(w.gate.at(l), w.up.at(l), xe, h, u, n, isa, s.mm);
+        matmul(w.down.at(l), h, ye, n, isa, s.mm);
         for_rows(n, D, [&](int64_t r) {
             const float c = wt[slot[r0 + r]];
             const float* src = ye + r * D;

@@ -75,6 +75,9 @@ struct Chunks {
     const int32_t* count = nullptr;   // [C] its pairs (1..kChunkT, or kTcChunkT),
     const int32_t* pair_of = nullptr; // [P] the pairs sorted by expert,
     const int32_t* n_chunks = nullptr;  // [1] how many chunks there are
+    // Expert parallelism (ref::MoeWeights::expert_begin): the experts held, [e_begin, e_end);
+    // a chunk of another expert returns at once, and the matrices are indexed e - e_begin.
+    int e_begin = 0, e_end = 1 << 30;
 };
 
 // One GEMV launch over chunks: kM = 2 (gate, up: out = silu(g) * u, [P, rows]) or 1 (down:
@@ -125,6 +128,8 @@ __global__ void __launch_bounds__(kThreads * kKS) expert_gemv_kernel(const Exper
 #pragma unroll
         for (int t = 0; t < kT; ++t) pair[t] = c;
     }
+    if (expert < a.ch.e_begin || expert >= a.ch.e_end) return;  // held by another rank
+    expert -= a.ch.e_begin;
     const int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock + warp * kRowsPerWarp;
     float acc[kM][kRowsPerWarp][kT];
 #pragma unroll
@@ -447,7 +452,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kernel(const ExpertG
     if (c >= *a.ch.n_chunks) return;
     const int64_t r0 = int64_t(blockIdx.y) * kTcRowsPerBlock + warp * kTcRowsPerWarp;
     if (r0 >= a.rows) return;  // rows % 32 == 0 on this path: a warp's rows are all in or all out
-    const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
+    if (a.ch.expert[c] < a.ch.e_begin || a.ch.expert[c] >= a.ch.e_end) return;  // held by another rank
+    const int expert = a.ch.expert[c] - a.ch.e_begin, n = a.ch.count[c], f = a.ch.first[c];
     const int64_t n_in = a.n_in, nb = n_in / 32;
     // The B side in 32-bit offsets: registers decide the blocks per SM here.
     int xo[kTcN], xdo[kTcN][2];
@@ -536,7 +542,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) expert_mma_kquant_kernel(const 
     if (c >= *a.ch.n_chunks) return;
     const int64_t r0 = int64_t(blockIdx.y) * kTcRowsPerBlock + warp * kTcRowsPerWarp;
     if (r0 >= a.rows) return;  // rows % 32 == 0 on this path
-    const int expert = a.ch.expert[c], n = a.ch.count[c], f = a.ch.first[c];
+    if (a.ch.expert[c] < a.ch.e_begin || a.ch.expert[c] >= a.ch.e_end) return;  // held by another rank
+    const int expert = a.ch.expert[c] - a.ch.e_begin, n = a.ch.count[c], f = a.ch.first[c];
     const int64_t n_in = a.n_in, bpr = n_in / F::kValues, upr = n_in / 32;
     int xo[kTcN], xdo[kTcN][2];
     chunk_pair_offsets(a, f, n, gq, tq, 4 * tq, xo, xdo);
@@ -698,7 +705,7 @@ __global__ void __launch_bounds__(1024) sort_kernel(const int32_t* __restrict__ 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ ids,
                                                            const float* __restrict__ wt, int k, int64_t D,
                                                            const float* __restrict__ sg, const float* __restrict__ sy,
-                                                           float* __restrict__ y) {
+                                                           float* __restrict__ y, int e_begin, int e_end) {
     detail::pdl_entry();
     __shared__ int order[kMaxUsed], id[kMaxUsed];
     const int64_t t = blockIdx.x;
@@ -717,6 +724,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restri
     for (int64_t d = int64_t(blockIdx.y) * kThreads + threadIdx.x; d < D; d += int64_t(gridDim.y) * kThreads) {
         float acc = 0.0f;
         for (int i = 0; i < k; ++i) {
+            if (id[order[i]] < e_begin || id[order[i]] >= e_end) continue;  // another rank's expert
             const int64_t p = t * k + order[i];
             acc += wt[p] * ye[p * D + d];
         }
@@ -900,6 +908,8 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
     } else {
         ch.ids = L.ids;
     }
+    ch.e_begin = w.expert_begin;
+    ch.e_end = w.expert_end();
 
     // The experts: gate and up -> h (and its quantization), then down -> ye.
     if (L.xq.q) quantize_q8_input(x, T, D, L.xq, st);
@@ -926,7 +936,8 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, void
     }
     detail::launch(op, combine_kernel, dim3(unsigned(T), unsigned(ceil_div(D, kThreads))), dim3(kThreads), 0, st, static_cast<const float*>(L.ye),
                    static_cast<const int32_t*>(L.ids), static_cast<const float*>(L.wt), k, D,
-                   static_cast<const float*>(w.has_shared() ? L.sg : nullptr), static_cast<const float*>(L.sy), y);
+                   static_cast<const float*>(w.has_shared() ? L.sg : nullptr), static_cast<const float*>(L.sy), y,
+                   w.expert_begin, w.expert_end());
     ALLOY_CUDA_LAUNCHED(op);
 }
 

@@ -42,12 +42,16 @@ void swiglu_mlp(const WeightView& gate, const WeightView& up, const WeightView& 
 }  // namespace
 
 void check_moe_weights(const MoeWeights& w, const char* op) {
-    const int64_t D = w.router.n_in, E = w.n_expert, I = w.gate.rows;
+    const int64_t D = w.router.n_in, I = w.gate.rows;
     auto n = [](int64_t v) { return std::to_string(v); };
-    require(E > 0 && w.router.n_out == E, op,
-            [&] { return "router (ffn_gate_inp) has " + n(w.router.n_out) + " rows for " + n(E) + " experts"; });
-    require(w.n_used > 0 && w.n_used <= E, op,
-            [&] { return "experts per token " + n(w.n_used) + " not in [1, " + n(E) + "]"; });
+    require(w.expert_begin >= 0 && w.expert_count >= 0 && w.expert_end() <= w.n_expert, op, [&] {
+        return "held experts [" + n(w.expert_begin) + ", " + n(w.expert_end()) + ") not within the " + n(w.n_expert);
+    });
+    const int64_t E = w.n_local();  // the experts the tensors hold
+    require(E > 0 && w.router.n_out == w.n_expert, op,
+            [&] { return "router (ffn_gate_inp) has " + n(w.router.n_out) + " rows for " + n(w.n_expert) + " experts"; });
+    require(w.n_used > 0 && w.n_used <= w.n_expert, op,
+            [&] { return "experts per token " + n(w.n_used) + " not in [1, " + n(w.n_expert) + "]"; });
     require(I > 0 && w.up.rows == I && w.down.all.n_in == I, op, [&] {
         return "expert widths differ: gate " + n(I) + ", up " + n(w.up.rows) + ", down input " + n(w.down.all.n_in);
     });
@@ -108,10 +112,11 @@ void moe_ffn(const MoeWeights& w, const float* x, float* y, int64_t T) {
         const float* xt = x + t * D;
         float* yt = y + t * D;
         std::fill(yt, yt + D, 0.0f);
-        for (int e = 0; e < E; ++e)  // in increasing expert id, as transformers sums them
+        for (int e = w.expert_begin; e < w.expert_end(); ++e)  // in increasing expert id, as transformers sums them
             for (int i = 0; i < k; ++i) {
                 if (ids[size_t(t * k + i)] != e) continue;
-                swiglu_mlp(w.gate.at(e), w.up.at(e), w.down.at(e), xt, e_out.data(), 1);
+                const int l = e - w.expert_begin;
+                swiglu_mlp(w.gate.at(l), w.up.at(l), w.down.at(l), xt, e_out.data(), 1);
                 for (int64_t d = 0; d < D; ++d) yt[d] += wt[size_t(t * k + i)] * e_out[size_t(d)];
             }
         if (w.has_shared()) {

@@ -29,6 +29,13 @@ struct ExpertMatrix {
 
 struct MoeWeights {
     int n_expert = 0, n_used = 0;    // E, k
+    // Expert parallelism (model/qwen35_shard.cpp): this rank holds experts [expert_begin,
+    // expert_end()) only: gate, up and down hold just those (local index e - expert_begin), the
+    // router still scores all E, and a token's chosen experts held elsewhere add nothing here
+    // (another rank adds them: the graph's AllReduce). expert_count 0: every expert.
+    int expert_begin = 0, expert_count = 0;
+    int expert_end() const { return expert_count > 0 ? expert_begin + expert_count : n_expert; }
+    int n_local() const { return expert_end() - expert_begin; }
     WeightView router;               // [E, D]      ffn_gate_inp
     ExpertMatrix gate, up;           // [I, D] each ffn_gate_exps, ffn_up_exps (or the fused one)
     ExpertMatrix down;               // [D, I] each ffn_down_exps

@@ -8,81 +8,25 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "alloy/error.h"
 #include "format/gguf.h"
 #include "model/qwen35.h"
-#include "model/synth.h"
 #include "runtime/model_runner.h"
 #include "runtime/slot_cache.h"
 #include "runtime/tensor_parallel_backend.h"
 #include "tests/logits_error.h"
+#include "tests/runtime/tensor_parallel_fixture.h"
 
 namespace alloy {
 namespace {
-
-namespace fs = std::filesystem;
-
-const Qwen35Model& model(const std::string& preset, GgmlType dtype) {
-    static std::map<std::pair<std::string, int>, std::unique_ptr<Qwen35Model>> models;
-    auto& m = models[{preset, int(dtype)}];
-    if (!m) {
-        const fs::path dir = fs::temp_directory_path() / ("alloy_tp_" + std::to_string(::getpid()));
-        fs::create_directories(dir);
-        SynthOptions so;
-        so.preset = preset;
-        so.dtype = dtype;
-        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
-        so.out_path = (dir / (preset + ".gguf")).string();
-        synth_qwen35(so);
-        m = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
-        fs::remove_all(dir);
-    }
-    return *m;
-}
-
-std::vector<int32_t> ids(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> v(static_cast<size_t>(n));
-    for (auto& id : v) id = int32_t(rng() % 5000);
-    return v;
-}
-
-// A prompt's logits at every position (chunked prefill in pieces of 64), then n_gen greedy
-// decode steps: their tokens and logits.
-struct Greedy {
-    std::vector<float> prompt_logits, decode_logits;
-    std::vector<int32_t> tokens;
-};
-
-Greedy run(const ModelRunner& r, const std::vector<int32_t>& prompt, int n_gen) {
-    const size_t V = size_t(r.hparams().n_vocab);
-    ModelState st = r.new_state(256);
-    ForwardOptions fo;
-    fo.all_logits = true;
-    fo.max_batch = 64;
-    Greedy out;
-    out.prompt_logits.resize(prompt.size() * V);
-    r.forward(st, prompt.data(), int(prompt.size()), fo, out.prompt_logits.data());
-    ForwardOptions dec;
-    dec.gdn_mode = ref::GdnMode::Serial;
-    std::vector<float> row(V);
-    int32_t next = int32_t(std::max_element(out.prompt_logits.end() - std::ptrdiff_t(V), out.prompt_logits.end()) -
-                           (out.prompt_logits.end() - std::ptrdiff_t(V)));
-    for (int i = 0; i < n_gen; ++i) {
-        out.tokens.push_back(next);
-        r.forward(st, &next, 1, dec, row.data());
-        out.decode_logits.insert(out.decode_logits.end(), row.begin(), row.end());
-        next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-    }
-    return out;
-}
+using test::Greedy;
+using test::ids;
+using test::model;
+using test::run;
 
 class TensorParallel : public ::testing::TestWithParam<std::pair<std::string, GgmlType>> {};
 
@@ -198,6 +142,26 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
                          [](const auto& info) {
                              return info.param.first.substr(0, 3) + "_" + type_traits(info.param.second).name;
                          });
+
+// Expert parallelism: moe-tiny's 8 routed experts 4 a rank (heads split as above): the whole
+// model's logits (the experts' weighted outputs summed across ranks: fp32 reordering, and the
+// Q8_0 activation rounding) and its greedy tokens; a verification still reproduces decode.
+TEST(ExpertParallel, TwoCpuRanksHoldingHalfTheExpertsGiveTheWholeModelsLogitsAndTokens) {
+    const Qwen35Model& m = model("moe-tiny", GgmlType::Q8_0);
+    const ModelRunner one(m);
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cpu", 2, /*experts_by_id=*/true));
+    const size_t V = size_t(m.hparams().n_vocab);
+    for (int n : {1, 37, 130}) {
+        const auto prompt = ids(n, uint32_t(n));
+        const Greedy a = run(one, prompt, 12), b = run(two, prompt, 12);
+        EXPECT_LT(test::max_row_rel_error(b.prompt_logits, a.prompt_logits, V), 2e-2) << "prompt of " << n;
+        EXPECT_LT(test::max_row_rel_error(b.decode_logits, a.decode_logits, V), 2e-2) << "decode after " << n;
+        EXPECT_EQ(a.tokens, b.tokens) << "prompt of " << n;
+    }
+    const auto s = m.shard(1, 2, true);  // the second half of the experts, whole
+    EXPECT_EQ(s->hparams().n_ff_exp, m.hparams().n_ff_exp);
+    EXPECT_THROW(model("tiny", GgmlType::Q8_0).shard(0, 2, true), Error);  // a dense model has no experts
+}
 
 TEST(TensorParallelShard, RefusesWhatDoesNotSplitByName) {
     const Qwen35Model& m = model("tiny", GgmlType::Q8_0);  // 2 key heads, 4 query heads, 2 KV heads

@@ -1,0 +1,133 @@
+// Tensor parallelism on GPUs (issue 22; runtime/tensor_parallel_backend.h): each rank a CUDA
+// backend on its own GPU, the block outputs summed by NCCL inside the ranks' CUDA graphs. One
+// rank (NCCL's single-rank communicator) is the plain CUDA model bit for bit; two GPUs give one
+// GPU's logits within fp32 reordering (Q8_0: the int8 activation rounding, as on CPU ranks:
+// tests/runtime/test_tensor_parallel.cpp) and its greedy tokens; a verification of K tokens
+// reproduces K decode steps bit for bit; the slot cache's operations work on the ranks' states.
+// Skips without a CUDA device (CI), and the two-GPU tests without a second one.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/gdn.h"
+#include "runtime/backend.h"
+#include "runtime/slot_cache.h"
+#include "runtime/tensor_parallel_backend.h"
+#include "tests/logits_error.h"
+#include "tests/runtime/tensor_parallel_fixture.h"
+
+namespace alloy {
+namespace {
+
+using test::Greedy;
+using test::ids;
+using test::model;
+using test::run;
+
+int gpus() {
+    if (!cuda::device_available()) return 0;
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+class TensorParallelCuda : public ::testing::TestWithParam<std::pair<std::string, GgmlType>> {};
+
+TEST_P(TensorParallelCuda, OneRankIsThePlainCudaModelBitForBit) {
+    if (gpus() < 1) GTEST_SKIP() << "no CUDA device";
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner plain(m, make_backend("cuda"));
+    const ModelRunner one(m, make_tensor_parallel_backend(m, "cuda", 1));
+    for (int n : {1, 37, 130}) {
+        const auto prompt = ids(n, uint32_t(n));
+        const Greedy a = run(plain, prompt, 8), b = run(one, prompt, 8);
+        EXPECT_EQ(a.prompt_logits, b.prompt_logits) << "prompt of " << n;
+        EXPECT_EQ(a.decode_logits, b.decode_logits) << "decode after " << n;
+    }
+}
+
+TEST_P(TensorParallelCuda, TwoGpusGiveOneGpusLogitsAndTokens) {
+    if (gpus() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner one(m, make_backend("cuda"));
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cuda", 2));
+    const size_t V = size_t(m.hparams().n_vocab);
+    const double tol = GetParam().second == GgmlType::F32 ? 1e-4 : 2e-2;
+    for (int n : {1, 37, 130}) {
+        const auto prompt = ids(n, uint32_t(n));
+        const Greedy a = run(one, prompt, 12), b = run(two, prompt, 12);
+        EXPECT_LT(test::max_row_rel_error(b.prompt_logits, a.prompt_logits, V), tol) << "prompt of " << n;
+        EXPECT_LT(test::max_row_rel_error(b.decode_logits, a.decode_logits, V), tol) << "decode after " << n;
+        EXPECT_EQ(a.tokens, b.tokens) << "prompt of " << n;
+        const Greedy c = run(two, prompt, 12);  // decode reproduces itself run to run
+        EXPECT_EQ(b.decode_logits, c.decode_logits) << "decode after " << n;
+    }
+}
+
+TEST_P(TensorParallelCuda, VerificationReproducesDecodeStepsAndSnapshotsRestoreOnTwoGpus) {
+    if (gpus() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cuda", 2));
+    const size_t V = size_t(m.hparams().n_vocab);
+    SlotStateCache cache(two, 2, 128);
+    ForwardOptions serial;
+    serial.gdn_mode = ref::GdnMode::Serial;
+    const auto prompt = ids(23, 9), draft = ids(4, 10);
+    std::vector<float> last(V);
+    two.forward(cache.state(), prompt.data(), int(prompt.size()), serial, last.data(), nullptr, 0);
+    const StateSnapshot at_prompt = cache.snapshot(0);
+    cache.copy(0, 1);
+    std::vector<float> steps;
+    for (int32_t t : draft) {
+        two.forward(cache.state(), &t, 1, serial, last.data(), nullptr, 0);
+        steps.insert(steps.end(), last.begin(), last.end());
+    }
+    cache.restore(0, at_prompt);
+    ForwardOptions verify = serial;
+    verify.all_logits = true;
+    std::vector<float> all(draft.size() * V), copied(draft.size() * V);
+    two.forward(cache.state(), draft.data(), int(draft.size()), verify, all.data(), nullptr, 0);
+    two.forward(cache.state(), draft.data(), int(draft.size()), verify, copied.data(), nullptr, 1);
+    EXPECT_EQ(steps, all);
+    EXPECT_EQ(all, copied);
+}
+
+// Expert parallelism on two GPUs: moe-tiny's experts 4 a GPU, against one GPU.
+TEST(ExpertParallelCuda, TwoGpusHoldingHalfTheExpertsGiveOneGpusLogitsAndTokens) {
+    if (gpus() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";
+    const Qwen35Model& m = model("moe-tiny", GgmlType::Q8_0);
+    const ModelRunner one(m, make_backend("cuda"));
+    const ModelRunner two(m, make_tensor_parallel_backend(m, "cuda", 2, /*experts_by_id=*/true));
+    const size_t V = size_t(m.hparams().n_vocab);
+    for (int n : {1, 37, 130}) {
+        const auto prompt = ids(n, uint32_t(n));
+        const Greedy a = run(one, prompt, 12), b = run(two, prompt, 12);
+        EXPECT_LT(test::max_row_rel_error(b.prompt_logits, a.prompt_logits, V), 2e-2) << "prompt of " << n;
+        EXPECT_LT(test::max_row_rel_error(b.decode_logits, a.decode_logits, V), 2e-2) << "decode after " << n;
+        EXPECT_EQ(a.tokens, b.tokens) << "prompt of " << n;
+    }
+}
+
+// One GPU, the experts' path of expert parallelism with one rank holding them all.
+TEST(ExpertParallelCuda, OneRankHoldingEveryExpertIsThePlainCudaModelBitForBit) {
+    if (gpus() < 1) GTEST_SKIP() << "no CUDA device";
+    const Qwen35Model& m = model("moe-tiny", GgmlType::Q8_0);
+    const ModelRunner plain(m, make_backend("cuda"));
+    const ModelRunner one(m, make_tensor_parallel_backend(m, "cuda", 1, true));
+    const auto prompt = ids(130, 5);
+    const Greedy a = run(plain, prompt, 8), b = run(one, prompt, 8);
+    EXPECT_EQ(a.prompt_logits, b.prompt_logits);
+    EXPECT_EQ(a.decode_logits, b.decode_logits);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TensorParallelCuda,
+                         ::testing::Values(std::make_pair(std::string("tiny"), GgmlType::F32),
+                                           std::make_pair(std::string("tiny"), GgmlType::Q8_0),
+                                           std::make_pair(std::string("moe-tiny"), GgmlType::Q8_0)),
+                         [](const auto& info) {
+                             return info.param.first.substr(0, 3) + "_" + type_traits(info.param.second).name;
+                         });
+
+}  // namespace
+}  // namespace alloy

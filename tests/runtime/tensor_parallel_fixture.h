@@ -1,0 +1,81 @@
+// Shared by the tensor-parallel tests on CPU ranks (tests/runtime/test_tensor_parallel.cpp) and
+// on GPUs (tests/cuda/test_tensor_parallel_cuda.cpp): synthetic models, prompts, and a run of
+// a prompt's logits followed by greedy decode steps.
+#pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "model/qwen35.h"
+#include "model/synth.h"
+#include "runtime/model_runner.h"
+
+namespace alloy::test {
+
+namespace fs = std::filesystem;
+
+// A synthetic model of `preset` (model/synth.h), written once per process (GGUF layout: not
+// repacked, so it can be sharded).
+inline const Qwen35Model& model(const std::string& preset, GgmlType dtype) {
+    static std::map<std::pair<std::string, int>, std::unique_ptr<Qwen35Model>> models;
+    auto& m = models[{preset, int(dtype)}];
+    if (!m) {
+        const fs::path dir = fs::temp_directory_path() / ("alloy_tp_" + std::to_string(::getpid()));
+        fs::create_directories(dir);
+        SynthOptions so;
+        so.preset = preset;
+        so.dtype = dtype;
+        so.tokenizer_json = std::string(ALLOY_SOURCE_DIR) + "/testdata/qwen3-tokenizer/tokenizer.json";
+        so.out_path = (dir / (preset + ".gguf")).string();
+        synth_qwen35(so);
+        m = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(so.out_path)));
+        fs::remove_all(dir);
+    }
+    return *m;
+}
+
+inline std::vector<int32_t> ids(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& id : v) id = int32_t(rng() % 5000);
+    return v;
+}
+
+// A prompt's logits at every position (chunked prefill in pieces of 64), then n_gen greedy
+// decode steps: their tokens and logits.
+struct Greedy {
+    std::vector<float> prompt_logits, decode_logits;
+    std::vector<int32_t> tokens;
+};
+
+inline Greedy run(const ModelRunner& r, const std::vector<int32_t>& prompt, int n_gen) {
+    const size_t V = size_t(r.hparams().n_vocab);
+    ModelState st = r.new_state(256);
+    ForwardOptions fo;
+    fo.all_logits = true;
+    fo.max_batch = 64;
+    Greedy out;
+    out.prompt_logits.resize(prompt.size() * V);
+    r.forward(st, prompt.data(), int(prompt.size()), fo, out.prompt_logits.data());
+    ForwardOptions dec;
+    dec.gdn_mode = ref::GdnMode::Serial;
+    std::vector<float> row(V);
+    int32_t next = int32_t(std::max_element(out.prompt_logits.end() - std::ptrdiff_t(V), out.prompt_logits.end()) -
+                           (out.prompt_logits.end() - std::ptrdiff_t(V)));
+    for (int i = 0; i < n_gen; ++i) {
+        out.tokens.push_back(next);
+        r.forward(st, &next, 1, dec, row.data());
+        out.decode_logits.insert(out.decode_logits.end(), row.begin(), row.end());
+        next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    }
+    return out;
+}
+
+}  // namespace alloy::test

@@ -22,6 +22,8 @@ struct Nccl {
     decltype(&ncclAllReduce) all_reduce = nullptr;
     decltype(&ncclGetErrorString) error_string = nullptr;
     decltype(&ncclGetVersion) get_version = nullptr;
+    decltype(&ncclGroupStart) group_start = nullptr;
+    decltype(&ncclGroupEnd) group_end = nullptr;
 
     static const Nccl& get() {
         static std::once_flag once;
@@ -45,6 +47,8 @@ struct Nccl {
             sym(n.all_reduce, "ncclAllReduce");
             sym(n.error_string, "ncclGetErrorString");
             sym(n.get_version, "ncclGetVersion");
+            sym(n.group_start, "ncclGroupStart");
+            sym(n.group_end, "ncclGroupEnd");
         });
         if (!why.empty()) throw Error("nccl: " + why);
         return n;
@@ -94,6 +98,32 @@ std::vector<std::shared_ptr<Collective>> make_nccl_collectives(int n) {
     std::vector<int> devs(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) devs[size_t(i)] = i;
     nc.check(nc.comm_init_all(comms->comms.data(), n, devs.data()), "init of " + std::to_string(n) + " communicators");
+    // One all-reduce now, from this thread over every GPU (a group call): NCCL connects the ranks
+    // at their first collective, which must not be inside a CUDA graph capture (a decode plan's).
+    int current = 0;
+    cudaGetDevice(&current);
+    std::vector<float*> bufs(static_cast<size_t>(n), nullptr);
+    auto cuda_check = [](cudaError_t e, const char* what) {
+        if (e != cudaSuccess) throw Error(std::string("nccl warm-up: ") + what + ": " + cudaGetErrorString(e));
+    };
+    for (int i = 0; i < n; ++i) {
+        cuda_check(cudaSetDevice(i), "set device");
+        cuda_check(cudaMalloc(&bufs[size_t(i)], 64 * sizeof(float)), "allocation");
+        cuda_check(cudaMemset(bufs[size_t(i)], 0, 64 * sizeof(float)), "memset");
+    }
+    nc.check(nc.group_start(), "group start");
+    for (int i = 0; i < n; ++i) {
+        cuda_check(cudaSetDevice(i), "set device");
+        nc.check(nc.all_reduce(bufs[size_t(i)], bufs[size_t(i)], 64, ncclFloat32, ncclSum, comms->comms[size_t(i)], nullptr),
+                 "warm-up all-reduce");
+    }
+    nc.check(nc.group_end(), "group end");
+    for (int i = 0; i < n; ++i) {
+        cuda_check(cudaSetDevice(i), "set device");
+        cuda_check(cudaDeviceSynchronize(), "warm-up");
+        cudaFree(bufs[size_t(i)]);
+    }
+    cudaSetDevice(current);
     std::vector<std::shared_ptr<Collective>> out;
     for (int r = 0; r < n; ++r) out.push_back(std::make_shared<NcclCollective>(comms, r));
     return out;

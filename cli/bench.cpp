@@ -116,6 +116,9 @@ void add_bench_command(CLI::App& app) {
     cmd->callback([cmd] {
         if (cmd->count("-b") == 0 && backend == "cuda") batch_size = 4096;
         if (reps < 2) throw Error("-r must be at least 2 (the first repetition is cold and reported apart)");
+        if (ep > 0 && tp > 1 && tp != ep)
+            throw Error("--ep " + std::to_string(ep) + " and --tp " + std::to_string(tp) +
+                        ": the experts are placed over the same ranks as the heads; give one of them");
         if (!spec_modes.empty()) {
             if (output != "md") throw Error("--spec prints markdown only (-o md)");
             SpecBenchArgs sa;

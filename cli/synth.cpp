@@ -9,7 +9,7 @@ namespace alloy::cli {
 void add_synth_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("synth", "write a synthetic (random-weight) Qwen3.5 GGUF");
     static SynthRequest req;
-    cmd->add_option("--preset", req.preset, "tiny | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b")->capture_default_str();
+    cmd->add_option("--preset", req.preset, "tiny | tiny-mqa | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b")->capture_default_str();
     cmd->add_option("--dtype", req.dtype, "matrix type: f32 | f16 | bf16 | q8_0")->capture_default_str();
     cmd->add_option("--tokenizer", req.tokenizer_json, "vocabulary to embed: tokenizer.json, .gguf or .tiktoken (default: the bundled Qwen3.5 / 3.6 one)");
     cmd->add_option("--seed", req.seed, "random seed")->capture_default_str();

@@ -13,7 +13,8 @@
 //               heads'; ssm_out: their columns. ssm_norm (per d_v) is whole.
 //   attention   query heads [r nh, (r+1) nh) (each head's [q | gate] rows), KV heads
 //               [r nkv, (r+1) nkv): GQA's head h -> KV head h / (n_head / n_head_kv) holds
-//               inside each range; attn_output: the query heads' columns.
+//               inside each range; attn_output: the query heads' columns. With more ranks
+//               than KV heads, each rank holds the one KV head its query heads read (replicated).
 //   MLP         ffn_gate / ffn_up rows and ffn_down columns [r f, (r+1) f), f = n_ff / N;
 //               every routed expert the same way (ExpertMatrix rows by offset, no copy; the
 //               down matrices' columns copied), the shared expert too; the router and the
@@ -147,7 +148,12 @@ std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks, bool expe
     };
     need(hp.ssm_H_k, "ssm.group_count (GDN key heads)");
     need(hp.n_head, "attention.head_count");
-    need(hp.n_head_kv, "attention.head_count_kv");
+    // More ranks than KV heads: each KV head is replicated on the n_ranks / n_head_kv ranks whose
+    // query heads read it (as vLLM does), so n_ranks must be a multiple of n_head_kv.
+    const bool kv_replicated = hp.n_head_kv % n_ranks != 0;
+    if (kv_replicated && n_ranks % hp.n_head_kv)
+        throw Error(where + ": " + hp.arch() + ".attention.head_count_kv = " + std::to_string(hp.n_head_kv) +
+                    " neither splits into " + std::to_string(n_ranks) + " equal parts nor divides it (KV heads replicated)");
     if (experts_by_id && !hp.moe())
         throw Error(where + ": expert parallelism asked for a model without experts (" + hp.arch() + ")");
     if (experts_by_id) need(hp.n_expert, "expert_count");
@@ -168,7 +174,7 @@ std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks, bool expe
     lp.ssm_H_k = hp.ssm_H_k / n_ranks;
     lp.ssm_H_v = hp.ssm_H_v / n_ranks;
     lp.n_head = hp.n_head / n_ranks;
-    lp.n_head_kv = hp.n_head_kv / n_ranks;
+    lp.n_head_kv = kv_replicated ? 1 : hp.n_head_kv / n_ranks;
     lp.n_ff = hp.n_ff / n_ranks;
     lp.n_ff_exp = experts_by_id ? hp.n_ff_exp : hp.n_ff_exp / n_ranks;
     lp.n_ff_shexp = hp.n_ff_shexp / n_ranks;
@@ -185,7 +191,10 @@ std::unique_ptr<Qwen35Model> Qwen35Model::shard(int rank, int n_ranks, bool expe
     for (const Range& d : v_dims) qkv_rows.push_back({2 * H_k * dk + d.begin, d.count});
     // Attention and MLP: one range each.
     const int64_t nh = lp.n_head, nkv = lp.n_head_kv, hd = hp.head_dim;
-    const std::vector<Range> q_rows = {{rank * nh * 2 * hd, nh * 2 * hd}}, kv_rows = {{rank * nkv * hd, nkv * hd}},
+    // GQA: query head h reads KV head h / (n_head / n_head_kv); with KV heads replicated this
+    // rank's query heads all read KV head rank / (n_ranks / n_head_kv).
+    const int64_t kv_head0 = kv_replicated ? rank / (n_ranks / hp.n_head_kv) : rank * nkv;
+    const std::vector<Range> q_rows = {{rank * nh * 2 * hd, nh * 2 * hd}}, kv_rows = {{kv_head0 * hd, nkv * hd}},
                              o_cols = {{rank * nh * hd, nh * hd}};
     auto ffn_part = [&](int64_t f) { return std::vector<Range>{{rank * (f / n_ranks), f / n_ranks}}; };
 

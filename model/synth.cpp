@@ -36,6 +36,8 @@ const std::map<std::string, Preset>& presets() {
         // MoE: every FFN 256 routed experts (8 per token, width 512) and a shared one.
         {"35b-a3b", {2048, 40, 0, 16, 2, 256, 16, 32, 128, 248320, false, 256, 8, 512, 512}},
         {"moe-tiny", {256, 4, 0, 4, 2, 64, 2, 4, 64, 0, false, 8, 2, 128, 128}},
+        // tiny with one KV head: tensor parallelism replicates it (tests/runtime/test_tensor_parallel.cpp).
+        {"tiny-mqa", {256, 4, 512, 4, 1, 64, 2, 4, 64, 0, true}},
     };
     return p;
 }
@@ -82,7 +84,7 @@ struct Rng {
 std::string synth_qwen35(const SynthOptions& opt) {
     auto it = presets().find(opt.preset);
     if (it == presets().end())
-        throw Error("synth: unknown --preset '" + opt.preset + "' (tiny, 0.8b, 2b, 4b, 9b, 27b, moe-tiny, 35b-a3b)");
+        throw Error("synth: unknown --preset '" + opt.preset + "' (tiny, tiny-mqa, 0.8b, 2b, 4b, 9b, 27b, moe-tiny, 35b-a3b)");
     if (opt.n_layer < 0 || opt.n_layer > 1024)
         throw Error("synth: --layers " + std::to_string(opt.n_layer) + " is outside [1, 1024]");
     Preset P = it->second;

@@ -7,7 +7,7 @@
 namespace alloy {
 
 struct SynthRequest {
-    std::string preset = "tiny";   // tiny | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b
+    std::string preset = "tiny";   // tiny | tiny-mqa | 0.8b | 2b | 4b | 9b | 27b | moe-tiny | 35b-a3b
     std::string dtype = "q8_0";    // matrices: f32 | f16 | bf16 | q8_0
     // The vocabulary to embed: a tokenizer.json, a .gguf or a .tiktoken ranks file (Qwen3.5's);
     // empty: the Qwen3.5 / 3.6 vocabulary compiled into the binary.

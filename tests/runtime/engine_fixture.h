@@ -18,6 +18,7 @@
 
 #include "alloy/engine.h"
 #include "alloy/error.h"
+#include "alloy/quantize.h"
 #include "format/gguf.h"
 #include "model/qwen35.h"
 #include "model/synth.h"
@@ -148,6 +149,41 @@ protected:
             reqs.push_back(r);
         }
         return reqs;
+    }
+    // The default model's six held-out greedy requests (3 in flight) through an engine on
+    // n_ranks ranks of `backend` (runtime/tensor_parallel_backend.h) give the tokens of the same
+    // engine on one rank, and their logprobs within 1e-3 (fp32 reordering). The model as F32 first:
+    // with its Q8_0 matmuls the reordered block sums move int8 activation roundings (~1e-2 in
+    // logprobs), which flips its near ties (one of these requests has two tokens 0.012 apart).
+    static void expect_tensor_parallel_greedy(const std::string& backend, int n_ranks) {
+        const fs::path dir = fs::temp_directory_path() / ("alloy_tp_engine_" + std::to_string(::getpid()));
+        fs::create_directories(dir);
+        QuantizeRequest q;
+        q.input = default_model_file();
+        q.output = (dir / "default_f32.gguf").string();
+        q.type = "F32";
+        q.allow_requantize = true;
+        quantize_model(q);
+        const std::string model = q.output;
+        const std::vector<GenerationRequest> reqs = heldout_requests(model);
+        auto results = [&](int ranks) {
+            EngineOptions o;
+            o.model_path = model;
+            o.backend = backend;
+            o.n_parallel = 3;
+            o.n_ctx = 1024;
+            o.tensor_parallel = ranks;
+            Engine e(o);
+            return run_all(e, reqs);
+        };
+        const auto one = results(1), many = results(n_ranks);
+        fs::remove_all(dir);
+        ASSERT_EQ(one.size(), many.size());
+        for (size_t i = 0; i < one.size(); ++i) {
+            EXPECT_EQ(one[i].ids, many[i].ids) << "request " << i;
+            for (size_t t = 0; t < one[i].logprobs.size() && t < many[i].logprobs.size(); ++t)
+                EXPECT_NEAR(one[i].logprobs[t].logprob, many[i].logprobs[t].logprob, 1e-3) << "request " << i << " token " << t;
+        }
     }
     // --spec mtp on the default model (its MTP head) through an engine on `backend`: for K 1 and 3,
     // 1 and 3 requests in flight, every greedy token and logprob bit for bit the same engine's

@@ -49,13 +49,17 @@ inline std::vector<int32_t> ids(int n, uint32_t seed) {
 }
 
 // A prompt's logits at every position (chunked prefill in pieces of 64), then n_gen greedy
-// decode steps: their tokens and logits.
+// decode steps: their tokens and logits. force: feed these tokens instead of the greedy ones
+// (teacher forcing: two runs then compare their logits on the same inputs; a random-weight
+// model's best two logits are often within the runs' reordering difference, so its greedy
+// tokens are compared on the trained default model instead: tensor_parallel_engine tests).
 struct Greedy {
     std::vector<float> prompt_logits, decode_logits;
     std::vector<int32_t> tokens;
 };
 
-inline Greedy run(const ModelRunner& r, const std::vector<int32_t>& prompt, int n_gen) {
+inline Greedy run(const ModelRunner& r, const std::vector<int32_t>& prompt, int n_gen,
+                  const std::vector<int32_t>* force = nullptr) {
     const size_t V = size_t(r.hparams().n_vocab);
     ModelState st = r.new_state(256);
     ForwardOptions fo;
@@ -66,14 +70,13 @@ inline Greedy run(const ModelRunner& r, const std::vector<int32_t>& prompt, int 
     r.forward(st, prompt.data(), int(prompt.size()), fo, out.prompt_logits.data());
     ForwardOptions dec;
     dec.gdn_mode = ref::GdnMode::Serial;
-    std::vector<float> row(V);
-    int32_t next = int32_t(std::max_element(out.prompt_logits.end() - std::ptrdiff_t(V), out.prompt_logits.end()) -
-                           (out.prompt_logits.end() - std::ptrdiff_t(V)));
+    std::vector<float> row(out.prompt_logits.end() - std::ptrdiff_t(V), out.prompt_logits.end());
     for (int i = 0; i < n_gen; ++i) {
-        out.tokens.push_back(next);
+        const int32_t best = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+        out.tokens.push_back(best);
+        int32_t next = force ? (*force)[size_t(i)] : best;
         r.forward(st, &next, 1, dec, row.data());
         out.decode_logits.insert(out.decode_logits.end(), row.begin(), row.end());
-        next = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
     }
     return out;
 }

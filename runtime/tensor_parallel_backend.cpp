@@ -273,13 +273,7 @@ public:
     }
 
     ModelState new_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override {
-        ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
-        auto t = std::make_shared<TpState>(ranks_);
-        ranks_->threads.all([&](int r) {
-            t->parts[size_t(r)] = ranks_->backends[size_t(r)]->new_state(shard_hp(r), n_ctx, kv_types, n_slots);
-        });
-        s.device = t;
-        return s;
+        return ranks_state(hp, n_ctx, kv_types, n_slots, &Backend::new_state);
     }
     void add_mtp_cache(ModelState& s, const Qwen35HParams& hp) override {
         TpState& t = tp_state(s);
@@ -287,12 +281,7 @@ public:
         grow_to_mtp(s, hp);
     }
     ModelState new_mtp_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots) override {
-        ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
-        auto t = std::make_shared<TpState>(ranks_);
-        ranks_->threads.all([&](int r) {
-            t->parts[size_t(r)] = ranks_->backends[size_t(r)]->new_mtp_state(shard_hp(r), n_ctx, kv_types, n_slots);
-        });
-        s.device = t;
+        ModelState s = ranks_state(hp, n_ctx, kv_types, n_slots, &Backend::new_mtp_state);
         grow_to_mtp(s, hp);
         return s;
     }
@@ -311,6 +300,17 @@ private:
     std::shared_ptr<Ranks> ranks_;
     std::string name_;
     const Qwen35HParams& shard_hp(int r) const { return ranks_->shards[size_t(r)]->hparams(); }
+    // The whole model's shape of a state, each rank's part made by its backend's `make`.
+    using MakeState = ModelState (Backend::*)(const Qwen35HParams&, int, KvCacheTypes, int);
+    ModelState ranks_state(const Qwen35HParams& hp, int n_ctx, KvCacheTypes kv_types, int n_slots, MakeState make) {
+        ModelState s = model_state_shape(hp, n_ctx, kv_types, n_slots);
+        auto t = std::make_shared<TpState>(ranks_);
+        ranks_->threads.all([&](int r) {
+            t->parts[size_t(r)] = (ranks_->backends[size_t(r)].get()->*make)(shard_hp(r), n_ctx, kv_types, n_slots);
+        });
+        s.device = t;
+        return s;
+    }
     // The whole model's shape of a state with the MTP layer (ModelRunner checks it).
     static void grow_to_mtp(ModelState& s, const Qwen35HParams& hp) {
         const size_t L = size_t(hp.n_layer) + 1;

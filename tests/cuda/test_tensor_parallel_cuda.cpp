@@ -13,7 +13,6 @@
 
 #include "kernels/cuda/gdn.h"
 #include "runtime/backend.h"
-#include "runtime/slot_cache.h"
 #include "runtime/tensor_parallel_backend.h"
 #include "tests/logits_error.h"
 #include "tests/runtime/engine_fixture.h"
@@ -68,29 +67,7 @@ TEST_P(TensorParallelCuda, TwoGpusGiveOneGpusLogitsAndTokens) {
 TEST_P(TensorParallelCuda, VerificationReproducesDecodeStepsAndSnapshotsRestoreOnTwoGpus) {
     if (gpus() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";
     const Qwen35Model& m = model(GetParam().first, GetParam().second);
-    const ModelRunner two(m, make_tensor_parallel_backend(m, "cuda", 2));
-    const size_t V = size_t(m.hparams().n_vocab);
-    SlotStateCache cache(two, 2, 128);
-    ForwardOptions serial;
-    serial.gdn_mode = ref::GdnMode::Serial;
-    const auto prompt = ids(23, 9), draft = ids(4, 10);
-    std::vector<float> last(V);
-    two.forward(cache.state(), prompt.data(), int(prompt.size()), serial, last.data(), nullptr, 0);
-    const StateSnapshot at_prompt = cache.snapshot(0);
-    cache.copy(0, 1);
-    std::vector<float> steps;
-    for (int32_t t : draft) {
-        two.forward(cache.state(), &t, 1, serial, last.data(), nullptr, 0);
-        steps.insert(steps.end(), last.begin(), last.end());
-    }
-    cache.restore(0, at_prompt);
-    ForwardOptions verify = serial;
-    verify.all_logits = true;
-    std::vector<float> all(draft.size() * V), copied(draft.size() * V);
-    two.forward(cache.state(), draft.data(), int(draft.size()), verify, all.data(), nullptr, 0);
-    two.forward(cache.state(), draft.data(), int(draft.size()), verify, copied.data(), nullptr, 1);
-    EXPECT_EQ(steps, all);
-    EXPECT_EQ(all, copied);
+    test::expect_verification_reproduces_decode(ModelRunner(m, make_tensor_parallel_backend(m, "cuda", 2)));
 }
 
 // Expert parallelism on two GPUs: moe-tiny's experts 4 a GPU, against one GPU.

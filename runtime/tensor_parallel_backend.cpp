@@ -1,5 +1,7 @@
 #include "runtime/tensor_parallel_backend.h"
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -22,39 +24,42 @@ namespace alloy {
 namespace {
 
 // One thread a rank: every call into a rank's backend, plans and state runs on its thread.
+// A decode step hands work to every rank and waits for all of them, twice a token, so both
+// sides spin for a while (kSpin) before they sleep on a condition variable: a sleeping
+// thread's wake-up cost ~40 us a token at tg128 on the H200 (35b-a3b 8L, one rank: 1,412-1,456
+// against 1,534-1,550 t/s without the ranks), which spinning avoids while steps follow closely.
 class RankThreads {
 public:
     explicit RankThreads(int n) : ranks_(size_t(n)) {
         for (int r = 0; r < n; ++r) ranks_[size_t(r)].thread = std::thread([this, r] { loop(r); });
     }
     ~RankThreads() {
-        for (Rank& k : ranks_) {
-            {
-                std::lock_guard<std::mutex> lk(k.m);
-                k.stop = true;
-            }
-            k.cv.notify_all();
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            stop_ = true;
+            ++gen_;
         }
+        wake_.notify_all();
         for (Rank& k : ranks_) k.thread.join();
     }
     int size() const { return int(ranks_.size()); }
     // f(r) on every rank's thread at once; returns when all are done, rethrowing the first
-    // rank's error (by rank).
+    // rank's error (by rank). Calls come from one thread at a time.
     void all(const std::function<void(int)>& f) {
-        for (Rank& k : ranks_) {
-            std::lock_guard<std::mutex> lk(k.m);
-            k.job = &f;
-            k.error = nullptr;
-            k.done = false;
+        for (Rank& k : ranks_) k.error = nullptr;
+        job_ = &f;
+        pending_.store(size(), std::memory_order_relaxed);
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            gen_.fetch_add(1, std::memory_order_release);
         }
-        for (Rank& k : ranks_) k.cv.notify_all();
-        std::exception_ptr first;
-        for (Rank& k : ranks_) {
-            std::unique_lock<std::mutex> lk(k.m);
-            k.cv.wait(lk, [&] { return k.done; });
-            if (k.error && !first) first = k.error;
+        wake_.notify_all();
+        if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+            std::unique_lock<std::mutex> lk(m_);
+            done_.wait(lk, [&] { return pending_.load(std::memory_order_acquire) == 0; });
         }
-        if (first) std::rethrow_exception(first);
+        for (Rank& k : ranks_)
+            if (k.error) std::rethrow_exception(k.error);
     }
     // f() on rank r's thread alone.
     void one(int r, const std::function<void()>& f) {
@@ -66,37 +71,50 @@ public:
 private:
     struct Rank {
         std::thread thread;
-        std::mutex m;
-        std::condition_variable cv;
-        const std::function<void(int)>* job = nullptr;
-        bool done = false, stop = false;
         std::exception_ptr error;
     };
     std::vector<Rank> ranks_;
+    std::mutex m_;
+    std::condition_variable wake_, done_;
+    std::atomic<uint64_t> gen_{0};
+    std::atomic<int> pending_{0};
+    const std::function<void(int)>* job_ = nullptr;
+    bool stop_ = false;
+
+    // Spins up to ~50 us for `ready`; false if it did not come.
+    template <class F>
+    static bool spin_until(const F& ready) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0;; ++i) {
+            if (ready()) return true;
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+            if ((i & 63) == 63 && std::chrono::steady_clock::now() - t0 > std::chrono::microseconds(50)) return false;
+        }
+    }
 
     void loop(int r) {
-        Rank& k = ranks_[size_t(r)];
+        uint64_t seen = 0;
         for (;;) {
-            const std::function<void(int)>* job;
-            {
-                std::unique_lock<std::mutex> lk(k.m);
-                k.cv.wait(lk, [&] { return k.stop || k.job; });
-                if (k.stop) return;
-                job = k.job;
-                k.job = nullptr;
+            if (!spin_until([&] { return gen_.load(std::memory_order_acquire) != seen; })) {
+                std::unique_lock<std::mutex> lk(m_);
+                wake_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
             }
-            std::exception_ptr e;
+            seen = gen_.load(std::memory_order_acquire);
+            {
+                std::lock_guard<std::mutex> lk(m_);
+                if (stop_) return;
+            }
             try {
-                (*job)(r);
+                (*job_)(r);
             } catch (...) {
-                e = std::current_exception();
+                ranks_[size_t(r)].error = std::current_exception();
             }
-            {
-                std::lock_guard<std::mutex> lk(k.m);
-                k.error = e;
-                k.done = true;
+            if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                std::lock_guard<std::mutex> lk(m_);
+                done_.notify_all();
             }
-            k.cv.notify_all();
         }
     }
 };

@@ -6,9 +6,9 @@
 // slots and logits rows to the device in one transfer, launches the nodes on the backend's
 // stream, and copies the logits rows back.
 //
-// Not yet: CUDA graphs (the attention and KV-store launches take each sequence's n_past on the
-// host), sampling on the device, qwen35moe, weight types other than F32 / BF16 / Q8_0, the slot
-// cache's copy / snapshot / restore on device states.
+// Plans of up to 16 tokens are recorded as CUDA graphs; greedy tokens and top-k pairs are
+// picked on the device; qwen35moe runs (kernels/cuda/moe.cu). A rank of a tensor-parallel model
+// (runtime/tensor_parallel_backend.h) is this backend on its GPU with an NCCL collective.
 // Built only when nvcc is found (CMake: ALLOY_CUDA); make_backend("cuda") throws otherwise.
 #pragma once
 #include <memory>

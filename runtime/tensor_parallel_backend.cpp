@@ -251,21 +251,21 @@ public:
         for (int r = 0; r < n; ++r) ranks_->shards.push_back(model.shard(r, n, experts_by_id));
         if (child == "cpu") {
             ranks_->collectives = make_host_collectives(n);
-        } else if (child == "cuda") {
+        } else if (child == "cuda" || child == "cuda-staged") {
 #ifdef ALLOY_CUDA
-            ranks_->collectives = make_nccl_collectives(n);
+            ranks_->collectives = child == "cuda" ? make_nccl_collectives(n) : make_host_staged_collectives(n);
 #else
-            throw Error("tensor parallel over 'cuda': this build has no CUDA backend");
+            throw Error("tensor parallel over '" + child + "': this build has no CUDA backend");
 #endif
         } else {
-            throw Error("tensor parallel: unknown backend '" + child + "' for the ranks (cpu, cuda)");
+            throw Error("tensor parallel: unknown backend '" + child + "' for the ranks (cpu, cuda, cuda-staged)");
         }
         ranks_->backends.resize(size_t(n));
         ranks_->threads.all([&](int r) {
             std::shared_ptr<Collective> coll = ranks_->collectives[size_t(r)];
 #ifdef ALLOY_CUDA
-            if (child == "cuda") {
-                ranks_->backends[size_t(r)] = make_cuda_backend(r, coll);
+            if (child == "cuda" || child == "cuda-staged") {  // staged: every rank on GPU 0
+                ranks_->backends[size_t(r)] = make_cuda_backend(child == "cuda" ? r : 0, coll);
                 return;
             }
 #endif

@@ -22,7 +22,9 @@
 namespace alloy {
 
 // `child`: each rank's backend, "cuda" (GPUs 0..n_ranks-1, NCCL) or "cpu" (host collective;
-// ranks take turns on the CPU kernels' thread pool: a test of the sharded graphs, not a speed-up).
+// ranks take turns on the CPU kernels' thread pool: a test of the sharded graphs, not a speed-up),
+// or "cuda-staged" (every rank on GPU 0, sums staged through host memory: a test of the sharded
+// graphs' CUDA kernels on one GPU; plans run launch by launch).
 // The model must outlive the backend. Throws naming what does not split (Qwen35Model::shard)
 // or what is missing (GPUs, NCCL).
 // experts_by_id: a qwen35moe model's routed experts placed whole, E / n_ranks a rank (expert

@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <cstdlib>
+#include <vector>
 #include <mutex>
 #include <string>
 
@@ -85,6 +86,45 @@ private:
 };
 
 }  // namespace
+
+namespace {
+
+class HostStagedCollective final : public Collective {
+public:
+    explicit HostStagedCollective(std::shared_ptr<Collective> host) : host_(std::move(host)) {}
+    int rank() const override { return host_->rank(); }
+    int size() const override { return host_->size(); }
+    void begin_step() override { host_->begin_step(); }  // the host group's turns (its sums expect them)
+    void end_step() override { host_->end_step(); }
+    void all_reduce_sum(float* data, size_t n, void* stream) override {
+        const cudaStream_t st = cudaStream_t(stream);
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(st, &cap);
+        // Refused before any rank posts anything: every rank's recording fails the same way.
+        if (cap != cudaStreamCaptureStatusNone) throw Error("host-staged all-reduce: not capturable into a CUDA graph");
+        buf_.resize(n);
+        auto check = [&](cudaError_t e, const char* what) {
+            if (e != cudaSuccess) throw Error(std::string("host-staged all-reduce: ") + what + ": " + cudaGetErrorString(e));
+        };
+        check(cudaMemcpyAsync(buf_.data(), data, n * sizeof(float), cudaMemcpyDeviceToHost, st), "copy out");
+        check(cudaStreamSynchronize(st), "copy out");
+        host_->all_reduce_sum(buf_.data(), n, nullptr);
+        check(cudaMemcpyAsync(data, buf_.data(), n * sizeof(float), cudaMemcpyHostToDevice, st), "copy back");
+        check(cudaStreamSynchronize(st), "copy back");
+    }
+
+private:
+    std::shared_ptr<Collective> host_;
+    std::vector<float> buf_;
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<Collective>> make_host_staged_collectives(int n) {
+    std::vector<std::shared_ptr<Collective>> out;
+    for (auto& h : make_host_collectives(n)) out.push_back(std::make_shared<HostStagedCollective>(h));
+    return out;
+}
 
 std::vector<std::shared_ptr<Collective>> make_nccl_collectives(int n) {
     int devices = 0;

@@ -15,4 +15,10 @@ namespace alloy {
 // (libnccl.so.2 not found: set LD_LIBRARY_PATH; fewer GPUs than n).
 std::vector<std::shared_ptr<Collective>> make_nccl_collectives(int n);
 
+// n ranks whose device arrays are summed through host memory (the stream synchronized, copied
+// out, summed in rank order by make_host_collectives, copied back): several ranks on ONE GPU,
+// to test the sharded graphs' CUDA kernels where no second GPU is lent (tensor parallel child
+// "cuda-staged"). Slow, and not capturable: a plan recording it runs launch by launch.
+std::vector<std::shared_ptr<Collective>> make_host_staged_collectives(int n);
+
 }  // namespace alloy

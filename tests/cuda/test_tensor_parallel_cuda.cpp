@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,28 @@ TEST_P(TensorParallelCuda, VerificationReproducesDecodeStepsAndSnapshotsRestoreO
     test::expect_verification_reproduces_decode(ModelRunner(m, make_tensor_parallel_backend(m, "cuda", 2)));
 }
 
+// Two ranks on ONE GPU, their sums staged through host memory ("cuda-staged"): the sharded
+// graphs' CUDA kernels (GDN with one key head and two value heads, one KV head, experts of half
+// width or half of them) against the plain CUDA model, where no second GPU is lent.
+TEST_P(TensorParallelCuda, TwoRanksOnOneGpuGiveThePlainModelsLogits) {
+    if (gpus() < 1) GTEST_SKIP() << "no CUDA device";
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    const ModelRunner one(m, make_backend("cuda"));
+    const size_t V = size_t(m.hparams().n_vocab);
+    const double tol = GetParam().second == GgmlType::F32 ? 1e-4 : 2e-2;
+    for (bool by_id : {false, true}) {
+        if (by_id && !m.hparams().moe()) continue;
+        const ModelRunner two(m, make_tensor_parallel_backend(m, "cuda-staged", 2, by_id));
+        for (int n : {1, 37, 130}) {
+            const auto prompt = ids(n, uint32_t(n));
+            const Greedy a = run(one, prompt, 8), b = run(two, prompt, 8, &a.tokens);
+            EXPECT_LT(test::max_row_rel_error(b.prompt_logits, a.prompt_logits, V), tol) << "prompt of " << n << " ep " << by_id;
+            EXPECT_LT(test::max_row_rel_error(b.decode_logits, a.decode_logits, V), tol) << "decode after " << n << " ep " << by_id;
+        }
+        test::expect_verification_reproduces_decode(two);
+    }
+}
+
 // Expert parallelism on two GPUs: moe-tiny's experts 4 a GPU, against one GPU.
 TEST(ExpertParallelCuda, TwoGpusHoldingHalfTheExpertsGiveOneGpusLogitsAndTokens) {
     if (gpus() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";
@@ -107,9 +130,12 @@ TEST_F(TensorParallelCudaEngine, TrainedModelGreedyTokensOnTwoGpus) {
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallelCuda,
                          ::testing::Values(std::make_pair(std::string("tiny"), GgmlType::F32),
                                            std::make_pair(std::string("tiny"), GgmlType::Q8_0),
-                                           std::make_pair(std::string("moe-tiny"), GgmlType::Q8_0)),
+                                           std::make_pair(std::string("moe-tiny"), GgmlType::Q8_0),
+                                           std::make_pair(std::string("tiny-mqa"), GgmlType::F32)),
                          [](const auto& info) {
-                             return info.param.first.substr(0, 3) + "_" + type_traits(info.param.second).name;
+                             std::string n = info.param.first;
+                             n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+                             return n + "_" + type_traits(info.param.second).name;
                          });
 
 }  // namespace

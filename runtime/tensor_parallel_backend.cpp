@@ -5,12 +5,14 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "alloy/error.h"
 #include "runtime/collective.h"
+#include "runtime/gdn_replay.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/graph_passes.h"
 #include "runtime/slot_cache.h"
@@ -125,6 +127,14 @@ struct Ranks {
     std::vector<std::shared_ptr<Collective>> collectives;
     std::vector<std::unique_ptr<Qwen35Model>> shards;
     std::vector<std::unique_ptr<Backend>> backends;
+    // Each rank's GDN replay log of a verification (its own heads' rows), by the caller's log:
+    // the step's header as the caller's was when the ranks logged, then one log a rank.
+    struct RankLogs {
+        GdnReplayLog header;
+        std::vector<GdnReplayLog> ranks;
+    };
+    std::mutex logs_m;
+    std::map<const GdnReplayLog*, RankLogs> logs;
     explicit Ranks(int n) : threads(n) {}
     ~Ranks() {
         threads.all([&](int r) {  // freed on their devices' threads (none yet if the constructor threw)
@@ -212,12 +222,21 @@ public:
 
     void replay(const StepContext& c, Profiler* prof) const override {
         TpState& ts = tp_state(*c.state);
+        // A verification: each rank logs its GDN ops' rows into a log of its own (replay_gdn).
+        std::vector<GdnReplayLog>* rank_logs = nullptr;
+        if (c.gdn_log && c.gdn_log->valid) {
+            std::lock_guard<std::mutex> lk(ranks_->logs_m);
+            Ranks::RankLogs& rl = ranks_->logs[c.gdn_log];
+            rl.header = *c.gdn_log;
+            rl.ranks.assign(size_t(ranks_->size()), rl.header);
+            rank_logs = &rl.ranks;
+        }
         ranks_->threads.all([&](int r) {
             StepContext rc = c;
             ModelState& part = ts.parts[size_t(r)];
             part.n_past = c.state->n_past;
             rc.state = &part;
-            rc.gdn_log = nullptr;  // replay_gdn is not offered: rollback re-runs
+            rc.gdn_log = rank_logs ? &(*rank_logs)[size_t(r)] : nullptr;
             if (r != 0) {  // rank 0 returns the rows; the others stop after the last all-reduce
                 rc.logits = nullptr;
                 rc.argmax = nullptr;
@@ -305,6 +324,29 @@ public:
     }
     void drop_scratch() override {
         ranks_->threads.all([&](int r) { ranks_->backends[size_t(r)]->drop_scratch(); });
+    }
+    // Each rank replays its own log of the step (TpPlan::replay), when the caller's log is
+    // still the one the ranks logged (same step header); else false and the caller re-runs.
+    bool replay_gdn(ModelState& st, const GdnReplayLog& log, int seq, int kept) override {
+        std::vector<GdnReplayLog>* rank_logs = nullptr;
+        {
+            std::lock_guard<std::mutex> lk(ranks_->logs_m);
+            auto it = ranks_->logs.find(&log);
+            if (it == ranks_->logs.end()) return false;
+            const GdnReplayLog& h = it->second.header;
+            if (!log.valid || h.ids != log.ids || h.offsets != log.offsets || h.slots != log.slots || h.n_past != log.n_past)
+                return false;
+            rank_logs = &it->second.ranks;
+        }
+        TpState& t = tp_state(st);
+        std::vector<char> done(size_t(ranks_->size()), 0);
+        ranks_->threads.all([&](int r) {
+            ModelState& part = t.parts[size_t(r)];
+            done[size_t(r)] = ranks_->backends[size_t(r)]->replay_gdn(part, (*rank_logs)[size_t(r)], seq, kept);
+        });
+        for (char d : done)
+            if (!d) throw Error("tensor parallel: replay_gdn: a rank could not replay its log (the ranks' states now differ)");
+        return true;
     }
     bool greedy_on_device() const override { return ranks_->backends[0]->greedy_on_device(); }
     int max_top_k_on_device() const override { return ranks_->backends[0]->max_top_k_on_device(); }

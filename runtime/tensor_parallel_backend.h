@@ -11,8 +11,9 @@
 // all-reduce). The state is each rank's own (its heads' GDN states and KV rows), behind one
 // DeviceState; the slot cache's operations run on every rank.
 //
-// Not here: GDN replay after a speculative rollback (replay_gdn says no: the caller re-runs the
-// kept tokens), the CPU repacked layouts (shards slice GGUF rows).
+// A verification's GDN replay log is kept per rank (each rank's heads), so a speculative
+// rollback replays on every rank as on one backend. Not here: the CPU repacked layouts (shards
+// slice GGUF rows).
 #pragma once
 #include <memory>
 #include <string>

@@ -95,6 +95,7 @@ TEST_P(TensorParallelCuda, TwoRanksOnOneGpuGiveThePlainModelsLogits) {
             EXPECT_LT(test::max_row_rel_error(b.decode_logits, a.decode_logits, V), tol) << "decode after " << n << " ep " << by_id;
         }
         test::expect_verification_reproduces_decode(two);
+        test::expect_rollback_replay_equals_rerun(two);
     }
 }
 

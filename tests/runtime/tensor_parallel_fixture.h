@@ -15,6 +15,7 @@
 #include "format/gguf.h"
 #include "model/qwen35.h"
 #include "model/synth.h"
+#include "runtime/gdn_replay.h"
 #include "runtime/model_runner.h"
 #include "runtime/slot_cache.h"
 
@@ -108,6 +109,32 @@ inline void expect_verification_reproduces_decode(const ModelRunner& r) {
     r.forward(cache.state(), draft.data(), int(draft.size()), verify, copied.data(), nullptr, 1);
     EXPECT_EQ(steps, all);
     EXPECT_EQ(all, copied);
+}
+
+// A rollback by replay (Backend::replay_gdn on a verification's log) leaves the states of
+// re-running the kept tokens, bit for bit: 2 of 4 verified tokens kept, then one more step.
+inline void expect_rollback_replay_equals_rerun(const ModelRunner& r) {
+    const size_t V = size_t(r.hparams().n_vocab);
+    SlotStateCache cache(r, 1, 128);
+    ForwardOptions serial;
+    serial.gdn_mode = ref::GdnMode::Serial;
+    const auto prompt = ids(19, 11), step = ids(4, 12), next = ids(1, 13);
+    std::vector<float> a(V), b(V), all(step.size() * V);
+    r.forward(cache.state(), prompt.data(), int(prompt.size()), serial, a.data(), nullptr, 0);
+    const StateSnapshot before = cache.snapshot(0);
+    GdnReplayLog log;
+    ForwardOptions verify = serial;
+    verify.all_logits = true;
+    verify.gdn_log = &log;
+    r.forward(cache.state(), step.data(), int(step.size()), verify, all.data(), nullptr, 0);
+    cache.restore(0, before);
+    ASSERT_TRUE(r.replay_gdn(cache.state(), log, 0, 2));
+    cache.state().n_past[0] = before.n_past + 2;
+    r.forward(cache.state(), next.data(), 1, serial, a.data(), nullptr, 0);
+    cache.restore(0, before);
+    r.forward(cache.state(), step.data(), 2, serial, b.data(), nullptr, 0);
+    r.forward(cache.state(), next.data(), 1, serial, b.data(), nullptr, 0);
+    EXPECT_EQ(a, b);
 }
 
 }  // namespace alloy::test

@@ -93,6 +93,13 @@ TEST_P(TensorParallel, VerificationReproducesDecodeStepsOnTwoRanks) {
     test::expect_verification_reproduces_decode(ModelRunner(m, make_tensor_parallel_backend(m, "cpu", 2)));
 }
 
+// A rollback by replay on two ranks (Backend::replay_gdn: each rank's own log of the
+// verification) leaves the states of re-running the kept tokens, bit for bit.
+TEST_P(TensorParallel, RollbackReplayOnTwoRanksEqualsARerun) {
+    const Qwen35Model& m = model(GetParam().first, GetParam().second);
+    test::expect_rollback_replay_equals_rerun(ModelRunner(m, make_tensor_parallel_backend(m, "cpu", 2)));
+}
+
 // Snapshot -> 20 tokens -> restore -> the same 20 tokens: the same bits; copy a slot, both go on alike.
 TEST_P(TensorParallel, SlotCacheOperationsOnTheRanksStates) {
     const Qwen35Model& m = model(GetParam().first, GetParam().second);

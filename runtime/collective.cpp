@@ -42,9 +42,13 @@ public:
         {
             std::unique_lock<std::mutex> lk(g.m);
             if (g.arrived == 0) g.n_floats = n;
-            if (g.n_floats != n)
-                throw Error("host collective: rank " + std::to_string(rank_) + " sums " + std::to_string(n) +
-                            " floats where another rank sums " + std::to_string(g.n_floats));
+            if (g.n_floats != n) {
+                const std::string what = "host collective: rank " + std::to_string(rank_) + " sums " + std::to_string(n) +
+                                         " floats where another rank sums " + std::to_string(g.n_floats);
+                lk.unlock();
+                g.turn.lock();  // the caller's end_step releases it
+                throw Error(what);
+            }
             g.ptrs[size_t(rank_)] = data;
             const uint64_t my_round = g.round;
             if (++g.arrived == size()) {

@@ -70,6 +70,22 @@ void prune_rows(Graph& g) {
     erase_marked(g, dead);
 }
 
+void drop_unread(Graph& g) {
+    std::vector<bool> read(g.tensors.size(), false), dead(g.nodes.size(), false);
+    for (size_t t = 0; t < g.tensors.size(); ++t) read[t] = g.tensors[t].logits;
+    for (size_t i = g.nodes.size(); i-- > 0;) {
+        const Node& n = g.nodes[i];
+        bool live = writes_state(n.op) || n.op == Op::AllReduce || n.out.empty();
+        for (int t : n.out) live = live || read[size_t(t)];
+        if (!live) {
+            dead[i] = true;
+            continue;
+        }
+        for (int t : n.in) read[size_t(t)] = true;
+    }
+    erase_marked(g, dead);
+}
+
 void fuse_add_norm(Graph& g) {
     std::vector<bool> dead(g.nodes.size(), false);
     const auto readers = g.readers();

@@ -16,6 +16,12 @@ namespace alloy::graph {
 // which reads every row of its input; the nodes after it read them compact.
 void prune_rows(Graph& g);
 
+// The nodes whose results nothing reads dropped (the tensors they wrote no longer logits), in
+// one backward pass; nodes that write state (KvStore, GdnFused) or sum over tensor-parallel
+// ranks (AllReduce: every rank must take part) stay. A tensor-parallel rank other than 0 drops
+// its final norm and LM head with this once its logits tensor is unmarked.
+void drop_unread(Graph& g);
+
 // An Add followed by the RmsNorm of its sum over the same rows: one AddRmsNorm (the residual
 // add and the next norm in one pass over the row, also across layers).
 void fuse_add_norm(Graph& g);

@@ -190,28 +190,6 @@ TpState& tp_state(const ModelState& s) {
     return *t;
 }
 
-// The LM head and the final norm dropped from a rank other than 0 (their rows are rank 0's
-// to return): nodes whose outputs nothing reads, that write no state and sum nothing, go,
-// back to front.
-void drop_unread_tail(graph::Graph& g) {
-    for (bool changed = true; changed;) {
-        changed = false;
-        const auto readers = g.readers();
-        for (size_t i = g.nodes.size(); i-- > 0;) {
-            const graph::Node& n = g.nodes[i];
-            if (n.op == graph::Op::KvStore || n.op == graph::Op::GdnFused || n.op == graph::Op::AllReduce || n.out.empty())
-                continue;
-            bool read = false;
-            for (int t : n.out) read = read || !readers[size_t(t)].empty();
-            if (read) continue;
-            for (int t : n.out) g.tensors[size_t(t)].logits = false;
-            g.nodes.erase(g.nodes.begin() + std::ptrdiff_t(i));
-            changed = true;
-            break;
-        }
-    }
-}
-
 class TpPlan final : public Plan {
 public:
     TpPlan(int bucket, std::shared_ptr<Ranks> ranks) : Plan(bucket), ranks_(std::move(ranks)), plans_(size_t(ranks_->size())) {}
@@ -226,6 +204,7 @@ public:
         std::vector<GdnReplayLog>* rank_logs = nullptr;
         if (c.gdn_log && c.gdn_log->valid) {
             std::lock_guard<std::mutex> lk(ranks_->logs_m);
+            if (ranks_->logs.size() >= 8 && !ranks_->logs.count(c.gdn_log)) ranks_->logs.clear();  // bounded: callers' logs come and go
             Ranks::RankLogs& rl = ranks_->logs[c.gdn_log];
             rl.header = *c.gdn_log;
             rl.ranks.assign(size_t(ranks_->size()), rl.header);
@@ -301,7 +280,10 @@ public:
         ranks_->threads.all([&](int r) {
             graph::Graph rg = ranks_->shards[size_t(r)]->build_graph(g.spec);
             graph::prune_rows(rg);
-            if (r != 0) drop_unread_tail(rg);
+            if (r != 0) {  // rank 0 returns the rows: the others stop after the last all-reduce
+                for (graph::Tensor& t : rg.tensors) t.logits = false;
+                graph::drop_unread(rg);
+            }
             Backend& b = *ranks_->backends[size_t(r)];
             b.optimize(rg);
             plan->plans()[size_t(r)] = b.compile(rg, bucket, r == 0 ? opt : CompileOptions{});

@@ -87,6 +87,7 @@ struct Sequence {
     // this step's first token.
     std::optional<MtpDrafter> mtp;
     std::optional<DraftModelDrafter> draft;  // --spec draft: on the request's slot of the draft model
+    std::optional<NgramIndex> ngram;         // --spec ngram: prompt lookup over `history`
     int step_pos0 = 0;
     std::optional<StateSnapshot> before;
     size_t ids_before = 0;
@@ -331,6 +332,7 @@ struct Engine::Impl {
         s.filter.emplace(s.req.stop);
         if (keeps_history()) s.history = s.req.prompt;
         if (mtp_spec) s.mtp.emplace(*mtp_runner, opt.n_ctx);
+        if (drafter) s.ngram.emplace(*drafter);
         if (draft_slots) s.draft.emplace(*draft_lm->runner, *draft_slots, s.slot, fo);
         if (s.req.format == GenerationRequest::Format::JsonObject) {
             if (!json_mask) json_mask.emplace(*lm.tokenizer, lm.model->hparams().n_vocab);
@@ -436,7 +438,7 @@ struct Engine::Impl {
                         if (k > 0)
                             for (int32_t d : s->mtp     ? s->mtp->draft(k)
                                              : s->draft ? s->draft->draft(s->history, k)
-                                                        : drafter->draft(s->history, k))
+                                                        : s->ngram->draft(s->history, k))
                                 s->step_ids.push_back(d);
                     }
                     const bool verify = s->step_ids.size() > 1;

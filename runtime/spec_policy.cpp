@@ -31,6 +31,15 @@ double SpecPolicy::tokens_per_step(int k) const {
     return e;
 }
 
+double SpecPolicy::probe_loss(int k, int best) const {
+    // A step of k instead of best emits E(k) tokens in t(k); at best's rate they would take
+    // E(k) / rate(best): the rest of t(k) is lost.
+    const double tk = step_seconds(k), tb = step_seconds(best);
+    if (!(tk > 0) || !(tb > 0)) return 0;
+    const double lost = tk - tokens_per_step(k) * tb / tokens_per_step(best);
+    return std::max(0.0, lost / tb);
+}
+
 int SpecPolicy::choose() {
     ++steps_;
     exploring_ = true;
@@ -46,12 +55,18 @@ int SpecPolicy::choose() {
         if (rate > best_rate) best = k, best_rate = rate;
     }
     if (best != last_best_) probe_every_ = kProbeEvery, last_best_ = best;
-    if (steps_ - last_probe_ >= probe_every_) {  // the least recently measured other k
+    int oldest = -1;  // the least recently measured other k: the next one to re-measure
+    for (int k = 0; k <= k_max_; ++k)
+        if (k != best && (oldest < 0 || last_measured_[size_t(k)] < last_measured_[size_t(oldest)])) oldest = k;
+    // A re-measurement's cost: from the medians, plus where it switches between drafting and
+    // not, what the first drafting step after plain ones costs beyond its median (the MTP head
+    // runs the rows it was given meanwhile; the medians hide that one-off).
+    double loss = probe_loss(oldest, best);
+    if ((oldest == 0) != (best == 0) && resume_k_ > 0 && step_seconds(best) > 0)
+        loss += std::max(0.0, resume_seconds_ - step_seconds(resume_k_)) / step_seconds(best);
+    if (steps_ - last_probe_ >= std::max<double>(double(probe_every_), loss / kProbeShare)) {
         last_probe_ = steps_;
         probe_every_ = std::min<int64_t>(2 * probe_every_, kProbeMax);
-        int oldest = -1;
-        for (int k = 0; k <= k_max_; ++k)
-            if (k != best && (oldest < 0 || last_measured_[size_t(k)] < last_measured_[size_t(oldest)])) oldest = k;
         return oldest;
     }
     exploring_ = false;
@@ -65,6 +80,8 @@ void SpecPolicy::record_step(int k, double seconds) {
     else v[size_t(n_times_[size_t(k)] % kSamples)] = seconds;
     ++n_times_[size_t(k)];
     last_measured_[size_t(k)] = steps_;
+    if (k > 0 && last_k_ == 0) resume_k_ = k, resume_seconds_ = seconds;
+    last_k_ = k;
 }
 
 void SpecPolicy::record_verification(int n, int accepted) {

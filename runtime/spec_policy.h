@@ -10,8 +10,10 @@
 // E(k) = 1 + sum_{t<k} P(the first t+1 drafts accepted) is the tokens a step emits; it first
 // measures every k a few times, then re-measures the least recently measured one after
 // kProbeEvery steps, the interval doubling (up to kProbeMax) while the choice holds and back
-// to kProbeEvery when it changes, so that a change in costs or acceptance is seen at a cost of
-// well under 1% of the steps once settled. Output never depends on
+// to kProbeEvery when it changes, and never shorter than what keeps the re-measurements' own
+// cost at kProbeShare of the time (a probe of a k that costs 3 plain steps for 1.2 tokens, as
+// the MTP head of a small model on a GPU, waits ~360 steps), so that a change in costs or
+// acceptance is seen at a cost of about 0.5% of the time once settled. Output never depends on
 // it: whether a step drafts changes no token or bit (verification is exact).
 #pragma once
 #include <cstdint>
@@ -27,6 +29,7 @@ public:
     static constexpr int kProbeEvery = 64;  // steps between re-measurements of another k, at first
     static constexpr int kProbeMax = 4096;
     static constexpr double kDecay = 0.98;  // per verification, on the acceptance counts
+    static constexpr double kProbeShare = 0.005;  // of the time, spent re-measuring once settled
 
     explicit SpecPolicy(int k_max);
     int k_max() const { return k_max_; }
@@ -45,9 +48,14 @@ public:
     double tokens_per_step(int k) const;
 
 private:
+    // The time a step of k loses against a step of best (in steps of best): 0 where k is as fast.
+    double probe_loss(int k, int best) const;
     int k_max_;
     int64_t steps_ = 0, last_probe_ = 0, probe_every_ = kProbeEvery;
     int last_best_ = -1;
+    int last_k_ = -1;            // the k of the last recorded step
+    int resume_k_ = 0;           // the last drafting step after a plain one: its k and time
+    double resume_seconds_ = 0;
     bool exploring_ = true;
     std::vector<std::vector<double>> times_;  // [k] the last kSamples step times
     std::vector<int64_t> n_times_, last_measured_;  // [k] samples recorded; the step of the last one

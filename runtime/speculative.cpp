@@ -23,6 +23,47 @@ std::vector<int32_t> NgramDrafter::draft(const std::vector<int32_t>& h, int k) c
     return {};
 }
 
+NgramIndex::NgramIndex(NgramDrafter rule) : rule_(rule) {
+    if (rule_.n_max > NgramDrafter::kMaxN || rule_.n_min < 1 || rule_.n_min > rule_.n_max)
+        throw Error("prompt lookup: n-gram lengths must satisfy 1 <= n_min <= n_max <= " + std::to_string(NgramDrafter::kMaxN) +
+                    ", got " + std::to_string(rule_.n_min) + ".." + std::to_string(rule_.n_max));
+}
+
+size_t NgramIndex::KeyHash::operator()(const Key& k) const {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (int32_t t : k.t) h = (h ^ uint32_t(t)) * 0x100000001b3ull, h ^= h >> 29;
+    return size_t(h);
+}
+
+NgramIndex::Key NgramIndex::key(const int32_t* last, int n) {
+    Key k;
+    k.t.fill(-1);
+    std::copy(last, last + n, k.t.begin());
+    return k;
+}
+
+std::vector<int32_t> NgramIndex::draft(const std::vector<int32_t>& h, int k) {
+    const size_t len = h.size();
+    if (len < indexed_ + 1 && indexed_ > 0) {  // the history shrank: start over
+        for (auto& m : by_n_) m.clear();
+        indexed_ = 0;
+    }
+    // Earlier ends are e <= len - 2 (NgramDrafter::draft's scan range); the latest one wins.
+    for (; indexed_ + 1 < len; ++indexed_) {
+        const int e = int(indexed_);
+        for (int n = rule_.n_min; n <= rule_.n_max && n <= e + 1; ++n) by_n_[size_t(n)][key(h.data() + e - n + 1, n)] = e;
+    }
+    const int L = int(len);
+    for (int n = std::min(rule_.n_max, L - 1); n >= rule_.n_min; --n) {
+        const auto& m = by_n_[size_t(n)];
+        const auto it = m.find(key(h.data() + L - n, n));
+        if (it == m.end()) continue;
+        const int e = it->second, take = std::min(k, L - 1 - e);
+        return std::vector<int32_t>(h.begin() + e + 1, h.begin() + e + 1 + take);
+    }
+    return {};
+}
+
 int accept_greedy(const int32_t* greedy, const std::vector<int32_t>& drafts) {
     int a = 0;
     while (a < int(drafts.size()) && drafts[size_t(a)] == greedy[a]) ++a;

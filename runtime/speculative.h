@@ -5,7 +5,9 @@
 // K-quants up to 16, attention up to kMaxVerifyTokens queries, the serial GDN kernel for any
 // split), so the accepted tokens and their logits are plain greedy decode's, bit for bit.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/gdn_replay.h"
@@ -23,8 +25,33 @@ constexpr int kMaxVerifyTokens = 4;
 // n tokens, for n from n_max down to n_min (the first n that matches); fewer where the history
 // ends, none without a match.
 struct NgramDrafter {
+    static constexpr int kMaxN = 4;  // longest n-gram NgramIndex keys
     int n_min = 1, n_max = 3;
     std::vector<int32_t> draft(const std::vector<int32_t>& history, int k) const;
+};
+
+// NgramDrafter's answers in O(n_max) a call instead of a scan of the whole history: the latest
+// end of every n-gram (n in n_min..n_max) kept in a hash map, extended as the history grows.
+// The scan cost ~15-50 us at 4k-16k tokens of context, which a GPU decode step of a small model
+// (~250 us) could not hide. Per sequence; the history may only grow between calls (the engine
+// appends the tokens a request takes); a shorter one starts the index over.
+class NgramIndex {
+public:
+    explicit NgramIndex(NgramDrafter rule = {});
+    std::vector<int32_t> draft(const std::vector<int32_t>& history, int k);
+
+private:
+    struct Key {
+        std::array<int32_t, NgramDrafter::kMaxN> t{};
+        bool operator==(const Key& o) const { return t == o.t; }
+    };
+    struct KeyHash {
+        size_t operator()(const Key& k) const;
+    };
+    static Key key(const int32_t* last, int n);
+    NgramDrafter rule_;
+    size_t indexed_ = 0;  // ends e < indexed_ are in by_n_
+    std::array<std::unordered_map<Key, int, KeyHash>, NgramDrafter::kMaxN + 1> by_n_;  // [n] n-gram -> its latest end
 };
 
 struct VerifyResult {

@@ -582,5 +582,28 @@ TEST(Speculative, NgramDrafterLooksUpThePrompt) {
     EXPECT_TRUE(d.draft({7, 8, 9}, 3).empty());
     EXPECT_TRUE(d.draft({}, 3).empty());
 }
+
+// The engine's incremental index answers as the scan does, call after call as a history grows
+// (small vocabularies: many repeats; every rule the drafter takes), and starts over on a
+// shorter history.
+TEST(Speculative, NgramIndexAnswersAsTheScan) {
+    std::mt19937 rng(7);
+    for (const auto& [n_min, n_max] : std::vector<std::pair<int, int>>{{1, 3}, {2, 3}, {1, 1}, {2, 4}})
+        for (int vocab : {2, 5, 40}) {
+            const NgramDrafter rule{n_min, n_max};
+            NgramIndex index(rule);
+            std::vector<int32_t> h;
+            for (int step = 0; step < 400; ++step) {
+                const int grow = int(rng() % 3);  // 0..2 tokens between calls (accepted runs)
+                for (int i = 0; i < grow; ++i) h.push_back(int32_t(rng() % uint32_t(vocab)));
+                const int k = 1 + int(rng() % 4);
+                ASSERT_EQ(index.draft(h, k), rule.draft(h, k)) << "n " << n_min << ".." << n_max << ", vocab " << vocab
+                                                               << ", length " << h.size();
+            }
+            h.resize(h.size() / 2);
+            EXPECT_EQ(index.draft(h, 3), rule.draft(h, 3)) << "after the history shrank";
+        }
+    EXPECT_THROW(NgramIndex(NgramDrafter{1, NgramDrafter::kMaxN + 1}), Error);
+}
 }  // namespace
 }  // namespace alloy

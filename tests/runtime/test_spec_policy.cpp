@@ -17,6 +17,9 @@ struct Simulated {
     // Seconds of a step with k drafts, and P(draft t accepted | drafts before it accepted).
     std::vector<double> seconds;
     double p_accept = 0;
+    // Added to a step with drafts that follows one without: what the steps without drafts put
+    // off (the MTP head runs the rows it was given meanwhile), which the medians do not show.
+    double resume_seconds = 0;
 };
 
 // Runs n steps; returns how many chose each k and the tokens emitted per simulated second.
@@ -25,6 +28,7 @@ std::vector<int> run(SpecPolicy& p, const Simulated& sim, int n, std::mt19937& r
     std::uniform_real_distribution<double> u(0, 1);
     std::normal_distribution<double> jitter(1.0, 0.03);
     double tokens = 0, seconds = 0;
+    int previous = -1;
     for (int i = 0; i < n; ++i) {
         const int k = p.choose();
         EXPECT_TRUE(k >= 0 && k <= p.k_max()) << k;
@@ -32,7 +36,8 @@ std::vector<int> run(SpecPolicy& p, const Simulated& sim, int n, std::mt19937& r
         int a = 0;
         while (a < k && u(rng) < sim.p_accept) ++a;
         if (k > 0) p.record_verification(k, a);
-        const double t = sim.seconds[size_t(k)] * jitter(rng);
+        const double t = sim.seconds[size_t(k)] * jitter(rng) + (k > 0 && previous == 0 ? sim.resume_seconds : 0.0);
+        previous = k;
         p.record_step(k, t);
         tokens += 1 + a;
         seconds += t;
@@ -51,7 +56,25 @@ TEST(SpecPolicy, TurnsDraftingOffWhereADraftCostsMoreThanItSaves) {
     double rate = 0;
     const std::vector<int> chosen = run(p, sim, 4000, rng, &rate);
     EXPECT_GT(chosen[0], 4000 * 98 / 100) << "drafted in more than 2% of the steps";
-    EXPECT_GT(rate, 0.97 / 1.0e-3) << "below 97% of plain decode's tokens per second";
+    EXPECT_GT(rate, 0.99 / 1.0e-3) << "below 99% of plain decode's tokens per second";
+}
+
+TEST(SpecPolicy, ReMeasuresAtAboutOnePercentOfTheTime) {
+    // The default model's MTP head on the GPU (host-bound steps): a step with drafts costs three
+    // plain ones, and the first after plain steps eight more (the head runs the rows it was
+    // given meanwhile). Once settled the re-measurements keep to ~1% of the time, in the first
+    // few hundred steps too (a bench's repetitions are 128 tokens).
+    for (uint32_t seed : {5u, 6u, 7u}) {
+        SpecPolicy p(3);
+        std::mt19937 rng(seed);
+        const Simulated sim{{1.0e-3, 3.0e-3, 3.6e-3, 4.2e-3}, 0.3, 8.0e-3};
+        run(p, sim, 100, rng);  // settle
+        double rate = 0;
+        run(p, sim, 400, rng, &rate);
+        EXPECT_GT(rate, 0.985 / 1.0e-3) << "seed " << seed << ": the first 400 settled steps";
+        run(p, sim, 4000, rng, &rate);
+        EXPECT_GT(rate, 0.99 / 1.0e-3) << "seed " << seed << ": the next 4000";
+    }
 }
 
 TEST(SpecPolicy, DraftsAsManyAsPayWhereDraftsAreCheap) {

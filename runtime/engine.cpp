@@ -114,6 +114,7 @@ struct Engine::Impl {
     bool mtp_spec = false;                // when spec is "mtp"
     std::unique_ptr<ModelRunner> mtp_runner;  // then: the MTP heads' plans (the trunk's backend), shared by the requests' drafters
     std::vector<float> step_rows;         // --spec mtp: the step's trunk rows [T, D], batch order
+    bool step_dumped = false;             // whether this step dumps them
     std::optional<SpecPolicy> policy;     // when spec is on: the drafts a step may carry
     std::optional<LoadedModel> draft_lm;  // when spec is "draft": the draft model
     std::optional<SlotStateCache> draft_slots;  // and its states, a slot per engine slot
@@ -199,13 +200,21 @@ struct Engine::Impl {
     // distribution, not its token stream for a given seed).
     bool speculates(const Sequence& s) const { return (drafter || s.mtp || s.draft) && !s.json; }
     bool keeps_history() const { return drafter || draft_slots; }
+    // ALLOY_SPEC_POLICY=0: every step carries up to spec_k drafts (the raw cost of a K; A/B).
+    static bool fixed_spec_k() {
+        static const bool fixed = [] {
+            const char* e = std::getenv("ALLOY_SPEC_POLICY");
+            return e && e[0] == '0';
+        }();
+        return fixed;
+    }
 
     // --spec mtp: the rows [first, first + next.size()) of the step's trunk rows, at positions
     // pos0.., each followed by next[i], into the request's MTP head. A failure turns its drafting
     // off (the tokens never depend on drafts).
     void mtp_observe(Sequence& s, size_t first, int pos0, const std::vector<int32_t>& next) {
         const size_t D = size_t(lm.model->hparams().n_embd);
-        if (!s.mtp || next.empty()) return;
+        if (!s.mtp || next.empty() || !step_dumped) return;  // a step the policy kept plain: no rows
         if ((first + next.size()) * D > step_rows.size()) {
             s.mtp.reset();
             return;
@@ -418,13 +427,8 @@ struct Engine::Impl {
             int budget = cpu::mm::kGemvMaxTokens;
             for (auto& s : active) budget -= s->decoding ? 1 : 0;
             const bool any_spec = std::any_of(active.begin(), active.end(), [&](const auto& s) { return s->decoding && speculates(*s); });
-            // ALLOY_SPEC_POLICY=0: every step carries up to spec_k drafts (the raw cost of a K; A/B).
-            static const bool fixed_k = [] {
-                const char* e = std::getenv("ALLOY_SPEC_POLICY");
-                return e && e[0] == '0';
-            }();
-            const int cap = !any_spec ? 0 : fixed_k ? opt.spec_k : policy->choose();
-            const bool measure = any_spec && !fixed_k && policy->exploring();  // the policy's k, unhindered
+            const int cap = !any_spec ? 0 : fixed_spec_k() ? opt.spec_k : policy->choose();
+            const bool measure = any_spec && !fixed_spec_k() && policy->exploring();  // the policy's k, unhindered
             spec_step = any_spec;
             for (auto& s : active)
                 if (s->decoding) {
@@ -466,7 +470,13 @@ struct Engine::Impl {
         // an inner piece. (Computing the others would change the prompt's last row's bits: the
         // 16-bit GEMMs of many rows do not round as the one-row GEMV does.)
         step_rows.clear();
-        const bool mtp_rows = std::any_of(order.begin(), order.end(), [](const Sequence* s) { return bool(s->mtp); });
+        // Only while drafts may come within the rows the head keeps waiting (MtpDrafter::kMaxPending):
+        // while the policy holds plain decode a step costs what plain decode's does (the dump
+        // took ~1-3% of a small model's step on the H200), and the head still gets the rows it
+        // would have kept before its next draft.
+        const bool mtp_rows = std::any_of(order.begin(), order.end(), [](const Sequence* s) { return bool(s->mtp); }) &&
+                              (fixed_spec_k() || policy->may_draft_within(MtpDrafter::kMaxPending));
+        step_dumped = mtp_rows;
         if (mtp_rows) {
             const std::string name = "blk." + std::to_string(lm.model->hparams().n_layer - 1) + ".h";
             run.dump = {name};

@@ -40,13 +40,13 @@ double SpecPolicy::probe_loss(int k, int best) const {
     return std::max(0.0, lost / tb);
 }
 
-int SpecPolicy::choose() {
-    ++steps_;
-    exploring_ = true;
-    // Measure every k first: plain decode (the yardstick) before the drafts.
+bool SpecPolicy::warming_up() const {
     for (int k = 0; k <= k_max_; ++k)
-        if (n_times_[size_t(k)] < kWarmup) return k;
-    if (drafted_[0] < kWarmupVerifications) return 1 + int(steps_ % k_max_);
+        if (n_times_[size_t(k)] < kWarmup) return true;
+    return drafted_[0] < kWarmupVerifications;
+}
+
+int SpecPolicy::best_k() const {
     int best = 0;
     double best_rate = 0;
     for (int k = 0; k <= k_max_; ++k) {
@@ -54,20 +54,50 @@ int SpecPolicy::choose() {
         const double rate = t > 0 ? tokens_per_step(k) / t : 0;
         if (rate > best_rate) best = k, best_rate = rate;
     }
-    if (best != last_best_) probe_every_ = kProbeEvery, last_best_ = best;
-    int oldest = -1;  // the least recently measured other k: the next one to re-measure
+    return best;
+}
+
+int SpecPolicy::next_probe(int best) const {
+    int oldest = -1;
     for (int k = 0; k <= k_max_; ++k)
         if (k != best && (oldest < 0 || last_measured_[size_t(k)] < last_measured_[size_t(oldest)])) oldest = k;
+    return oldest;
+}
+
+double SpecPolicy::probe_interval(int best, int probe) const {
     // A re-measurement's cost: from the medians, plus where it switches between drafting and
     // not, what the first drafting step after plain ones costs beyond its median (the MTP head
     // runs the rows it was given meanwhile; the medians hide that one-off).
-    double loss = probe_loss(oldest, best);
-    if ((oldest == 0) != (best == 0) && resume_k_ > 0 && step_seconds(best) > 0)
+    double loss = probe_loss(probe, best);
+    if ((probe == 0) != (best == 0) && resume_k_ > 0 && step_seconds(best) > 0)
         loss += std::max(0.0, resume_seconds_ - step_seconds(resume_k_)) / step_seconds(best);
-    if (steps_ - last_probe_ >= std::max<double>(double(probe_every_), loss / kProbeShare)) {
+    // probe_every_ restarts at kProbeEvery when the choice changes (choose() sees that first).
+    const double every = best == last_best_ ? double(probe_every_) : double(kProbeEvery);
+    return std::max(every, loss / kProbeShare);
+}
+
+bool SpecPolicy::may_draft_within(int steps) const {
+    if (warming_up()) return true;
+    const int best = best_k();
+    if (best > 0) return true;
+    return double(steps_ + steps - last_probe_) >= probe_interval(best, next_probe(best));
+}
+
+int SpecPolicy::choose() {
+    ++steps_;
+    exploring_ = true;
+    // Measure every k first: plain decode (the yardstick) before the drafts.
+    for (int k = 0; k <= k_max_; ++k)
+        if (n_times_[size_t(k)] < kWarmup) return k;
+    if (drafted_[0] < kWarmupVerifications) return 1 + int(steps_ % k_max_);
+    const int best = best_k();
+    const int probe = next_probe(best);  // the least recently measured other k
+    const double interval = probe_interval(best, probe);
+    if (best != last_best_) probe_every_ = kProbeEvery, last_best_ = best;
+    if (double(steps_ - last_probe_) >= interval) {
         last_probe_ = steps_;
         probe_every_ = std::min<int64_t>(2 * probe_every_, kProbeMax);
-        return oldest;
+        return probe;
     }
     exploring_ = false;
     return best;

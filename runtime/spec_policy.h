@@ -38,6 +38,10 @@ public:
     // Whether that choice measures (warm-up or a re-measurement) rather than exploits: the
     // caller then drafts exactly that many where it can (its own heuristics would hide the cost).
     bool exploring() const { return exploring_; }
+    // Whether any of the next `steps` choices may carry drafts (warm-up, drafting, or a
+    // re-measurement due by then): --spec mtp gives its head the trunk's rows only then (the
+    // head keeps at most MtpDrafter::kMaxPending waiting rows anyway).
+    bool may_draft_within(int steps) const;
     // A decode step that carried k drafts (the most any request carried; 0: none) took
     // `seconds` in all.
     void record_step(int k, double seconds);
@@ -50,6 +54,10 @@ public:
 private:
     // The time a step of k loses against a step of best (in steps of best): 0 where k is as fast.
     double probe_loss(int k, int best) const;
+    bool warming_up() const;
+    int best_k() const;                              // by the estimates
+    int next_probe(int best) const;                  // the least recently measured other k
+    double probe_interval(int best, int probe) const;  // steps between re-measurements
     int k_max_;
     int64_t steps_ = 0, last_probe_ = 0, probe_every_ = kProbeEvery;
     int last_best_ = -1;

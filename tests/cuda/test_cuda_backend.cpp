@@ -158,6 +158,46 @@ TEST_P(CudaBackend, DecodeIsDeterministicAndVerificationReproducesIt) {
     EXPECT_EQ(got, once) << "verification calls differ from decode";
 }
 
+// A decode step's dumps (--spec mtp hands the MTP head the last layer's rows this way): written
+// by a copy kernel into page-locked memory inside the step's CUDA graph, or (ALLOY_CUDA_DUMP_KERNEL=0)
+// by a device-to-device then a device-to-host copy. Both give the same bits, with graphs and
+// without, and the rows are the CPU backend's within 1e-4 (F32 weights).
+TEST_P(CudaBackend, DecodeDumpsAreTheRowsTheStepComputed) {
+    OnDevice& f = fixture(GetParam());
+    const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
+    const int64_t D = f.model->hparams().n_embd;
+    const std::string name = "blk." + std::to_string(f.model->hparams().n_layer - 1) + ".h";
+    auto decode_rows = [&](const ModelRunner& m) {
+        ModelState st = m.new_state(256, kF32Cache);
+        ForwardOptions fo;
+        fo.gdn_mode = ref::GdnMode::Serial;
+        fo.dump = {name};
+        std::vector<float> rows;
+        fo.dump_sink = [&](const std::string& n, int64_t, const float* r, int64_t n_rows, int64_t cols) {
+            EXPECT_EQ(n, name);
+            EXPECT_EQ(cols, D);
+            rows.insert(rows.end(), r, r + n_rows * cols);
+        };
+        for (size_t t = 0; t < 24 && t < ids.size(); ++t) m.forward(st, &ids[t], 1, fo, nullptr);
+        return rows;
+    };
+    const ModelRunner cpu(*f.model, make_backend("cpu"));
+    const std::vector<float> want = decode_rows(cpu);
+    ASSERT_EQ(want.size(), std::min<size_t>(24, ids.size()) * size_t(D));
+    std::vector<std::vector<float>> got;
+    for (const char* by_kernel : {"1", "0"})
+        for (const char* graphs : {"1", "0"}) {
+            ::setenv("ALLOY_CUDA_DUMP_KERNEL", by_kernel, 1);
+            ::setenv("ALLOY_CUDA_GRAPHS", graphs, 1);
+            const ModelRunner gpu(*f.model, make_backend("cuda"));  // plans compiled under these settings
+            got.push_back(decode_rows(gpu));
+            EXPECT_LT(max_row_rel_error(got.back(), want, D), 1e-4) << "kernel " << by_kernel << ", graphs " << graphs;
+        }
+    ::unsetenv("ALLOY_CUDA_DUMP_KERNEL");
+    ::unsetenv("ALLOY_CUDA_GRAPHS");
+    for (size_t i = 1; i < got.size(); ++i) EXPECT_EQ(got[i], got[0]) << "variant " << i;
+}
+
 // The default f16 KV cache, where decode records the KV store and attention into its CUDA
 // graph (depths and slots read on the device): decode with graphs = without them, run to run;
 // verification calls of 1..5 tokens = decode; two sequences decoded in one batch (one attention

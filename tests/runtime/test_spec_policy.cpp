@@ -113,6 +113,33 @@ TEST(SpecPolicy, FollowsAChangeOfAcceptance) {
     EXPECT_GT(chosen[0], 1000 * 95 / 100);
 }
 
+TEST(SpecPolicy, TellsAheadWhenDraftsMayCome) {
+    // --spec mtp feeds its head only while may_draft_within(64): every step that drafts must
+    // follow 64 steps that said so (the rows the head keeps), and once settled on plain decode
+    // most steps must not.
+    SpecPolicy p(3);
+    std::mt19937 rng(8);
+    std::uniform_real_distribution<double> u(0, 1);
+    const std::vector<double> seconds{1.0e-3, 3.0e-3, 3.6e-3, 4.2e-3};
+    int said = 0, quiet = 0, drafted = 0;
+    for (int i = 0; i < 6000; ++i) {
+        const int k = p.choose();
+        if (k > 0) {
+            ++drafted;
+            EXPECT_TRUE(i < 64 || said >= 64) << "step " << i << " drafts after " << said << " steps of warning";
+            int a = 0;
+            while (a < k && u(rng) < 0.3) ++a;
+            p.record_verification(k, a);
+        }
+        const bool soon = p.may_draft_within(64);  // as the engine asks: after the step's choice
+        said = soon ? said + 1 : 0;
+        quiet += i >= 1000 && !soon;
+        p.record_step(k, seconds[size_t(k)]);
+    }
+    EXPECT_GT(drafted, 0);
+    EXPECT_GT(quiet, 5000 * 3 / 4) << "the head would get rows in most settled steps";
+}
+
 TEST(SpecPolicy, RefusesNoDrafts) { EXPECT_THROW(SpecPolicy(0), Error); }
 
 }  // namespace

@@ -178,7 +178,8 @@ TEST_P(CudaBackend, DecodeDumpsAreTheRowsTheStepComputed) {
             EXPECT_EQ(cols, D);
             rows.insert(rows.end(), r, r + n_rows * cols);
         };
-        for (size_t t = 0; t < 24 && t < ids.size(); ++t) m.forward(st, &ids[t], 1, fo, nullptr);
+        std::vector<float> logits(size_t(m.hparams().n_vocab));
+        for (size_t t = 0; t < 24 && t < ids.size(); ++t) m.forward(st, &ids[t], 1, fo, logits.data());
         return rows;
     };
     const ModelRunner cpu(*f.model, make_backend("cpu"));

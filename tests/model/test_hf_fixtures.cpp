@@ -55,6 +55,8 @@ Fixture& fixture(const std::string& name, GgmlType dtype = GgmlType::F32) {
     f.model = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(opt.out_path)));
     f.runner = std::make_unique<ModelRunner>(*f.model);
     fs::remove(opt.out_path);
+    std::error_code ec;
+    fs::remove(dir, ec);  // empty unless another fixture of this process is being written
     return cache.emplace(key, std::move(f)).first->second;
 }
 

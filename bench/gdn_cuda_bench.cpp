@@ -449,8 +449,9 @@ namespace {
 
 void decode_table(double tbs, int only_hv, int only_b, int reps) {
     std::printf("| H_v | B | floor us | delta rule us | %% of floor | fused op us (conv + norms + gates + delta + gated "
-                "norm; the gate's path) | one launch us | three launches us | one launch, seq_slots us |\n"
-                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "norm; the gate's path) | one launch us | three launches us | one launch, seq_slots us | one launch, 8 layers' "
+                "states in turn us | the same, state settled us |\n"
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-0.1f, 0.1f);
@@ -560,6 +561,27 @@ void decode_table(double tbs, int only_hv, int only_b, int reps) {
                 alloy::cuda::gdn_fused(gp, w, B, doffs, B, fq, fz, fa, fb, fcs, ds, fy, ws, st, GdnFusedPath::OneLaunch, dslots);
             });
             cudaFree(dslots);
+            // The one launch over 8 states and conv states in turn (a model's consecutive layers:
+            // no launch reads what the one before it writes), loading them before the PDL wait
+            // (state_settled, as the CUDA backend's decode graphs) or after it.
+            constexpr int kLayers = 8;
+            std::vector<float*> lstate(kLayers), lconv(kLayers);
+            for (int l = 0; l < kLayers; ++l) {
+                CHECK(cudaMalloc(&lstate[size_t(l)], state.size() * 4));
+                CHECK(cudaMemcpy(lstate[size_t(l)], ds, state.size() * 4, cudaMemcpyDeviceToDevice));
+                CHECK(cudaMalloc(&lconv[size_t(l)], h_cs.size() * 4));
+                CHECK(cudaMemcpy(lconv[size_t(l)], fcs, h_cs.size() * 4, cudaMemcpyDeviceToDevice));
+            }
+            auto layers_us = [&](bool settled) {
+                int next = 0;
+                return time_us([&] {
+                    const int l = next++ % kLayers;
+                    alloy::cuda::gdn_fused(gp, w, B, doffs, B, fq, fz, fa, fb, lconv[size_t(l)], lstate[size_t(l)], fy, ws, st,
+                                           GdnFusedPath::OneLaunch, nullptr, nullptr, settled);
+                });
+            };
+            const double layers_plain_us = layers_us(false), layers_settled_us = layers_us(true);
+            for (int l = 0; l < kLayers; ++l) cudaFree(lstate[size_t(l)]), cudaFree(lconv[size_t(l)]);
             const double floor_us = 2.0 * double(state.size()) * 4 / (tbs * 1e12) * 1e6;
 #ifdef ALLOY_GDN_EXP_CLOCK
             {  // one-launch kernel, phase cycles of thread 0 (mean over blocks, max), and span
@@ -582,8 +604,8 @@ void decode_table(double tbs, int only_hv, int only_b, int reps) {
                 std::printf("\n");
             }
 #endif
-            std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f | %.2f |\n", H_v, B, floor_us, us,
-                        100 * floor_us / us, fused_us, one_us, three_us, slots_us);
+            std::printf("| %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", H_v, B, floor_us, us,
+                        100 * floor_us / us, fused_us, one_us, three_us, slots_us, layers_plain_us, layers_settled_us);
             for (void* p : {(void*)fq, (void*)fz, (void*)fa, (void*)fb, (void*)fcw, (void*)fcs, (void*)fsa, (void*)fdt,
                             (void*)fn, (void*)fy, ws})
                 cudaFree(p);

@@ -601,6 +601,7 @@ struct FusedArgs {
     int share;   // q/k channels per block of the cluster (the last ones may have fewer)
     int ustride; // floats per token row of the conv output in shared memory (2 d_k + cols, rounded to 4)
     float eps, q_scale;
+    int settled; // the split kernel: state, conv state, offsets and slots loaded before the PDL wait (gdn_fused's state_settled)
 };
 
 // Dynamic shared memory of the fused kernel, in floats.
@@ -923,7 +924,10 @@ __device__ __forceinline__ float group8_sum(float x) {
 // dependent load there measured +0.26 us at H_v 48, B = 1).
 template <bool kVec, int kP, int kK, int kCh, bool kSlots>
 __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(const FusedArgs A) {
-    detail::pdl_entry();
+    // Settled (decode graphs): what no earlier kernel of the step writes is loaded while the
+    // previous kernel drains, and only the token's rows wait for it.
+    if (A.settled) detail::pdl_trigger();
+    else detail::pdl_entry();
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
     const int d_k = A.sh.d_k, d_v = A.sh.d_v, H_v = A.sh.H_v, H_k = A.sh.H_k, g = H_v / H_k;
@@ -958,10 +962,13 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
     const bool y_thread = tid < ncols, g_thread = tid == nthreads - 1;
     const bool spec_ok = seq < A.n_tokens;
     float x_spec[kCh], z_spec = 0.0f, a_spec = 0.0f, b_spec = 0.0f;
+    auto load_spec = [&] {
 #pragma unroll
-    for (int c = 0; c < kCh; ++c) x_spec[c] = spec_ok && tid + c * nthreads < nch ? A.qkv[(size_t)seq * conv_dim + gcs[c]] : 0.0f;
-    if (spec_ok && y_thread) z_spec = A.z[((size_t)seq * H_v + h) * d_v + col0 + tid];
-    if (spec_ok && g_thread) a_spec = A.a[(size_t)seq * H_v + h], b_spec = A.b[(size_t)seq * H_v + h];
+        for (int c = 0; c < kCh; ++c) x_spec[c] = spec_ok && tid + c * nthreads < nch ? A.qkv[(size_t)seq * conv_dim + gcs[c]] : 0.0f;
+        if (spec_ok && y_thread) z_spec = A.z[((size_t)seq * H_v + h) * d_v + col0 + tid];
+        if (spec_ok && g_thread) a_spec = A.a[(size_t)seq * H_v + h], b_spec = A.b[(size_t)seq * H_v + h];
+    };
+    if (!A.settled) load_spec();
     float win[kCh][kK], wt[kCh][kK];
 #pragma unroll
     for (int c = 0; c < kCh; ++c) {
@@ -984,6 +991,10 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
         else
 #pragma unroll
             for (int e = 0; e < 16; ++e) s[p][e] = 0.0f;
+    }
+    if (A.settled) {
+        detail::pdl_wait();
+        load_spec();
     }
     if (t0 == t1) return;  // the whole cluster (one sequence) leaves together
     const bool spec = t0 == seq;
@@ -1433,7 +1444,8 @@ size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_seqs, int n_toke
 
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
-               float* y, void* workspace, void* stream, GdnFusedPath path, const int32_t* seq_slots, uint16_t* y_bf16) {
+               float* y, void* workspace, void* stream, GdnFusedPath path, const int32_t* seq_slots, uint16_t* y_bf16,
+               bool state_settled) {
     const char* op = "cuda::gdn_fused";
     const ref::GdnShape& sh = p.shape;
     check_shape(sh, n_seqs, op);
@@ -1491,6 +1503,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
         A.n_tokens = n_tokens;
         A.eps = p.eps;
         A.q_scale = 1.0f / sqrtf(float(sh.d_k));
+        A.settled = state_settled ? 1 : 0;
         detail::launch_cluster(op, kernel, dim3(unsigned(sh.H_v * sp.C), unsigned(n_seqs), 1), dim3(unsigned(sp.warps * 32), 1, 1), 0, static_cast<cudaStream_t>(stream),
                                unsigned(g * sp.C), A);
         check_launch(op);

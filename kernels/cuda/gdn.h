@@ -61,12 +61,18 @@ void gdn_delta_serial(const ref::GdnShape& shape, int n_seqs, const int32_t* seq
 // y_bf16 (optional, [n_tokens, H_v d_v]): y also rounded to bf16 (nearest even) for the call's
 // rows, every path (the gated RMSNorm writes it; the one-launch paths convert after): the input
 // of a prefill GEMM (cuda::MatmulInput::b), which then skips its own conversion.
+// state_settled: nothing launched on `stream` since its last full serialization point (a host
+// synchronization, a copy, the start of a graph launched after one) writes this call's slots of
+// state and conv_state, nor seq_offsets or seq_slots (a model's decode step: each layer's op
+// runs once, its state written by an earlier step). The one-launch split kernel then loads
+// them and the weights before waiting for the previous kernel (PDL), only the token's rows
+// after; the bits are the same either way.
 enum class GdnFusedPath { Auto, OneLaunch, ThreeLaunches };
 size_t gdn_fused_workspace_bytes(const ref::GdnParams& p, int n_seqs, int n_tokens);
 void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                const float* qkv, const float* z, const float* a, const float* b, float* conv_state, float* state,
                float* y, void* workspace, void* stream = nullptr, GdnFusedPath path = GdnFusedPath::Auto,
-               const int32_t* seq_slots = nullptr, uint16_t* y_bf16 = nullptr);
+               const int32_t* seq_slots = nullptr, uint16_t* y_bf16 = nullptr, bool state_settled = false);
 
 // ref::gdn_delta_chunked on device arrays (chunk size 64, d_k = d_v = 128 only; other dims and
 // chunk sizes throw alloy::Error naming the field). Two stages with bf16 tensor-core products,

@@ -1057,6 +1057,11 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 }
                 CudaPlan* pl = plan.get();
                 const size_t n_log = plan->gdn_layers.size();
+                // A step runs each layer's GDN op once, on states an earlier step wrote (the host
+                // synchronizes between steps; slot copies and the replay log are copies, which
+                // serialize the stream): the op may load them before the previous kernel ends
+                // (cuda::gdn_fused's state_settled). ALLOY_CUDA_GDN_SETTLED=0: after it (A/B).
+                const bool settled = !env_is("ALLOY_CUDA_GDN_SETTLED", "0");
                 plan->add(kernel, n.label, [=](const StepContext& c) {
                     if (CudaPlan::logs_gdn(c) && n_log > 0) {  // the inputs' rows, for a rollback's replay
                         const GdnReplayLog::Layer& L = pl->gdn_layers[n_log - 1];
@@ -1079,7 +1084,7 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                         ref::GdnParams run = gp;
                         if (serial) run.mode = ref::GdnMode::Serial;
                         cuda::gdn_fused(run, gw, s1 - s0, d_offsets + s0, c.n, qkv, z, a, b, conv, ssm, y, ws, st,
-                                        cuda::GdnFusedPath::Auto, d_slots + s0, y_bf16);
+                                        cuda::GdnFusedPath::Auto, d_slots + s0, y_bf16, settled);
                     });
                 });
                 break;

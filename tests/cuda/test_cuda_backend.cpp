@@ -199,6 +199,38 @@ TEST_P(CudaBackend, DecodeDumpsAreTheRowsTheStepComputed) {
     for (size_t i = 1; i < got.size(); ++i) EXPECT_EQ(got[i], got[0]) << "variant " << i;
 }
 
+// Decode graphs load each GDN layer's state before the previous kernel ends (cuda::gdn_fused's
+// state_settled): the same logits as loading it after (ALLOY_CUDA_GDN_SETTLED=0), decode and
+// verification calls, with graphs and without.
+TEST_P(CudaBackend, DecodeWithTheGdnStateSettledIsTheSame) {
+    OnDevice& f = fixture(GetParam());
+    const auto ids = f.ref["sequences"][1]["ids"].get<std::vector<int32_t>>();
+    const size_t V = size_t(f.model->hparams().n_vocab), n = std::min<size_t>(40, ids.size());
+    auto run = [&](const char* settled, const char* graphs) {
+        ::setenv("ALLOY_CUDA_GDN_SETTLED", settled, 1);
+        ::setenv("ALLOY_CUDA_GRAPHS", graphs, 1);
+        const ModelRunner gpu(*f.model, make_backend("cuda"));  // plans compiled under these settings
+        ModelState st = gpu.new_state(256, KvCacheTypes{});
+        ForwardOptions fo;
+        fo.all_logits = true;
+        fo.gdn_mode = ref::GdnMode::Serial;
+        std::vector<float> out(n * V);
+        size_t t = 0;
+        for (; t < n / 2; ++t) gpu.forward(st, &ids[t], 1, fo, out.data() + t * V);
+        for (int k = 1; t < n; k = k % 4 + 1) {  // verification calls of 1..4 tokens
+            const int m = int(std::min(n - t, size_t(k)));
+            gpu.forward(st, &ids[t], m, fo, out.data() + t * V);
+            t += size_t(m);
+        }
+        return out;
+    };
+    const std::vector<float> after = run("0", "1");
+    EXPECT_EQ(run("1", "1"), after) << "settled, graphs";
+    EXPECT_EQ(run("1", "0"), after) << "settled, no graphs";
+    ::unsetenv("ALLOY_CUDA_GDN_SETTLED");
+    ::unsetenv("ALLOY_CUDA_GRAPHS");
+}
+
 // The default f16 KV cache, where decode records the KV store and attention into its CUDA
 // graph (depths and slots read on the device): decode with graphs = without them, run to run;
 // verification calls of 1..5 tokens = decode; two sequences decoded in one batch (one attention

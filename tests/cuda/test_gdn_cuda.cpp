@@ -186,7 +186,7 @@ FusedInputs make_fused(const ref::GdnShape& sh, int K, std::vector<int32_t> offs
 // (y, conv_state, state) of cuda::gdn_fused over the whole call, or of the sequences' tokens
 // in calls of `width` tokens (one sequence per call).
 std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width,
-                                               cuda::GdnFusedPath path = cuda::GdnFusedPath::Auto) {
+                                               cuda::GdnFusedPath path = cuda::GdnFusedPath::Auto, bool settled = false) {
     const ref::GdnShape& sh = in.p.shape;
     const int n_seqs = int(in.offs.size()) - 1, conv_dim = 2 * sh.H_k * sh.d_k + sh.H_v * sh.d_v, K = in.p.conv_kernel;
     DeviceArray<float> qkv(in.qkv), z(in.z), a(in.a), b(in.b), cw(in.conv_w), sa(in.ssm_a), dt(in.dt_bias),
@@ -195,7 +195,9 @@ std::vector<std::vector<float>> run_fused_cuda(const FusedInputs& in, int width,
     const ref::GdnWeights w{cw.p, sa.p, dt.p, norm.p};
     if (width == 0) {
         DeviceArray<int32_t> offs(in.offs);
-        cuda::gdn_fused(in.p, w, n_seqs, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p, cs.p, st.p, y.p, ws.p, nullptr, path);
+        // Settled: the inputs were copied in (a full serialization point) and nothing since writes them.
+        cuda::gdn_fused(in.p, w, n_seqs, offs.p, in.n_tokens, qkv.p, z.p, a.p, b.p, cs.p, st.p, y.p, ws.p, nullptr, path,
+                        nullptr, nullptr, settled);
     } else {
         for (int s = 0; s < n_seqs; ++s)
             for (int t = in.offs[s]; t < in.offs[s + 1]; t += width) {
@@ -269,9 +271,14 @@ TEST(CudaGdn, FusedPathsGiveTheSameBits) {
         const FusedInputs in = make_fused(c.sh, c.K, c.offs, c.n_tokens, seed++);
         const auto one = run_fused_cuda(in, 0, cuda::GdnFusedPath::OneLaunch);
         const auto three = run_fused_cuda(in, 0, cuda::GdnFusedPath::ThreeLaunches);
-        for (int i = 0; i < 3; ++i)
+        // The one launch with its state loaded before the PDL wait (state_settled): the same bits.
+        const auto settled = run_fused_cuda(in, 0, cuda::GdnFusedPath::OneLaunch, true);
+        for (int i = 0; i < 3; ++i) {
             EXPECT_EQ(0, std::memcmp(one[size_t(i)].data(), three[size_t(i)].data(), one[size_t(i)].size() * 4))
                 << "H_k " << c.sh.H_k << " H_v " << c.sh.H_v << " d_k " << c.sh.d_k << " d_v " << c.sh.d_v << " output " << i;
+            EXPECT_EQ(0, std::memcmp(one[size_t(i)].data(), settled[size_t(i)].data(), one[size_t(i)].size() * 4))
+                << "settled, H_k " << c.sh.H_k << " H_v " << c.sh.H_v << " output " << i;
+        }
     }
 }
 

@@ -1247,7 +1247,10 @@ constexpr int kSplitGateWaves = ALLOY_GDN_SPLIT_GATE_WAVES;
 #endif
 constexpr int kSplitMaxCluster = ALLOY_GDN_SPLIT_MAX_CLUSTER;
 // For g >= 3 value heads per key head: 6 (H_v 48: C = 2, 5.8 us) beat 3 (C = 1: 6.5 us).
-constexpr int kSplitMaxClusterWide = 6;
+#ifndef ALLOY_GDN_SPLIT_MAX_CLUSTER_WIDE
+#define ALLOY_GDN_SPLIT_MAX_CLUSTER_WIDE 6
+#endif
+constexpr int kSplitMaxClusterWide = ALLOY_GDN_SPLIT_MAX_CLUSTER_WIDE;
 
 SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
     static std::mutex mu;

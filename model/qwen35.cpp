@@ -247,16 +247,26 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
         const std::string p = "blk." + std::to_string(hp.n_layer) + ".";
         bind_layer(mtp.layer, p, /*recurrent=*/false);
         const WeightView eh = b.matrix(p + "nextn.eh_proj.weight", 2 * D, D);
-        if (D % type_traits(eh.type).block_elems)
-            throw Error(f.path() + ": tensor '" + p + "nextn.eh_proj.weight': its " + type_traits(eh.type).name +
-                        " blocks straddle the two input halves (D = " + std::to_string(D) + ")");
-        const size_t half = row_bytes(eh.type, D);
+        // Where the type's blocks straddle the halves (a 256-value block with D = 128: a small
+        // model quantized to a K-quant or IQ4_XS), the halves are the rows' exact values in F32.
+        const bool whole_blocks = D % type_traits(eh.type).block_elems == 0;
+        const GgmlType half_type = whole_blocks ? eh.type : GgmlType::F32;
+        const size_t half = row_bytes(half_type, D);
+        std::vector<float> values(whole_blocks ? 0 : size_t(2 * D));
         for (int side = 0; side < 2; ++side) {
             std::vector<uint8_t> bytes(half * size_t(D));
-            for (int64_t r = 0; r < D; ++r) std::memcpy(&bytes[size_t(r) * half], eh.row(r) + side * half, half);
+            for (int64_t r = 0; r < D; ++r) {
+                const uint8_t* src = eh.row(r) + side * half;
+                if (!whole_blocks) {
+                    dequantize_row(eh.type, eh.row(r), values.data(), 2 * D);
+                    src = reinterpret_cast<const uint8_t*>(values.data() + side * D);
+                }
+                std::memcpy(&bytes[size_t(r) * half], src, half);
+            }
             m->owned_bytes_.push_back(std::move(bytes));
             WeightView& w = side == 0 ? mtp.eh_e : mtp.eh_h;
             w = eh;
+            w.type = half_type;
             w.n_in = D;
             w.data = m->owned_bytes_.back().data();
             w.row_bytes = half;

@@ -10,10 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "alloy/error.h"
+#include "alloy/quantize.h"
 #include "format/gguf.h"
+#include "format/quant.h"
 #include "model/qwen35.h"
 #include "runtime/model_runner.h"
 #include "runtime/mtp_drafter.h"
@@ -47,6 +50,54 @@ std::vector<std::vector<int32_t>> reference_prompts() {
     std::ifstream in(std::string(ALLOY_SOURCE_DIR) + "/testdata/default-model/reference.json");
     const auto j = nlohmann::json::parse(in);
     return j["prompts"].get<std::vector<std::vector<int32_t>>>();
+}
+
+// The default model quantized to IQ4_XS (as a user's llama-quantize would: 256-value blocks
+// with D = 128, so nextn.eh_proj's blocks straddle its two input halves) still loads, its
+// head's halves being each row's exact values in F32, and the head drafts.
+TEST(MtpDrafter, HeadWhoseBlocksStraddleTheHalvesLoadsAsItsValues) {
+    const fs::path src = fs::path(ALLOY_BINARY).parent_path() / "share" / "alloy" / "alloy-default-kjv.gguf";
+    const fs::path out = fs::temp_directory_path() / ("alloy_mtp_iq4xs_" + std::to_string(::getpid()) + ".gguf");
+    QuantizeRequest q;
+    q.input = src.string();
+    q.output = out.string();
+    q.type = "IQ4_XS";
+    q.allow_requantize = true;
+    quantize_model(q);
+    auto file = std::shared_ptr<gguf::File>(gguf::File::open(out.string()));
+    const gguf::TensorInfo* eh = file->find_tensor("blk." + std::to_string(default_model().model->hparams().n_layer) +
+                                                   ".nextn.eh_proj.weight");
+    ASSERT_NE(eh, nullptr);
+    const int64_t D = eh->ne[1];
+    ASSERT_NE(D % type_traits(eh->type).block_elems, 0) << "the case needs blocks that straddle; got " << type_traits(eh->type).name;
+    const auto model = Qwen35Model::load(file);
+    fs::remove(out);
+    const Qwen35Mtp* mtp = model->mtp();
+    ASSERT_NE(mtp, nullptr);
+    ASSERT_EQ(mtp->eh_e.type, GgmlType::F32);
+    ASSERT_EQ(mtp->eh_h.type, GgmlType::F32);
+    const size_t row = eh->nbytes / size_t(D);
+    std::vector<float> v(size_t(2 * D));
+    for (int64_t r = 0; r < D; ++r) {
+        dequantize_row(eh->type, eh->data + size_t(r) * row, v.data(), 2 * D);
+        ASSERT_EQ(0, std::memcmp(mtp->eh_e.row(r), v.data(), size_t(D) * 4)) << "row " << r << ", e half";
+        ASSERT_EQ(0, std::memcmp(mtp->eh_h.row(r), v.data() + D, size_t(D) * 4)) << "row " << r << ", h half";
+    }
+    // It drafts: rows of the trunk in, tokens of the vocabulary out.
+    const ModelRunner m(*model);
+    MtpDrafter drafter(m, 256);
+    const std::vector<int32_t> prompt = reference_prompts().front();
+    std::vector<float> rows, logits(size_t(m.hparams().n_vocab));
+    ForwardOptions fo;
+    fo.dump = {drafter.trunk_rows_name()};
+    fo.dump_sink = [&](const std::string&, int64_t, const float* r, int64_t n, int64_t cols) { rows.assign(r + (n - 1) * cols, r + n * cols); };
+    ModelState st = m.new_state(256);
+    m.forward(st, prompt.data(), int(prompt.size()), fo, logits.data());
+    const int32_t next = greedy_token(logits.data(), m.hparams().n_vocab);
+    drafter.observe(int(prompt.size()) - 1, rows.data(), &next, 1);
+    const std::vector<int32_t> d = drafter.draft(2);
+    ASSERT_FALSE(d.empty());
+    for (int32_t t : d) EXPECT_TRUE(t >= 0 && t < m.hparams().n_vocab) << t;
 }
 
 TEST(MtpDrafter, VerifiedDraftsArePlainGreedyDecodeAndMostlyAccepted) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "format/quant.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul_kernels.h"
 
@@ -64,6 +65,23 @@ inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
     const uint32_t lo = load_as<uint32_t>(blk + 64 * h + 32 * (k & 1) + l);
     const uint32_t hi = load_as<uint32_t>(blk + 128 + 32 * h + l);
     return (((k < 2 ? lo : lo >> 4) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4));
+}
+
+// IQ4_XS's codebook (format/quant.h kIq4nlValues) + 128 (1..241: unsigned, as vpdpbusd wants its
+// first operand; the tiles take 128 times the activations' block sums off); the tiles look a
+// block's codes up with vpshufb.
+alignas(16) inline constexpr uint8_t kIq4Plus128[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+constexpr bool iq4_plus128_is_the_codebook() {
+    for (int i = 0; i < 16; ++i)
+        if (int(kIq4Plus128[i]) != int(kIq4nlValues[i]) + 128) return false;
+    return true;
+}
+static_assert(iq4_plus128_is_the_codebook());
+// IQ4_XS's 8 sub-block scales (ls - 32, -32..31).
+inline void iq4xs_scales(const uint8_t* blk, int8_t* sc) {
+    const unsigned h = load_u16(blk + 2);
+    for (int ib = 0; ib < 8; ++ib)
+        sc[ib] = int8_t(int(((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((h >> (2 * ib)) & 3) << 4)) - 32);
 }
 
 // Q4_K's 12 scale bytes -> 8 scales then 8 mins as 16 uint8 (the 6-bit fields of spec/GGUF.md
@@ -131,14 +149,14 @@ GemvFn kq_r16_gemv_avx2(GgmlType t);  // matmul_kquant_avx2.cpp
 GemvFn kq_r16_gemv_vnni(GgmlType t);  // matmul_kquant_vnni.cpp (256-bit)
 GemvFn kq_r16_gemv_zmm(GgmlType t);   // matmul_kquant_vnni.cpp: 16 rows in one zmm (AVX512-BW + VNNI)
 
-enum class KqKind { Q4, Q5, Q6 };
+enum class KqKind { Q4, Q5, Q6, Iq4 };
 
 // What a prefill tile of R rows (from r0) reads: the weight rows and the Q8_K panel from group
 // g0 (layout in matmul_kernels.h), the same for the VNNI and the AVX2 tiles.
 template <KqKind kKind>
 struct KqTileIn {
-    static constexpr bool kQ6 = kKind == KqKind::Q6;
-    static constexpr int kBytes = kQ6 ? kQ6KBytes : kKind == KqKind::Q5 ? kQ5KBytes : kQ4KBytes;
+    static constexpr bool kQ6 = kKind == KqKind::Q6, kIq4 = kKind == KqKind::Iq4;
+    static constexpr int kBytes = kQ6 ? kQ6KBytes : kIq4 ? kIq4XsBytes : kKind == KqKind::Q5 ? kQ5KBytes : kQ4KBytes;
     static constexpr int kSub = kQ6 ? 16 : 32;  // elements per scale
     static constexpr int kSubs = kQK / kSub;
     const uint8_t* w;       // row r0
@@ -162,11 +180,14 @@ struct KqTileIn {
         for (int r = 0; r < next_rows; ++r)
             for (int c = 0; c < kBytes; c += 64) _mm_prefetch(reinterpret_cast<const char*>(block(R + r, b) + c), _MM_HINT_T0);
     }
-    // Row r's scales of block b: Q6_K's 16 int8 ones, or Q4_K/Q5_K's 8 scales and 8 mins.
+    // Row r's scales of block b: Q6_K's 16 int8 ones, IQ4_XS's 8 (in sc6), or Q4_K/Q5_K's 8
+    // scales and 8 mins.
     void scales(int r, int64_t b, uint8_t* sc, uint8_t* mn, int8_t* sc6) const {
         const uint8_t* blk = block(r, b);
         if constexpr (kQ6) {
             for (int s = 0; s < 16; ++s) sc6[s] = int8_t(blk[192 + s]);
+        } else if constexpr (kIq4) {
+            iq4xs_scales(blk, sc6);
         } else {
             q4k_unpack_scales(blk + 4, sc, mn);
         }

@@ -1,4 +1,4 @@
-// K-quant prefill (GEMM) tiles on AVX-512 VNNI: Q4_K / Q5_K / Q6_K weights x Q8_K activations in the
+// K-quant prefill (GEMM) tiles on AVX-512 VNNI: Q4_K / Q5_K / Q6_K / IQ4_XS weights x Q8_K activations in the
 // 16-token panel layout (matmul_kernels.h: q [G, K/4, 16, 4], d [G, K/256, 16], bsums
 // [G, K/16, 16] as int32). Same arithmetic as the decode kernels per super-block (exact
 // integer sums, then fp32), in another order of the fp32 steps.
@@ -12,6 +12,9 @@
 //         f += d_x (d tot - dmin mm).
 //   Q6_K: per sub-block s of 16 (4 quads): tot += (sum q6 x) * sc_s, then
 //         tot -= 32 sum_s sc_s bsums_s (the codes' +32 offset); f += d_x d tot.
+//   IQ4_XS: the codebook values + 128 (kIq4Plus128) per sub-block s of 32: tot += (sum u x) *
+//         ls_s, then tot -= 128 sum_s ls_s (bsums[2s] + bsums[2s+1]); f += d_x d tot: ggml's
+//         integer sum of codebook values x activations per super-block, exactly.
 // GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* internally and trip this warning.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -29,18 +32,31 @@ template <KqKind kKind, int R, int NV>
 ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                                 int64_t k1, float* tile, int ldt) {
     using In = KqTileIn<kKind>;
-    constexpr bool kQ6 = In::kQ6;
+    constexpr bool kQ6 = In::kQ6, kIq4 = In::kIq4, kSigned = kQ6 || kIq4;  // signed scales in sc6
     constexpr int kSub = In::kSub, kSubs = In::kSubs;
     const In in(W, r0, p, g0, R);
 
     __m512 f[R * NV];
 #pragma GCC unroll 16
     for (int i = 0; i < R * NV; ++i) f[i] = _mm512_setzero_ps();
+    // IQ4_XS: each row's 256 codebook bytes of the block, looked up once (vpshufb) and then
+    // broadcast a quad at a time from memory.
+    alignas(64) uint8_t u[kIq4 ? R : 1][kQK];
     for (int64_t b = k0 / kQK; b < k1 / kQK; ++b) {
         in.prefetch_next(R, b);
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
         for (int r = 0; r < R; ++r) in.scales(r, b, sc[r], mn[r], sc6[r]);
+        if constexpr (kIq4) {
+            const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Plus128)));
+            const __m128i m = _mm_set1_epi8(0x0F);
+            for (int r = 0; r < R; ++r)
+                for (int v = 0; v < kQK / 32; ++v) {  // sub-block v: low nibbles are values 0..15, high ones 16..31
+                    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.block(r, b) + 8 + 16 * v));
+                    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(u[r] + 32 * v), _mm256_shuffle_epi8(table, idx));
+                }
+        }
         __m512i tot[R * NV];
 #pragma GCC unroll 16
         for (int i = 0; i < R * NV; ++i) tot[i] = _mm512_setzero_si512();
@@ -57,21 +73,24 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
 #pragma GCC unroll 4
                 for (int r = 0; r < R; ++r) {
                     const uint8_t* blk = in.block(r, b);
-                    const __m512i wv = _mm512_set1_epi32(
-                        int(kQ6 ? q6k_quad(blk, qd) : kKind == KqKind::Q5 ? q5k_quad(blk, qd) : q4k_quad(blk, qd)));
+                    const __m512i wv = _mm512_set1_epi32(int(kQ6    ? q6k_quad(blk, qd)
+                                                             : kIq4 ? load_as<uint32_t>(u[kIq4 ? r : 0] + 4 * qd)
+                                                             : kKind == KqKind::Q5 ? q5k_quad(blk, qd)
+                                                                                   : q4k_quad(blk, qd)));
 #pragma GCC unroll 4
                     for (int v = 0; v < NV; ++v) acc[r * NV + v] = _mm512_dpbusd_epi32(acc[r * NV + v], wv, xv[v]);
                 }
             }
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
-                const __m512i scale = _mm512_set1_epi32(kQ6 ? int(sc6[r][s]) : int(sc[r][s]));
+                const __m512i scale = _mm512_set1_epi32(kSigned ? int(sc6[r][s]) : int(sc[r][s]));
 #pragma GCC unroll 4
                 for (int v = 0; v < NV; ++v)
                     tot[r * NV + v] = _mm512_add_epi32(tot[r * NV + v], _mm512_mullo_epi32(acc[r * NV + v], scale));
             }
         }
-        // The block-sum terms: Q6_K's -32 sum sc_s bsums_s, Q4_K's mins (kept apart for dmin).
+        // The block-sum terms: Q6_K's -32 sum sc_s bsums_s, IQ4_XS's -128 sum ls_s bsums_s,
+        // Q4_K's mins (kept apart for dmin).
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
             const uint8_t* blk = in.block(r, b);
@@ -80,7 +99,13 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
             for (int v = 0; v < NV; ++v) {
                 const int32_t* bs = in.bsums(v, b);
                 __m512i corr = _mm512_setzero_si512();
-                if constexpr (kQ6) {
+                if constexpr (kIq4) {
+                    for (int s = 0; s < 8; ++s) {
+                        const __m512i pair = _mm512_add_epi32(_mm512_load_si512(bs + 2 * s * kGroup),
+                                                              _mm512_load_si512(bs + (2 * s + 1) * kGroup));
+                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(pair, _mm512_set1_epi32(sc6[r][s])));
+                    }
+                } else if constexpr (kQ6) {
                     for (int s = 0; s < 16; ++s)
                         corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(_mm512_load_si512(bs + s * kGroup),
                                                                          _mm512_set1_epi32(sc6[r][s])));
@@ -93,9 +118,9 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
                 }
                 const __m512 dx = _mm512_load_ps(in.dx(v, b));
                 __m512 blockf;
-                if constexpr (kQ6) {
-                    blockf = _mm512_mul_ps(_mm512_set1_ps(d),
-                                           _mm512_cvtepi32_ps(_mm512_sub_epi32(tot[r * NV + v], _mm512_slli_epi32(corr, 5))));
+                if constexpr (kSigned) {
+                    blockf = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                                                                  tot[r * NV + v], _mm512_slli_epi32(corr, kIq4 ? 7 : 5))));
                 } else {
                     const float dmin = _cvtsh_ss(load_u16(blk + 2));
                     blockf = _mm512_fmsub_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(tot[r * NV + v]),
@@ -120,8 +145,8 @@ constexpr int kRows = 4, kGroups = 2;
 using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
 #define ALLOY_KQ_ROW(K, R) {&kq_tile<K, R, 1>, &kq_tile<K, R, 2>}
 #define ALLOY_KQ_TABLE(K) {ALLOY_KQ_ROW(K, 1), ALLOY_KQ_ROW(K, 2), ALLOY_KQ_ROW(K, 3), ALLOY_KQ_ROW(K, 4)}
-const TileImpl kTables[3][kRows][kGroups] = {ALLOY_KQ_TABLE(KqKind::Q4), ALLOY_KQ_TABLE(KqKind::Q5),
-                                             ALLOY_KQ_TABLE(KqKind::Q6)};
+const TileImpl kTables[4][kRows][kGroups] = {ALLOY_KQ_TABLE(KqKind::Q4), ALLOY_KQ_TABLE(KqKind::Q5),
+                                             ALLOY_KQ_TABLE(KqKind::Q6), ALLOY_KQ_TABLE(KqKind::Iq4)};
 #undef ALLOY_KQ_TABLE
 #undef ALLOY_KQ_ROW
 
@@ -139,6 +164,7 @@ TileKernel kquant_tile_avx512(GgmlType type) {
         case GgmlType::Q4_K: return {tile_any<KqKind::Q4>, kRows, kGroups, kQ8Kc};
         case GgmlType::Q5_K: return {tile_any<KqKind::Q5>, kRows, kGroups, kQ8Kc};
         case GgmlType::Q6_K: return {tile_any<KqKind::Q6>, kRows, kGroups, kQ8Kc};
+        case GgmlType::IQ4_XS: return {tile_any<KqKind::Iq4>, kRows, kGroups, kQ8Kc};
         default: return {};
     }
 }

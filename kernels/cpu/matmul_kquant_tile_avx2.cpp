@@ -1,4 +1,4 @@
-// K-quant prefill (GEMM) tiles on AVX2: Q4_K / Q5_K / Q6_K weights x Q8_K activations in the
+// K-quant prefill (GEMM) tiles on AVX2: Q4_K / Q5_K / Q6_K / IQ4_XS weights x Q8_K activations in the
 // 16-token panel layout (matmul_kernels.h: q [G, K/4, 16, 4], d [G, K/256, 16], bsums
 // [G, K/16, 16] as int32), for CPUs without AVX-512 VNNI (Zen 1-3, older Intel). Before this,
 // those CPUs dequantized K-quant rows to fp32 for every prefill product.
@@ -8,7 +8,10 @@
 // int16: |2 * 63 * 128| < 2^15, no saturation) summed in int16 over a few quads, then one
 // vpmaddwd by the sub-block scale (kInt16Run below); integer sums are exact in any order, and
 // the scale and min terms and the fp32 steps are the same operations in the same order, so
-// both paths give the same bits.
+// both paths give the same bits. IQ4_XS: its codebook values + 128 (u, up to 241, as the VNNI
+// tile takes them) would overflow a vpmaddubsw pair, so u = 16 u_hi + u_lo goes in as two
+// nibble codes (two vpmaddubsw, each run summed in int16 as Q4_K's) and the sub-block scale ls
+// meets them as 16 ls and ls: the same integer sum of u x ls.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -39,7 +42,13 @@ ALLOY_KQ2_TARGET inline I16 load_i16(const void* p) {
 template <KqKind kKind>
 ALLOY_KQ2_TARGET inline __m256i code_vector(const uint8_t* blk, int v) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    if constexpr (kKind == KqKind::Q6) {
+    if constexpr (kKind == KqKind::Iq4) {  // sub-block v: its 16 index bytes' low nibbles, then high ones, looked up
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * v));
+        const __m128i m = _mm_set1_epi8(0x0F);
+        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+        const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Plus128)));
+        return _mm256_shuffle_epi8(table, idx);
+    } else if constexpr (kKind == KqKind::Q6) {
         const int h = v / 4, k = v % 4;
         const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (k & 1)));
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
@@ -65,13 +74,13 @@ ALLOY_KQ2_TARGET inline __m256i code_vector(const uint8_t* blk, int v) {
 // stay below 2^15 (30720 / 31744 / 32256) and vpaddw is exact. Integer sums are exact in any
 // order, so the result is the VNNI tile's (sum of codes x activations, times the scale).
 template <KqKind kKind>
-constexpr int kInt16Run = kKind == KqKind::Q4 ? 8 : kKind == KqKind::Q5 ? 4 : 2;
+constexpr int kInt16Run = kKind == KqKind::Q4 || kKind == KqKind::Iq4 ? 8 : kKind == KqKind::Q5 ? 4 : 2;
 
 template <KqKind kKind, int R, int NV>
 ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                               int64_t k1, float* tile, int ldt) {
     using In = KqTileIn<kKind>;
-    constexpr bool kQ6 = In::kQ6;
+    constexpr bool kQ6 = In::kQ6, kIq4 = In::kIq4, kSigned = kQ6 || kIq4;  // signed scales in sc6
     constexpr int kSub = In::kSub, kSubs = In::kSubs;
     constexpr int kRun = kInt16Run<kKind>;
     const In in(W, r0, p, g0, R);
@@ -80,28 +89,38 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
     for (auto& v : f) v = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     // Each row's 256 codes of the block, one byte each in element order; a quad's four bytes
     // are then broadcast straight from memory (a load, no shuffle-port uop as vpermd was).
+    // IQ4_XS: codes = u_hi, codes_lo = u_lo.
     alignas(32) uint8_t codes[R][kQK];
+    alignas(32) uint8_t codes_lo[kIq4 ? R : 1][kQK];
     for (int64_t b = k0 / kQK; b < k1 / kQK; ++b) {
         in.prefetch_next(R, b);
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
         for (int r = 0; r < R; ++r) {
-            if constexpr (kQ6) {
+            if constexpr (kSigned) {
                 in.scales(r, b, sc[r], mn[r], sc6[r]);
             } else {  // q4k_unpack_scales's bytes, in vector registers
                 const __m128i scm = q4k_scales_mins(in.block(r, b) + 4);
                 _mm_storel_epi64(reinterpret_cast<__m128i*>(sc[r]), scm);
                 _mm_storel_epi64(reinterpret_cast<__m128i*>(mn[r]), _mm_unpackhi_epi64(scm, scm));
             }
-            for (int v = 0; v < kQK / 32; ++v)
-                _mm256_store_si256(reinterpret_cast<__m256i*>(codes[r] + 32 * v), code_vector<kKind>(in.block(r, b), v));
+            for (int v = 0; v < kQK / 32; ++v) {
+                const __m256i c = code_vector<kKind>(in.block(r, b), v);
+                if constexpr (kIq4) {
+                    const __m256i m4 = _mm256_set1_epi8(0x0F);
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(codes[r] + 32 * v), _mm256_and_si256(_mm256_srli_epi16(c, 4), m4));
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(codes_lo[r] + 32 * v), _mm256_and_si256(c, m4));
+                } else {
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(codes[r] + 32 * v), c);
+                }
+            }
         }
         I16 tot[R * NV];
         for (auto& v : tot) v = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int s = 0; s < kSubs; ++s) {
 #pragma GCC unroll 4
             for (int j0 = 0; j0 < kSub / 4; j0 += kRun) {
-                I16 acc[R * NV];
+                I16 acc[R * NV], acc_lo[kIq4 ? R * NV : 1];
 #pragma GCC unroll 8
                 for (int j = j0; j < j0 + kRun; ++j) {
                     const int qd = s * (kSub / 4) + j;
@@ -120,17 +139,31 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
                             // Opaque to the optimizer: GCC otherwise reassociates the run into
                             // a tree of all its products first and spills half of them.
                             asm("" : "+x"(a.lo), "+x"(a.hi));
+                            if constexpr (kIq4) {
+                                const __m256i wl = _mm256_set1_epi32(load_as<int32_t>(codes_lo[r] + 4 * qd));
+                                const __m256i l2 = _mm256_maddubs_epi16(wl, xv[v].lo), h2 = _mm256_maddubs_epi16(wl, xv[v].hi);
+                                I16& c = acc_lo[r * NV + v];
+                                c.lo = j == j0 ? l2 : _mm256_add_epi16(c.lo, l2);
+                                c.hi = j == j0 ? h2 : _mm256_add_epi16(c.hi, h2);
+                                asm("" : "+x"(c.lo), "+x"(c.hi));
+                            }
                         }
                     }
                 }
 #pragma GCC unroll 4
                 for (int r = 0; r < R; ++r) {
-                    const __m256i scale = _mm256_set1_epi16(int16_t(kQ6 ? int(sc6[r][s]) : int(sc[r][s])));
+                    const int ls = kSigned ? int(sc6[r][s]) : int(sc[r][s]);
+                    const __m256i scale = _mm256_set1_epi16(int16_t(kIq4 ? 16 * ls : ls));  // IQ4_XS: u_hi's weight
 #pragma GCC unroll 4
                     for (int v = 0; v < NV; ++v) {
                         I16& t = tot[r * NV + v];
                         t.lo = _mm256_add_epi32(t.lo, _mm256_madd_epi16(acc[r * NV + v].lo, scale));
                         t.hi = _mm256_add_epi32(t.hi, _mm256_madd_epi16(acc[r * NV + v].hi, scale));
+                        if constexpr (kIq4) {
+                            const __m256i s1 = _mm256_set1_epi16(int16_t(ls));
+                            t.lo = _mm256_add_epi32(t.lo, _mm256_madd_epi16(acc_lo[r * NV + v].lo, s1));
+                            t.hi = _mm256_add_epi32(t.hi, _mm256_madd_epi16(acc_lo[r * NV + v].hi, s1));
+                        }
                     }
                 }
             }
@@ -144,7 +177,14 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
             for (int v = 0; v < NV; ++v) {
                 const int32_t* bs = in.bsums(v, b);
                 I16 corr = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                if constexpr (kQ6) {
+                if constexpr (kIq4) {
+                    for (int s = 0; s < 8; ++s) {
+                        const I16 a = load_i16(bs + 2 * s * kGroup), c = load_i16(bs + (2 * s + 1) * kGroup);
+                        const __m256i m = _mm256_set1_epi32(sc6[r][s]);
+                        corr.lo = _mm256_add_epi32(corr.lo, _mm256_mullo_epi32(_mm256_add_epi32(a.lo, c.lo), m));
+                        corr.hi = _mm256_add_epi32(corr.hi, _mm256_mullo_epi32(_mm256_add_epi32(a.hi, c.hi), m));
+                    }
+                } else if constexpr (kQ6) {
                     for (int s = 0; s < 16; ++s) {
                         const I16 x = load_i16(bs + s * kGroup);
                         const __m256i m = _mm256_set1_epi32(sc6[r][s]);
@@ -166,9 +206,9 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
                 __m256* fv[2] = {&f[r * NV + v].lo, &f[r * NV + v].hi};
                 for (int h = 0; h < 2; ++h) {
                     __m256 blockf;
-                    if constexpr (kQ6) {
-                        blockf = _mm256_mul_ps(_mm256_set1_ps(d),
-                                               _mm256_cvtepi32_ps(_mm256_sub_epi32(tv[h], _mm256_slli_epi32(cv[h], 5))));
+                    if constexpr (kSigned) {
+                        blockf = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                                                                      tv[h], _mm256_slli_epi32(cv[h], kIq4 ? 7 : 5))));
                     } else {
                         const float dmin = _cvtsh_ss(load_u16(blk + 2));
                         blockf = _mm256_fmsub_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(tv[h]),
@@ -193,9 +233,10 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
 constexpr int kRows = 2, kGroups = 1;
 
 using TileImpl = void (*)(const WeightView&, int64_t, const ActPanel&, int64_t, int64_t, int64_t, float*, int);
-const TileImpl kTables[3][kRows] = {{&kq_tile<KqKind::Q4, 1, 1>, &kq_tile<KqKind::Q4, 2, 1>},
+const TileImpl kTables[4][kRows] = {{&kq_tile<KqKind::Q4, 1, 1>, &kq_tile<KqKind::Q4, 2, 1>},
                                     {&kq_tile<KqKind::Q5, 1, 1>, &kq_tile<KqKind::Q5, 2, 1>},
-                                    {&kq_tile<KqKind::Q6, 1, 1>, &kq_tile<KqKind::Q6, 2, 1>}};
+                                    {&kq_tile<KqKind::Q6, 1, 1>, &kq_tile<KqKind::Q6, 2, 1>},
+                                    {&kq_tile<KqKind::Iq4, 1, 1>, &kq_tile<KqKind::Iq4, 2, 1>}};
 
 template <KqKind kKind>
 void tile_any(const WeightView& W, int64_t r0, int nr, const ActPanel& p, int64_t g0, int nv, int64_t k0, int64_t k1,
@@ -211,6 +252,7 @@ TileKernel kquant_tile_avx2(GgmlType type) {
         case GgmlType::Q4_K: return {tile_any<KqKind::Q4>, kRows, kGroups, kQ8Kc};
         case GgmlType::Q5_K: return {tile_any<KqKind::Q5>, kRows, kGroups, kQ8Kc};
         case GgmlType::Q6_K: return {tile_any<KqKind::Q6>, kRows, kGroups, kQ8Kc};
+        case GgmlType::IQ4_XS: return {tile_any<KqKind::Iq4>, kRows, kGroups, kQ8Kc};
         default: return {};
     }
 }

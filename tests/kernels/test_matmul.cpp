@@ -334,13 +334,14 @@ TEST(Matmul, Q8ChainIsTheSameOnEveryVectorPath) {
 }
 
 // The AVX2 K-quant prefill tiles do the VNNI tiles' arithmetic (vpmaddubsw + vpmaddwd for
-// vpdpbusd, the same fp32 steps): the same bits, on odd shapes and token counts past the GEMV's.
+// vpdpbusd, the same fp32 steps; IQ4_XS's codes as two nibbles): the same bits, on odd shapes
+// and token counts past the GEMV's.
 TEST(Matmul, KQuantAvx2TilesGiveTheVnniTilesBits) {
     if (cpu::active_isa() != cpu::Isa::Avx512 || !cpu::mm::cpu_has_avx512_vnni()) GTEST_SKIP() << "no AVX512-VNNI here";
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     cpu::MatmulScratch scratch;
-    for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+    for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS})
         for (const Shape& sh : shapes_for(type))
             for (int64_t T : {17, 37, 64}) {
                 const std::vector<uint8_t> bytes = random_weights(type, sh.n_in, sh.n_out, rng);

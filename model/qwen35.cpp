@@ -252,18 +252,18 @@ std::unique_ptr<Qwen35Model> Qwen35Model::load(std::shared_ptr<gguf::File> file)
         const bool whole_blocks = D % type_traits(eh.type).block_elems == 0;
         const GgmlType half_type = whole_blocks ? eh.type : GgmlType::F32;
         const size_t half = row_bytes(half_type, D);
+        std::vector<uint8_t> bytes[2] = {std::vector<uint8_t>(half * size_t(D)), std::vector<uint8_t>(half * size_t(D))};
         std::vector<float> values(whole_blocks ? 0 : size_t(2 * D));
-        for (int side = 0; side < 2; ++side) {
-            std::vector<uint8_t> bytes(half * size_t(D));
-            for (int64_t r = 0; r < D; ++r) {
-                const uint8_t* src = eh.row(r) + side * half;
-                if (!whole_blocks) {
-                    dequantize_row(eh.type, eh.row(r), values.data(), 2 * D);
-                    src = reinterpret_cast<const uint8_t*>(values.data() + side * D);
-                }
-                std::memcpy(&bytes[size_t(r) * half], src, half);
+        for (int64_t r = 0; r < D; ++r) {
+            const uint8_t* src = eh.row(r);  // [e half | h half], as GGUF bytes or as their values
+            if (!whole_blocks) {
+                dequantize_row(eh.type, eh.row(r), values.data(), 2 * D);
+                src = reinterpret_cast<const uint8_t*>(values.data());
             }
-            m->owned_bytes_.push_back(std::move(bytes));
+            for (int side = 0; side < 2; ++side) std::memcpy(&bytes[side][size_t(r) * half], src + side * half, half);
+        }
+        for (int side = 0; side < 2; ++side) {
+            m->owned_bytes_.push_back(std::move(bytes[side]));
             WeightView& w = side == 0 ? mtp.eh_e : mtp.eh_h;
             w = eh;
             w.type = half_type;

@@ -77,6 +77,14 @@ constexpr bool iq4_plus128_is_the_codebook() {
     return true;
 }
 static_assert(iq4_plus128_is_the_codebook());
+// Sub-block v (values 32 v .. 32 v + 31) of an IQ4_XS block as those bytes, in element order:
+// its 16 index bytes' low nibbles, then the high ones, looked up with vpshufb (both tiles).
+__attribute__((target("avx2"))) inline __m256i iq4xs_plus128_32(const uint8_t* blk, int v) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * v));
+    const __m128i m = _mm_set1_epi8(0x0F);
+    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Plus128))), idx);
+}
 // IQ4_XS's 8 sub-block scales (ls - 32, -32..31).
 inline void iq4xs_scales(const uint8_t* blk, int8_t* sc) {
     const unsigned h = load_u16(blk + 2);

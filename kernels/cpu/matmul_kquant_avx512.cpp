@@ -47,16 +47,10 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
         for (int r = 0; r < R; ++r) in.scales(r, b, sc[r], mn[r], sc6[r]);
-        if constexpr (kIq4) {
-            const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Plus128)));
-            const __m128i m = _mm_set1_epi8(0x0F);
+        if constexpr (kIq4)
             for (int r = 0; r < R; ++r)
-                for (int v = 0; v < kQK / 32; ++v) {  // sub-block v: low nibbles are values 0..15, high ones 16..31
-                    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in.block(r, b) + 8 + 16 * v));
-                    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
-                    _mm256_store_si256(reinterpret_cast<__m256i*>(u[r] + 32 * v), _mm256_shuffle_epi8(table, idx));
-                }
-        }
+                for (int v = 0; v < kQK / 32; ++v)
+                    _mm256_store_si256(reinterpret_cast<__m256i*>(u[r] + 32 * v), iq4xs_plus128_32(in.block(r, b), v));
         __m512i tot[R * NV];
 #pragma GCC unroll 16
         for (int i = 0; i < R * NV; ++i) tot[i] = _mm512_setzero_si512();

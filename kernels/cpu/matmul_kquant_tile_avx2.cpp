@@ -42,12 +42,8 @@ ALLOY_KQ2_TARGET inline I16 load_i16(const void* p) {
 template <KqKind kKind>
 ALLOY_KQ2_TARGET inline __m256i code_vector(const uint8_t* blk, int v) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    if constexpr (kKind == KqKind::Iq4) {  // sub-block v: its 16 index bytes' low nibbles, then high ones, looked up
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * v));
-        const __m128i m = _mm_set1_epi8(0x0F);
-        const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
-        const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Plus128)));
-        return _mm256_shuffle_epi8(table, idx);
+    if constexpr (kKind == KqKind::Iq4) {
+        return iq4xs_plus128_32(blk, v);
     } else if constexpr (kKind == KqKind::Q6) {
         const int h = v / 4, k = v % 4;
         const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (k & 1)));

@@ -1,5 +1,5 @@
 // Elementwise ops on CUDA (kernels/cuda/ops.h): residual add, SwiGLU, the attention output
-// gate, a copy. Memory-bound: float4 accesses where the pointers and n allow, a grid-stride loop;
+// gate. Memory-bound: float4 accesses where the pointers and n allow, a grid-stride loop;
 // the activations use ref's formulas (kernels/ref/activations.h) with full-precision expf.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -19,9 +19,6 @@ constexpr int kThreads = 256;
 
 using detail::sigmoid;
 
-struct CopyOp {  // (x, x)
-    __device__ float operator()(float x, float) const { return x; }
-};
 struct AddOp {
     __device__ float operator()(float x, float y) const { return x + y; }
 };
@@ -132,10 +129,6 @@ struct GateAt {
 
 void add(float* x, const float* y, int64_t n, void* stream) {
     binary<AddOp>(x, y, x, n, detail::as_stream(stream), "cuda::add");
-}
-
-void copy(const float* src, float* dst, int64_t n, void* stream) {
-    binary<CopyOp>(src, src, dst, n, detail::as_stream(stream), "cuda::copy");
 }
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream, MatmulInput packed) {

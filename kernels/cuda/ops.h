@@ -116,10 +116,6 @@ void rms_norm_rope(const float* x, int64_t x_head_stride, const float* w, float*
 // ---- elementwise (kernels/cuda/elementwise.cu) ----------------------------------------------
 // ref::add: x [n] += y [n].
 void add(float* x, const float* y, int64_t n, void* stream = nullptr);
-// dst [n] = src [n] as a kernel (no ref op: the backend's dumps). dst may be page-locked host
-// memory: a kernel in a CUDA graph writes a step's rows straight to the host, where a memcpy
-// node and a device-to-host copy cost the H200 ~3% of a small model's decode step.
-void copy(const float* src, float* dst, int64_t n, void* stream = nullptr);
 // ref::swiglu: out [n] = silu(gate [n]) * up [n]; out may alias gate or up.
 // packed (optional; n % 32 == 0, out rows whole blocks): out also written in packed's forms, n values.
 void swiglu(const float* gate, const float* up, float* out, int64_t n, void* stream = nullptr, MatmulInput packed = {});

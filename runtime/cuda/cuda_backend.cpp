@@ -66,10 +66,6 @@ bool env_is(const char* name, const char* value) {
     return e && std::string(e) == value;
 }
 
-// A small step's dumps: a copy kernel writing page-locked host memory (default), or
-// ALLOY_CUDA_DUMP_KERNEL=0: a device-to-device copy in the graph, then a device-to-host copy (A/B).
-bool dump_by_kernel() { return !env_is("ALLOY_CUDA_DUMP_KERNEL", "0"); }
-
 // The slot state on the device, in ModelState's layout: per GDN layer conv [slots, conv_dim,
 // K-1] and recurrent [slots, H_v, d_v, d_k] fp32; per attention layer K and V per slot,
 // [n_ctx, n_head_kv * head_dim] of the cache types.
@@ -1125,24 +1121,18 @@ std::unique_ptr<Plan> CudaBackend::compile(const graph::Graph& g, int bucket, co
                 // sink after the step.
                 auto host = std::make_shared<CudaBuffer>(size_t(bucket) * size_t(ref.cols) * sizeof(float), "dump of " + name,
                                                          CudaBuffer::kPinnedHost);
-                if (dump_by_kernel()) {  // straight into page-locked memory from a kernel in the graph
-                    plan->add("dump", name, [=](const StepContext& c) {
-                        cuda::copy(ref.at(c, r), host->get<float>(), n_rows(r, c) * ref.cols, st);
-                    });
-                } else {
-                    auto staged = std::make_shared<DeviceBuffer>(size_t(bucket) * size_t(ref.cols) * sizeof(float), "dump of " + name);
-                    plan->add("dump", name, [=](const StepContext& c) {
-                        check(cudaMemcpyAsync(staged->get(), ref.at(c, r), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
-                                              cudaMemcpyDeviceToDevice, st),
+                auto staged = std::make_shared<DeviceBuffer>(size_t(bucket) * size_t(ref.cols) * sizeof(float), "dump of " + name);
+                plan->add("dump", name, [=](const StepContext& c) {
+                    check(cudaMemcpyAsync(staged->get(), ref.at(c, r), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, st),
+                          "dump");
+                });
+                plan->before_sync([=](const StepContext& c) {
+                    if (c.dump)
+                        check(cudaMemcpyAsync(host->get(), staged->get(), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
+                                              cudaMemcpyDeviceToHost, st),
                               "dump");
-                    });
-                    plan->before_sync([=](const StepContext& c) {
-                        if (c.dump)
-                            check(cudaMemcpyAsync(host->get(), staged->get(), size_t(n_rows(r, c) * ref.cols) * sizeof(float),
-                                                  cudaMemcpyDeviceToHost, st),
-                                  "dump");
-                    });
-                }
+                });
                 plan->after_step([=](const StepContext& c) {
                     if (c.dump)
                         (*c.dump)(name, first_row(r, c) + (c.n_seqs == 1 ? c.n_past[0] : 0), host->get<float>(), n_rows(r, c),

@@ -178,7 +178,8 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
 void prefill_table(int sms, int tmax, int only_hv, int only_t) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
                 "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | us block_v 64 | "
-                "%% of floor | Mtok/s | input sets |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "us two groups 16 | us two groups 32 | %% of floor | Mtok/s | input sets |\n"
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16;
     // A pool of random values, copied at varying offsets into the inputs (generating 10^9
     // normals on the host would take longer than the whole benchmark).
@@ -230,10 +231,12 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
             void* ws = nullptr;
             CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T)));
             const int reps = std::max(sets, T <= 4096 ? 16 : 4);
-            auto time_bv = [&](int bv) {
+            using alloy::cuda::GdnScan;
+            auto time_bv = [&](int bv, GdnScan scan) {
                 return graph_median_us(st, reps, [&](int i) {
                     const Set& s = in[size_t(i % sets)];
-                    alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, s.q, s.k, s.v, s.g, s.beta, state, out, ws, st, bv);
+                    alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, s.q, s.k, s.v, s.g, s.beta, state, out, ws, st, bv,
+                                                   nullptr, scan);
                 });
             };
 #ifdef ALLOY_GDN_EXP_CLOCK
@@ -251,13 +254,16 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                 std::printf("\n");
             }
 #endif
-            const double us_auto = time_bv(0), us16 = time_bv(16), us32 = time_bv(32), us64 = time_bv(64);
+            const double us_auto = time_bv(0, GdnScan::Auto), us16 = time_bv(16, GdnScan::OneGroup),
+                         us32 = time_bv(32, GdnScan::OneGroup), us64 = time_bv(64, GdnScan::OneGroup),
+                         us16p = time_bv(16, GdnScan::TwoGroups), us32p = time_bv(32, GdnScan::TwoGroups);
             const int gate = alloy::cuda::gdn_delta_chunked_block_v(H_v, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
-            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n", H_v, T, floor_us, gate,
-                        us_auto, us16, us32, us64, 100.0 * floor_us / us_auto, T / us_auto, sets);
+            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n", H_v, T,
+                        floor_us, gate, us_auto, us16, us32, us64, us16p, us32p, 100.0 * floor_us / us_auto, T / us_auto,
+                        sets);
             std::fflush(stdout);
             for (const Set& s : in)
                 for (void* p : {(void*)s.q, (void*)s.k, (void*)s.v, (void*)s.g, (void*)s.beta}) cudaFree(p);

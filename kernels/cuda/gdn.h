@@ -92,10 +92,15 @@ size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs,
 // The launch gate's value split (16, 32 or 64 columns per scan block) for H_v n_seqs heads on
 // `sms` multiprocessors: the fewest waves of blocks, weighted by the cost of a chunk step.
 int gdn_delta_chunked_block_v(int heads, int sms);
+// The scan kernel: one warp group issuing every product of a chunk step, or two groups, one
+// running the chain from each chunk's state to the next and one the chunk's output behind it
+// (16- and 32-column splits only). Same bits; Auto = gdn_delta_chunked_scan(block_v).
+enum class GdnScan { Auto, OneGroup, TwoGroups };
+GdnScan gdn_delta_chunked_scan(int block_v);
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
                        float* state, uint16_t* out, void* workspace, void* stream = nullptr, int block_v = 0,
-                       const int32_t* seq_slots = nullptr);
+                       const int32_t* seq_slots = nullptr, GdnScan scan = GdnScan::Auto);
 // ref's signature on device arrays, all fp32: q, k, v are rounded to bf16 on the device (into a
 // workspace this call allocates), out is fp32. It reads seq_offsets[0] and [n_seqs] back, so it
 // synchronizes `stream`: for tests and one-off calls, not for graphs.

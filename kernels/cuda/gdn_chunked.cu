@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "alloy/error.h"
@@ -747,6 +748,436 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
                     make_float2(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
 }
 
+// ---- stage 2, two warp groups ----
+//
+// The one-group scan issues every product of a chunk step from the same 4 warps, so the
+// output's products (X^T = S^T Q^T, O^T += Delta^T QKM^T: 24 of a warp's 64 mma) and the output
+// stores sit in the chain from one chunk's state to the next. Here warps 0-3 (the state group)
+// run only that chain: Y^T, Delta'^T, Delta^T and the state update; warps 4-7 (the output
+// group) compute each chunk's O^T from the bf16 state S^T and Delta^T that the state group
+// leaves in shared memory, double-buffered, while the state group goes on with the next chunk.
+// The hand-over is three pairs of mbarriers (state written, Delta written, both read). Each
+// group streams its own tiles (K, T, V and the row scalars; Q, QKM and e^G) with cp.async into
+// its own ring. Every output element is the same mma sequence as in the one-group kernel (rows
+// of 16 per warp, the same even / odd k-step accumulators): the two kernels give the same bits.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Release at CTA scope: this thread's shared-memory writes (or reads) before it are ordered
+// before the waiter's accesses after its wait.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (acquire at CTA scope).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(
+            smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+// Barrier of one warp group (128 threads): id 1 = the state group, 2 = the output group.
+__device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+
+constexpr int kPairThreads = 256;
+template <int BV>
+struct alignas(16) PairStateBuf {
+    bf16 K[kC * kPD];
+    bf16 T[kC * kPC];
+    bf16 V[kC * (BV + 8)];
+    float eG[kC], beta[kC], eGC[kC];
+};
+struct alignas(16) PairOutBuf {
+    bf16 Q[kC * kPD];
+    bf16 M[kC * kPC];
+    float eG[kC];
+};
+constexpr int kPairBufS = 3;  // the state group's ring: chunk c + 2 streams in while c computes
+template <int BV>
+__host__ __device__ constexpr int pair_bufs_out() { return BV <= 16 ? 3 : 2; }
+template <int BV>
+struct alignas(16) PairSmem {
+    PairStateBuf<BV> sb[kPairBufS];
+    PairOutBuf ob[pair_bufs_out<BV>()];
+    bf16 Sb[2][BV * kPD];  // S^T in bf16 at the chunk's start, [j][i], by chunk parity
+    bf16 Dp[BV * kPC];     // Delta'^T (state group only)
+    bf16 Dm[2][BV * kPC];  // Delta^T, by chunk parity
+    bf16 Dt[BV * kPC];     // Delta^T .* e^{G_C - G} (state group only)
+    float O[kC * (BV + 4)];  // the output group's O tile, [r][j]
+    uint64_t full_s[2], full_d[2], empty[2];
+};
+static_assert(sizeof(PairSmem<32>) <= 232448, "two-group scan: shared memory over 227 KB");
+
+template <int BV, typename OutT>
+__global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                                      const int32_t* __restrict__ cstart,
+                                                                      const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                                      const bf16* __restrict__ v,
+                                                                      const ChunkRecord* __restrict__ rec,
+                                                                      float* __restrict__ state, OutT* __restrict__ out,
+                                                                      const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
+    constexpr int MT = BV / 16;
+    constexpr int kNR = 2, kRW = 16;  // chunk rows per warp (16) as two n8 tiles
+    constexpr int kNI = 4, kIW = 32;  // state columns per warp (32) as four n8 tiles
+    constexpr int kGT = 128;          // threads per group
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    PairSmem<BV>& sm = *reinterpret_cast<PairSmem<BV>*>(smem_raw);
+    const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+    const int t_begin = offs[seq], t_end = offs[seq + 1];
+    if (t_begin == t_end) return;
+    const int c_first = cstart[seq], n_chunks = cstart[seq + 1] - c_first;
+    const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int gt = tid & (kGT - 1), gw = w & 3;  // thread and warp within the group
+    const int r_w = kRW * gw, k_causal = gw + 1;  // this warp's chunk rows; k16 steps of s <= r
+    const size_t qk_stride = (size_t)H_k * kD, v_stride = (size_t)H_v * kD;
+    const int qk_cc = (gt & 15) * 8, qk_r0 = gt >> 4;    // K, Q: 16 x 16 B per row
+    const int rec_cc = (gt & 7) * 8, rec_r0 = gt >> 3;   // T, QKM: 8 x 16 B per row
+    if (tid == 0) {
+        for (int p = 0; p < 2; ++p) {
+            mbar_init(&sm.full_s[p], kGT);
+            mbar_init(&sm.full_d[p], kGT);
+            mbar_init(&sm.empty[p], kGT);
+        }
+    }
+    __syncthreads();
+
+    if (w < 4) {
+        // ---- the state group ----
+        const int i_w = kIW * gw;  // this warp's state columns
+        float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
+        float S[MT][kNI][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const float2 x = *reinterpret_cast<const float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD +
+                                                                      i_w + 8 * nt + 2 * tq);
+                    S[mt][nt][2 * hh] = x.x;
+                    S[mt][nt][2 * hh + 1] = x.y;
+                }
+        constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;
+        const int v_r = gt / kVPerRow, v_cc = (gt % kVPerRow) * 8;
+        const bf16* k_col = k + (size_t)kh * kD + qk_cc;
+        const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
+        auto load_chunk = [&](int i, int b) {
+            PairStateBuf<BV>& B = sm.sb[b];
+            const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+#pragma unroll
+            for (int it = 0; it < kC * 16 / kGT; ++it) {
+                const int r = qk_r0 + it * (kGT / 16);
+                cp_async16(B.K + r * kPD + qk_cc, k_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
+            }
+#pragma unroll
+            for (int it = 0; it < (kVItems + kGT - 1) / kGT; ++it) {
+                const int r = v_r + it * (kGT / kVPerRow);
+                if (kVItems >= kGT || gt < kVItems)
+                    cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+            }
+            const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
+#pragma unroll
+            for (int it = 0; it < kC * 8 / kGT; ++it) {
+                const int r = rec_r0 + it * (kGT / 8);
+                cp_async16(B.T + r * kPC + rec_cc, R->T + r * kC + rec_cc, true);
+            }
+            if (gt < 48) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);  // eG, beta, eGC
+        };
+        for (int p = 0; p < kPairBufS - 1; ++p) {
+            if (p < n_chunks) load_chunk(p, p);
+            cp_async_commit();
+        }
+        for (int i = 0; i < n_chunks; ++i) {
+            const int b = i % kPairBufS;
+            const PairStateBuf<BV>& B = sm.sb[b];
+            bf16* Sb = sm.Sb[i & 1];
+            bf16* Dm = sm.Dm[i & 1];
+            // The output group is done with chunk i - 2's Sb and Dm (this parity's buffers).
+            if (i >= 2) mbar_wait(&sm.empty[i & 1], ((i >> 1) - 1) & 1);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        *reinterpret_cast<uint32_t*>(Sb + (16 * mt + gq + 8 * hh) * kPD + i_w + 8 * nt + 2 * tq) =
+                            pack_bf16(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+            mbar_arrive(&sm.full_s[i & 1]);
+            cp_async_wait<kPairBufS - 2>();
+            group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
+            float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
+#pragma unroll
+            for (int nt = 0; nt < kNR; ++nt) {
+                const int r = r_w + 8 * nt + 2 * tq;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    re[nt][e] = B.eG[r + e];
+                    rb[nt][e] = B.beta[r + e];
+                    rf[nt][e] = B.eGC[r + e];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh)
+                            rv[nt][mt][hh][e] = __bfloat162float(B.V[(r + e) * (BV + 8) + 16 * mt + gq + 8 * hh]);
+                }
+            }
+            const float eGC = B.eG[kC - 1];
+            // Y^T = S^T K^T for this warp's rows (even / odd k-steps apart, as the one-group kernel).
+            float y[MT][kNR][4], y2[MT][kNR][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) y[mt][nt][e] = y2[mt][nt][e] = 0.0f;
+            {
+                uint32_t a[kD / 16][MT][4], bk[kD / 16][2 * kNR];
+                auto load = [&](int ks) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(Sb, kPD, 16 * mt, 16 * ks, lane));
+                    load_b_rows(bk[ks], B.K, kPD, r_w, 16 * ks, lane);
+                };
+                load(0);
+                load(1);
+#pragma unroll
+                for (int ks = 0; ks < kD / 16; ++ks) {
+                    if (ks + 2 < kD / 16) load(ks + 2);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < kNR; ++nt)
+                            mma(ks & 1 ? y2[mt][nt] : y[mt][nt], a[ks][mt], bk[ks][2 * nt], bk[ks][2 * nt + 1]);
+                }
+            }
+            if (i + kPairBufS - 1 < n_chunks) load_chunk(i + kPairBufS - 1, (b + kPairBufS - 1) % kPairBufS);
+            cp_async_commit();
+            // Delta'^T = (V^T - Y^T e^G) beta.
+#pragma unroll
+            for (int nt = 0; nt < kNR; ++nt) {
+                const int r = r_w + 8 * nt + 2 * tq;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int j = 16 * mt + gq + 8 * hh;
+                        float dp[2];
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float yy = y[mt][nt][2 * hh + e] + y2[mt][nt][2 * hh + e];
+                            dp[e] = rb[nt][e] * (rv[nt][mt][hh][e] - re[nt][e] * yy);
+                        }
+                        *reinterpret_cast<uint32_t*>(sm.Dp + j * kPC + r) = pack_bf16(dp[0], dp[1]);
+                    }
+            }
+            group_sync(1);
+            // Delta^T = Delta'^T T^T (s <= r).
+            float dl[MT][kNR][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dl[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (ks >= k_causal) break;
+                uint32_t a[MT][4], bt[2 * kNR];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Dp, kPC, 16 * mt, 16 * ks, lane));
+                load_b_rows(bt, B.T, kPC, r_w, 16 * ks, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kNR; ++nt) mma(dl[mt][nt], a[mt], bt[2 * nt], bt[2 * nt + 1]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNR; ++nt) {
+                const int r = r_w + 8 * nt + 2 * tq;
+                const float f0 = rf[nt][0], f1 = rf[nt][1];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int j = 16 * mt + gq + 8 * hh;
+                        const float d0 = dl[mt][nt][2 * hh], d1 = dl[mt][nt][2 * hh + 1];
+                        *reinterpret_cast<uint32_t*>(Dm + j * kPC + r) = pack_bf16(d0, d1);
+                        *reinterpret_cast<uint32_t*>(sm.Dt + j * kPC + r) = pack_bf16(d0 * f0, d1 * f1);
+                    }
+            }
+            mbar_arrive(&sm.full_d[i & 1]);
+            group_sync(1);
+            // S^T = e^{G_C} S^T + Dt K for this warp's state columns.
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGC;
+            {
+                float S2[MT][kNI][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) S2[mt][nt][e] = 0.0f;
+                uint32_t a[4][MT][4], bk[4][kNI / 2][4];
+                auto load = [&](int ks) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(sm.Dt, kPC, 16 * mt, 16 * ks, lane));
+#pragma unroll
+                    for (int p = 0; p < kNI / 2; ++p) ldsm_x4_t(bk[ks][p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
+                };
+                load(0);
+                load(1);
+#pragma unroll
+                for (int ks = 0; ks < 4; ++ks) {
+                    if (ks + 2 < 4) load(ks + 2);
+#pragma unroll
+                    for (int p = 0; p < kNI / 2; ++p)
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            mma(ks & 1 ? S2[mt][2 * p] : S[mt][2 * p], a[ks][mt], bk[ks][p][0], bk[ks][p][1]);
+                            mma(ks & 1 ? S2[mt][2 * p + 1] : S[mt][2 * p + 1], a[ks][mt], bk[ks][p][2], bk[ks][p][3]);
+                        }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    *reinterpret_cast<float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD + i_w + 8 * nt + 2 * tq) =
+                        make_float2(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+    } else {
+        // ---- the output group: O^T = (S^T Q^T) e^G + Delta^T QKM^T, one chunk behind ----
+        constexpr int kNO = pair_bufs_out<BV>();
+        const bf16* q_col = q + (size_t)kh * kD + qk_cc;
+        auto load_chunk = [&](int i, int b) {
+            PairOutBuf& B = sm.ob[b];
+            const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+#pragma unroll
+            for (int it = 0; it < kC * 16 / kGT; ++it) {
+                const int r = qk_r0 + it * (kGT / 16);
+                cp_async16(B.Q + r * kPD + qk_cc, q_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
+            }
+            const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
+#pragma unroll
+            for (int it = 0; it < kC * 8 / kGT; ++it) {
+                const int r = rec_r0 + it * (kGT / 8);
+                cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
+            }
+            if (gt < 16) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);
+        };
+        auto flush_out = [&](int t0, int n) {
+            constexpr int kVec = 16 / sizeof(OutT), kPerRow = BV / kVec, kItems = kC * kPerRow;
+#pragma unroll
+            for (int it = 0; it < (kItems + kGT - 1) / kGT; ++it) {
+                const int idx = gt + it * kGT, r = idx / kPerRow, cc = (idx % kPerRow) * kVec;
+                if (idx >= kItems || r >= n) break;
+                OutT* dst = out + (size_t)(t0 + r) * v_stride + (size_t)h * kD + v0 + cc;
+                const float4 lo = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc);
+                if constexpr (sizeof(OutT) == 4) {
+                    *reinterpret_cast<float4*>(dst) = lo;
+                } else {
+                    const float4 hi = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc + 4);
+                    *reinterpret_cast<uint4*>(dst) = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w),
+                                                                pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
+                }
+            }
+        };
+        for (int p = 0; p < kNO - 1; ++p) {
+            if (p < n_chunks) load_chunk(p, p);
+            cp_async_commit();
+        }
+        for (int i = 0; i < n_chunks; ++i) {
+            const int b = i % kNO;
+            const PairOutBuf& B = sm.ob[b];
+            const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            cp_async_wait<kNO - 2>();
+            group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
+            if (i + kNO - 1 < n_chunks) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
+            cp_async_commit();
+            float re[kNR][2];
+#pragma unroll
+            for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) re[nt][e] = B.eG[r_w + 8 * nt + 2 * tq + e];
+            float x[MT][kNR][4], x2[MT][kNR][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) x[mt][nt][e] = x2[mt][nt][e] = 0.0f;
+            const bf16* Sb = sm.Sb[i & 1];
+            const bf16* Dm = sm.Dm[i & 1];
+            mbar_wait(&sm.full_s[i & 1], (i >> 1) & 1);
+            {
+                uint32_t a[kD / 16][MT][4], bq[kD / 16][2 * kNR];
+                auto load = [&](int ks) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(Sb, kPD, 16 * mt, 16 * ks, lane));
+                    load_b_rows(bq[ks], B.Q, kPD, r_w, 16 * ks, lane);
+                };
+                load(0);
+                load(1);
+#pragma unroll
+                for (int ks = 0; ks < kD / 16; ++ks) {
+                    if (ks + 2 < kD / 16) load(ks + 2);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < kNR; ++nt)
+                            mma(ks & 1 ? x2[mt][nt] : x[mt][nt], a[ks][mt], bq[ks][2 * nt], bq[ks][2 * nt + 1]);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        x[mt][nt][e] = (x[mt][nt][e] + x2[mt][nt][e]) * re[nt][e & 1];
+            mbar_wait(&sm.full_d[i & 1], (i >> 1) & 1);
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+                if (ks >= k_causal) break;
+                uint32_t a[MT][4], bm[2 * kNR];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(Dm, kPC, 16 * mt, 16 * ks, lane));
+                load_b_rows(bm, B.M, kPC, r_w, 16 * ks, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < kNR; ++nt) mma(x[mt][nt], a[mt], bm[2 * nt], bm[2 * nt + 1]);
+            }
+            mbar_arrive(&sm.empty[i & 1]);  // this thread's reads of Sb and Dm are done
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = 16 * mt + gq + 8 * (e >> 1), r = r_w + 8 * nt + 2 * tq + (e & 1);
+                        sm.O[r * (BV + 4) + j] = x[mt][nt][e];
+                    }
+            group_sync(2);
+            flush_out(t0, n);
+        }
+    }
+}
+
 // fp32 -> bf16 (round to nearest even), 8 values per thread.
 __global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ y, size_t n) {
     detail::pdl_entry();
@@ -795,6 +1226,20 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
                                                                                     state, out, slots);
 }
 
+template <int BV, typename OutT>
+void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
+                        const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
+                        const int32_t* slots, cudaStream_t st) {
+    const size_t smem = sizeof(PairSmem<BV>);
+    static bool configured = false;
+    if (!configured) {
+        cudaFuncSetAttribute(stage2_pair_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        configured = true;
+    }
+    detail::launch("cuda::gdn_delta_chunked", stage2_pair_kernel<BV, OutT>, dim3(dim3(kD / BV, sh.H_v, n_seqs)),
+                   dim3(kPairThreads), smem, st, sh, offs, cstart, q, k, v, rec, state, out, slots);
+}
+
 int num_sms() {
     static int n = [] {
         int dev = 0, sms = 0;
@@ -825,12 +1270,21 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
     return best;
 }
 
+// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 forces one / two warp groups (A/B);
+// otherwise two groups wherever they exist (16- and 32-column splits).
+GdnScan gdn_delta_chunked_scan(int block_v) {
+    static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
+    if (block_v == 64 || env == 1) return GdnScan::OneGroup;
+    return GdnScan::TwoGroups;
+}
+
 namespace {
 
 template <typename OutT>
 void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n_tokens, const bf16* q, const bf16* k,
                  const bf16* v, const float* g, const float* beta, float* state, OutT* out, void* workspace,
-                 cudaStream_t st, int block_v, const char* op, const int32_t* slots = nullptr) {
+                 cudaStream_t st, int block_v, const char* op, const int32_t* slots = nullptr,
+                 GdnScan scan = GdnScan::Auto) {
     if (n_seqs == 0 || n_tokens == 0) return;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
@@ -845,10 +1299,16 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
     // of 32) and 48 prefer 32.
     if (block_v == 0) block_v = gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms());
-    if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+    if (block_v != 16 && block_v != 32 && block_v != 64)
+        throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32, 64}");
+    if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
+    if (scan == GdnScan::TwoGroups) {
+        if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
+        if (block_v == 32) launch_stage2_pair<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        else launch_stage2_pair<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+    } else if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
     else if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
-    else if (block_v == 16) launch_stage2<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
-    else throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32, 64}");
+    else launch_stage2<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
     check_launch(op);
 }
 
@@ -870,7 +1330,7 @@ size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs,
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
                        float* state, uint16_t* out, void* workspace, void* stream, int block_v,
-                       const int32_t* seq_slots) {
+                       const int32_t* seq_slots, GdnScan scan) {
     const char* op = "cuda::gdn_delta_chunked";
     check_chunked_shape(shape, n_seqs, op);
     if (n_tokens < 0) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " is negative");
@@ -884,7 +1344,8 @@ void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* se
     }
     run_chunked(shape, n_seqs, seq_offsets, n_tokens, reinterpret_cast<const bf16*>(q),
                 reinterpret_cast<const bf16*>(k), reinterpret_cast<const bf16*>(v), g, beta, state,
-                reinterpret_cast<bf16*>(out), workspace, static_cast<cudaStream_t>(stream), block_v, op, seq_slots);
+                reinterpret_cast<bf16*>(out), workspace, static_cast<cudaStream_t>(stream), block_v, op, seq_slots,
+                scan);
 }
 
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,

@@ -279,13 +279,15 @@ TEST(CudaGdnFusedChunked, OtherShapesRunTheSerialMode) {
     }
 }
 
-// gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) give the same bits, so
-// the launch gate, which picks by H_v n_seqs, never changes a sequence's result (gdn.h).
+// gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) and scan kernels (one or
+// two warp groups) give the same bits, so the launch gate, which picks by H_v n_seqs, never
+// changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
+// hand-over barriers through several phases; an empty one is skipped.
 TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     const ref::GdnShape sh{4, 8, 128, 128, false};
-    const std::vector<int32_t> offs = {0, 150, 151, 300};
-    const int T = 300, n_seqs = 3;
+    const std::vector<int32_t> offs = {0, 150, 151, 300, 300, 1100};
+    const int T = 1100, n_seqs = 5;
     std::mt19937 rng(980);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -313,14 +315,21 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
     DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_delta_chunked_workspace_bytes(sh, n_seqs, T)));
     std::vector<std::vector<uint16_t>> outs;
     std::vector<std::vector<float>> states;
-    for (int bv : {16, 32, 64}) {
+    const std::pair<int, cuda::GdnScan> runs[] = {{16, cuda::GdnScan::OneGroup}, {32, cuda::GdnScan::OneGroup},
+                                                  {64, cuda::GdnScan::OneGroup}, {16, cuda::GdnScan::TwoGroups},
+                                                  {32, cuda::GdnScan::TwoGroups}};
+    for (const auto& [bv, scan] : runs) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
-        cuda::gdn_delta_chunked(sh, n_seqs, doffs.p, T, dq.p, dk.p, dv.p, dg.p, db.p, st.p, out.p, ws.p, nullptr, bv);
+        cuda::gdn_delta_chunked(sh, n_seqs, doffs.p, T, dq.p, dk.p, dv.p, dg.p, db.p, st.p, out.p, ws.p, nullptr, bv,
+                                nullptr, scan);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         outs.push_back(out.host());
         states.push_back(st.host());
     }
+    // Every row belongs to a sequence here: each was written (the NaN fill is gone).
+    for (size_t i = 0; i < outs[0].size(); ++i)
+        ASSERT_TRUE(std::isfinite(bf16_to_fp32(outs[0][i]))) << "out element " << i << " not written";
     for (size_t i = 1; i < outs.size(); ++i) {
         EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * 2)) << "out, split " << i;
         EXPECT_EQ(0, std::memcmp(states[0].data(), states[i].data(), states[0].size() * 4)) << "state, split " << i;

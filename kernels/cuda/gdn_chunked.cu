@@ -866,16 +866,32 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         auto load_chunk = [&](int i, int b) {
             PairStateBuf<BV>& B = sm.sb[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            if (n == kC) {
+                // A whole chunk: row pointers by increments, no clamps (the tail path's 64-bit
+                // row products and predicates were most of this group's copy instructions, SASS).
+                const bf16* kp = k_col + (size_t)(t0 + qk_r0) * qk_stride;
+                const size_t kstep = (size_t)(kGT / 16) * qk_stride;
 #pragma unroll
-            for (int it = 0; it < kC * 16 / kGT; ++it) {
-                const int r = qk_r0 + it * (kGT / 16);
-                cp_async16(B.K + r * kPD + qk_cc, k_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
-            }
+                for (int it = 0; it < kC * 16 / kGT; ++it, kp += kstep)
+                    cp_async16(B.K + (qk_r0 + it * (kGT / 16)) * kPD + qk_cc, kp, true);
+                const bf16* vp = v_col + (size_t)(t0 + v_r) * v_stride;
+                const size_t vstep = (size_t)(kGT / kVPerRow) * v_stride;
 #pragma unroll
-            for (int it = 0; it < (kVItems + kGT - 1) / kGT; ++it) {
-                const int r = v_r + it * (kGT / kVPerRow);
-                if (kVItems >= kGT || gt < kVItems)
-                    cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+                for (int it = 0; it < (kVItems + kGT - 1) / kGT; ++it, vp += vstep)
+                    if (kVItems >= kGT || gt < kVItems)
+                        cp_async16(B.V + (v_r + it * (kGT / kVPerRow)) * (BV + 8) + v_cc, vp, true);
+            } else {
+#pragma unroll
+                for (int it = 0; it < kC * 16 / kGT; ++it) {
+                    const int r = qk_r0 + it * (kGT / 16);
+                    cp_async16(B.K + r * kPD + qk_cc, k_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
+                }
+#pragma unroll
+                for (int it = 0; it < (kVItems + kGT - 1) / kGT; ++it) {
+                    const int r = v_r + it * (kGT / kVPerRow);
+                    if (kVItems >= kGT || gt < kVItems)
+                        cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+                }
             }
             const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
 #pragma unroll
@@ -1066,10 +1082,18 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         auto load_chunk = [&](int i, int b) {
             PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            if (n == kC) {
+                const bf16* qp = q_col + (size_t)(t0 + qk_r0) * qk_stride;
+                const size_t qstep = (size_t)(kGT / 16) * qk_stride;
 #pragma unroll
-            for (int it = 0; it < kC * 16 / kGT; ++it) {
-                const int r = qk_r0 + it * (kGT / 16);
-                cp_async16(B.Q + r * kPD + qk_cc, q_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
+                for (int it = 0; it < kC * 16 / kGT; ++it, qp += qstep)
+                    cp_async16(B.Q + (qk_r0 + it * (kGT / 16)) * kPD + qk_cc, qp, true);
+            } else {
+#pragma unroll
+                for (int it = 0; it < kC * 16 / kGT; ++it) {
+                    const int r = qk_r0 + it * (kGT / 16);
+                    cp_async16(B.Q + r * kPD + qk_cc, q_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
+                }
             }
             const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
 #pragma unroll

@@ -178,8 +178,8 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
 void prefill_table(int sms, int tmax, int only_hv, int only_t) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
                 "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | us block_v 64 | "
-                "us two groups 16 | us two groups 32 | %% of floor | Mtok/s | input sets |\n"
-                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | %% of floor | Mtok/s | input sets |\n"
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16;
     // A pool of random values, copied at varying offsets into the inputs (generating 10^9
     // normals on the host would take longer than the whole benchmark).
@@ -229,7 +229,7 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
             const std::vector<int32_t> h_offs = {0, T};
             int32_t* offs = to_device(h_offs);
             void* ws = nullptr;
-            CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T)));
+            CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Wgmma)));
             const int reps = std::max(sets, T <= 4096 ? 16 : 4);
             using alloy::cuda::GdnScan;
             auto time_bv = [&](int bv, GdnScan scan) {
@@ -256,14 +256,16 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
 #endif
             const double us_auto = time_bv(0, GdnScan::Auto), us16 = time_bv(16, GdnScan::OneGroup),
                          us32 = time_bv(32, GdnScan::OneGroup), us64 = time_bv(64, GdnScan::OneGroup),
-                         us16p = time_bv(16, GdnScan::TwoGroups), us32p = time_bv(32, GdnScan::TwoGroups);
+                         us16p = time_bv(16, GdnScan::TwoGroups), us32p = time_bv(32, GdnScan::TwoGroups),
+                         us16w = time_bv(16, GdnScan::Wgmma), us32w = time_bv(32, GdnScan::Wgmma),
+                         us64w = time_bv(64, GdnScan::Wgmma);
             const int gate = alloy::cuda::gdn_delta_chunked_block_v(H_v, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
-            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n", H_v, T,
-                        floor_us, gate, us_auto, us16, us32, us64, us16p, us32p, 100.0 * floor_us / us_auto, T / us_auto,
-                        sets);
+            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n",
+                        H_v, T, floor_us, gate, us_auto, us16, us32, us64, us16p, us32p, us16w, us32w, us64w,
+                        100.0 * floor_us / us_auto, T / us_auto, sets);
             std::fflush(stdout);
             for (const Set& s : in)
                 for (void* p : {(void*)s.q, (void*)s.k, (void*)s.v, (void*)s.g, (void*)s.beta}) cudaFree(p);
@@ -310,8 +312,10 @@ int check_chunked(const std::filesystem::path& dir) {
         uint16_t* out = to_device(std::vector<uint16_t>(ref_out.size(), 0x7fc0));
         int32_t* offs = to_device(std::vector<int32_t>{0, T});
         void* ws = nullptr;
-        CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T)));
-        alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, q, k, v, g, beta, st, out, ws);
+        CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Wgmma)));
+        for (alloy::cuda::GdnScan scan : {alloy::cuda::GdnScan::Wgmma, alloy::cuda::GdnScan::Auto}) {
+        CHECK(cudaMemcpy(st, read_f32(c / "state0.bin").data(), ref_state.size() * 4, cudaMemcpyHostToDevice));
+        alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, q, k, v, g, beta, st, out, ws, nullptr, scan == alloy::cuda::GdnScan::Wgmma ? 64 : 0, nullptr, scan);
         CHECK(cudaDeviceSynchronize());
         std::vector<uint16_t> ob(ref_out.size());
         std::vector<float> got_out(ob.size()), got_state(ref_state.size());
@@ -320,8 +324,10 @@ int check_chunked(const std::filesystem::path& dir) {
         for (size_t i = 0; i < ob.size(); ++i) got_out[i] = bf16_float(ob[i]);
         const double eo = rel_l2(got_out, ref_out), es = rel_l2(got_state, ref_state);
         ok = ok && eo <= 1e-2 && es <= 1e-2;
-        std::printf("| %d, %d, %d, %d | %.1e | %.1e | %.1e | %.1e | %.1e |\n", T, H_k, H_v, d, eo, es,
-                    rel_l2(fla_out, ref_out), rel_l2(fla_state, ref_state), rel_l2(got_out, fla_out));
+        std::printf("| %d, %d, %d, %d%s | %.1e | %.1e | %.1e | %.1e | %.1e |\n", T, H_k, H_v, d,
+                    scan == alloy::cuda::GdnScan::Wgmma ? " (wgmma, 64)" : "", eo, es, rel_l2(fla_out, ref_out),
+                    rel_l2(fla_state, ref_state), rel_l2(got_out, fla_out));
+        }
         for (void* p : {(void*)q, (void*)k, (void*)v, (void*)g, (void*)beta, (void*)st, (void*)out, (void*)offs, ws})
             cudaFree(p);
     }

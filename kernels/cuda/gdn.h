@@ -88,14 +88,20 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // cudaStream_t), graph-capturable. block_v: value columns per scan block (16, 32 or 64; 0 picks
 // by the launch gate, gdn_delta_chunked_block_v; the bits do not depend on it). seq_slots: as
 // in gdn_fused (device [n_seqs] int32, state [slots, H_v, 128, 128]; nullptr: slot = sequence).
-size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens);
+// The scan kernel: one warp group issuing every product of a chunk step, or two groups, one
+// running the chain from each chunk's state to the next and one the chunk's output behind it
+// (16- and 32-column splits only; the same bits as one group); or Wgmma: fla's rearrangement
+// (W, U precomputed) on Hopper's warpgroup MMA, two products a step (other bits, ~fla's
+// rounding; any split; only when asked for, with the Wgmma workspace). Auto =
+// gdn_delta_chunked_scan(block_v).
+enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma };
+// scan = GdnScan::Wgmma needs the larger workspace (its stage 1b writes W, U and Kd^T per
+// chunk and head); the other kernels need the default's.
+size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens,
+                                         GdnScan scan = GdnScan::Auto);
 // The launch gate's value split (16, 32 or 64 columns per scan block) for H_v n_seqs heads on
 // `sms` multiprocessors: the fewest waves of blocks, weighted by the cost of a chunk step.
 int gdn_delta_chunked_block_v(int heads, int sms);
-// The scan kernel: one warp group issuing every product of a chunk step, or two groups, one
-// running the chain from each chunk's state to the next and one the chunk's output behind it
-// (16- and 32-column splits only). Same bits; Auto = gdn_delta_chunked_scan(block_v).
-enum class GdnScan { Auto, OneGroup, TwoGroups };
 GdnScan gdn_delta_chunked_scan(int block_v);
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,

@@ -776,6 +776,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+// One arrival that also expects `bytes` more bytes of bulk copies in the current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared by the copy
+// engine, counted on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
 // Barrier of one warp group (128 threads): id 1 = the state group, 2 = the output group.
 __device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
@@ -1202,6 +1216,382 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
     }
 }
 
+// ---- the W-form scan on wgmma (GdnScan::Wgmma) ----
+//
+// Rearranged as fla's kernels do, so that a chunk step is two products: with
+//   W = T diag(beta e^G) K [C, d_k],  U = T diag(beta) V [C, d_v],  Kd^T = (diag(e^{G_C - G}) K)^T [d_k, C]
+// (stage 1b, below, one block per (chunk, value head), from stage 1's T):
+//   Delta = U - W S0,   S_C = e^{G_C} S0 + Kd^T Delta,   O = e^G (Q S0) + QKM Delta.
+// The scan's products are wgmma (Hopper's warpgroup MMA, operands in shared memory): the state
+// group (warps 0-3) issues Y = W S (m64 nBV k16 x 8) and S += Kd^T Delta (2 x m64 nBV k16 x 4);
+// the output group (warps 4-7) X = Q S and O = e^G X + QKM Delta, one chunk behind, as in the
+// two-group kernel. Every operand is K-major in the "core matrix" layout of the no-swizzle mode
+// (8 rows x 16 bytes contiguous; LBO = bytes between core matrices adjacent in K, SBO = adjacent
+// in M / N, checked on the H200); the state's and Delta's bf16 copies (the B operands) are
+// written from the accumulators by stmatrix.trans. Different bits from the other two kernels
+// (U and W rounded to bf16 / fp32 as fla rounds its u and w).
+// W and Kd^T are stored in the scan's shared-memory layout (cm_off: K-major core matrices) and U
+// as [d_v / 16][C][16] (a block's columns contiguous), so that each lands with one bulk copy.
+struct alignas(16) WRecord {
+    bf16 W[kC * kD];    // [s][i]
+    bf16 KdT[kD * kC];  // [i][s]
+    float U[kC * kD];   // [j / 16][s][j % 16]
+};
+// Byte offset of element (row, col) in a K-major core-matrix tile of `cols` columns (K-fastest
+// core matrices: LBO 128, SBO cols / 8 x 128).
+__host__ __device__ constexpr int cm_off(int row, int col, int cols) {
+    return ((row >> 3) * (cols >> 3) + (col >> 3)) * 128 + (row & 7) * 16 + (col & 7) * 2;
+}
+
+// Stage 1b: W, U and Kd^T of (chunk, value head) from stage 1's record and the chunk's K, V.
+struct alignas(16) Stage1bSmem {
+    bf16 K[kC * kPD];
+    bf16 V[kC * kPD];
+    bf16 TG[kC * kPC];  // T diag(beta e^G)
+    bf16 TB[kC * kPC];  // T diag(beta)
+    float eG[kC], beta[kC], eGC[kC];
+};
+
+__global__ void __launch_bounds__(kThreads) stage1b_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                           const int32_t* __restrict__ cstart, int n_seqs,
+                                                           const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                                           const ChunkRecord* __restrict__ rec, WRecord* __restrict__ wrec) {
+    detail::pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Stage1bSmem& sm = *reinterpret_cast<Stage1bSmem*>(smem_raw);
+    const int c = blockIdx.x, h = blockIdx.y;
+    if (c >= cstart[n_seqs]) return;
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (cstart[mid] <= c) lo = mid;
+        else hi = mid - 1;
+    }
+    const int seq = lo;
+    const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
+    const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const ChunkRecord* R = rec + (size_t)c * H_v + h;
+    WRecord* WR = wrec + (size_t)c * H_v + h;
+    {
+        const int cc = (tid & 15) * 8;
+        const bf16* kc = k + (size_t)kh * kD + cc;
+        const bf16* vc = v + (size_t)h * kD + cc;
+#pragma unroll
+        for (int it = 0; it < kC * 16 / kThreads; ++it) {
+            const int r = (tid >> 4) + it * (kThreads / 16);
+            cp_async16(sm.K + r * kPD + cc, kc + (size_t)(t0 + (r < n ? r : 0)) * H_k * kD, r < n);
+            cp_async16(sm.V + r * kPD + cc, vc + (size_t)(t0 + (r < n ? r : 0)) * H_v * kD, r < n);
+        }
+        if (tid < 48) cp_async16(sm.eG + 4 * tid, R->eG + 4 * tid, true);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    // TG, TB (T rows r, columns s; zero above the diagonal already).
+    for (int idx = tid; idx < kC * kC / 2; idx += kThreads) {
+        const int r = idx >> 5, s = (idx & 31) * 2;
+        const float t0v = __bfloat162float(R->T[r * kC + s]), t1v = __bfloat162float(R->T[r * kC + s + 1]);
+        const float b0 = sm.beta[s], b1 = sm.beta[s + 1];
+        *reinterpret_cast<uint32_t*>(sm.TG + r * kPC + s) = pack_bf16(t0v * b0 * sm.eG[s], t1v * b1 * sm.eG[s + 1]);
+        *reinterpret_cast<uint32_t*>(sm.TB + r * kPC + s) = pack_bf16(t0v * b0, t1v * b1);
+    }
+    __syncthreads();
+    // W = TG K and U = TB V for rows [16 w, 16 w + 16): k16 steps s <= rows (T is lower triangular).
+#pragma unroll 1
+    for (int np = 0; np < kD / 16; ++np) {  // pairs of n8 tiles
+        float aw[2][4] = {}, au[2][4] = {};
+        for (int ks = 0; ks <= w; ++ks) {
+            uint32_t ag[4], ab[4], bk[4], bv[4];
+            ldsm_x4(ag, a_addr(sm.TG, kPC, 16 * w, 16 * ks, lane));
+            ldsm_x4(ab, a_addr(sm.TB, kPC, 16 * w, 16 * ks, lane));
+            ldsm_x4_t(bk, bt_addr(sm.K, kPD, 16 * ks, 16 * np, lane));
+            ldsm_x4_t(bv, bt_addr(sm.V, kPD, 16 * ks, 16 * np, lane));
+            mma(aw[0], ag, bk[0], bk[1]);
+            mma(aw[1], ag, bk[2], bk[3]);
+            mma(au[0], ab, bv[0], bv[1]);
+            mma(au[1], ab, bv[2], bv[3]);
+        }
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = 16 * w + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
+                *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(WR->W) + cm_off(r, col, kD)) =
+                    pack_bf16(aw[nn][2 * hh], aw[nn][2 * hh + 1]);
+                *reinterpret_cast<float2*>(WR->U + (col >> 4) * (kC * 16) + r * 16 + (col & 15)) =
+                    make_float2(au[nn][2 * hh], au[nn][2 * hh + 1]);
+            }
+    }
+    // Kd^T[i][s] = K[s][i] e^{G_C - G_s}, pairs of s per thread.
+    for (int idx = tid; idx < kD * kC / 2; idx += kThreads) {
+        const int i = idx >> 5, s = (idx & 31) * 2;
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(WR->KdT) + cm_off(i, s, kC)) =
+            pack_bf16(__bfloat162float(sm.K[s * kPD + i]) * sm.eGC[s], __bfloat162float(sm.K[(s + 1) * kPD + i]) * sm.eGC[s + 1]);
+    }
+}
+
+// wgmma pieces (sm_90a).
+__device__ __forceinline__ uint64_t wg_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = smem_u32(p);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d (m64 nN, f32, N / 2 registers a thread) = (accumulate ? d : 0) + A B, A [64][16] and B [N][16] K-major.
+template <int N>
+__device__ __forceinline__ void wgmma_bf16(float* d, uint64_t da, uint64_t db, int accumulate);
+template <>
+__device__ __forceinline__ void wgmma_bf16<16>(float* d, uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<32>(float* d, uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, "
+        "%16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<64>(float* d, uint64_t da, uint64_t db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+}
+// Four 8x8 b16 fragments (the mma accumulator layout: lane l holds row l / 4, columns 2 (l % 4), +1)
+// stored transposed: lane l gives the address of row l % 8 of fragment l / 8's transpose.
+__device__ __forceinline__ void stsm_x4_t(void* p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_u32(p)), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+// 16-byte copies of a [rows][cols] bf16 tile (global row pitch gp elements, rows >= n zero) into
+// the core-matrix layout, by `nth` threads.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void load_cm(bf16* dst, const bf16* src, size_t gp, int n, int tid, int nth) {
+    constexpr int kPer = COLS / 8;
+    for (int idx = tid; idx < ROWS * kPer; idx += nth) {
+        const int r = idx / kPer, c8 = (idx % kPer) * 8;
+        cp_async16(reinterpret_cast<char*>(dst) + cm_off(r, c8, COLS), src + (size_t)(r < n ? r : 0) * gp + c8, r < n);
+    }
+}
+
+template <int BV>
+struct alignas(16) WgSmem {
+    bf16 W[2][kC * kD];     // state ring: W, Kd^T, U slice (fp32 [s][BV]), e^{G_C}
+    bf16 KdT[2][kD * kC];
+    float U[2][kC * BV];
+    float eGC[2][4];
+    bf16 Q[2][kC * kD];     // output ring: Q, QKM, e^G
+    bf16 M[2][kC * kC];
+    float eG[2][kC];
+    bf16 Sb[2][BV * kD];    // S^T in bf16 ([j][i], core layout), by chunk parity
+    bf16 Db[2][BV * kC];    // Delta^T in bf16 ([j][s], core layout), by chunk parity
+    uint64_t full_s[2], full_d[2], empty[2];
+    uint64_t r_full[2];  // the state ring's bulk copies landed
+};
+
+template <int BV, typename OutT>
+__global__ void __launch_bounds__(256, 1) stage2_wg_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                           const int32_t* __restrict__ cstart,
+                                                           const bf16* __restrict__ q, const ChunkRecord* __restrict__ rec,
+                                                           const WRecord* __restrict__ wrec, float* __restrict__ state,
+                                                           OutT* __restrict__ out, const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
+    constexpr int NJ = BV / 8;  // n8 blocks
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    WgSmem<BV>& sm = *reinterpret_cast<WgSmem<BV>*>(smem_raw);
+    const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+    const int t_begin = offs[seq], t_end = offs[seq + 1];
+    if (t_begin == t_end) return;
+    const int c_first = cstart[seq], n_chunks = cstart[seq + 1] - c_first;
+    const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int gt = tid & 127, gw = w & 3;
+    if (tid == 0) {
+        for (int p = 0; p < 2; ++p) {
+            mbar_init(&sm.full_s[p], 128);
+            mbar_init(&sm.full_d[p], 128);
+            mbar_init(&sm.empty[p], 128);
+            mbar_init(&sm.r_full[p], 1);
+        }
+    }
+    __syncthreads();
+    // stmatrix.trans addressing: this lane's fragment f = lane / 8 of an x4 group and row lane % 8.
+    const int fr = lane >> 3, rr = lane & 7;
+    if (w < 4) {
+        float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
+        // S[i][j] as two m64 tiles (i = 64 T + 16 gw + gq (+8)), j = 8 jb + 2 tq (+1): accumulators.
+        float S[2][BV / 2];
+#pragma unroll
+        for (int T = 0; T < 2; ++T)
+#pragma unroll
+            for (int jb = 0; jb < NJ; ++jb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = 64 * T + 16 * gw + gq + 8 * (e >> 1), j = 8 * jb + 2 * tq + (e & 1);
+                    S[T][4 * jb + e] = Sg[(size_t)(v0 + j) * kD + i];
+                }
+        // The state ring by bulk copies from one thread: no cp.async in this group, so its
+        // fence.proxy.async (a MEMBAR) never waits for copies in flight (ncu: the cp.async version
+        // spent most of its time there and in the copies' address arithmetic).
+        auto load_chunk = [&](int i, int b) {
+            if (gt != 0) return;
+            const WRecord* WR = wrec + (size_t)(c_first + i) * H_v + h;
+            mbar_arrive_expect_tx(&sm.r_full[b], uint32_t(sizeof(sm.W[0]) + sizeof(sm.KdT[0]) + sizeof(sm.U[0]) + 16));
+            bulk_copy(sm.W[b], WR->W, sizeof(sm.W[0]), &sm.r_full[b]);
+            bulk_copy(sm.KdT[b], WR->KdT, sizeof(sm.KdT[0]), &sm.r_full[b]);
+            bulk_copy(sm.U[b], WR->U + (v0 >> 4) * (kC * 16), sizeof(sm.U[0]), &sm.r_full[b]);
+            bulk_copy(sm.eGC[b], rec[(size_t)(c_first + i) * H_v + h].eG + kC - 4, 16, &sm.r_full[b]);
+        };
+        load_chunk(0, 0);
+        for (int i = 0; i < n_chunks; ++i) {
+            const int b = i & 1;
+            bf16* Sb = sm.Sb[b];
+            bf16* Db = sm.Db[b];
+            if (i >= 2) mbar_wait(&sm.empty[b], ((i >> 1) - 1) & 1);
+            // S^T to Sb: fragment (T, half hh, block jb) = rows i of core matrix (jb, 8 T + 2 gw + hh) transposed.
+#pragma unroll
+            for (int T = 0; T < 2; ++T)
+#pragma unroll
+                for (int jp = 0; jp < NJ / 2; ++jp) {  // x4 = (hh, jb) for hh in 0..1, jb in {2 jp, 2 jp + 1}
+                    const int jb = 2 * jp + (fr >> 1), hh = fr & 1;
+                    char* p = reinterpret_cast<char*>(Sb) + (jb * (kD / 8) + 8 * T + 2 * gw + hh) * 128 + rr * 16;
+                    stsm_x4_t(p, pack_bf16(S[T][8 * jp + 0], S[T][8 * jp + 1]), pack_bf16(S[T][8 * jp + 2], S[T][8 * jp + 3]),
+                              pack_bf16(S[T][8 * jp + 4], S[T][8 * jp + 5]), pack_bf16(S[T][8 * jp + 6], S[T][8 * jp + 7]));
+                }
+            fence_async_smem();
+            mbar_arrive(&sm.full_s[b]);
+            mbar_wait(&sm.r_full[b], (i >> 1) & 1);  // chunk i's tiles landed
+            group_sync(1);  // the whole Sb visible; the group is done with chunk i - 1
+            if (i + 1 < n_chunks) load_chunk(i + 1, b ^ 1);
+            // Y = W S: [64 s][BV j], K = d_k.
+            float Y[BV / 2] = {};
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < kD / 16; ++ks)
+                wgmma_bf16<BV>(Y, wg_desc(reinterpret_cast<const char*>(sm.W[b]) + 256 * ks, 128, kD / 8 * 128),
+                               wg_desc(reinterpret_cast<const char*>(Sb) + 256 * ks, 128, kD / 8 * 128), ks > 0);
+            wg_commit();
+            wg_wait0();
+            // Delta = U - Y, to Db as Delta^T (fragment (hh, jb) = rows s of core matrix (jb, 2 gw + hh)).
+            float D[BV / 2];
+#pragma unroll
+            for (int jb = 0; jb < NJ; ++jb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int s = 16 * gw + gq + 8 * (e >> 1), j = 8 * jb + 2 * tq + (e & 1);
+                    D[4 * jb + e] = sm.U[b][(j >> 4) * (kC * 16) + s * 16 + (j & 15)] - Y[4 * jb + e];
+                }
+#pragma unroll
+            for (int jp = 0; jp < NJ / 2; ++jp) {
+                const int jb = 2 * jp + (fr >> 1), hh = fr & 1;
+                char* p = reinterpret_cast<char*>(Db) + (jb * (kC / 8) + 2 * gw + hh) * 128 + rr * 16;
+                stsm_x4_t(p, pack_bf16(D[8 * jp + 0], D[8 * jp + 1]), pack_bf16(D[8 * jp + 2], D[8 * jp + 3]),
+                          pack_bf16(D[8 * jp + 4], D[8 * jp + 5]), pack_bf16(D[8 * jp + 6], D[8 * jp + 7]));
+            }
+            fence_async_smem();
+            mbar_arrive(&sm.full_d[b]);
+            group_sync(1);  // the whole Db visible
+            // S = e^{G_C} S + Kd^T Delta: two m64 tiles of i, K = s.
+            const float eGC = sm.eGC[b][3];
+#pragma unroll
+            for (int T = 0; T < 2; ++T)
+#pragma unroll
+                for (int e = 0; e < BV / 2; ++e) S[T][e] *= eGC;
+            wg_fence();
+#pragma unroll
+            for (int T = 0; T < 2; ++T)
+#pragma unroll
+                for (int ks = 0; ks < kC / 16; ++ks)
+                    wgmma_bf16<BV>(S[T],
+                                   wg_desc(reinterpret_cast<const char*>(sm.KdT[b]) + T * 8 * 1024 + 256 * ks, 128, kC / 8 * 128),
+                                   wg_desc(reinterpret_cast<const char*>(Db) + 256 * ks, 128, kC / 8 * 128), 1);
+            wg_commit();
+            wg_wait0();
+        }
+#pragma unroll
+        for (int T = 0; T < 2; ++T)
+#pragma unroll
+            for (int jb = 0; jb < NJ; ++jb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = 64 * T + 16 * gw + gq + 8 * (e >> 1), j = 8 * jb + 2 * tq + (e & 1);
+                    Sg[(size_t)(v0 + j) * kD + i] = S[T][4 * jb + e];
+                }
+    } else {
+        const size_t qk_stride = (size_t)H_k * kD, v_stride = (size_t)H_v * kD;
+        auto load_chunk = [&](int i, int b) {
+            const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            load_cm<kC, kD>(sm.Q[b], q + (size_t)t0 * qk_stride + (size_t)kh * kD, qk_stride, n, gt, 128);
+            const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
+            load_cm<kC, kC>(sm.M[b], R->QKM, kC, kC, gt, 128);
+            if (gt < 16) cp_async16(sm.eG[b] + 4 * gt, R->eG + 4 * gt, true);
+        };
+        load_chunk(0, 0);
+        cp_async_commit();
+        for (int i = 0; i < n_chunks; ++i) {
+            const int b = i & 1;
+            const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            cp_async_wait_all();
+            fence_async_smem();
+            group_sync(2);
+            if (i + 1 < n_chunks) load_chunk(i + 1, b ^ 1);
+            cp_async_commit();
+            float X[BV / 2] = {};
+            mbar_wait(&sm.full_s[b], (i >> 1) & 1);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < kD / 16; ++ks)
+                wgmma_bf16<BV>(X, wg_desc(reinterpret_cast<const char*>(sm.Q[b]) + 256 * ks, 128, kD / 8 * 128),
+                               wg_desc(reinterpret_cast<const char*>(sm.Sb[b]) + 256 * ks, 128, kD / 8 * 128), ks > 0);
+            wg_commit();
+            wg_wait0();
+            const float e0 = sm.eG[b][16 * gw + gq], e1 = sm.eG[b][16 * gw + gq + 8];
+#pragma unroll
+            for (int e = 0; e < BV / 2; ++e) X[e] *= (e & 2) ? e1 : e0;
+            mbar_wait(&sm.full_d[b], (i >> 1) & 1);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < kC / 16; ++ks)
+                wgmma_bf16<BV>(X, wg_desc(reinterpret_cast<const char*>(sm.M[b]) + 256 * ks, 128, kC / 8 * 128),
+                               wg_desc(reinterpret_cast<const char*>(sm.Db[b]) + 256 * ks, 128, kC / 8 * 128), 1);
+            wg_commit();
+            wg_wait0();
+            mbar_arrive(&sm.empty[b]);
+#pragma unroll
+            for (int jb = 0; jb < NJ; ++jb)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int r = 16 * gw + gq + 8 * hh, j = 8 * jb + 2 * tq;
+                    if (r >= n) continue;
+                    OutT* dst = out + (size_t)(t0 + r) * v_stride + (size_t)h * kD + v0 + j;
+                    if constexpr (sizeof(OutT) == 4) {
+                        *reinterpret_cast<float2*>(dst) = make_float2(X[4 * jb + 2 * hh], X[4 * jb + 2 * hh + 1]);
+                    } else {
+                        *reinterpret_cast<uint32_t*>(dst) = pack_bf16(X[4 * jb + 2 * hh], X[4 * jb + 2 * hh + 1]);
+                    }
+                }
+        }
+    }
+}
+
 // fp32 -> bf16 (round to nearest even), 8 values per thread.
 __global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ y, size_t n) {
     detail::pdl_entry();
@@ -1262,6 +1652,20 @@ void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs
     }
     detail::launch("cuda::gdn_delta_chunked", stage2_pair_kernel<BV, OutT>, dim3(dim3(kD / BV, sh.H_v, n_seqs)),
                    dim3(kPairThreads), smem, st, sh, offs, cstart, q, k, v, rec, state, out, slots);
+}
+
+template <int BV, typename OutT>
+void launch_stage2_wg(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
+                      const ChunkRecord* rec, const WRecord* wrec, float* state, OutT* out, const int32_t* slots,
+                      cudaStream_t st) {
+    const size_t smem = sizeof(WgSmem<BV>);
+    static bool configured = false;
+    if (!configured) {
+        cudaFuncSetAttribute(stage2_wg_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        configured = true;
+    }
+    detail::launch("cuda::gdn_delta_chunked", stage2_wg_kernel<BV, OutT>, dim3(dim3(kD / BV, sh.H_v, n_seqs)), dim3(256),
+                   smem, st, sh, offs, cstart, q, rec, wrec, state, out, slots);
 }
 
 int num_sms() {
@@ -1326,7 +1730,20 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     if (block_v != 16 && block_v != 32 && block_v != 64)
         throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32, 64}");
     if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
-    if (scan == GdnScan::TwoGroups) {
+    if (scan == GdnScan::Wgmma) {
+        WRecord* wrec = reinterpret_cast<WRecord*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
+        static bool configured = false;
+        if (!configured) {
+            cudaFuncSetAttribute(stage1b_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Stage1bSmem)));
+            configured = true;
+        }
+        detail::launch(op, stage1b_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), sizeof(Stage1bSmem), st, sh,
+                       offs, cstart, n_seqs, k, v, rec, wrec);
+        check_launch(op);
+        if (block_v == 64) launch_stage2_wg<64>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
+        else if (block_v == 32) launch_stage2_wg<32>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
+        else launch_stage2_wg<16>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
+    } else if (scan == GdnScan::TwoGroups) {
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
         if (block_v == 32) launch_stage2_pair<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
         else launch_stage2_pair<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
@@ -1346,9 +1763,10 @@ void gdn_chunked_debug_clocks(unsigned long long* out) {
 }
 #endif
 
-size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens) {
-    return table_bytes(std::max(n_seqs, 0)) + chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) *
-                                                  size_t(std::max(shape.H_v, 0)) * sizeof(ChunkRecord);
+size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens, GdnScan scan) {
+    const size_t per = sizeof(ChunkRecord) + (scan == GdnScan::Wgmma ? sizeof(WRecord) : 0);
+    return table_bytes(std::max(n_seqs, 0)) +
+           chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) * size_t(std::max(shape.H_v, 0)) * per;
 }
 
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,

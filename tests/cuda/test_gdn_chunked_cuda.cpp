@@ -117,7 +117,7 @@ Result run_f32(const Inputs& in) {
 }
 
 // The bf16 entry point (bf16 q/k/v/out, caller's workspace), with a chosen value split.
-Result run_bf16(const Inputs& in, int block_v) {
+Result run_bf16(const Inputs& in, int block_v, cuda::GdnScan scan = cuda::GdnScan::Auto) {
     const int n_seqs = int(in.offs.size()) - 1;
     auto bf = [](const std::vector<float>& x) {
         std::vector<uint16_t> y(x.size());
@@ -128,9 +128,10 @@ Result run_bf16(const Inputs& in, int block_v) {
         out(std::vector<uint16_t>(size_t(in.n_tokens) * in.sh.H_v * in.sh.d_v, 0x7fc0));  // bf16 NaN
     DeviceArray<float> g(in.g), beta(in.beta), state(in.state);
     DeviceArray<int32_t> offs(in.offs);
-    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_delta_chunked_workspace_bytes(in.sh, n_seqs, in.n_tokens)));
+    DeviceArray<uint8_t> ws(
+        std::vector<uint8_t>(cuda::gdn_delta_chunked_workspace_bytes(in.sh, n_seqs, in.n_tokens, scan)));
     cuda::gdn_delta_chunked(in.sh, n_seqs, offs.p, in.n_tokens, q.p, k.p, v.p, g.p, beta.p, state.p, out.p, ws.p,
-                            nullptr, block_v);
+                            nullptr, block_v, nullptr, scan);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<uint16_t> ob = out.host();
     Result r{std::vector<float>(ob.size()), state.host()};
@@ -184,13 +185,16 @@ TEST(CudaGdnChunked, Bf16EntryMatchesReferenceWithEverySplit) {
     for (const Case& c : cases()) {
         const Inputs in = make_inputs(c.sh, c.offs, c.n_tokens, c.g_max, seed++);
         const Result want = run_ref(in, false);
-        for (int bv : {16, 32, 64}) {
-            const Result got = run_bf16(in, bv);
-            const double eo = rel_err(got.out, want.out), es = rel_err(got.state, want.state);
-            EXPECT_LE(eo, 1e-2) << describe(in) << " block_v " << bv << " (out)";
-            EXPECT_LE(es, 1e-2) << describe(in) << " block_v " << bv << " (state)";
-            std::printf("[bf16 entry, block_v %d] %s: out %.2e state %.2e\n", bv, describe(in).c_str(), eo, es);
-        }
+        for (cuda::GdnScan scan : {cuda::GdnScan::Auto, cuda::GdnScan::Wgmma})
+            for (int bv : {16, 32, 64}) {
+                const Result got = run_bf16(in, bv, scan);
+                const double eo = rel_err(got.out, want.out), es = rel_err(got.state, want.state);
+                const char* kind = scan == cuda::GdnScan::Wgmma ? "wgmma" : "gate's kernel";
+                EXPECT_LE(eo, 1e-2) << describe(in) << " block_v " << bv << ", " << kind << " (out)";
+                EXPECT_LE(es, 1e-2) << describe(in) << " block_v " << bv << ", " << kind << " (state)";
+                std::printf("[bf16 entry, block_v %d, %s] %s: out %.2e state %.2e\n", bv, kind, describe(in).c_str(), eo,
+                            es);
+            }
     }
 }
 

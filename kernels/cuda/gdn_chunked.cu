@@ -186,6 +186,17 @@ __global__ void chunk_table_kernel(const int32_t* __restrict__ offs, int n_seqs,
 
 // ---- stage 1 ----
 
+// The sequence of chunk c: the largest s with cstart[s] <= c (skips empty sequences).
+__device__ __forceinline__ int chunk_seq(const int32_t* cstart, int n_seqs, int c) {
+    int lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (cstart[mid] <= c) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // Shared memory of stage 1: the K and Q tiles, then (aliased once the products are done) A and T
 // in fp32.
 struct alignas(16) Stage1Smem {
@@ -213,14 +224,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
     __shared__ Stage1Smem sm;
     const int c = blockIdx.x, h = blockIdx.y;
     if (c >= cstart[n_seqs]) return;
-    // The sequence of chunk c: the largest s with cstart[s] <= c (skips empty sequences).
-    int lo = 0, hi = n_seqs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (cstart[mid] <= c) lo = mid;
-        else hi = mid - 1;
-    }
-    const int seq = lo;
+    const int seq = chunk_seq(cstart, n_seqs, c);
     const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
     const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -425,6 +429,236 @@ __device__ __forceinline__ void load_b_rows(uint32_t (&r)[N], const bf16* t, int
     }
 }
 
+// ---- pieces of a chunk step shared by the one- and two-group scans (one code, so one set of bits) ----
+// Warps own chunk rows [r_w, r_w + 8 kNR) for Y, Delta and O and state columns [i_w, i_w + 8 kNI)
+// for the update; S^T[j][i] sits in the mma accumulator layout, j = 16 mt + gq (+8),
+// i = i_w + 8 nt + 2 tq (+1).
+
+// This warp's S^T from / to the fp32 state [d_v][d_k] (rows from v0).
+template <int MT, int kNI>
+__device__ __forceinline__ void load_state(float (&S)[MT][kNI][4], const float* Sg, int v0, int i_w, int gq, int tq) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const float2 x = *reinterpret_cast<const float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD + i_w +
+                                                                  8 * nt + 2 * tq);
+                S[mt][nt][2 * hh] = x.x;
+                S[mt][nt][2 * hh + 1] = x.y;
+            }
+}
+template <int MT, int kNI>
+__device__ __forceinline__ void store_state(const float (&S)[MT][kNI][4], float* Sg, int v0, int i_w, int gq, int tq) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                *reinterpret_cast<float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD + i_w + 8 * nt + 2 * tq) =
+                    make_float2(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+}
+// This warp's columns of S^T into Sb in bf16 (the A operand of Y and X).
+template <int MT, int kNI>
+__device__ __forceinline__ void state_to_bf16(bf16* Sb, const float (&S)[MT][kNI][4], int i_w, int gq, int tq) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                *reinterpret_cast<uint32_t*>(Sb + (16 * mt + gq + 8 * hh) * kPD + i_w + 8 * nt + 2 * tq) =
+                    pack_bf16(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+}
+// This warp's rows' scalars (e^G, beta, e^{G_C - G}) and V^T values, read early so that their
+// latency hides under the products.
+template <int BV, int MT, int kNR>
+__device__ __forceinline__ void row_scalars(float (&rv)[kNR][MT][2][2], float (&re)[kNR][2], float (&rb)[kNR][2],
+                                            float (&rf)[kNR][2], const float* eG, const float* beta, const float* eGC,
+                                            const bf16* V, int r_w, int gq, int tq) {
+#pragma unroll
+    for (int nt = 0; nt < kNR; ++nt) {
+        const int r = r_w + 8 * nt + 2 * tq;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            re[nt][e] = eG[r + e];
+            rb[nt][e] = beta[r + e];
+            rf[nt][e] = eGC[r + e];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) rv[nt][mt][hh][e] = __bfloat162float(V[(r + e) * (BV + 8) + 16 * mt + gq + 8 * hh]);
+        }
+    }
+}
+// Delta'^T = (V^T - Y^T e^G) beta into Dp (Y^T = y + y2: even and odd k-steps).
+template <int MT, int kNR>
+__device__ __forceinline__ void delta_prime(bf16* Dp, const float (&y)[MT][kNR][4], const float (&y2)[MT][kNR][4],
+                                            const float (&rv)[kNR][MT][2][2], const float (&re)[kNR][2],
+                                            const float (&rb)[kNR][2], int r_w, int gq, int tq) {
+#pragma unroll
+    for (int nt = 0; nt < kNR; ++nt) {
+        const int r = r_w + 8 * nt + 2 * tq;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int j = 16 * mt + gq + 8 * hh;
+                float dp[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float yy = y[mt][nt][2 * hh + e] + y2[mt][nt][2 * hh + e];
+                    dp[e] = rb[nt][e] * (rv[nt][mt][hh][e] - re[nt][e] * yy);
+                }
+                *reinterpret_cast<uint32_t*>(Dp + j * kPC + r) = pack_bf16(dp[0], dp[1]);
+            }
+    }
+}
+// acc^T += A^T [BV][64] B^T for this warp's rows r (B [64 r][64 s], zero for s > r: only the
+// k16 steps s <= r_w + 8 kNR - 1 run).
+template <int MT, int kNR>
+__device__ __forceinline__ void causal_products(float (&acc)[MT][kNR][4], const bf16* A, const bf16* B, int r_w,
+                                                int k_causal, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        if (ks >= k_causal) break;
+        uint32_t a[MT][4], b[2 * kNR];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(A, kPC, 16 * mt, 16 * ks, lane));
+        load_b_rows(b, B, kPC, r_w, 16 * ks, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNR; ++nt) mma(acc[mt][nt], a[mt], b[2 * nt], b[2 * nt + 1]);
+    }
+}
+// Delta^T = Delta'^T T^T (s <= r) into Dm, and Delta^T .* e^{G_C - G} into Dt.
+template <int MT, int kNR>
+__device__ __forceinline__ void delta_products(bf16* Dm, bf16* Dt, const bf16* Dp, const bf16* T, const float (&rf)[kNR][2],
+                                               int r_w, int k_causal, int lane, int gq, int tq) {
+    float dl[MT][kNR][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dl[mt][nt][e] = 0.0f;
+    causal_products(dl, Dp, T, r_w, k_causal, lane);
+#pragma unroll
+    for (int nt = 0; nt < kNR; ++nt) {
+        const int r = r_w + 8 * nt + 2 * tq;
+        const float f0 = rf[nt][0], f1 = rf[nt][1];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int j = 16 * mt + gq + 8 * hh;
+                const float d0 = dl[mt][nt][2 * hh], d1 = dl[mt][nt][2 * hh + 1];
+                *reinterpret_cast<uint32_t*>(Dm + j * kPC + r) = pack_bf16(d0, d1);
+                *reinterpret_cast<uint32_t*>(Dt + j * kPC + r) = pack_bf16(d0 * f0, d1 * f1);
+            }
+    }
+}
+// S^T = e^{G_C} S^T + Dt K for this warp's state columns (odd k-steps into a second accumulator:
+// two dependent chains of 2, not one of 4).
+template <int MT, int kNI>
+__device__ __forceinline__ void state_update(float (&S)[MT][kNI][4], float eGC, const bf16* Dt, const bf16* K, int i_w,
+                                             int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGC;
+    float S2[MT][kNI][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S2[mt][nt][e] = 0.0f;
+    uint32_t a[4][MT][4], bk[4][kNI / 2][4];
+    auto load = [&](int ks) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(Dt, kPC, 16 * mt, 16 * ks, lane));
+#pragma unroll
+        for (int p = 0; p < kNI / 2; ++p) ldsm_x4_t(bk[ks][p], bt_addr(K, kPD, 16 * ks, i_w + 16 * p, lane));
+    };
+    load(0);
+    load(1);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        if (ks + 2 < 4) load(ks + 2);
+#pragma unroll
+        for (int p = 0; p < kNI / 2; ++p)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma(ks & 1 ? S2[mt][2 * p] : S[mt][2 * p], a[ks][mt], bk[ks][p][0], bk[ks][p][1]);
+                mma(ks & 1 ? S2[mt][2 * p + 1] : S[mt][2 * p + 1], a[ks][mt], bk[ks][p][2], bk[ks][p][3]);
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
+}
+// A chunk's 64 rows of 128 bf16 (row t0 + r at col + (t0 + r) stride) into a [64][kPD] tile, rows
+// past n zero, by NTH threads (this one: rows r0 + NTH / 16 x it, 16 bytes at column cc). A
+// whole chunk takes row pointers by increments without clamps (the tail path's 64-bit row
+// products and predicates were most of the two-group state warps' copy instructions, SASS).
+template <int NTH>
+__device__ __forceinline__ void copy_row_tile(bf16* dst, const bf16* col, size_t stride, int t0, int n, int r0, int cc) {
+    if (n == kC) {
+        const bf16* p = col + (size_t)(t0 + r0) * stride;
+        const size_t step = (size_t)(NTH / 16) * stride;
+#pragma unroll
+        for (int it = 0; it < kC * 16 / NTH; ++it, p += step) cp_async16(dst + (r0 + it * (NTH / 16)) * kPD + cc, p, true);
+    } else {
+#pragma unroll
+        for (int it = 0; it < kC * 16 / NTH; ++it) {
+            const int r = r0 + it * (NTH / 16);
+            cp_async16(dst + r * kPD + cc, col + (size_t)(t0 + (r < n ? r : 0)) * stride, r < n);
+        }
+    }
+}
+// This warp's O^T rows into the O tile [r][j].
+template <int BV, int MT, int kNR>
+__device__ __forceinline__ void o_to_tile(float* O, const float (&x)[MT][kNR][4], int r_w, int gq, int tq) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNR; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = 16 * mt + gq + 8 * (e >> 1), r = r_w + 8 * nt + 2 * tq + (e & 1);
+                O[r * (BV + 4) + j] = x[mt][nt][e];
+            }
+}
+// The O tile's rows < n to `out` (16-byte stores, NT threads; t = this thread's index among them).
+template <int BV, int NT, typename OutT>
+__device__ __forceinline__ void flush_out_tile(OutT* out, const float* O, size_t v_stride, int h, int v0, int t0, int n,
+                                               int t) {
+    constexpr int kVec = 16 / sizeof(OutT), kPerRow = BV / kVec, kItems = kC * kPerRow;
+#pragma unroll
+    for (int it = 0; it < (kItems + NT - 1) / NT; ++it) {
+        const int idx = t + it * NT, r = idx / kPerRow, cc = (idx % kPerRow) * kVec;
+        if (idx >= kItems || r >= n) break;
+        OutT* dst = out + (size_t)(t0 + r) * v_stride + (size_t)h * kD + v0 + cc;
+        const float4 lo = *reinterpret_cast<const float4*>(O + r * (BV + 4) + cc);
+        if constexpr (sizeof(OutT) == 4) {
+            *reinterpret_cast<float4*>(dst) = lo;
+        } else {
+            const float4 hi = *reinterpret_cast<const float4*>(O + r * (BV + 4) + cc + 4);
+            *reinterpret_cast<uint4*>(dst) =
+                make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
+        }
+    }
+}
+
 template <int BV, typename OutT>
 __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                         const int32_t* __restrict__ cstart,
@@ -455,17 +689,7 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
 
     // S^T[j][i], j = 16 mt + gq (+8), i = i_w + 8 nt + 2 tq (+1): the accumulator layout.
     float S[MT][kNI][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const float2 x = *reinterpret_cast<const float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD +
-                                                                  i_w + 8 * nt + 2 * tq);
-                S[mt][nt][2 * hh] = x.x;
-                S[mt][nt][2 * hh + 1] = x.y;
-            }
+    load_state(S, Sg, v0, i_w, gq, tq);
 
     // Per-thread pieces of the chunk copies, fixed for the whole scan (the copies are issued by
     // every warp every step: generic strided loops with 64-bit index math were ~half of the
@@ -504,24 +728,8 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
         static_assert(sizeof(B.eG) * 3 == 48 * 16 && offsetof(ChunkRecord, eGC) == 2 * sizeof(B.eG), "record head");
         if (tid < 48) cp_async16(B.eG + 4 * tid, R->eG + 4 * tid, true);  // eG, beta, eGC: contiguous in both
     };
-    // O of the chunk before, from shared memory to `out` (rows < n, 16-byte stores).
-    auto flush_out = [&](int t0, int n) {
-        constexpr int kVec = 16 / sizeof(OutT), kPerRow = BV / kVec, kItems = kC * kPerRow;
-#pragma unroll
-        for (int it = 0; it < (kItems + kT2 - 1) / kT2; ++it) {
-            const int idx = tid + it * kT2, r = idx / kPerRow, cc = (idx % kPerRow) * kVec;
-            if (idx >= kItems || r >= n) break;
-            OutT* dst = out + (size_t)(t0 + r) * v_stride + (size_t)h * kD + v0 + cc;
-            const float4 lo = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc);
-            if constexpr (sizeof(OutT) == 4) {
-                *reinterpret_cast<float4*>(dst) = lo;
-            } else {
-                const float4 hi = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc + 4);
-                *reinterpret_cast<uint4*>(dst) =
-                    make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
-            }
-        }
-    };
+    // O of the chunk before, from shared memory to `out`.
+    auto flush_out = [&](int t0, int n) { flush_out_tile<BV, kT2>(out, sm.O, v_stride, h, v0, t0, n, tid); };
 
     // Every step commits one group (empty past the end), so "all but the newest kNBuf - 2"
     // is always chunk c's.
@@ -541,34 +749,13 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
         CLK(0);
         // (1) this warp's columns of S^T to shared memory in bf16 (the A operand of Y and X).
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-                    *reinterpret_cast<uint32_t*>(sm.Sb + (16 * mt + gq + 8 * hh) * kPD + i_w + 8 * nt + 2 * tq) =
-                        pack_bf16(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+        state_to_bf16(sm.Sb, S, i_w, gq, tq);
         cp_async_wait<kNBuf - 2>();
         __syncthreads();  // #1: chunk c's tiles and Sb visible; everyone is done with chunk c - 1
         CLK(1);
         // This warp's rows' scalars, read now so that their latency hides under the products.
         float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
-#pragma unroll
-        for (int nt = 0; nt < kNR; ++nt) {
-            const int r = r_w + 8 * nt + 2 * tq;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                re[nt][e] = B.eG[r + e];
-                rb[nt][e] = B.beta[r + e];
-                rf[nt][e] = B.eGC[r + e];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        rv[nt][mt][hh][e] = __bfloat162float(B.V[(r + e) * (BV + 8) + 16 * mt + gq + 8 * hh]);
-            }
-        }
+        row_scalars<BV>(rv, re, rb, rf, B.eG, B.beta, B.eGC, B.V, r_w, gq, tq);
         const float eGC = B.eG[kC - 1];
 
         // (2) Y^T, X^T for this warp's rows. Fragments two k-steps ahead of the products (the
@@ -609,143 +796,33 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
         cp_async_commit();
         if (prev_n > 0) flush_out(prev_t0, prev_n);
         // (3) Delta'^T = (V^T - Y^T e^G) beta to shared; X^T e^G stays as the start of O^T.
+        delta_prime(sm.Dp, y, y2, rv, re, rb, r_w, gq, tq);
 #pragma unroll
-        for (int nt = 0; nt < kNR; ++nt) {
-            const int r = r_w + 8 * nt + 2 * tq;
+        for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int j = 16 * mt + gq + 8 * hh;
-                    float dp[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float yy = y[mt][nt][2 * hh + e] + y2[mt][nt][2 * hh + e];
-                        dp[e] = rb[nt][e] * (rv[nt][mt][hh][e] - re[nt][e] * yy);
-                        x[mt][nt][2 * hh + e] = (x[mt][nt][2 * hh + e] + x2[mt][nt][2 * hh + e]) * re[nt][e];
-                    }
-                    *reinterpret_cast<uint32_t*>(sm.Dp + j * kPC + r) = pack_bf16(dp[0], dp[1]);
-                }
-        }
+                for (int e = 0; e < 4; ++e) x[mt][nt][e] = (x[mt][nt][e] + x2[mt][nt][e]) * re[nt][e & 1];
         CLK(3);
         __syncthreads();  // #2
         CLK(4);
         // (4) Delta^T = Delta'^T T^T (s <= r).
-        float dl[MT][kNR][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNR; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dl[mt][nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            if (ks >= k_causal) break;
-            uint32_t a[MT][4], bt[2 * kNR];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Dp, kPC, 16 * mt, 16 * ks, lane));
-            load_b_rows(bt, B.T, kPC, r_w, 16 * ks, lane);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNR; ++nt) mma(dl[mt][nt], a[mt], bt[2 * nt], bt[2 * nt + 1]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNR; ++nt) {
-            const int r = r_w + 8 * nt + 2 * tq;
-            const float f0 = rf[nt][0], f1 = rf[nt][1];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int j = 16 * mt + gq + 8 * hh;
-                    const float d0 = dl[mt][nt][2 * hh], d1 = dl[mt][nt][2 * hh + 1];
-                    *reinterpret_cast<uint32_t*>(sm.Dm + j * kPC + r) = pack_bf16(d0, d1);
-                    *reinterpret_cast<uint32_t*>(sm.Dt + j * kPC + r) = pack_bf16(d0 * f0, d1 * f1);
-                }
-        }
+        delta_products<MT, kNR>(sm.Dm, sm.Dt, sm.Dp, B.T, rf, r_w, k_causal, lane, gq, tq);
         CLK(5);
         __syncthreads();  // #3
         CLK(6);
         // (6, issued first: the next chunk waits on it, not on O) S^T = e^{G_C} S^T + Dt K for this warp's state columns.
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGC;
-        {
-            // Odd k-steps into a second accumulator: two dependent chains of 2, not one of 4.
-            float S2[MT][kNI][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) S2[mt][nt][e] = 0.0f;
-            uint32_t a[4][MT][4], bk[4][kNI / 2][4];
-            auto load = [&](int ks) {
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(sm.Dt, kPC, 16 * mt, 16 * ks, lane));
-#pragma unroll
-                for (int p = 0; p < kNI / 2; ++p) ldsm_x4_t(bk[ks][p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
-            };
-            load(0);
-            load(1);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                if (ks + 2 < 4) load(ks + 2);
-#pragma unroll
-                for (int p = 0; p < kNI / 2; ++p)
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma(ks & 1 ? S2[mt][2 * p] : S[mt][2 * p], a[ks][mt], bk[ks][p][0], bk[ks][p][1]);
-                        mma(ks & 1 ? S2[mt][2 * p + 1] : S[mt][2 * p + 1], a[ks][mt], bk[ks][p][2], bk[ks][p][3]);
-                    }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
-        }
+        state_update(S, eGC, sm.Dt, B.K, i_w, lane);
         // (5) O^T += Delta^T QKM^T, then into the shared O tile (written out after the next #1).
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-            if (ks >= k_causal) break;
-            uint32_t a[MT][4], bm[2 * kNR];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Dm, kPC, 16 * mt, 16 * ks, lane));
-            load_b_rows(bm, B.M, kPC, r_w, 16 * ks, lane);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNR; ++nt) mma(x[mt][nt], a[mt], bm[2 * nt], bm[2 * nt + 1]);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNR; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int j = 16 * mt + gq + 8 * (e >> 1), r = r_w + 8 * nt + 2 * tq + (e & 1);
-                    sm.O[r * (BV + 4) + j] = x[mt][nt][e];
-                }
+        causal_products(x, sm.Dm, B.M, r_w, k_causal, lane);
+        o_to_tile<BV>(sm.O, x, r_w, gq, tq);
         CLK(7);
         prev_t0 = t0;
         prev_n = n;
     }
     __syncthreads();
     flush_out(prev_t0, prev_n);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                *reinterpret_cast<float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD + i_w + 8 * nt + 2 * tq) =
-                    make_float2(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+    store_state(S, Sg, v0, i_w, gq, tq);
 }
 
 // ---- stage 2, two warp groups ----
@@ -862,17 +939,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         const int i_w = kIW * gw;  // this warp's state columns
         float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
         float S[MT][kNI][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const float2 x = *reinterpret_cast<const float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD +
-                                                                      i_w + 8 * nt + 2 * tq);
-                    S[mt][nt][2 * hh] = x.x;
-                    S[mt][nt][2 * hh + 1] = x.y;
-                }
+        load_state(S, Sg, v0, i_w, gq, tq);
         constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;
         const int v_r = gt / kVPerRow, v_cc = (gt % kVPerRow) * 8;
         const bf16* k_col = k + (size_t)kh * kD + qk_cc;
@@ -880,14 +947,8 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         auto load_chunk = [&](int i, int b) {
             PairStateBuf<BV>& B = sm.sb[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            copy_row_tile<kGT>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
             if (n == kC) {
-                // A whole chunk: row pointers by increments, no clamps (the tail path's 64-bit
-                // row products and predicates were most of this group's copy instructions, SASS).
-                const bf16* kp = k_col + (size_t)(t0 + qk_r0) * qk_stride;
-                const size_t kstep = (size_t)(kGT / 16) * qk_stride;
-#pragma unroll
-                for (int it = 0; it < kC * 16 / kGT; ++it, kp += kstep)
-                    cp_async16(B.K + (qk_r0 + it * (kGT / 16)) * kPD + qk_cc, kp, true);
                 const bf16* vp = v_col + (size_t)(t0 + v_r) * v_stride;
                 const size_t vstep = (size_t)(kGT / kVPerRow) * v_stride;
 #pragma unroll
@@ -895,11 +956,6 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                     if (kVItems >= kGT || gt < kVItems)
                         cp_async16(B.V + (v_r + it * (kGT / kVPerRow)) * (BV + 8) + v_cc, vp, true);
             } else {
-#pragma unroll
-                for (int it = 0; it < kC * 16 / kGT; ++it) {
-                    const int r = qk_r0 + it * (kGT / 16);
-                    cp_async16(B.K + r * kPD + qk_cc, k_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
-                }
 #pragma unroll
                 for (int it = 0; it < (kVItems + kGT - 1) / kGT; ++it) {
                     const int r = v_r + it * (kGT / kVPerRow);
@@ -926,33 +982,12 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             bf16* Dm = sm.Dm[i & 1];
             // The output group is done with chunk i - 2's Sb and Dm (this parity's buffers).
             if (i >= 2) mbar_wait(&sm.empty[i & 1], ((i >> 1) - 1) & 1);
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        *reinterpret_cast<uint32_t*>(Sb + (16 * mt + gq + 8 * hh) * kPD + i_w + 8 * nt + 2 * tq) =
-                            pack_bf16(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+            state_to_bf16(Sb, S, i_w, gq, tq);
             mbar_arrive(&sm.full_s[i & 1]);
             cp_async_wait<kPairBufS - 2>();
             group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
             float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
-#pragma unroll
-            for (int nt = 0; nt < kNR; ++nt) {
-                const int r = r_w + 8 * nt + 2 * tq;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    re[nt][e] = B.eG[r + e];
-                    rb[nt][e] = B.beta[r + e];
-                    rf[nt][e] = B.eGC[r + e];
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh)
-                            rv[nt][mt][hh][e] = __bfloat162float(B.V[(r + e) * (BV + 8) + 16 * mt + gq + 8 * hh]);
-                }
-            }
+            row_scalars<BV>(rv, re, rb, rf, B.eG, B.beta, B.eGC, B.V, r_w, gq, tq);
             const float eGC = B.eG[kC - 1];
             // Y^T = S^T K^T for this warp's rows (even / odd k-steps apart, as the one-group kernel).
             float y[MT][kNR][4], y2[MT][kNR][4];
@@ -984,111 +1019,16 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             if (i + kPairBufS - 1 < n_chunks) load_chunk(i + kPairBufS - 1, (b + kPairBufS - 1) % kPairBufS);
             cp_async_commit();
             // Delta'^T = (V^T - Y^T e^G) beta.
-#pragma unroll
-            for (int nt = 0; nt < kNR; ++nt) {
-                const int r = r_w + 8 * nt + 2 * tq;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const int j = 16 * mt + gq + 8 * hh;
-                        float dp[2];
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const float yy = y[mt][nt][2 * hh + e] + y2[mt][nt][2 * hh + e];
-                            dp[e] = rb[nt][e] * (rv[nt][mt][hh][e] - re[nt][e] * yy);
-                        }
-                        *reinterpret_cast<uint32_t*>(sm.Dp + j * kPC + r) = pack_bf16(dp[0], dp[1]);
-                    }
-            }
+            delta_prime(sm.Dp, y, y2, rv, re, rb, r_w, gq, tq);
             group_sync(1);
             // Delta^T = Delta'^T T^T (s <= r).
-            float dl[MT][kNR][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNR; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) dl[mt][nt][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                if (ks >= k_causal) break;
-                uint32_t a[MT][4], bt[2 * kNR];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Dp, kPC, 16 * mt, 16 * ks, lane));
-                load_b_rows(bt, B.T, kPC, r_w, 16 * ks, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < kNR; ++nt) mma(dl[mt][nt], a[mt], bt[2 * nt], bt[2 * nt + 1]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < kNR; ++nt) {
-                const int r = r_w + 8 * nt + 2 * tq;
-                const float f0 = rf[nt][0], f1 = rf[nt][1];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const int j = 16 * mt + gq + 8 * hh;
-                        const float d0 = dl[mt][nt][2 * hh], d1 = dl[mt][nt][2 * hh + 1];
-                        *reinterpret_cast<uint32_t*>(Dm + j * kPC + r) = pack_bf16(d0, d1);
-                        *reinterpret_cast<uint32_t*>(sm.Dt + j * kPC + r) = pack_bf16(d0 * f0, d1 * f1);
-                    }
-            }
+            delta_products<MT, kNR>(Dm, sm.Dt, sm.Dp, B.T, rf, r_w, k_causal, lane, gq, tq);
             mbar_arrive(&sm.full_d[i & 1]);
             group_sync(1);
             // S^T = e^{G_C} S^T + Dt K for this warp's state columns.
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGC;
-            {
-                float S2[MT][kNI][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) S2[mt][nt][e] = 0.0f;
-                uint32_t a[4][MT][4], bk[4][kNI / 2][4];
-                auto load = [&](int ks) {
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(sm.Dt, kPC, 16 * mt, 16 * ks, lane));
-#pragma unroll
-                    for (int p = 0; p < kNI / 2; ++p) ldsm_x4_t(bk[ks][p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
-                };
-                load(0);
-                load(1);
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) {
-                    if (ks + 2 < 4) load(ks + 2);
-#pragma unroll
-                    for (int p = 0; p < kNI / 2; ++p)
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) {
-                            mma(ks & 1 ? S2[mt][2 * p] : S[mt][2 * p], a[ks][mt], bk[ks][p][0], bk[ks][p][1]);
-                            mma(ks & 1 ? S2[mt][2 * p + 1] : S[mt][2 * p + 1], a[ks][mt], bk[ks][p][2], bk[ks][p][3]);
-                        }
-                }
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
-            }
+            state_update(S, eGC, sm.Dt, B.K, i_w, lane);
         }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < kNI; ++nt)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-                    *reinterpret_cast<float2*>(Sg + (size_t)(v0 + 16 * mt + gq + 8 * hh) * kD + i_w + 8 * nt + 2 * tq) =
-                        make_float2(S[mt][nt][2 * hh], S[mt][nt][2 * hh + 1]);
+        store_state(S, Sg, v0, i_w, gq, tq);
     } else {
         // ---- the output group: O^T = (S^T Q^T) e^G + Delta^T QKM^T, one chunk behind ----
         constexpr int kNO = pair_bufs_out<BV>();
@@ -1096,19 +1036,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         auto load_chunk = [&](int i, int b) {
             PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
-            if (n == kC) {
-                const bf16* qp = q_col + (size_t)(t0 + qk_r0) * qk_stride;
-                const size_t qstep = (size_t)(kGT / 16) * qk_stride;
-#pragma unroll
-                for (int it = 0; it < kC * 16 / kGT; ++it, qp += qstep)
-                    cp_async16(B.Q + (qk_r0 + it * (kGT / 16)) * kPD + qk_cc, qp, true);
-            } else {
-#pragma unroll
-                for (int it = 0; it < kC * 16 / kGT; ++it) {
-                    const int r = qk_r0 + it * (kGT / 16);
-                    cp_async16(B.Q + r * kPD + qk_cc, q_col + (size_t)(t0 + (r < n ? r : 0)) * qk_stride, r < n);
-                }
-            }
+            copy_row_tile<kGT>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
             const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
 #pragma unroll
             for (int it = 0; it < kC * 8 / kGT; ++it) {
@@ -1116,23 +1044,6 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                 cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
             }
             if (gt < 16) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);
-        };
-        auto flush_out = [&](int t0, int n) {
-            constexpr int kVec = 16 / sizeof(OutT), kPerRow = BV / kVec, kItems = kC * kPerRow;
-#pragma unroll
-            for (int it = 0; it < (kItems + kGT - 1) / kGT; ++it) {
-                const int idx = gt + it * kGT, r = idx / kPerRow, cc = (idx % kPerRow) * kVec;
-                if (idx >= kItems || r >= n) break;
-                OutT* dst = out + (size_t)(t0 + r) * v_stride + (size_t)h * kD + v0 + cc;
-                const float4 lo = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc);
-                if constexpr (sizeof(OutT) == 4) {
-                    *reinterpret_cast<float4*>(dst) = lo;
-                } else {
-                    const float4 hi = *reinterpret_cast<const float4*>(sm.O + r * (BV + 4) + cc + 4);
-                    *reinterpret_cast<uint4*>(dst) = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w),
-                                                                pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
-                }
-            }
         };
         for (int p = 0; p < kNO - 1; ++p) {
             if (p < n_chunks) load_chunk(p, p);
@@ -1188,30 +1099,11 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                     for (int e = 0; e < 4; ++e)
                         x[mt][nt][e] = (x[mt][nt][e] + x2[mt][nt][e]) * re[nt][e & 1];
             mbar_wait(&sm.full_d[i & 1], (i >> 1) & 1);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-                if (ks >= k_causal) break;
-                uint32_t a[MT][4], bm[2 * kNR];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(Dm, kPC, 16 * mt, 16 * ks, lane));
-                load_b_rows(bm, B.M, kPC, r_w, 16 * ks, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < kNR; ++nt) mma(x[mt][nt], a[mt], bm[2 * nt], bm[2 * nt + 1]);
-            }
+            causal_products(x, Dm, B.M, r_w, k_causal, lane);
             mbar_arrive(&sm.empty[i & 1]);  // this thread's reads of Sb and Dm are done
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < kNR; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int j = 16 * mt + gq + 8 * (e >> 1), r = r_w + 8 * nt + 2 * tq + (e & 1);
-                        sm.O[r * (BV + 4) + j] = x[mt][nt][e];
-                    }
+            o_to_tile<BV>(sm.O, x, r_w, gq, tq);
             group_sync(2);
-            flush_out(t0, n);
+            flush_out_tile<BV, kGT>(out, sm.O, v_stride, h, v0, t0, n, gt);
         }
     }
 }
@@ -1261,13 +1153,7 @@ __global__ void __launch_bounds__(kThreads) stage1b_kernel(ref::GdnShape sh, con
     Stage1bSmem& sm = *reinterpret_cast<Stage1bSmem*>(smem_raw);
     const int c = blockIdx.x, h = blockIdx.y;
     if (c >= cstart[n_seqs]) return;
-    int lo = 0, hi = n_seqs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (cstart[mid] <= c) lo = mid;
-        else hi = mid - 1;
-    }
-    const int seq = lo;
+    const int seq = chunk_seq(cstart, n_seqs, c);
     const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
     const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;

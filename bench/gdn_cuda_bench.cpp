@@ -9,7 +9,7 @@
 // B = 1, H_k = 16, d = 128, H_v in {16, 32, 48}, T in {512, 4096, 16384, 65536}, median over
 // replays of a CUDA graph of several launches rotating over input sets (as many as fit in
 // ~256 MB, up to 8, so that L2 does not serve the repeats), for the launch gate's choice and
-// for each value split; floor = max(181,589 FLOP per token and head / 679 TFLOP/s, minimal
+// for each value split and scan kernel (one warp group, two, wgmma); floor = max(181,589 FLOP per token and head / 679 TFLOP/s, minimal
 // bf16 bytes / 4234 GB/s) as shared/anchors/gpu-h200.md derives it.
 // Fused prefill (--fused-prefill, or with no mode flag): cuda::gdn_fused in the chunked mode
 // (conv + SiLU, norms, gates, bf16 rounding, gdn_delta_chunked, gated RMSNorm) at B = 1,
@@ -23,7 +23,8 @@
 //                                 and compare; exits 1 above 1e-4)
 //   gdn_cuda_bench --check-chunked DIR (fla's and transformers' chunked outputs written by
 //                                 scripts/gdn_fla_peer.py: run cuda::gdn_delta_chunked on the
-//                                 same bf16 inputs; errors against both; exits 1 above 1e-2)
+//                                 same bf16 inputs, the gate's kernel and the wgmma one;
+//                                 errors against both; exits 1 above 1e-2)
 #include <cuda_runtime.h>
 
 #include <cmath>

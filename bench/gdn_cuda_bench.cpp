@@ -315,19 +315,20 @@ int check_chunked(const std::filesystem::path& dir) {
         void* ws = nullptr;
         CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Wgmma)));
         for (alloy::cuda::GdnScan scan : {alloy::cuda::GdnScan::Wgmma, alloy::cuda::GdnScan::Auto}) {
-        CHECK(cudaMemcpy(st, read_f32(c / "state0.bin").data(), ref_state.size() * 4, cudaMemcpyHostToDevice));
-        alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, q, k, v, g, beta, st, out, ws, nullptr, scan == alloy::cuda::GdnScan::Wgmma ? 64 : 0, nullptr, scan);
-        CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> ob(ref_out.size());
-        std::vector<float> got_out(ob.size()), got_state(ref_state.size());
-        CHECK(cudaMemcpy(ob.data(), out, ob.size() * 2, cudaMemcpyDeviceToHost));
-        CHECK(cudaMemcpy(got_state.data(), st, got_state.size() * 4, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < ob.size(); ++i) got_out[i] = bf16_float(ob[i]);
-        const double eo = rel_l2(got_out, ref_out), es = rel_l2(got_state, ref_state);
-        ok = ok && eo <= 1e-2 && es <= 1e-2;
-        std::printf("| %d, %d, %d, %d%s | %.1e | %.1e | %.1e | %.1e | %.1e |\n", T, H_k, H_v, d,
-                    scan == alloy::cuda::GdnScan::Wgmma ? " (wgmma, 64)" : "", eo, es, rel_l2(fla_out, ref_out),
-                    rel_l2(fla_state, ref_state), rel_l2(got_out, fla_out));
+            CHECK(cudaMemcpy(st, read_f32(c / "state0.bin").data(), ref_state.size() * 4, cudaMemcpyHostToDevice));
+            alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, q, k, v, g, beta, st, out, ws, nullptr,
+                                           scan == alloy::cuda::GdnScan::Wgmma ? 64 : 0, nullptr, scan);
+            CHECK(cudaDeviceSynchronize());
+            std::vector<uint16_t> ob(ref_out.size());
+            std::vector<float> got_out(ob.size()), got_state(ref_state.size());
+            CHECK(cudaMemcpy(ob.data(), out, ob.size() * 2, cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(got_state.data(), st, got_state.size() * 4, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < ob.size(); ++i) got_out[i] = bf16_float(ob[i]);
+            const double eo = rel_l2(got_out, ref_out), es = rel_l2(got_state, ref_state);
+            ok = ok && eo <= 1e-2 && es <= 1e-2;
+            std::printf("| %d, %d, %d, %d%s | %.1e | %.1e | %.1e | %.1e | %.1e |\n", T, H_k, H_v, d,
+                        scan == alloy::cuda::GdnScan::Wgmma ? " (wgmma, 64)" : "", eo, es, rel_l2(fla_out, ref_out),
+                        rel_l2(fla_state, ref_state), rel_l2(got_out, fla_out));
         }
         for (void* p : {(void*)q, (void*)k, (void*)v, (void*)g, (void*)beta, (void*)st, (void*)out, (void*)offs, ws})
             cudaFree(p);

@@ -250,6 +250,19 @@ void bench_small(int64_t T) {
     std::snprintf(what, sizeof what, "add_rms_norm [%lld, %d]", (long long)T, D);
     row_bw(what, time_us([&](int) { cuda::add_rms_norm(x.as<float>(), y.as<float>(), w.as<float>(), out.as<float>(), T, D, 1e-6f, g_stream); }, inner),
            4.0 * n * 4);
+    if (T == 1) {
+        // The 27b's width (5120), with the Q8_0 input its GEMV reads written beside (a decode
+        // step's residual + norm).
+        const int64_t n27 = 5120;
+        Buf x27(n27 * 4), y27(n27 * 4), o27(n27 * 4), w27(n27 * 4), q27(cuda::q8_input_bytes(1, n27));
+        fill_f32(x27, n27, 1.0f);
+        fill_f32(y27, n27, 1.0f);
+        fill_f32(w27, n27, 1.0f);
+        const cuda::MatmulInput pk{q27.as<int8_t>(), reinterpret_cast<float*>(q27.as<uint8_t>() + cuda::q8_input_scales_offset(1, n27))};
+        std::snprintf(what, sizeof what, "add_rms_norm [1, %lld] + q8", (long long)n27);
+        row_bw(what, time_us([&](int) { cuda::add_rms_norm(x27.as<float>(), y27.as<float>(), w27.as<float>(), o27.as<float>(), 1, n27, 1e-6f, g_stream, pk); }, inner),
+               4.0 * n27 * 4);
+    }
 
     // q of the gated attention block: [T, 8, 2 * 256] (query then gate per head).
     const int64_t nq = T * NH * HD;

@@ -44,25 +44,20 @@ KQ_ZMM_TARGET inline __m512i q5_bit4_zmm(__m512i v, int bit) {
     return _mm512_and_si512(bit <= 4 ? _mm512_slli_epi16(v, 4 - bit) : _mm512_srli_epi16(v, bit - 4), _mm512_set1_epi8(0x10));
 }
 
-// q4k_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r): per quad i and
-// nibble group g, one vpdpbusd of the 16 rows' code bytes against the token's 4 activation
-// bytes (broadcast from memory) gives each row's quad dot d (|d| <= 4 * 31 * 128, an int16),
-// then one vpdpwssd adds d * sc (sc zero-extended: the high half of the pair adds 0). The same
-// integers and fp32 steps as q4k_r16_group: the same bits. Into out[t * 16 + row]. kQ5: Q5_K.
+// q4k_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r). Per nibble group
+// g, the 8 quads of sub-block 2g (low nibbles) and of 2g + 1 (high) are summed by vpdpbusd in
+// int32 (a sub-block's dot: |.| <= 32 * 31 * 127), then scaled once by vpmulld: half the VNNI
+// work of a vpdpwssd per quad. The integers (sumi, summ) are matmul_kquant.cpp's, so the fp32
+// steps (one FMA each a super-block) give its bits. Into out[t * 16 + row]. kQ5: Q5_K.
 template <bool kQ5, int NT>
 KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
     constexpr int kBlock = kQ5 ? kQ5KGroupBlock : kQ4KGroupBlock, kQuad = kQ5 ? 320 : 256, kCodes = kQ5 ? 64 : 0;
     const int64_t K = a.K, nb = K / kQK;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i c63 = _mm512_set1_epi32(63), c15 = _mm512_set1_epi32(15), c48 = _mm512_set1_epi32(0x30);
-    __m512 acc[NT][8], accm[NT][4];
+    __m512 acc[NT], accm[NT];
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; ++k) accm[t][k] = _mm512_setzero_ps();
-    }
+    for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = grp + b * kBlock;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
@@ -85,60 +80,79 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
             mp[k] = _mm512_or_si512(a0, _mm512_slli_epi32(a1, 16));
             mp[k + 2] = _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16));
         }
-        __m512 dxd[NT];
+        __m512i sumi[NT], sumh[NT];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t) {
             const int64_t tt = t0 + t;
             const int16_t* bs = a.bsums + tt * (K / 16) + b * 16;
-            const float dx = a.d[tt * nb + b];
-            dxd[t] = _mm512_mul_ps(_mm512_set1_ps(dx), d);
-            const __m512 ndm = _mm512_mul_ps(_mm512_set1_ps(-dx), dmin);
             const __m128i pair = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs)),
                                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 8)));
-            __m512i pk[4];
-            pk[0] = _mm512_broadcastd_epi32(pair);
-            pk[1] = _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 1));
-            pk[2] = _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 2));
-            pk[3] = _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 3));
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; ++k)
-                accm[t][k] = _mm512_fmadd_ps(ndm, _mm512_cvtepi32_ps(_mm512_madd_epi16(mp[k], pk[k])), accm[t][k]);
+            const __m512i m01 = _mm512_add_epi32(_mm512_madd_epi16(mp[0], _mm512_broadcastd_epi32(pair)),
+                                                 _mm512_madd_epi16(mp[1], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 1))));
+            const __m512i m23 = _mm512_add_epi32(_mm512_madd_epi16(mp[2], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 2))),
+                                                 _mm512_madd_epi16(mp[3], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 3))));
+            const float dx = a.d[tt * nb + b];
+            accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-dx), dmin), _mm512_cvtepi32_ps(_mm512_add_epi32(m01, m23)), accm[t]);
+            sumi[t] = sumh[t] = _mm512_setzero_si512();
         }
+        // The group's bytes in order (quad by quad: the stream the prefetcher follows; a
+        // group-major walk measured slower from DRAM), one accumulator per sub-block and token
+        // (kG = 4 groups a pass: 8 NT registers; 2 passes of 2 groups for NT > 2).
+        constexpr int kG = NT <= 2 ? 4 : 2;
+#pragma GCC unroll 2
+        for (int g0 = 0; g0 < 4; g0 += kG) {
+            __m512i dl[NT][kG], dh[NT][kG];
+#pragma GCC unroll 4
+            for (int t = 0; t < NT; ++t)
+#pragma GCC unroll 4
+                for (int g = 0; g < kG; ++g) dl[t][g] = dh[t][g] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-            const uint8_t* quad = blk + 256 + kQuad * i;  // Q5_K: the fifth bits, then the codes
-            __m512i qh = _mm512_setzero_si512();
-            if constexpr (kQ5) qh = _mm512_loadu_si512(quad);
-            __m512i slo[NT], shi[NT];
+            for (int i = 0; i < 8; ++i) {
+                const uint8_t* quad = blk + 256 + kQuad * i;  // Q5_K: the fifth bits, then the codes
+                __m512i qh = _mm512_setzero_si512();
+                if constexpr (kQ5) qh = _mm512_loadu_si512(quad);
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; ++t) slo[t] = shi[t] = _mm512_setzero_si512();
+                for (int gg = 0; gg < kG; ++gg) {
+                    const int g = g0 + gg;
+                    const __m512i q4 = _mm512_loadu_si512(quad + kCodes + 64 * g);
+                    // Q4_K's high nibbles stay in place (16 hi: vpdpbusd's unsigned bytes up to
+                    // 240, its int32 sums exact), the 16 divided out after the scale below.
+                    __m512i lo = _mm512_and_si512(q4, m4), hi;
+                    if constexpr (kQ5)
+                        lo = _mm512_or_si512(lo, q5_bit4_zmm(qh, 2 * g)),
+                        hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q4, 4), m4), q5_bit4_zmm(qh, 2 * g + 1));
+                    else
+                        hi = _mm512_andnot_si512(m4, q4);
 #pragma GCC unroll 4
-            for (int g = 0; g < 4; ++g) {
-                const __m512i q4 = _mm512_loadu_si512(quad + kCodes + 64 * g);
-                __m512i lo = _mm512_and_si512(q4, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
-                if constexpr (kQ5) lo = _mm512_or_si512(lo, q5_bit4_zmm(qh, 2 * g)), hi = _mm512_or_si512(hi, q5_bit4_zmm(qh, 2 * g + 1));
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; ++t) {
-                    const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 64 * g + 4 * i;
-                    const __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_set1_epi32(load_i32(q8)));
-                    const __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi, _mm512_set1_epi32(load_i32(q8 + 32)));
-                    slo[t] = _mm512_dpwssd_epi32(slo[t], dl, sc[2 * g]);
-                    shi[t] = _mm512_dpwssd_epi32(shi[t], dh, sc[2 * g + 1]);
+                    for (int t = 0; t < NT; ++t) {
+                        const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 64 * g + 4 * i;
+                        dl[t][gg] = _mm512_dpbusd_epi32(dl[t][gg], lo, _mm512_set1_epi32(load_i32(q8)));
+                        dh[t][gg] = _mm512_dpbusd_epi32(dh[t][gg], hi, _mm512_set1_epi32(load_i32(q8 + 32)));
+                    }
                 }
             }
 #pragma GCC unroll 4
-            for (int t = 0; t < NT; ++t)
-                acc[t][i] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(_mm512_add_epi32(slo[t], shi[t])), acc[t][i]);
+            for (int gg = 0; gg < kG; ++gg)
+#pragma GCC unroll 4
+                for (int t = 0; t < NT; ++t) {
+                    sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(dl[t][gg], sc[2 * (g0 + gg)]));
+                    sumh[t] = _mm512_add_epi32(sumh[t], _mm512_mullo_epi32(dh[t][gg], sc[2 * (g0 + gg) + 1]));
+                }
         }
+        // Q4_K: sumh = 16 x the high nibbles' scaled sum (|.| < 2^28), a multiple of 16: exact.
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t) sumi[t] = _mm512_add_epi32(sumi[t], kQ5 ? sumh[t] : _mm512_srai_epi32(sumh[t], 4));
+#pragma GCC unroll 4
+        for (int t = 0; t < NT; ++t)
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + t) * nb + b]), d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
     }
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-        const __m512* A = acc[t];
-        const __m512* M = accm[t];
-        const __m512 s = r16_sum8_zmm(A);
-        const __m512 m = _mm512_add_ps(_mm512_add_ps(M[0], M[2]), _mm512_add_ps(M[1], M[3]));
-        _mm512_storeu_ps(out + t * 16, _mm512_add_ps(s, m));
-    }
+    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * 16, _mm512_add_ps(acc[t], accm[t]));
+}
+
+// Per byte: bits 0-3 of lo, bits 4-7 of hi (vpternlogd with imm (A & C) | (B & ~C), C = 0x0F).
+KQ_ZMM_TARGET inline __m512i nibble_select(__m512i lo, __m512i hi) {
+    return _mm512_ternarylogic_epi32(lo, hi, _mm512_set1_epi8(0x0F), 0xE4);
 }
 
 // q6k_r16_group on all 16 rows of a group in 512-bit vectors: per quad i, group g, one vpdpbusd
@@ -148,7 +162,7 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
 template <int NT>
 KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
     const int64_t K = a.K, nb = K / kQK;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), lo16 = _mm512_set1_epi32(0xFFFF);
+    const __m512i m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8(char(0xCC)), lo16 = _mm512_set1_epi32(0xFFFF);
     __m512 acc[NT][8];
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t)
@@ -176,12 +190,17 @@ KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
                 for (int h = 0; h < 2; ++h) {
                     const uint8_t* c = blk + 288 + 192 * (2 * i + h);
                     const __m512i A = _mm512_loadu_si512(c), B = _mm512_loadu_si512(c + 64), Q = _mm512_loadu_si512(c + 128);
+                    // q6 = low nibble | two high bits << 4, as one bitwise select a vector
+                    // (vpternlogd: bits 0-3 of each byte from the nibble source, 4-7 from the
+                    // high-bit source). Q's bits masked first (0x33 / 0xCC) so that what the
+                    // select takes from them in bits 6-7 is zero, whatever the 16-bit shifts
+                    // carry across bytes (those land in bits 0-3, taken from the nibble side).
+                    const __m512i qa = _mm512_and_si512(Q, m33), qb = _mm512_and_si512(Q, mcc);
                     __m512i q6[4];
-                    q6[0] = _mm512_or_si512(_mm512_and_si512(A, m4), _mm512_and_si512(_mm512_slli_epi16(Q, 4), m30));
-                    q6[1] = _mm512_or_si512(_mm512_and_si512(B, m4), _mm512_and_si512(_mm512_slli_epi16(Q, 2), m30));
-                    q6[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(A, 4), m4), _mm512_and_si512(Q, m30));
-                    q6[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(B, 4), m4),
-                                            _mm512_and_si512(_mm512_srli_epi16(Q, 2), m30));
+                    q6[0] = nibble_select(A, _mm512_slli_epi16(qa, 4));
+                    q6[1] = nibble_select(B, _mm512_slli_epi16(qb, 2));
+                    q6[2] = nibble_select(_mm512_srli_epi16(A, 4), qa);
+                    q6[3] = nibble_select(_mm512_srli_epi16(B, 4), _mm512_srli_epi16(qb, 2));
 #pragma GCC unroll 4
                     for (int k = 0; k < 4; ++k) {
                         const int g = 4 * h + k;

@@ -15,10 +15,11 @@
 //   Q4_K, Q5_K: acc += (d_x d) sumi - (d_x dmin) summ,  sumi = sum_j sc_j (q . q8)_j,
 //         summ = sum_j m_j (bsums[2j] + bsums[2j+1])   (8 sub-blocks of 32, 6-bit sc/m)
 //   Q6_K: acc += (d_x d) (sum_s sc_s (q6 . q8)_s - 32 sum_s sc_s bsums_s)   (16 of 16)
-// The scalar kernels below sum super-blocks in order; the AVX2 and AVX512-VNNI ones keep 8
-// fp32 lanes (matmul_kquant_rows.inc; those two give the same bits). Each kernel's arithmetic
-// per output does not depend on how many rows or tokens share the call, so verification
-// reproduces decode bit for bit.
+// The scalar kernels below sum super-blocks in order, one fp32 expression each; the SIMD ones
+// (matmul_kquant_rows.inc, matmul_kquant_vnni.cpp: every layout and ISA gives the same bits)
+// keep Q6_K / IQ4_XS in 8 fp32 lanes and Q4_K / Q5_K in two FMA chains (acc, accm) added at the
+// end. Each kernel's arithmetic per output does not depend on how many rows or tokens share
+// the call, so verification reproduces decode bit for bit.
 #include "kernels/cpu/matmul_kquant.h"
 
 #include <cmath>

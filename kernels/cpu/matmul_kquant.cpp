@@ -276,12 +276,18 @@ void kq_r16_gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRo
 
 }  // namespace
 
+// Whether the 256-bit VNNI GEMVs over GGUF rows (the same bits as the AVX2 ones) are taken:
+// on every AVX512-VNNI CPU unless ALLOY_KQ_VNNI=0 (A/B). Sessions before 2026-12-04 kept the
+// AVX2 ones on Intel (their vpdpwssd chains were slower there); since the Q4_K / Q5_K kernels
+// sum a super-block in int32 first, VNNI is 3-7% faster on the Intel Xeon too (0.8B tg64 with
+// ALLOY_KQ_REPACK=0, 2026-12-05: Q4_K_M 37.4 -> 40.0, Q5_K_M 35.8 -> 36.9, IQ4_XS 36.9 -> 38.3).
+static bool kq_vnni_rows() {
+    static const bool on = [] { const char* e = std::getenv("ALLOY_KQ_VNNI"); return !e || std::atoi(e) != 0; }();
+    return on;
+}
+
 GemvFn kquant_gemv(GgmlType type, Isa isa) {
-    // The VNNI variant (one vpdpwssd per vpmaddwd + vpaddd: the same bits) only where it is the
-    // faster one: on an Intel Xeon (KVM, family 6 model 167, 2026-12-02) the 0.8B Q5_K_M decoded
-    // at 28.6 t/s with it and 34.3 with the AVX2 one (Q4_K_M and IQ4_XS equal within 2%): its
-    // accumulator chains wait on vpdpwssd's latency. Zen 4 keeps VNNI (measured there before).
-    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni() && !cpu_is_intel()) {
+    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni() && kq_vnni_rows()) {
         if (GemvFn f = kquant_gemv_vnni(type)) return f;
     }
     if (isa >= Isa::Avx2) {
@@ -298,11 +304,16 @@ GemvFn kquant_gemv(GgmlType type, Isa isa) {
 
 GemvFn kq_r16_gemv(GgmlType t, Isa isa) {
     if (!kq_repacks(t)) return nullptr;
-    // The same choice of build as kquant_gemv; on AVX-512 the 512-bit kernels (16 rows a vector)
-    // unless ALLOY_KQ_R16_ZMM=0 (the 256-bit ones of the VNNI build: A/B, the same bits).
-    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni() && !cpu_is_intel()) {
+    // On AVX-512 with VNNI the 512-bit kernels (16 rows a vector, a sub-block's sums by
+    // vpdpbusd in int32) on every vendor: on the Intel Xeon (KVM, family 6 model 167) they
+    // decode the 0.8B Q4_K_M / Q5_K_M / IQ4_XS at 47 / 44 / 49 t/s where the AVX2 ones (the
+    // earlier choice there) gave 32 / 31 / 35 (2026-12-05).
+    // ALLOY_KQ_R16_ZMM=0 takes the 256-bit kernels of kquant_gemv's choice instead (A/B, the
+    // same bits).
+    if (isa >= Isa::Avx512 && cpu_has_avx512_vnni()) {
         static const bool zmm = [] { const char* e = std::getenv("ALLOY_KQ_R16_ZMM"); return !e || std::atoi(e) != 0; }();
-        return zmm ? kq_r16_gemv_zmm(t) : kq_r16_gemv_vnni(t);
+        if (zmm) return kq_r16_gemv_zmm(t);
+        if (kq_vnni_rows()) return kq_r16_gemv_vnni(t);
     }
     if (isa >= Isa::Avx2) return kq_r16_gemv_avx2(t);
     switch (t) {

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "format/quant.h"
+#include "kernels/cpu/gemv_prefetch.h"
 #include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_kquant.h"
 
@@ -53,6 +54,7 @@ template <bool kQ5, int NT>
 KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
     constexpr int kBlock = kQ5 ? kQ5KGroupBlock : kQ4KGroupBlock, kQuad = kQ5 ? 320 : 256, kCodes = kQ5 ? 64 : 0;
     const int64_t K = a.K, nb = K / kQK;
+    const int pf = gemv_prefetch_kquant_bytes();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i c63 = _mm512_set1_epi32(63), c15 = _mm512_set1_epi32(15), c48 = _mm512_set1_epi32(0x30);
     __m512 acc[NT], accm[NT];
@@ -60,6 +62,7 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
     for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = grp + b * kBlock;
+        gemv_prefetch(blk, kBlock, pf);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
         const uint8_t* s8 = blk + 64;  // scale byte k of the 16 rows at s8 + 16 k
@@ -162,6 +165,7 @@ KQ_ZMM_TARGET inline __m512i nibble_select(__m512i lo, __m512i hi) {
 template <int NT>
 KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
     const int64_t K = a.K, nb = K / kQK;
+    const int pf = gemv_prefetch_kquant_bytes();
     const __m512i m33 = _mm512_set1_epi8(0x33), mcc = _mm512_set1_epi8(char(0xCC)), lo16 = _mm512_set1_epi32(0xFFFF);
     __m512 acc[NT][8];
 #pragma GCC unroll 4
@@ -170,6 +174,7 @@ KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
         for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = grp + b * kQ6KGroupBlock;
+        gemv_prefetch(blk, kQ6KGroupBlock, pf);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
         const uint8_t* s8 = blk + 32;  // scale s of the 16 rows at s8 + 16 s
         __m512 dxd[NT];
@@ -239,6 +244,7 @@ KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
 template <int NT>
 KQ_ZMM_TARGET void iq4xs_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
     const int64_t K = a.K, nb = K / kQK;
+    const int pf = gemv_prefetch_kquant_bytes();
     const __m512i m4 = _mm512_set1_epi8(0x0F), c15 = _mm512_set1_epi32(15), c3 = _mm512_set1_epi32(3);
     const __m512i c32 = _mm512_set1_epi32(32), lo16 = _mm512_set1_epi32(0xFFFF), zero = _mm512_setzero_si512();
     const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
@@ -249,6 +255,7 @@ KQ_ZMM_TARGET void iq4xs_r16_group_zmm(const uint8_t* grp, const ActRows& a, int
         for (int k = 0; k < 8; ++k) acc[t][k] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = grp + b * kIq4XsGroupBlock;
+        gemv_prefetch(blk, kIq4XsGroupBlock, pf);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
         const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
         const uint8_t* s8 = blk + 64;  // scales_l byte k of the 16 rows at s8 + 16 k

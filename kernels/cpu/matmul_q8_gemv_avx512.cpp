@@ -10,12 +10,16 @@
 // software prefetch 16 blocks ahead. On this host (2026-11-30, tg16 of the 0.8B Q8_0 model,
 // three alternating rounds) 4 streams with prefetch gave 34.2-35.8 t/s, 8 with prefetch
 // 29.7-34.8, 1 or 2 without 31.7-35.0: the spread is the host's, 4 was never worse.
+// GCC 12's AVX-512 intrinsic headers use _mm512_undefined_* internally and trip these warnings.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdlib>
 
 #include "format/quant.h"
+#include "kernels/cpu/gemv_prefetch.h"
 #include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_int8_blocks.h"
 #include "kernels/cpu/matmul_kernels.h"
@@ -97,13 +101,10 @@ void gemv(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t
 // weight registers); a group's second pass over tokens 8..15 reads it again from L1/L2.
 #define ALLOY_Q8_R16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-// Software prefetch distance in blocks (ALLOY_Q8_R16_PREFETCH, default 0: none; 4 lost at
-// one token in the model, Zen 4, session 28: the hardware streams a group).
-const int r16_prefetch = [] { const char* e = std::getenv("ALLOY_Q8_R16_PREFETCH"); return e ? std::atoi(e) : 0; }();
-
 template <int NT>
 ALLOY_Q8_R16_TARGET void r16_group(const uint8_t* grp, const ActRows& a, int64_t t0, float* out, int64_t ldo) {
     const int64_t K = a.K, nb = K / 32;
+    const int pf = gemv_prefetch_q8_bytes();
     __m512 f[NT];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) f[t] = _mm512_setzero_ps();
@@ -112,10 +113,7 @@ ALLOY_Q8_R16_TARGET void r16_group(const uint8_t* grp, const ActRows& a, int64_t
     const float* xd = a.d + t0 * nb;
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = grp + b * kQ8R16Block;
-        if (r16_prefetch > 0)  // the lines of the block r16_prefetch ahead (across the group's end: the next group's)
-#pragma GCC unroll 9
-            for (int i = 0; i < 9; ++i)
-                _mm_prefetch(reinterpret_cast<const char*>(blk) + r16_prefetch * kQ8R16Block + 64 * i, _MM_HINT_T0);
+        gemv_prefetch(blk, kQ8R16Block, pf);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
         __m512i w[8];
 #pragma GCC unroll 8
@@ -152,6 +150,7 @@ ALLOY_Q8_R16_TARGET void r16_group(const uint8_t* grp, const ActRows& a, int64_t
 ALLOY_Q8_R16_TARGET void r16_group2_t1(const uint8_t* g0, const uint8_t* g1, const ActRows& a, int64_t t0, float* out0,
                                        float* out1) {
     const int64_t K = a.K, nb = K / 32;
+    const int pf = gemv_prefetch_q8_bytes();
     __m512 f[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     const int8_t* xq = a.q + t0 * K;
     const int32_t* xc = a.corr + t0 * nb;
@@ -175,10 +174,7 @@ ALLOY_Q8_R16_TARGET void r16_group2_t1(const uint8_t* g0, const uint8_t* g1, con
 #pragma GCC unroll 2
         for (int g = 0; g < 2; ++g) {
             const uint8_t* blk = grp[g] + b * kQ8R16Block;
-            if (r16_prefetch > 0)
-#pragma GCC unroll 9
-                for (int i = 0; i < 9; ++i)
-                    _mm_prefetch(reinterpret_cast<const char*>(blk) + r16_prefetch * kQ8R16Block + 64 * i, _MM_HINT_T0);
+            gemv_prefetch(blk, kQ8R16Block, pf);
             const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
             const __m512i isum = _mm512_add_epi32(_mm512_add_epi32(acc[g][0], acc[g][1]), _mm512_add_epi32(acc[g][2], acc[g][3]));
             f[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, dx), f[g]);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "format/quant.h"
+#include "kernels/cpu/gemv_prefetch.h"
 #include "kernels/cpu/matmul_gemv_rows.h"
 #include "kernels/cpu/matmul_kquant.h"
 

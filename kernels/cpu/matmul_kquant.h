@@ -159,6 +159,37 @@ GemvFn kq_r16_gemv_zmm(GgmlType t);   // matmul_kquant_vnni.cpp: 16 rows in one 
 
 enum class KqKind { Q4, Q5, Q6, Iq4 };
 
+// Values 32 v .. 32 v + 31 of a super-block's codes, one byte each in element order (the
+// layouts of q4k_quad / q5k_quad / q6k_quad, 32 at a time; IQ4_XS: its codebook + 128;
+// both prefill tiles unpack a block's codes with it once a row; 16-bit shifts: the bits a shift
+// carries across bytes are masked off).
+template <KqKind kKind>
+__attribute__((target("avx2"))) inline __m256i kq_code_vector(const uint8_t* blk, int v) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if constexpr (kKind == KqKind::Iq4) {
+        return iq4xs_plus128_32(blk, v);
+    } else if constexpr (kKind == KqKind::Q6) {
+        const int h = v / 4, k = v % 4;
+        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (k & 1)));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+        const __m256i lo = _mm256_and_si256(k < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    } else {
+        const int g = v / 2, upper = v % 2;
+        const int qs = kKind == KqKind::Q5 ? 48 : 16;
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qs + 32 * g));
+        __m256i c = _mm256_and_si256(upper ? _mm256_srli_epi16(q, 4) : q, m4);
+        if constexpr (kKind == KqKind::Q5) {
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+            const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g + upper)), _mm256_set1_epi8(1));
+            c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
+        }
+        return c;
+    }
+}
+
+
 // What a prefill tile of R rows (from r0) reads: the weight rows and the Q8_K panel from group
 // g0 (layout in matmul_kernels.h), the same for the VNNI and the AVX2 tiles.
 template <KqKind kKind>

@@ -6,7 +6,7 @@
 // vpdpbusd wants its first operand unsigned: here that is the weights, whose codes are
 // unsigned (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), so the signed int8 activations go in as they are and no
 // correction is needed for the codes themselves. Per row and block the 256 code bytes are
-// unpacked once by vector ops (kq_codes256); per k-quad the row's 4 bytes are broadcast from
+// unpacked once by vector ops (kq_code_vector); per k-quad the row's 4 bytes are broadcast from
 // there (a load) and meet NV activation vectors.
 //   Q4_K, Q5_K: per sub-block j of 32 (8 quads): s_j = sum q4 x (16 token lanes, int32);
 //         tot += s_j * sc_j; the mins: mm = sum_j m_j (bsums[2j] + bsums[2j+1]);
@@ -29,48 +29,6 @@
 namespace alloy::cpu::mm {
 namespace {
 
-// A block's 256 codes as bytes in element order into out (64-byte aligned): the bytes
-// q4k_quad / q5k_quad / q6k_quad give a quad at a time (IQ4_XS: iq4xs_plus128_32's), by 32.
-ALLOY_KQ512_TARGET inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-// 32 bytes to out + 32 i
-ALLOY_KQ512_TARGET inline void st32(uint8_t* out, int i, __m256i v) { _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32 * i), v); }
-
-template <KqKind kKind>
-ALLOY_KQ512_TARGET inline void kq_codes256(const uint8_t* blk, uint8_t* out) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    if constexpr (kKind == KqKind::Iq4) {
-        for (int v = 0; v < kQK / 32; ++v) st32(out, v, iq4xs_plus128_32(blk, v));
-    } else if constexpr (kKind == KqKind::Q6) {
-        // element 128 h + 32 k + l: nibble of ql[64 h + 32 (k & 1) + l] (k < 2: low), bits 2k of qh[32 h + l]
-        for (int h = 0; h < 2; ++h) {
-            const __m256i a = load32(blk + 64 * h), c = load32(blk + 64 * h + 32), q = load32(blk + 128 + 32 * h);
-            const __m256i m3 = _mm256_set1_epi8(0x30);
-            st32(out, 4 * h + 0, _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(q, 4), m3)));
-            st32(out, 4 * h + 1, _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(q, 2), m3)));
-            st32(out, 4 * h + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(q, m3)));
-            st32(out, 4 * h + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), _mm256_and_si256(_mm256_srli_epi16(q, 2), m3)));
-        }
-    } else {
-        // element 64 g + l: nibble of byte 32 g + (l & 31) (l < 32: low); Q5_K: bit 2g + (l >= 32) of qh[l & 31] as bit 4
-        constexpr bool kQ5 = kKind == KqKind::Q5;
-        const uint8_t* qs = blk + (kQ5 ? 48 : 16);
-        const __m256i qh = kQ5 ? load32(blk + 16) : _mm256_setzero_si256(), b4 = _mm256_set1_epi8(0x10);
-        for (int g = 0; g < 4; ++g) {
-            const __m256i x = load32(qs + 32 * g);
-            __m256i lo = _mm256_and_si256(x, m4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
-            if constexpr (kQ5) {
-                // bit 2g (low half) / 2g + 1 (high half) of each qh byte moved to bit 4
-                const __m256i bl = 2 * g <= 4 ? _mm256_slli_epi16(qh, 4 - 2 * g) : _mm256_srli_epi16(qh, 2 * g - 4);
-                const __m256i bh = 2 * g + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - 2 * g) : _mm256_srli_epi16(qh, 2 * g - 3);
-                lo = _mm256_or_si256(lo, _mm256_and_si256(bl, b4));
-                hi = _mm256_or_si256(hi, _mm256_and_si256(bh, b4));
-            }
-            st32(out, 2 * g, lo);
-            st32(out, 2 * g + 1, hi);
-        }
-    }
-}
-
 template <KqKind kKind, int R, int NV>
 ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int64_t k0,
                                 int64_t k1, float* tile, int ldt) {
@@ -92,7 +50,9 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
         for (int r = 0; r < R; ++r) in.scales(r, b, sc[r], mn[r], sc6[r]);
-        for (int r = 0; r < R; ++r) kq_codes256<kKind>(in.block(r, b), u[r]);
+        for (int r = 0; r < R; ++r)
+            for (int v = 0; v < kQK / 32; ++v)
+                _mm256_store_si256(reinterpret_cast<__m256i*>(u[r] + 32 * v), kq_code_vector<kKind>(in.block(r, b), v));
         __m512i tot[R * NV];
 #pragma GCC unroll 16
         for (int i = 0; i < R * NV; ++i) tot[i] = _mm512_setzero_si512();

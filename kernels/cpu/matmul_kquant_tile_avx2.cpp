@@ -36,35 +36,6 @@ ALLOY_KQ2_TARGET inline I16 load_i16(const void* p) {
     return {_mm256_loadu_si256(v), _mm256_loadu_si256(v + 1)};
 }
 
-// Values 32 v .. 32 v + 31 of a super-block's codes, one byte each in element order (the
-// layouts of q4k_quad / q5k_quad / q6k_quad, 32 at a time; 16-bit shifts: the bits a shift
-// carries across bytes are masked off).
-template <KqKind kKind>
-ALLOY_KQ2_TARGET inline __m256i code_vector(const uint8_t* blk, int v) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    if constexpr (kKind == KqKind::Iq4) {
-        return iq4xs_plus128_32(blk, v);
-    } else if constexpr (kKind == KqKind::Q6) {
-        const int h = v / 4, k = v % 4;
-        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (k & 1)));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-        const __m256i lo = _mm256_and_si256(k < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
-        const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
-        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-    } else {
-        const int g = v / 2, upper = v % 2;
-        const int qs = kKind == KqKind::Q5 ? 48 : 16;
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + qs + 32 * g));
-        __m256i c = _mm256_and_si256(upper ? _mm256_srli_epi16(q, 4) : q, m4);
-        if constexpr (kKind == KqKind::Q5) {
-            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
-            const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g + upper)), _mm256_set1_epi8(1));
-            c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
-        }
-        return c;
-    }
-}
-
 // Quads summed in int16 before one vpmaddwd by the sub-block's scale: a vpmaddubsw lane is
 // c0 x0 + c1 x1 with codes c <= 15 / 31 / 63 and Q8_K values |x| <= 128, so 8 / 4 / 2 quads
 // stay below 2^15 (30720 / 31744 / 32256) and vpaddw is exact. Integer sums are exact in any
@@ -101,7 +72,7 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
                 _mm_storel_epi64(reinterpret_cast<__m128i*>(mn[r]), _mm_unpackhi_epi64(scm, scm));
             }
             for (int v = 0; v < kQK / 32; ++v) {
-                const __m256i c = code_vector<kKind>(in.block(r, b), v);
+                const __m256i c = kq_code_vector<kKind>(in.block(r, b), v);
                 if constexpr (kIq4) {
                     const __m256i m4 = _mm256_set1_epi8(0x0F);
                     _mm256_store_si256(reinterpret_cast<__m256i*>(codes[r] + 32 * v), _mm256_and_si256(_mm256_srli_epi16(c, 4), m4));

@@ -48,25 +48,6 @@ TileKernel kquant_tile_avx512(GgmlType type);
 TileKernel kquant_tile_avx2(GgmlType type);
 
 // The prefill tiles' shared pieces.
-// The 4 codes of quad `qd` (elements 4 qd .. 4 qd + 3 of a 256-element super-block), as bytes.
-inline uint32_t q4k_quad(const uint8_t* blk, int qd) {
-    const int e = 4 * qd, g = e / 64, l = e % 64;  // group of 64: low nibbles l < 32, high nibbles l >= 32
-    const uint32_t bytes = load_as<uint32_t>(blk + 16 + 32 * g + (l & 31));
-    return (l < 32 ? bytes : bytes >> 4) & 0x0F0F0F0Fu;
-}
-inline uint32_t q5k_quad(const uint8_t* blk, int qd) {
-    const int e = 4 * qd, g = e / 64, l = e % 64, hi = l >= 32;
-    const uint32_t bytes = load_as<uint32_t>(blk + 48 + 32 * g + (l & 31));
-    const uint32_t high = load_as<uint32_t>(blk + 16 + (l & 31));
-    return ((hi ? bytes >> 4 : bytes) & 0x0F0F0F0Fu) | (((high >> (2 * g + hi)) & 0x01010101u) << 4);
-}
-inline uint32_t q6k_quad(const uint8_t* blk, int qd) {
-    const int e = 4 * qd, h = e / 128, k = (e % 128) / 32, l = e % 32;
-    const uint32_t lo = load_as<uint32_t>(blk + 64 * h + 32 * (k & 1) + l);
-    const uint32_t hi = load_as<uint32_t>(blk + 128 + 32 * h + l);
-    return (((k < 2 ? lo : lo >> 4) & 0x0F0F0F0Fu) | (((hi >> (2 * k)) & 0x03030303u) << 4));
-}
-
 // IQ4_XS's codebook (format/quant.h kIq4nlValues) + 128 (1..241: unsigned, as vpdpbusd wants its
 // first operand; the tiles take 128 times the activations' block sums off); the tiles look a
 // block's codes up with vpshufb.
@@ -159,10 +140,13 @@ GemvFn kq_r16_gemv_zmm(GgmlType t);   // matmul_kquant_vnni.cpp: 16 rows in one 
 
 enum class KqKind { Q4, Q5, Q6, Iq4 };
 
-// Values 32 v .. 32 v + 31 of a super-block's codes, one byte each in element order (the
-// layouts of q4k_quad / q5k_quad / q6k_quad, 32 at a time; IQ4_XS: its codebook + 128;
-// both prefill tiles unpack a block's codes with it once a row; 16-bit shifts: the bits a shift
-// carries across bytes are masked off).
+// Values 32 v .. 32 v + 31 of a super-block's codes, one byte each in element order; both
+// prefill tiles unpack a block's codes with it once a row. Q4_K / Q5_K: element 64 g + l is
+// the low (l < 32) or high nibble of byte 32 g + (l & 31) of the codes, Q5_K with bit
+// 2 g + (l >= 32) of qh[l & 31] as bit 4; Q6_K: element 128 h + 32 k + l is the low (k < 2) or
+// high nibble of ql[64 h + 32 (k & 1) + l] with bits 2k, 2k + 1 of qh[32 h + l] as bits 4-5
+// (spec/GGUF.md); IQ4_XS: its codebook values + 128. 16-bit shifts: the bits a shift carries
+// across bytes are masked off.
 template <KqKind kKind>
 __attribute__((target("avx2"))) inline __m256i kq_code_vector(const uint8_t* blk, int v) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);

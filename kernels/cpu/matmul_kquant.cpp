@@ -277,7 +277,7 @@ void kq_r16_gemv_scalar(const WeightView& W, int64_t r0, int64_t nr, const ActRo
 }  // namespace
 
 // Whether the 256-bit VNNI GEMVs over GGUF rows (the same bits as the AVX2 ones) are taken:
-// on every AVX512-VNNI CPU unless ALLOY_KQ_VNNI=0 (A/B). Sessions before 2026-12-04 kept the
+// on every AVX512-VNNI CPU unless ALLOY_KQ_VNNI=0 (A/B). Sessions before 2026-12-05 kept the
 // AVX2 ones on Intel (their vpdpwssd chains were slower there); since the Q4_K / Q5_K kernels
 // sum a super-block in int32 first, VNNI is 3-7% faster on the Intel Xeon too (0.8B tg64 with
 // ALLOY_KQ_REPACK=0, 2026-12-05: Q4_K_M 37.4 -> 40.0, Q5_K_M 35.8 -> 36.9, IQ4_XS 36.9 -> 38.3).

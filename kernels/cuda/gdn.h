@@ -92,9 +92,11 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // running the chain from each chunk's state to the next and one the chunk's output behind it
 // (16- and 32-column splits only; the same bits as one group); or Wgmma: fla's rearrangement
 // (W, U precomputed) on Hopper's warpgroup MMA, two products a step (other bits, ~fla's
-// rounding; any split; only when asked for, with the Wgmma workspace). Auto =
+// rounding; any split; only when asked for, with the Wgmma workspace); or WarpRows: every warp
+// runs the whole chunk step for its own 16 value columns from registers (block_v 16, 32, 64 or
+// 128 = 1, 2, 4 or 8 warps a block; the same bits as one group). Auto =
 // gdn_delta_chunked_scan(block_v).
-enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma };
+enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows };
 // scan = GdnScan::Wgmma needs the larger workspace (its stage 1b writes W, U and Kd^T per
 // chunk and head); the other kernels need the default's.
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens,

@@ -1108,6 +1108,241 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
     }
 }
 
+// ---- stage 2, every warp its own 16 state rows (GdnScan::WarpRows) ----
+//
+// The one- and two-group scans split a chunk step's products across warps by chunk rows and
+// state columns, so the state S^T, Delta'^T and Delta^T go through shared memory in bf16 between
+// products and the warps meet at two or three barriers a step (ldmatrix waits 30%, barriers 10%
+// of a 3.9k-cycle step, ncu). Here a warp owns 16 value columns j of S^T [16][128] (all 128 state
+// columns i, 64 accumulators a thread) and runs the whole step for them alone. The accumulators
+// of a 16 x 16 block of an mma result (two n8 tiles) are in the A-operand fragment layout of a
+// k16 step (a0 = tile 2ks rows gq, a1 = rows gq + 8, a2 / a3 = tile 2ks + 1), so each product's
+// result packs to bf16 and feeds the next product from registers:
+//   Y^T, X^T = S^T K^T, S^T Q^T (A = S^T)        -> Delta'^T (elementwise)
+//   Delta^T = Delta'^T T^T (A = Delta'^T)         -> Delta^T, Delta^T .* e^{G_C - G}
+//   O^T = X^T e^G + Delta^T QKM^T, S^T = e^{G_C} S^T + Dt K (A = Delta^T, Dt)
+// The warps of a block (NW, 16 NW value columns) share the chunk tiles (cp.async ring) and meet
+// once a step, where a tile buffer is recycled. Every output element is the same mma sequence,
+// operand roundings and even / odd k-step accumulators as in stage2_kernel (products of rows r
+// run the causal k-steps s <= r of the one-group kernel's 16-row warps): the same bits.
+template <int NW>
+__host__ __device__ constexpr int warp_scan_bufs() { return NW >= 8 ? 2 : 3; }
+template <int NW>
+struct alignas(16) WarpScanSmem {
+    Stage2Buf<16 * NW> buf[warp_scan_bufs<NW>()];
+    float O[NW][kC * (16 + 4)];  // each warp's O tile [r][j] of the step, for coalesced stores
+};
+static_assert(sizeof(WarpScanSmem<4>) <= 232448 && sizeof(WarpScanSmem<8>) <= 232448,
+              "warp-rows scan: shared memory over 227 KB");
+
+// The A fragments of a k16 step from the accumulators of its two n8 tiles c0, c1, in bf16.
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack_bf16(c0[0], c0[1]);
+    a[1] = pack_bf16(c0[2], c0[3]);
+    a[2] = pack_bf16(c1[0], c1[1]);
+    a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+template <int NW, typename OutT>
+__global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                                 const int32_t* __restrict__ cstart,
+                                                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                                 const bf16* __restrict__ v,
+                                                                 const ChunkRecord* __restrict__ rec,
+                                                                 float* __restrict__ state, OutT* __restrict__ out,
+                                                                 const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
+    constexpr int BV = 16 * NW, kNBuf = warp_scan_bufs<NW>(), kT = 32 * NW;
+    constexpr int kNI = kD / 8;  // state n8 tiles a warp holds (all 128 columns)
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    WarpScanSmem<NW>& sm = *reinterpret_cast<WarpScanSmem<NW>*>(smem_raw);
+    const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+    const int t_begin = offs[seq], t_end = offs[seq + 1];
+    if (t_begin == t_end) return;
+    const int c_first = cstart[seq], c_last = cstart[seq + 1];
+    const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int j_w = 16 * w;  // this warp's value columns within the block
+    float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
+    float S[1][kNI][4];  // S^T[j][i], j = j_w + gq (+8), i = 8 nt + 2 tq (+1)
+    load_state(S, Sg, v0 + j_w, 0, gq, tq);
+
+    const int qk_cc = (tid & 15) * 8, qk_r0 = tid >> 4;  // K, Q: 16 x 16 B per row
+    constexpr int kVPerRow = BV / 8;                     // V: BV / 8 x 16 B per row
+    const int v_r = tid / kVPerRow, v_cc = (tid % kVPerRow) * 8;
+    const int rec_cc = (tid & 7) * 8, rec_r0 = tid >> 3;  // T, QKM: 8 x 16 B per row
+    const size_t qk_stride = (size_t)H_k * kD, v_stride = (size_t)H_v * kD;
+    const bf16* k_col = k + (size_t)kh * kD + qk_cc;
+    const bf16* q_col = q + (size_t)kh * kD + qk_cc;
+    const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
+    auto load_chunk = [&](int c, int b) {
+        Stage2Buf<BV>& B = sm.buf[b];
+        const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
+        copy_row_tile<kT>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
+        copy_row_tile<kT>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
+#pragma unroll
+        for (int it = 0; it < kC * kVPerRow / kT; ++it) {
+            const int r = v_r + it * (kT / kVPerRow);
+            cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+        }
+        const ChunkRecord* R = rec + (size_t)c * H_v + h;
+#pragma unroll
+        for (int it = 0; it < kC * 8 / kT; ++it) {
+            const int r = rec_r0 + it * (kT / 8);
+            cp_async16(B.T + r * kPC + rec_cc, R->T + r * kC + rec_cc, true);
+            cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
+        }
+        for (int i = tid; i < 48; i += kT) cp_async16(B.eG + 4 * i, R->eG + 4 * i, true);  // eG, beta, eGC
+    };
+    for (int p = 0; p < kNBuf - 1; ++p) {
+        if (c_first + p < c_last) load_chunk(c_first + p, p);
+        cp_async_commit();
+    }
+    float* O = sm.O[w];
+    for (int c = c_first; c < c_last; ++c) {
+        const int b = (c - c_first) % kNBuf;
+        const Stage2Buf<BV>& B = sm.buf[b];
+        const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
+        cp_async_wait<kNBuf - 2>();
+        __syncthreads();  // chunk c's tiles visible; every warp is done with chunk c - 1's buffer
+        if (c + kNBuf - 1 < c_last) load_chunk(c + kNBuf - 1, (b + kNBuf - 1) % kNBuf);
+        cp_async_commit();
+        const float eGC = B.eG[kC - 1];
+
+        // S^T in bf16 as the A operand, k-step ks = state columns [16 ks, 16 ks + 16).
+        uint32_t sa[kD / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) acc_to_a(sa[ks], S[0][2 * ks], S[0][2 * ks + 1]);
+
+        // Y^T, X^T over the chunk rows in two halves of 32 (4 n8 tiles each: fewer live
+        // accumulators), then Delta'^T = (V^T - Y^T e^G) beta as A fragments of s-steps, and
+        // X^T e^G as the start of O^T.
+        uint32_t dpa[kC / 16][4];
+        float xo[1][kC / 8][4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float y[4][4], y2[4][4], x[4][4], x2[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) y[nt][e] = y2[nt][e] = x[nt][e] = x2[nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < kD / 16; ++ks) {
+                uint32_t bk[2][4], bq[2][4];  // n8 tiles 2 u, 2 u + 1 of the half in bk[u]
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    ldsm_x4(bk[u], b_addr(B.K, kPD, 32 * half + 16 * u, 16 * ks, lane));
+                    ldsm_x4(bq[u], b_addr(B.Q, kPD, 32 * half + 16 * u, 16 * ks, lane));
+                }
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    const int u = nt >> 1, o = 2 * (nt & 1);
+                    mma(ks & 1 ? y2[nt] : y[nt], sa[ks], bk[u][o], bk[u][o + 1]);
+                    mma(ks & 1 ? x2[nt] : x[nt], sa[ks], bq[u][o], bq[u][o + 1]);
+                }
+            }
+            float dp[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const int r = 32 * half + 8 * nt + 2 * tq;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float re = B.eG[r + e], rb = B.beta[r + e];
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const float rv = __bfloat162float(B.V[(r + e) * (BV + 8) + j_w + gq + 8 * hh]);
+                        const float yy = y[nt][2 * hh + e] + y2[nt][2 * hh + e];
+                        dp[nt][2 * hh + e] = rb * (rv - re * yy);
+                    }
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        xo[0][4 * half + nt][2 * hh + e] = (x[nt][2 * hh + e] + x2[nt][2 * hh + e]) * re;
+                }
+            }
+            acc_to_a(dpa[2 * half], dp[0], dp[1]);
+            acc_to_a(dpa[2 * half + 1], dp[2], dp[3]);
+        }
+
+        // Delta^T = Delta'^T T^T, rows r of tile pair p (r in [16 p, 16 p + 16)) over s-steps <= p.
+        float dl[kC / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < kC / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dl[nt][e] = 0.0f;
+#pragma unroll
+        for (int p = 0; p < kC / 16; ++p)
+#pragma unroll
+            for (int ks = 0; ks <= p; ++ks) {
+                uint32_t bt[4];
+                ldsm_x4(bt, b_addr(B.T, kPC, 16 * p, 16 * ks, lane));
+                mma(dl[2 * p], dpa[ks], bt[0], bt[1]);
+                mma(dl[2 * p + 1], dpa[ks], bt[2], bt[3]);
+            }
+        // Delta^T (for O) and Delta^T .* e^{G_C - G} (for the state) as A fragments.
+        uint32_t dma[kC / 16][4], dta[kC / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < kC / 16; ++ks) {
+            acc_to_a(dma[ks], dl[2 * ks], dl[2 * ks + 1]);
+            float f[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int r = 16 * ks + 8 * u + 2 * tq;
+                const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
+                f[u][0] = dl[2 * ks + u][0] * f0;
+                f[u][1] = dl[2 * ks + u][1] * f1;
+                f[u][2] = dl[2 * ks + u][2] * f0;
+                f[u][3] = dl[2 * ks + u][3] * f1;
+            }
+            acc_to_a(dta[ks], f[0], f[1]);
+        }
+
+        // S^T = e^{G_C} S^T + Dt K, state columns in two halves of 64 (odd s-steps into S2).
+#pragma unroll
+        for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[0][nt][e] *= eGC;
+#pragma unroll
+        for (int ih = 0; ih < 2; ++ih) {
+            float S2[kNI / 2][4];
+#pragma unroll
+            for (int nt = 0; nt < kNI / 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S2[nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < kC / 16; ++ks)
+#pragma unroll
+                for (int p = 0; p < kNI / 4; ++p) {
+                    uint32_t bk[4];
+                    ldsm_x4_t(bk, bt_addr(B.K, kPD, 16 * ks, 64 * ih + 16 * p, lane));
+                    float(&s0)[4] = ks & 1 ? S2[2 * p] : S[0][kNI / 2 * ih + 2 * p];
+                    float(&s1)[4] = ks & 1 ? S2[2 * p + 1] : S[0][kNI / 2 * ih + 2 * p + 1];
+                    mma(s0, dta[ks], bk[0], bk[1]);
+                    mma(s1, dta[ks], bk[2], bk[3]);
+                }
+#pragma unroll
+            for (int nt = 0; nt < kNI / 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[0][kNI / 2 * ih + nt][e] += S2[nt][e];
+        }
+
+        // O^T += Delta^T QKM^T (s <= r), then this warp's O tile to `out`.
+#pragma unroll
+        for (int p = 0; p < kC / 16; ++p)
+#pragma unroll
+            for (int ks = 0; ks <= p; ++ks) {
+                uint32_t bm[4];
+                ldsm_x4(bm, b_addr(B.M, kPC, 16 * p, 16 * ks, lane));
+                mma(xo[0][2 * p], dma[ks], bm[0], bm[1]);
+                mma(xo[0][2 * p + 1], dma[ks], bm[2], bm[3]);
+            }
+        __syncwarp();  // the last step's flush has read the O tile
+        o_to_tile<16>(O, xo, 0, gq, tq);
+        __syncwarp();
+        flush_out_tile<16, 32>(out, O, v_stride, h, v0 + j_w, t0, n, lane);
+    }
+    store_state(S, Sg, v0 + j_w, 0, gq, tq);
+}
+
 // ---- the W-form scan on wgmma (GdnScan::Wgmma) ----
 //
 // Rearranged as fla's kernels do, so that a chunk step is two products: with
@@ -1554,6 +1789,20 @@ void launch_stage2_wg(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, 
                    smem, st, sh, offs, cstart, q, rec, wrec, state, out, slots);
 }
 
+template <int NW, typename OutT>
+void launch_stage2_warp(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
+                        const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
+                        const int32_t* slots, cudaStream_t st) {
+    const size_t smem = sizeof(WarpScanSmem<NW>);
+    static bool configured = false;
+    if (!configured) {
+        cudaFuncSetAttribute(stage2_warp_kernel<NW, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        configured = true;
+    }
+    detail::launch("cuda::gdn_delta_chunked", stage2_warp_kernel<NW, OutT>, dim3(dim3(kD / (16 * NW), sh.H_v, n_seqs)),
+                   dim3(32 * NW), smem, st, sh, offs, cstart, q, k, v, rec, state, out, slots);
+}
+
 int num_sms() {
     static int n = [] {
         int dev = 0, sms = 0;
@@ -1584,10 +1833,11 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
     return best;
 }
 
-// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 forces one / two warp groups (A/B);
+// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 forces one / two warp groups / warp rows (A/B);
 // otherwise two groups wherever they exist (16- and 32-column splits).
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
+    if (env == 3) return GdnScan::WarpRows;
     if (block_v == 64 || env == 1) return GdnScan::OneGroup;
     return GdnScan::TwoGroups;
 }
@@ -1613,9 +1863,18 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
     // of 32) and 48 prefer 32.
     if (block_v == 0) block_v = gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms());
+    if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
+    if (scan == GdnScan::WarpRows) {
+        if (block_v == 128) launch_stage2_warp<8>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        else if (block_v == 64) launch_stage2_warp<4>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        else if (block_v == 32) launch_stage2_warp<2>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        else if (block_v == 16) launch_stage2_warp<1>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        else throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32, 64, 128}");
+        check_launch(op);
+        return;
+    }
     if (block_v != 16 && block_v != 32 && block_v != 64)
         throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " not in {0, 16, 32, 64}");
-    if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
     if (scan == GdnScan::Wgmma) {
         WRecord* wrec = reinterpret_cast<WRecord*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
         static bool configured = false;

@@ -280,7 +280,7 @@ TEST(CudaGdnFusedChunked, OtherShapesRunTheSerialMode) {
 }
 
 // gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) and scan kernels (one or
-// two warp groups) give the same bits, so the launch gate, which picks by H_v n_seqs, never
+// two warp groups; warp rows with 1, 2, 4 or 8 warps a block) give the same bits, so the launch gate, which picks by H_v n_seqs, never
 // changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
 // hand-over barriers through several phases; an empty one is skipped.
 TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
@@ -317,7 +317,9 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
     std::vector<std::vector<float>> states;
     const std::pair<int, cuda::GdnScan> runs[] = {{16, cuda::GdnScan::OneGroup}, {32, cuda::GdnScan::OneGroup},
                                                   {64, cuda::GdnScan::OneGroup}, {16, cuda::GdnScan::TwoGroups},
-                                                  {32, cuda::GdnScan::TwoGroups}};
+                                                  {32, cuda::GdnScan::TwoGroups}, {16, cuda::GdnScan::WarpRows},
+                                                  {32, cuda::GdnScan::WarpRows},  {64, cuda::GdnScan::WarpRows},
+                                                  {128, cuda::GdnScan::WarpRows}};
     for (const auto& [bv, scan] : runs) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));

@@ -1214,70 +1214,87 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks) acc_to_a(sa[ks], S[0][2 * ks], S[0][2 * ks + 1]);
 
-        // Y^T, X^T over the chunk rows in two halves of 32 (4 n8 tiles each: fewer live
-        // accumulators), then Delta'^T = (V^T - Y^T e^G) beta as A fragments of s-steps, and
-        // X^T e^G as the start of O^T.
+        // Y^T, X^T over the chunk rows a quarter (16 rows, two n8 tiles) at a time, then
+        // Delta'^T = (V^T - Y^T e^G) beta as the A fragments of s-step qr, and X^T e^G as the
+        // start of O^T. mma and ldmatrix are volatile asm (kept in program order), so each step's
+        // fragments are requested one step ahead by hand.
         uint32_t dpa[kC / 16][4];
         float xo[1][kC / 8][4];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float y[4][4], y2[4][4], x[4][4], x2[4][4];
+        for (int qr = 0; qr < kC / 16; ++qr) {
+            float re[2][2], rb[2][2], rv[2][2][2];  // [tile][e] (row 16 qr + 8 u + 2 tq + e), rv [u][e][hh]
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) y[nt][e] = y2[nt][e] = x[nt][e] = x2[nt][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < kD / 16; ++ks) {
-                uint32_t bk[2][4], bq[2][4];  // n8 tiles 2 u, 2 u + 1 of the half in bk[u]
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    ldsm_x4(bk[u], b_addr(B.K, kPD, 32 * half + 16 * u, 16 * ks, lane));
-                    ldsm_x4(bq[u], b_addr(B.Q, kPD, 32 * half + 16 * u, 16 * ks, lane));
-                }
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-                    const int u = nt >> 1, o = 2 * (nt & 1);
-                    mma(ks & 1 ? y2[nt] : y[nt], sa[ks], bk[u][o], bk[u][o + 1]);
-                    mma(ks & 1 ? x2[nt] : x[nt], sa[ks], bq[u][o], bq[u][o + 1]);
-                }
-            }
-            float dp[4][4];
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const int r = 32 * half + 8 * nt + 2 * tq;
+            for (int u = 0; u < 2; ++u)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float re = B.eG[r + e], rb = B.beta[r + e];
+                    const int r = 16 * qr + 8 * u + 2 * tq + e;
+                    re[u][e] = B.eG[r];
+                    rb[u][e] = B.beta[r];
 #pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        const float rv = __bfloat162float(B.V[(r + e) * (BV + 8) + j_w + gq + 8 * hh]);
-                        const float yy = y[nt][2 * hh + e] + y2[nt][2 * hh + e];
-                        dp[nt][2 * hh + e] = rb * (rv - re * yy);
-                    }
+                    for (int hh = 0; hh < 2; ++hh) rv[u][e][hh] = __bfloat162float(B.V[r * (BV + 8) + j_w + gq + 8 * hh]);
+                }
+            float y[2][4], y2[2][4], x[2][4], x2[2][4];
 #pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        xo[0][4 * half + nt][2 * hh + e] = (x[nt][2 * hh + e] + x2[nt][2 * hh + e]) * re;
+            for (int u = 0; u < 2; ++u)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) y[u][e] = y2[u][e] = x[u][e] = x2[u][e] = 0.0f;
+            uint32_t bk[2][4], bq[2][4];  // by k-step parity: n8 tiles (16 qr, 16 qr + 8), regs {b0, b1} each
+            ldsm_x4(bk[0], b_addr(B.K, kPD, 16 * qr, 0, lane));
+            ldsm_x4(bq[0], b_addr(B.Q, kPD, 16 * qr, 0, lane));
+#pragma unroll
+            for (int ks = 0; ks < kD / 16; ++ks) {
+                const int cur = ks & 1;
+                if (ks + 1 < kD / 16) {
+                    ldsm_x4(bk[cur ^ 1], b_addr(B.K, kPD, 16 * qr, 16 * (ks + 1), lane));
+                    ldsm_x4(bq[cur ^ 1], b_addr(B.Q, kPD, 16 * qr, 16 * (ks + 1), lane));
+                }
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    mma(cur ? y2[u] : y[u], sa[ks], bk[cur][2 * u], bk[cur][2 * u + 1]);
+                    mma(cur ? x2[u] : x[u], sa[ks], bq[cur][2 * u], bq[cur][2 * u + 1]);
                 }
             }
-            acc_to_a(dpa[2 * half], dp[0], dp[1]);
-            acc_to_a(dpa[2 * half + 1], dp[2], dp[3]);
+            float dp[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; ++u)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const float yy = y[u][2 * hh + e] + y2[u][2 * hh + e];
+                        dp[u][2 * hh + e] = rb[u][e] * (rv[u][e][hh] - re[u][e] * yy);
+                        xo[0][2 * qr + u][2 * hh + e] = (x[u][2 * hh + e] + x2[u][2 * hh + e]) * re[u][e];
+                    }
+            acc_to_a(dpa[qr], dp[0], dp[1]);
         }
 
-        // Delta^T = Delta'^T T^T, rows r of tile pair p (r in [16 p, 16 p + 16)) over s-steps <= p.
+        // The causal products' steps (rows of tile pair p, s-step ks <= p), in the order
+        // (0,0) (1,0) (1,1) (2,0) ...: per output tile the k-steps ascend, as in stage2_kernel.
+        constexpr int kCausal = kC / 16 * (kC / 16 + 1) / 2;
+        auto causal_p = [](int i) { return i < 1 ? 0 : i < 3 ? 1 : i < 6 ? 2 : 3; };
+        auto causal_k = [](int i) { return i < 1 ? i : i < 3 ? i - 1 : i < 6 ? i - 3 : i - 6; };
+        static_assert(kC / 16 == 4, "causal step tables are for 4 s-steps");
+
+        // Delta^T = Delta'^T T^T.
         float dl[kC / 8][4];
 #pragma unroll
         for (int nt = 0; nt < kC / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dl[nt][e] = 0.0f;
+        {
+            uint32_t bt[2][4];
+            ldsm_x4(bt[0], b_addr(B.T, kPC, 0, 0, lane));
 #pragma unroll
-        for (int p = 0; p < kC / 16; ++p)
-#pragma unroll
-            for (int ks = 0; ks <= p; ++ks) {
-                uint32_t bt[4];
-                ldsm_x4(bt, b_addr(B.T, kPC, 16 * p, 16 * ks, lane));
-                mma(dl[2 * p], dpa[ks], bt[0], bt[1]);
-                mma(dl[2 * p + 1], dpa[ks], bt[2], bt[3]);
+            for (int i = 0; i < kCausal; ++i) {
+                const int cur = i & 1;
+                if (i + 1 < kCausal) ldsm_x4(bt[cur ^ 1], b_addr(B.T, kPC, 16 * causal_p(i + 1), 16 * causal_k(i + 1), lane));
+                mma(dl[2 * causal_p(i)], dpa[causal_k(i)], bt[cur][0], bt[cur][1]);
+                mma(dl[2 * causal_p(i) + 1], dpa[causal_k(i)], bt[cur][2], bt[cur][3]);
             }
+        }
+        // The first state-update fragments, requested before the packing below.
+        uint32_t bs[2][4];
+        ldsm_x4_t(bs[0], bt_addr(B.K, kPD, 0, 0, lane));
         // Delta^T (for O) and Delta^T .* e^{G_C - G} (for the state) as A fragments.
         uint32_t dma[kC / 16][4], dta[kC / 16][4];
 #pragma unroll
@@ -1296,7 +1313,8 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
             acc_to_a(dta[ks], f[0], f[1]);
         }
 
-        // S^T = e^{G_C} S^T + Dt K, state columns in two halves of 64 (odd s-steps into S2).
+        // S^T = e^{G_C} S^T + Dt K: steps (half ih of the state columns, s-step ks, column pair
+        // p), odd s-steps into S2 (added at the end of each half).
 #pragma unroll
         for (int nt = 0; nt < kNI; ++nt)
 #pragma unroll
@@ -1308,17 +1326,20 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
             for (int nt = 0; nt < kNI / 2; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) S2[nt][e] = 0.0f;
+            constexpr int kSteps = kC / 16 * (kNI / 4);
 #pragma unroll
-            for (int ks = 0; ks < kC / 16; ++ks)
-#pragma unroll
-                for (int p = 0; p < kNI / 4; ++p) {
-                    uint32_t bk[4];
-                    ldsm_x4_t(bk, bt_addr(B.K, kPD, 16 * ks, 64 * ih + 16 * p, lane));
-                    float(&s0)[4] = ks & 1 ? S2[2 * p] : S[0][kNI / 2 * ih + 2 * p];
-                    float(&s1)[4] = ks & 1 ? S2[2 * p + 1] : S[0][kNI / 2 * ih + 2 * p + 1];
-                    mma(s0, dta[ks], bk[0], bk[1]);
-                    mma(s1, dta[ks], bk[2], bk[3]);
+            for (int i = 0; i < kSteps; ++i) {
+                const int ks = i / (kNI / 4), p = i % (kNI / 4), cur = (ih * kSteps + i) & 1;
+                const int in = ih * kSteps + i + 1;  // the next step overall
+                if (in < 2 * kSteps) {
+                    const int nih = in / kSteps, nks = (in % kSteps) / (kNI / 4), np = in % (kNI / 4);
+                    ldsm_x4_t(bs[cur ^ 1], bt_addr(B.K, kPD, 16 * nks, 64 * nih + 16 * np, lane));
                 }
+                float(&s0)[4] = ks & 1 ? S2[2 * p] : S[0][kNI / 2 * ih + 2 * p];
+                float(&s1)[4] = ks & 1 ? S2[2 * p + 1] : S[0][kNI / 2 * ih + 2 * p + 1];
+                mma(s0, dta[ks], bs[cur][0], bs[cur][1]);
+                mma(s1, dta[ks], bs[cur][2], bs[cur][3]);
+            }
 #pragma unroll
             for (int nt = 0; nt < kNI / 2; ++nt)
 #pragma unroll
@@ -1326,15 +1347,17 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
         }
 
         // O^T += Delta^T QKM^T (s <= r), then this warp's O tile to `out`.
+        {
+            uint32_t bm[2][4];
+            ldsm_x4(bm[0], b_addr(B.M, kPC, 0, 0, lane));
 #pragma unroll
-        for (int p = 0; p < kC / 16; ++p)
-#pragma unroll
-            for (int ks = 0; ks <= p; ++ks) {
-                uint32_t bm[4];
-                ldsm_x4(bm, b_addr(B.M, kPC, 16 * p, 16 * ks, lane));
-                mma(xo[0][2 * p], dma[ks], bm[0], bm[1]);
-                mma(xo[0][2 * p + 1], dma[ks], bm[2], bm[3]);
+            for (int i = 0; i < kCausal; ++i) {
+                const int cur = i & 1;
+                if (i + 1 < kCausal) ldsm_x4(bm[cur ^ 1], b_addr(B.M, kPC, 16 * causal_p(i + 1), 16 * causal_k(i + 1), lane));
+                mma(xo[0][2 * causal_p(i)], dma[causal_k(i)], bm[cur][0], bm[cur][1]);
+                mma(xo[0][2 * causal_p(i) + 1], dma[causal_k(i)], bm[cur][2], bm[cur][3]);
             }
+        }
         __syncwarp();  // the last step's flush has read the O tile
         o_to_tile<16>(O, xo, 0, gq, tq);
         __syncwarp();
@@ -1833,12 +1856,19 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
     return best;
 }
 
-// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 forces one / two warp groups / warp rows (A/B);
-// otherwise two groups wherever they exist (16- and 32-column splits).
+// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 forces one / two warp groups / warp rows
+// (A/B; 2 at the 64-column split = one group, as it has no two-group kernel); otherwise two
+// groups at the 16- and 32-column splits and warp rows (4 warps) at the 64-column one. All give
+// the same bits. Warp rows, H200, same call (2026-12-05): H_v 48 (the gate's 64-column split)
+// 1-4% faster than one group at T 512-65536; at H_v 16 / 32 with 1 or 2 warps a block 1.3-1.6x
+// slower than two groups: one warp per scheduler issues ~1.2-1.5k instructions a step at 3.2-4.6
+// cycles each (ncu: fixed-latency and shared-memory dependencies), where the two-group kernel
+// spreads the step over 8 warps.
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
     if (env == 3) return GdnScan::WarpRows;
-    if (block_v == 64 || env == 1) return GdnScan::OneGroup;
+    if (env == 1) return GdnScan::OneGroup;
+    if (block_v == 64) return env == 2 ? GdnScan::OneGroup : GdnScan::WarpRows;
     return GdnScan::TwoGroups;
 }
 

@@ -625,6 +625,64 @@ __device__ __forceinline__ void copy_row_tile(bf16* dst, const bf16* col, size_t
         }
     }
 }
+// A scan block's sequence (blockIdx = (value slice, value head, sequence)): its tokens
+// [t_begin, t_end), its chunks [c_first, c_last) and its fp32 state [d_v][d_k] (row j = S^T[j];
+// sequence seq's state is slot slots[seq], nullptr: slot seq).
+struct ScanSeq {
+    int vs, h, seq, t_begin, t_end, c_first, c_last;
+    float* state;
+    __device__ ScanSeq(const ref::GdnShape& sh, const int32_t* offs, const int32_t* cstart, float* states,
+                       const int32_t* slots)
+        : vs(blockIdx.x), h(blockIdx.y), seq(blockIdx.z), t_begin(offs[seq]), t_end(offs[seq + 1]),
+          c_first(cstart[seq]), c_last(cstart[seq + 1]),
+          state(states + ((size_t)(slots ? slots[seq] : seq) * sh.H_v + h) * kD * kD) {}
+};
+
+// The chunk tiles of one scan block (K, Q [64][128], V [64][BV], T, QKM and the record's
+// scalars) into a Stage2Buf with cp.async by NTH threads. The per-thread offsets are fixed for
+// the whole scan (every warp issues the copies every step: generic strided loops with 64-bit
+// index math were ~half of the scan loop's instructions, SASS). Rows past the chunk's end are
+// zero-filled.
+template <int BV, int NTH>
+struct ChunkTiles {
+    static constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;  // V: BV / 8 x 16 B per row
+    int tid, qk_cc, qk_r0, v_r, v_cc, rec_cc, rec_r0;
+    int t_begin, t_end, c_first, H_v, h;
+    size_t qk_stride, v_stride;
+    const bf16 *k_col, *q_col, *v_col;
+    const ChunkRecord* rec;
+    __device__ ChunkTiles(const ref::GdnShape& sh, int t_begin_, int t_end_, int c_first_, int h_, int v0,
+                          const bf16* q, const bf16* k, const bf16* v, const ChunkRecord* rec_, int tid_)
+        : tid(tid_), qk_cc((tid_ & 15) * 8), qk_r0(tid_ >> 4), v_r(tid_ / kVPerRow), v_cc((tid_ % kVPerRow) * 8),
+          rec_cc((tid_ & 7) * 8), rec_r0(tid_ >> 3), t_begin(t_begin_), t_end(t_end_), c_first(c_first_),
+          H_v(sh.H_v), h(h_), qk_stride((size_t)sh.H_k * kD), v_stride((size_t)sh.H_v * kD), rec(rec_) {
+        const int kh = key_head(sh, h_);
+        k_col = k + (size_t)kh * kD + qk_cc;  // K, Q: 16 x 16 B per row
+        q_col = q + (size_t)kh * kD + qk_cc;
+        v_col = v + (size_t)h_ * kD + v0 + v_cc;
+    }
+    // Chunk c (a global chunk index: its record is rec[c H_v + h]) into B.
+    __device__ __forceinline__ void load(int c, Stage2Buf<BV>& B) const {
+        const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
+        copy_row_tile<NTH>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
+        copy_row_tile<NTH>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
+#pragma unroll
+        for (int it = 0; it < (kVItems + NTH - 1) / NTH; ++it) {
+            const int r = v_r + it * (NTH / kVPerRow);
+            if (kVItems >= NTH || tid < kVItems)
+                cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+        }
+        const ChunkRecord* R = rec + (size_t)c * H_v + h;
+#pragma unroll
+        for (int it = 0; it < kC * 8 / NTH; ++it) {  // T, QKM: 8 x 16 B per row
+            const int r = rec_r0 + it * (NTH / 8);
+            cp_async16(B.T + r * kPC + rec_cc, R->T + r * kC + rec_cc, true);
+            cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
+        }
+        static_assert(sizeof(B.eG) * 3 == 48 * 16 && offsetof(ChunkRecord, eGC) == 2 * sizeof(B.eG), "record head");
+        for (int i = tid; i < 48; i += NTH) cp_async16(B.eG + 4 * i, R->eG + 4 * i, true);  // eG, beta, eGC
+    }
+};
 // This warp's O^T rows into the O tile [r][j].
 template <int BV, int MT, int kNR>
 __device__ __forceinline__ void o_to_tile(float* O, const float (&x)[MT][kNR][4], int r_w, int gq, int tq) {
@@ -677,57 +735,21 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
     static_assert(kNI % 2 == 0, "state tiles per warp come in pairs");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Stage2Smem<BV>& sm = *reinterpret_cast<Stage2Smem<BV>*>(smem_raw);
-    const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
-    const int t_begin = offs[seq], t_end = offs[seq + 1];
-    if (t_begin == t_end) return;
-    const int c_first = cstart[seq], c_last = cstart[seq + 1];
-    const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
+    const ScanSeq sq(sh, offs, cstart, state, slots);
+    if (sq.t_begin == sq.t_end) return;
+    const int h = sq.h, t_begin = sq.t_begin, t_end = sq.t_end, c_first = sq.c_first, c_last = sq.c_last;
+    const int H_v = sh.H_v, v0 = sq.vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int r_w = kRW * w, i_w = kIW * w;  // this warp's first chunk row and state column
-    // [d_v][d_k]: row j = S^T[j]; sequence seq's state is slot slots[seq] (nullptr: slot seq).
-    float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
+    float* Sg = sq.state;
 
     // S^T[j][i], j = 16 mt + gq (+8), i = i_w + 8 nt + 2 tq (+1): the accumulator layout.
     float S[MT][kNI][4];
     load_state(S, Sg, v0, i_w, gq, tq);
 
-    // Per-thread pieces of the chunk copies, fixed for the whole scan (the copies are issued by
-    // every warp every step: generic strided loops with 64-bit index math were ~half of the
-    // loop's instructions, SASS).
-    const int qk_cc = (tid & 15) * 8, qk_r0 = tid >> 4;                 // K, Q: 16 x 16 B per row
-    constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;          // V: BV / 8 x 16 B per row
-    const int v_r = tid / kVPerRow, v_cc = (tid % kVPerRow) * 8;
-    const int rec_cc = (tid & 7) * 8, rec_r0 = tid >> 3;               // T, QKM: 8 x 16 B per row
-    const size_t qk_stride = (size_t)H_k * kD, v_stride = (size_t)H_v * kD;
-    const bf16* k_col = k + (size_t)kh * kD + qk_cc;
-    const bf16* q_col = q + (size_t)kh * kD + qk_cc;
-    const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
-    auto load_chunk = [&](int c, int b) {
-        Stage2Buf<BV>& B = sm.buf[b];
-        const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
-#pragma unroll
-        for (int it = 0; it < kC * 16 / kT2; ++it) {
-            const int r = qk_r0 + it * (kT2 / 16);
-            const size_t off = (size_t)(t0 + (r < n ? r : 0)) * qk_stride;
-            cp_async16(B.K + r * kPD + qk_cc, k_col + off, r < n);
-            cp_async16(B.Q + r * kPD + qk_cc, q_col + off, r < n);
-        }
-#pragma unroll
-        for (int it = 0; it < (kVItems + kT2 - 1) / kT2; ++it) {
-            const int r = v_r + it * (kT2 / kVPerRow);
-            if (kVItems >= kT2 || tid < kVItems)
-                cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
-        }
-        const ChunkRecord* R = rec + (size_t)c * H_v + h;
-#pragma unroll
-        for (int it = 0; it < kC * 8 / kT2; ++it) {
-            const int r = rec_r0 + it * (kT2 / 8);
-            cp_async16(B.T + r * kPC + rec_cc, R->T + r * kC + rec_cc, true);
-            cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
-        }
-        static_assert(sizeof(B.eG) * 3 == 48 * 16 && offsetof(ChunkRecord, eGC) == 2 * sizeof(B.eG), "record head");
-        if (tid < 48) cp_async16(B.eG + 4 * tid, R->eG + 4 * tid, true);  // eG, beta, eGC: contiguous in both
-    };
+    const ChunkTiles<BV, kT2> tiles(sh, t_begin, t_end, c_first, h, v0, q, k, v, rec, tid);
+    auto load_chunk = [&](int c, int b) { tiles.load(c, sm.buf[b]); };
+    const size_t v_stride = (size_t)H_v * kD;
     // O of the chunk before, from shared memory to `out`.
     auto flush_out = [&](int t0, int n) { flush_out_tile<BV, kT2>(out, sm.O, v_stride, h, v0, t0, n, tid); };
 
@@ -1156,44 +1178,19 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
     constexpr int kNI = kD / 8;  // state n8 tiles a warp holds (all 128 columns)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     WarpScanSmem<NW>& sm = *reinterpret_cast<WarpScanSmem<NW>*>(smem_raw);
-    const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
-    const int t_begin = offs[seq], t_end = offs[seq + 1];
-    if (t_begin == t_end) return;
-    const int c_first = cstart[seq], c_last = cstart[seq + 1];
-    const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
+    const ScanSeq sq(sh, offs, cstart, state, slots);
+    if (sq.t_begin == sq.t_end) return;
+    const int h = sq.h, t_begin = sq.t_begin, t_end = sq.t_end, c_first = sq.c_first, c_last = sq.c_last;
+    const int H_v = sh.H_v, v0 = sq.vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int j_w = 16 * w;  // this warp's value columns within the block
-    float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
+    float* Sg = sq.state;
     float S[1][kNI][4];  // S^T[j][i], j = j_w + gq (+8), i = 8 nt + 2 tq (+1)
     load_state(S, Sg, v0 + j_w, 0, gq, tq);
 
-    const int qk_cc = (tid & 15) * 8, qk_r0 = tid >> 4;  // K, Q: 16 x 16 B per row
-    constexpr int kVPerRow = BV / 8;                     // V: BV / 8 x 16 B per row
-    const int v_r = tid / kVPerRow, v_cc = (tid % kVPerRow) * 8;
-    const int rec_cc = (tid & 7) * 8, rec_r0 = tid >> 3;  // T, QKM: 8 x 16 B per row
-    const size_t qk_stride = (size_t)H_k * kD, v_stride = (size_t)H_v * kD;
-    const bf16* k_col = k + (size_t)kh * kD + qk_cc;
-    const bf16* q_col = q + (size_t)kh * kD + qk_cc;
-    const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
-    auto load_chunk = [&](int c, int b) {
-        Stage2Buf<BV>& B = sm.buf[b];
-        const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
-        copy_row_tile<kT>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
-        copy_row_tile<kT>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
-#pragma unroll
-        for (int it = 0; it < kC * kVPerRow / kT; ++it) {
-            const int r = v_r + it * (kT / kVPerRow);
-            cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
-        }
-        const ChunkRecord* R = rec + (size_t)c * H_v + h;
-#pragma unroll
-        for (int it = 0; it < kC * 8 / kT; ++it) {
-            const int r = rec_r0 + it * (kT / 8);
-            cp_async16(B.T + r * kPC + rec_cc, R->T + r * kC + rec_cc, true);
-            cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
-        }
-        for (int i = tid; i < 48; i += kT) cp_async16(B.eG + 4 * i, R->eG + 4 * i, true);  // eG, beta, eGC
-    };
+    const ChunkTiles<BV, kT> tiles(sh, t_begin, t_end, c_first, h, v0, q, k, v, rec, tid);
+    auto load_chunk = [&](int c, int b) { tiles.load(c, sm.buf[b]); };
+    const size_t v_stride = (size_t)H_v * kD;
     for (int p = 0; p < kNBuf - 1; ++p) {
         if (c_first + p < c_last) load_chunk(c_first + p, p);
         cp_async_commit();
@@ -1770,60 +1767,48 @@ void check_chunked_shape(const ref::GdnShape& shape, int n_seqs, const char* op)
     if (shape.H_v > 65535) throw Error(std::string(op) + ": H_v " + std::to_string(shape.H_v) + " > 65535");
 }
 
+// A scan kernel's launch with `smem` bytes of dynamic shared memory (over the 48 KB default: the
+// attribute is per kernel, set once per process).
+template <auto Kernel, typename... Args>
+void launch_scan(size_t smem, dim3 grid, dim3 block, cudaStream_t st, Args... args) {
+    static bool configured = false;
+    if (!configured) {
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        configured = true;
+    }
+    detail::launch("cuda::gdn_delta_chunked", Kernel, grid, block, smem, st, args...);
+}
+
 template <int BV, typename OutT>
 void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                    const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out, const int32_t* slots,
                    cudaStream_t st) {
-    const size_t smem = sizeof(Stage2Smem<BV>);
-    static bool configured = false;  // the attribute is per function, set once per process
-    if (!configured) {
-        cudaFuncSetAttribute(stage2_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        configured = true;
-    }
-    detail::launch("cuda::gdn_delta_chunked", stage2_kernel<BV, OutT>, dim3(dim3(kD / BV, sh.H_v, n_seqs)), dim3(32 * scan_warps<BV>()), smem, st, sh, offs, cstart, q, k, v, rec,
-                                                                                    state, out, slots);
+    launch_scan<stage2_kernel<BV, OutT>>(sizeof(Stage2Smem<BV>), dim3(kD / BV, sh.H_v, n_seqs), dim3(32 * scan_warps<BV>()),
+                                         st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
 template <int BV, typename OutT>
 void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                         const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
                         const int32_t* slots, cudaStream_t st) {
-    const size_t smem = sizeof(PairSmem<BV>);
-    static bool configured = false;
-    if (!configured) {
-        cudaFuncSetAttribute(stage2_pair_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        configured = true;
-    }
-    detail::launch("cuda::gdn_delta_chunked", stage2_pair_kernel<BV, OutT>, dim3(dim3(kD / BV, sh.H_v, n_seqs)),
-                   dim3(kPairThreads), smem, st, sh, offs, cstart, q, k, v, rec, state, out, slots);
+    launch_scan<stage2_pair_kernel<BV, OutT>>(sizeof(PairSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs), dim3(kPairThreads),
+                                              st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
 template <int BV, typename OutT>
 void launch_stage2_wg(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                       const ChunkRecord* rec, const WRecord* wrec, float* state, OutT* out, const int32_t* slots,
                       cudaStream_t st) {
-    const size_t smem = sizeof(WgSmem<BV>);
-    static bool configured = false;
-    if (!configured) {
-        cudaFuncSetAttribute(stage2_wg_kernel<BV, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        configured = true;
-    }
-    detail::launch("cuda::gdn_delta_chunked", stage2_wg_kernel<BV, OutT>, dim3(dim3(kD / BV, sh.H_v, n_seqs)), dim3(256),
-                   smem, st, sh, offs, cstart, q, rec, wrec, state, out, slots);
+    launch_scan<stage2_wg_kernel<BV, OutT>>(sizeof(WgSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs), dim3(256), st, sh, offs,
+                                            cstart, q, rec, wrec, state, out, slots);
 }
 
 template <int NW, typename OutT>
 void launch_stage2_warp(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                         const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
                         const int32_t* slots, cudaStream_t st) {
-    const size_t smem = sizeof(WarpScanSmem<NW>);
-    static bool configured = false;
-    if (!configured) {
-        cudaFuncSetAttribute(stage2_warp_kernel<NW, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        configured = true;
-    }
-    detail::launch("cuda::gdn_delta_chunked", stage2_warp_kernel<NW, OutT>, dim3(dim3(kD / (16 * NW), sh.H_v, n_seqs)),
-                   dim3(32 * NW), smem, st, sh, offs, cstart, q, k, v, rec, state, out, slots);
+    launch_scan<stage2_warp_kernel<NW, OutT>>(sizeof(WarpScanSmem<NW>), dim3(kD / (16 * NW), sh.H_v, n_seqs),
+                                              dim3(32 * NW), st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
 int num_sms() {

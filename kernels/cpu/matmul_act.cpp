@@ -80,7 +80,7 @@ void prep_panel_q8k(Isa isa, const float* x, int64_t T, int64_t K, Carver& c, Ac
             const int64_t t = g * kGroup + l;
             int8_t* row = reinterpret_cast<int8_t*>(rows + l * units);
             if (t < T) {
-                quantize_q8k(x + t * K, K, row, rd + l * nd, rs + l * ns);
+                quantize_q8k(isa, x + t * K, K, row, rd + l * nd, rs + l * ns);
             } else {
                 std::memset(row, 0, size_t(K));
                 std::fill(rd + l * nd, rd + (l + 1) * nd, 0.0f);
@@ -181,7 +181,7 @@ void prep_rows(ActKind kind, Isa isa, const float* x, int64_t T, int64_t K, uint
             int8_t* q = c.take<int8_t>(size_t(T * K));
             float* d = c.take<float>(size_t(T * (K / kQK)));
             int16_t* bs = c.take<int16_t>(size_t(T * (K / 16)));
-            for (int64_t t = 0; t < T; ++t) quantize_q8k(x + t * K, K, q + t * K, d + t * (K / kQK), bs + t * (K / 16));
+            for (int64_t t = 0; t < T; ++t) quantize_q8k(isa, x + t * K, K, q + t * K, d + t * (K / kQK), bs + t * (K / 16));
             out.q = q, out.d = d, out.bsums = bs;
             return;
         }

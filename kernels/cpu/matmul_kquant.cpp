@@ -66,6 +66,11 @@ void quantize_q8k(const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums
     }
 }
 
+void quantize_q8k(Isa isa, const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums) {
+    if (isa == Isa::Avx512 || isa == Isa::Avx2) quantize_q8k_avx2(x, K, q, d, bsums);
+    else quantize_q8k(x, K, q, d, bsums);
+}
+
 void q8k_round_row(const float* x, int64_t K, float* out) {
     int8_t q[kQK];
     float d;

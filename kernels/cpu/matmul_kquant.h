@@ -28,6 +28,9 @@ inline bool uses_q8k(GgmlType t) {
 // One token row of K values (K % 256 == 0) as Q8_K: q [K], d [K/256], bsums [K/16].
 // ggml's quantize_row_q8_K_ref bit for bit.
 void quantize_q8k(const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums);
+// The same bits on a SIMD path where `isa` has one (AVX2 and AVX-512: the AVX2 version).
+void quantize_q8k(Isa isa, const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums);
+void quantize_q8k_avx2(const float* x, int64_t K, int8_t* q, float* d, int16_t* bsums);
 
 // x [K] -> its Q8_K values as fp32 (q * d): the activations the K-quant kernels see.
 void q8k_round_row(const float* x, int64_t K, float* out);

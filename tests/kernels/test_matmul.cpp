@@ -132,6 +132,43 @@ TEST(Matmul, Q8KActivationQuantizerMatchesGgml) {
     EXPECT_EQ(d[0], -1.0f);
 }
 
+// The Q8_K quantizer on every ISA path gives the scalar reference's bytes, scales and sums for
+// ordinary rows, ties of magnitude (the first sets the sign), exact .5 products, an all-zero
+// block, and inputs a model should never produce but must not change the bits: NaN, inf, a
+// denormal maximum (iscale = -inf).
+TEST(Matmul, Q8KActivationQuantizerIsTheSameOnEveryPath) {
+    const int64_t K = 256 * 7;
+    std::mt19937 rng(41);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> x(static_cast<size_t>(K));
+    for (auto& v : x) v = nd(rng);
+    for (int j = 0; j < 256; ++j) x[size_t(j)] = std::clamp(x[size_t(j)], -9.0f, 9.0f);
+    x[17] = 9.5f, x[20] = -9.5f, x[200] = -9.5f;                       // block 0: tied magnitudes
+    for (int j = 0; j < 256; ++j) x[size_t(256 + j)] = float(j % 9) - 4.0f;  // block 1: max 4 -> iscale -31.75
+    x[256 + 5] = -127.0f;                                              // iscale 1: .5 products are ties
+    for (int j = 0; j < 256; ++j) x[size_t(256 + j)] += 0.5f * float(j % 2);
+    for (int j = 0; j < 256; ++j) x[size_t(512 + j)] = j % 3 ? 0.0f : -0.0f;  // block 2: zeros
+    x[768 + 3] = std::nanf(""), x[768 + 100] = -std::nanf("");          // block 3: NaN (skipped by the max)
+    x[1024 + 7] = INFINITY;                                            // block 4: inf
+    for (int j = 0; j < 256; ++j) x[size_t(1280 + j)] = j == 9 ? -1e-40f : 0.0f;  // block 5: denormal max
+    // block 6: random.
+    const size_t n = static_cast<size_t>(K);
+    std::vector<int8_t> q0(n), q1(n);
+    std::vector<float> d0(n / 256), d1(n / 256);
+    std::vector<int16_t> b0(n / 16), b1(n / 16);
+    cpu::mm::quantize_q8k(x.data(), K, q0.data(), d0.data(), b0.data());
+    for (cpu::Isa isa : isas()) {
+        std::fill(q1.begin(), q1.end(), int8_t(77));
+        cpu::mm::quantize_q8k(isa, x.data(), K, q1.data(), d1.data(), b1.data());
+        EXPECT_EQ(0, std::memcmp(q0.data(), q1.data(), q0.size())) << cpu::isa_name(isa);
+        EXPECT_EQ(0, std::memcmp(d0.data(), d1.data(), d0.size() * 4)) << cpu::isa_name(isa);
+        EXPECT_EQ(0, std::memcmp(b0.data(), b1.data(), b0.size() * 2)) << cpu::isa_name(isa);
+    }
+    EXPECT_EQ(d0[2], 0.0f);
+    EXPECT_EQ(q0[size_t(17)], -127);  // x[17] = 9.5 came first: max = 9.5, iscale < 0
+    EXPECT_EQ(q0[size_t(200)], 127);
+}
+
 // The vectorised quantizer equals the scalar one bit for bit, and both round halves to even
 // (ggml's x86 quantize_row_q8_0 uses _mm256_round_ps, not roundf).
 TEST(Matmul, Q8ActivationQuantizerMatchesGgmlX86) {

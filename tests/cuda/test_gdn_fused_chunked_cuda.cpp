@@ -280,8 +280,8 @@ TEST(CudaGdnFusedChunked, OtherShapesRunTheSerialMode) {
 }
 
 // gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) and scan kernels (one or
-// two warp groups; warp rows with 1, 2, 4 or 8 warps a block) give the same bits, so the launch gate, which picks by H_v n_seqs, never
-// changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
+// two warp groups; warp rows with 1, 2, 4 or 8 warps a block) give the same bits, so the launch
+// gate, which picks by H_v n_seqs, never changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
 // hand-over barriers through several phases; an empty one is skipped.
 TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";

@@ -144,9 +144,10 @@ TEST(Matmul, Q8KActivationQuantizerIsTheSameOnEveryPath) {
     for (auto& v : x) v = nd(rng);
     for (int j = 0; j < 256; ++j) x[size_t(j)] = std::clamp(x[size_t(j)], -9.0f, 9.0f);
     x[17] = 9.5f, x[20] = -9.5f, x[200] = -9.5f;                       // block 0: tied magnitudes
-    for (int j = 0; j < 256; ++j) x[size_t(256 + j)] = float(j % 9) - 4.0f;  // block 1: max 4 -> iscale -31.75
-    x[256 + 5] = -127.0f;                                              // iscale 1: .5 products are ties
-    for (int j = 0; j < 256; ++j) x[size_t(256 + j)] += 0.5f * float(j % 2);
+    // block 1: halves (-4 .. 4.5) under a maximum of -127, so iscale = 1 exactly and every odd
+    // element's product is a tie for the round to nearest even.
+    for (int j = 0; j < 256; ++j) x[size_t(256 + j)] = float(j % 9) - 4.0f + 0.5f * float(j % 2);
+    x[256 + 5] = -127.0f;
     for (int j = 0; j < 256; ++j) x[size_t(512 + j)] = j % 3 ? 0.0f : -0.0f;  // block 2: zeros
     x[768 + 3] = std::nanf(""), x[768 + 100] = -std::nanf("");          // block 3: NaN (skipped by the max)
     x[1024 + 7] = INFINITY;                                            // block 4: inf
@@ -164,6 +165,7 @@ TEST(Matmul, Q8KActivationQuantizerIsTheSameOnEveryPath) {
         EXPECT_EQ(0, std::memcmp(d0.data(), d1.data(), d0.size() * 4)) << cpu::isa_name(isa);
         EXPECT_EQ(0, std::memcmp(b0.data(), b1.data(), b0.size() * 2)) << cpu::isa_name(isa);
     }
+    EXPECT_EQ(d0[1], 1.0f);  // block 1's scale: 1 / iscale with iscale = -127 / -127
     EXPECT_EQ(d0[2], 0.0f);
     EXPECT_EQ(q0[size_t(17)], -127);  // x[17] = 9.5 came first: max = 9.5, iscale < 0
     EXPECT_EQ(q0[size_t(200)], 127);
@@ -191,6 +193,7 @@ TEST(Matmul, Q8ActivationQuantizerMatchesGgmlX86) {
     EXPECT_EQ(q0[34], -4);
     EXPECT_EQ(q0[35], 0);
     EXPECT_EQ(d0[1], 1.0f);
+    EXPECT_EQ(d0[1], 1.0f);  // block 1's scale: 1 / iscale with iscale = -127 / -127
     EXPECT_EQ(d0[2], 0.0f);
     int32_t s = 0;
     for (int i = 0; i < 32; ++i) s += q0[size_t(i)];

@@ -180,9 +180,9 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
                 "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | us block_v 64 | "
                 "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | us warp rows 16 | "
-                "us warp rows 32 | us warp rows 64 | us warp rows 128 | %% of floor | Mtok/s | input sets |\n"
+                "us warp rows 32 | us warp rows 64 | us warp rows 128 | us transition 16 | %% of floor | Mtok/s | input sets |\n"
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                "| ---: | ---: | ---: | ---: |\n");
+                "| ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16;
     // A pool of random values, copied at varying offsets into the inputs (generating 10^9
     // normals on the host would take longer than the whole benchmark).
@@ -232,7 +232,8 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
             const std::vector<int32_t> h_offs = {0, T};
             int32_t* offs = to_device(h_offs);
             void* ws = nullptr;
-            CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Wgmma)));
+            CHECK(cudaMalloc(&ws, std::max(alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Wgmma),
+                                           alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Transition))));
             const int reps = std::max(sets, T <= 4096 ? 16 : 4);
             using alloy::cuda::GdnScan;
             auto time_bv = [&](int bv, GdnScan scan) {
@@ -263,15 +264,15 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                          us16w = time_bv(16, GdnScan::Wgmma), us32w = time_bv(32, GdnScan::Wgmma),
                          us64w = time_bv(64, GdnScan::Wgmma), us16r = time_bv(16, GdnScan::WarpRows),
                          us32r = time_bv(32, GdnScan::WarpRows), us64r = time_bv(64, GdnScan::WarpRows),
-                         us128r = time_bv(128, GdnScan::WarpRows);
+                         us128r = time_bv(128, GdnScan::WarpRows), us16t = time_bv(16, GdnScan::Transition);
             const int gate = alloy::cuda::gdn_delta_chunked_block_v(H_v, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
             std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f "
-                        "| %.1f | %.0f%% | %.0f | %d |\n",
+                        "| %.1f | %.1f | %.0f%% | %.0f | %d |\n",
                         H_v, T, floor_us, gate, us_auto, us16, us32, us64, us16p, us32p, us16w, us32w, us64w, us16r,
-                        us32r, us64r, us128r,
+                        us32r, us64r, us128r, us16t,
                         100.0 * floor_us / us_auto, T / us_auto, sets);
             std::fflush(stdout);
             for (const Set& s : in)
@@ -319,8 +320,10 @@ int check_chunked(const std::filesystem::path& dir) {
         uint16_t* out = to_device(std::vector<uint16_t>(ref_out.size(), 0x7fc0));
         int32_t* offs = to_device(std::vector<int32_t>{0, T});
         void* ws = nullptr;
-        CHECK(cudaMalloc(&ws, alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Wgmma)));
-        for (alloy::cuda::GdnScan scan : {alloy::cuda::GdnScan::Wgmma, alloy::cuda::GdnScan::Auto}) {
+        CHECK(cudaMalloc(&ws, std::max(alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Wgmma),
+                                       alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Transition))));
+        for (alloy::cuda::GdnScan scan :
+             {alloy::cuda::GdnScan::Wgmma, alloy::cuda::GdnScan::Transition, alloy::cuda::GdnScan::Auto}) {
             CHECK(cudaMemcpy(st, read_f32(c / "state0.bin").data(), ref_state.size() * 4, cudaMemcpyHostToDevice));
             alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, q, k, v, g, beta, st, out, ws, nullptr,
                                            scan == alloy::cuda::GdnScan::Wgmma ? 64 : 0, nullptr, scan);
@@ -333,7 +336,10 @@ int check_chunked(const std::filesystem::path& dir) {
             const double eo = rel_l2(got_out, ref_out), es = rel_l2(got_state, ref_state);
             ok = ok && eo <= 1e-2 && es <= 1e-2;
             std::printf("| %d, %d, %d, %d%s | %.1e | %.1e | %.1e | %.1e | %.1e |\n", T, H_k, H_v, d,
-                        scan == alloy::cuda::GdnScan::Wgmma ? " (wgmma, 64)" : "", eo, es, rel_l2(fla_out, ref_out),
+                        scan == alloy::cuda::GdnScan::Wgmma        ? " (wgmma, 64)"
+                        : scan == alloy::cuda::GdnScan::Transition ? " (transition, 16)"
+                                                                   : "",
+                        eo, es, rel_l2(fla_out, ref_out),
                         rel_l2(fla_state, ref_state), rel_l2(got_out, fla_out));
         }
         for (void* p : {(void*)q, (void*)k, (void*)v, (void*)g, (void*)beta, (void*)st, (void*)out, (void*)offs, ws})

@@ -96,9 +96,11 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // runs the whole chunk step for its own 16 value columns from registers (block_v 16, 32, 64 or
 // 128 = 1, 2, 4 or 8 warps a block; the same bits as one group). Auto =
 // gdn_delta_chunked_scan(block_v).
-enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows };
-// scan = GdnScan::Wgmma needs the larger workspace (its stage 1b writes W, U and Kd^T per
-// chunk and head); the other kernels need the default's.
+// Transition: the chunk step as one affine map of the state (S <- e^{G_C} S + Pn S + Kd^T U, Pn
+// from a stage 1t), block_v 16 only, its own workspace (other bits; only when asked for).
+enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition };
+// scan = GdnScan::Wgmma and Transition need larger workspaces (their stages 1b / 1t write W, U
+// and Kd^T, or Pn, Qt and T diag(beta) per chunk and head); the other kernels need the default's.
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens,
                                          GdnScan scan = GdnScan::Auto);
 // The launch gate's value split (16, 32 or 64 columns per scan block) for H_v n_seqs heads on

@@ -1733,6 +1733,354 @@ __global__ void __launch_bounds__(256, 1) stage2_wg_kernel(ref::GdnShape sh, con
     }
 }
 
+// ---- transition scan (GdnScan::Transition) ----
+//
+// The chunk step as one affine map of the state, so that the chain from one chunk's state to
+// the next is a single product (k-depth 128) instead of three (Y = K S, Delta = T Delta',
+// S += Kd^T Delta: k-depth 128 + 64 + 64, two hand-overs between warps):
+//   Delta = U - W S0,              U = T diag(beta) V,  W = T diag(beta e^G) K       [C, d]
+//   S_C   = e^{G_C} S0 + Pn S0 + Kd^T U,    Pn = -(Kd^T W) = -(K^T diag(e^{G_C - G}) W)   [d_k, d_k]
+//   O     = Qt S0 + QKM U,          Qt = diag(e^G) Q - QKM W                           [C, d_k]
+// Stage 1t (one block per (chunk, value head), after stage 1) writes Pn, Qt and T diag(beta) in
+// bf16; the scan (value slices of 16 columns, 4 warps) keeps S^T [16][128] in fp32 accumulators,
+// warp w owning state columns [32 w, 32 w + 32) and output rows [16 w, 16 w + 16), and per chunk:
+//   U^T = V^T (T diag(beta))^T  [16, 64]   (off the chain: computed a step ahead)
+//   S^T = e^{G_C} S^T + (U^T .* e^{G_C - G}) K + S^T Pn^T
+//   O^T = S^T Qt^T + U^T QKM^T
+// Other bits than the other scans (Pn, Qt, U rounded to bf16 where they round Delta' and Delta).
+// Costs more bytes a chunk (Pn alone is 32 KB per chunk and head, read by every value slice).
+struct alignas(16) TRecord {
+    bf16 Pn[kD * kD];  // [i][k]
+    bf16 Qt[kC * kD];  // [r][i]
+    bf16 TB[kC * kC];  // T diag(beta), [r][s]
+};
+
+// A operand from a [k][m] tile (row-major, pitch P) with ldmatrix.trans: A[m][k] = t[k][m].
+__device__ __forceinline__ const bf16* at_addr(const bf16* t, int P, int m0, int k0, int lane) {
+    return t + (k0 + (lane & 7) + ((lane >> 4) << 3)) * P + m0 + (((lane >> 3) & 1) << 3);
+}
+
+struct alignas(16) Stage1tSmem {
+    bf16 K[kC * kPD];
+    bf16 Q[kC * kPD];
+    bf16 W[kC * kPD];   // T diag(beta e^G) K
+    bf16 Wd[kC * kPD];  // diag(e^{G_C - G}) W
+    bf16 TG[kC * kPC];  // T diag(beta e^G)
+    bf16 M[kC * kPC];   // QKM
+    float eG[kC], beta[kC], eGC[kC];
+};
+
+__global__ void __launch_bounds__(kThreads) stage1t_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                           const int32_t* __restrict__ cstart, int n_seqs,
+                                                           const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                           const ChunkRecord* __restrict__ rec, TRecord* __restrict__ trec) {
+    detail::pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Stage1tSmem& sm = *reinterpret_cast<Stage1tSmem*>(smem_raw);
+    const int c = blockIdx.x, h = blockIdx.y;
+    if (c >= cstart[n_seqs]) return;
+    const int seq = chunk_seq(cstart, n_seqs, c);
+    const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
+    const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const ChunkRecord* R = rec + (size_t)c * H_v + h;
+    TRecord* TR = trec + (size_t)c * H_v + h;
+    {
+        const int cc = (tid & 15) * 8;
+        const bf16* kc = k + (size_t)kh * kD + cc;
+        const bf16* qc = q + (size_t)kh * kD + cc;
+#pragma unroll
+        for (int it = 0; it < kC * 16 / kThreads; ++it) {
+            const int r = (tid >> 4) + it * (kThreads / 16);
+            const size_t off = (size_t)(t0 + (r < n ? r : 0)) * H_k * kD;
+            cp_async16(sm.K + r * kPD + cc, kc + off, r < n);
+            cp_async16(sm.Q + r * kPD + cc, qc + off, r < n);
+        }
+#pragma unroll
+        for (int it = 0; it < kC * 8 / kThreads; ++it) {
+            const int r = (tid >> 3) + it * (kThreads / 8), c8 = (tid & 7) * 8;
+            cp_async16(sm.M + r * kPC + c8, R->QKM + r * kC + c8, true);
+        }
+        if (tid < 48) cp_async16(sm.eG + 4 * tid, R->eG + 4 * tid, true);  // eG, beta, eGC
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    // TG into shared memory, TB to the record (T is zero above its diagonal blocks).
+    for (int idx = tid; idx < kC * kC / 2; idx += kThreads) {
+        const int r = idx >> 5, s = (idx & 31) * 2;
+        const float t0v = __bfloat162float(R->T[r * kC + s]), t1v = __bfloat162float(R->T[r * kC + s + 1]);
+        const float b0 = sm.beta[s], b1 = sm.beta[s + 1];
+        *reinterpret_cast<uint32_t*>(sm.TG + r * kPC + s) = pack_bf16(t0v * b0 * sm.eG[s], t1v * b1 * sm.eG[s + 1]);
+        *reinterpret_cast<uint32_t*>(TR->TB + r * kC + s) = pack_bf16(t0v * b0, t1v * b1);
+    }
+    __syncthreads();
+    // W = TG K and Wd = diag(e^{G_C - G}) W, rows [16 w, 16 w + 16) (k16 steps s <= rows).
+#pragma unroll 1
+    for (int np = 0; np < kD / 16; ++np) {
+        float aw[2][4] = {};
+        for (int ks = 0; ks <= w; ++ks) {
+            uint32_t ag[4], bk[4];
+            ldsm_x4(ag, a_addr(sm.TG, kPC, 16 * w, 16 * ks, lane));
+            ldsm_x4_t(bk, bt_addr(sm.K, kPD, 16 * ks, 16 * np, lane));
+            mma(aw[0], ag, bk[0], bk[1]);
+            mma(aw[1], ag, bk[2], bk[3]);
+        }
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = 16 * w + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
+                const float f = sm.eGC[r];
+                *reinterpret_cast<uint32_t*>(sm.W + r * kPD + col) = pack_bf16(aw[nn][2 * hh], aw[nn][2 * hh + 1]);
+                *reinterpret_cast<uint32_t*>(sm.Wd + r * kPD + col) = pack_bf16(aw[nn][2 * hh] * f, aw[nn][2 * hh + 1] * f);
+            }
+    }
+    __syncthreads();
+    // Qt = diag(e^G) Q - QKM W, rows [16 w, 16 w + 16) (QKM is zero above the diagonal).
+#pragma unroll 1
+    for (int np = 0; np < kD / 16; ++np) {
+        float acc[2][4] = {};
+        for (int ks = 0; ks <= w; ++ks) {
+            uint32_t am[4], bw[4];
+            ldsm_x4(am, a_addr(sm.M, kPC, 16 * w, 16 * ks, lane));
+            ldsm_x4_t(bw, bt_addr(sm.W, kPD, 16 * ks, 16 * np, lane));
+            mma(acc[0], am, bw[0], bw[1]);
+            mma(acc[1], am, bw[2], bw[3]);
+        }
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = 16 * w + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
+                const float e = sm.eG[r];
+                const float q0 = __bfloat162float(sm.Q[r * kPD + col]), q1 = __bfloat162float(sm.Q[r * kPD + col + 1]);
+                *reinterpret_cast<uint32_t*>(TR->Qt + r * kD + col) =
+                    pack_bf16(e * q0 - acc[nn][2 * hh], e * q1 - acc[nn][2 * hh + 1]);
+            }
+    }
+    // Pn = -(K^T Wd), rows i in [32 w, 32 w + 32): A = K^T from the [r][i] tile (ldmatrix.trans).
+#pragma unroll 1
+    for (int np = 0; np < kD / 16; ++np) {
+        float acc[2][2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < kC / 16; ++ks) {
+            uint32_t a[2][4], bw[4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) ldsm_x4_t(a[mt], at_addr(sm.K, kPD, 32 * w + 16 * mt, 16 * ks, lane));
+            ldsm_x4_t(bw, bt_addr(sm.Wd, kPD, 16 * ks, 16 * np, lane));
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                mma(acc[mt][0], a[mt], bw[0], bw[1]);
+                mma(acc[mt][1], a[mt], bw[2], bw[3]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nn = 0; nn < 2; ++nn)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int i = 32 * w + 16 * mt + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
+                    *reinterpret_cast<uint32_t*>(TR->Pn + i * kD + col) =
+                        pack_bf16(-acc[mt][nn][2 * hh], -acc[mt][nn][2 * hh + 1]);
+                }
+    }
+}
+
+constexpr int kTBV = 16;  // value columns a transition-scan block
+struct alignas(16) TransBuf {
+    bf16 K[kC * kPD];
+    bf16 Pn[kD * kPD];
+    bf16 Qt[kC * kPD];
+    bf16 TB[kC * kPC];
+    bf16 M[kC * kPC];
+    bf16 V[kC * (kTBV + 8)];
+    float eG[kC], beta[kC], eGC[kC];
+};
+struct alignas(16) TransSmem {
+    TransBuf buf[2];
+    bf16 Sb[2][kTBV * kPD];  // S^T at the chunk's start in bf16, [j][i]
+    bf16 Ub[2][kTBV * kPC];  // U^T, [j][r]
+    bf16 Ue[2][kTBV * kPC];  // U^T .* e^{G_C - G}
+    float O[2][kC * (kTBV + 4)];
+};
+static_assert(sizeof(TransSmem) <= 232448, "transition scan: shared memory over 227 KB");
+
+// Chunk c's tiles into B (128 threads; rows past the chunk's end zero).
+struct TransTiles {
+    int tid, qk_cc, qk_r0, t_begin, t_end, c_first, H_v, h;
+    size_t qk_stride, v_stride;
+    const bf16 *k_col, *v_col;
+    const ChunkRecord* rec;
+    const TRecord* trec;
+    __device__ TransTiles(const ref::GdnShape& sh, int t_begin_, int t_end_, int c_first_, int h_, int v0, const bf16* k,
+                          const bf16* v, const ChunkRecord* rec_, const TRecord* trec_, int tid_)
+        : tid(tid_), qk_cc((tid_ & 15) * 8), qk_r0(tid_ >> 4), t_begin(t_begin_), t_end(t_end_), c_first(c_first_),
+          H_v(sh.H_v), h(h_), qk_stride((size_t)sh.H_k * kD), v_stride((size_t)sh.H_v * kD), rec(rec_), trec(trec_) {
+        k_col = k + (size_t)key_head(sh, h_) * kD + qk_cc;
+        v_col = v + (size_t)h_ * kD + v0 + (tid_ & 1) * 8;
+    }
+    __device__ __forceinline__ void load(int c, TransBuf& B) const {
+        const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
+        copy_row_tile<kThreads>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
+        {
+            const int r = tid >> 1;  // V: 64 rows x 2 x 16 B
+            cp_async16(B.V + r * (kTBV + 8) + (tid & 1) * 8, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+        }
+        const TRecord* TR = trec + (size_t)c * H_v + h;
+        const ChunkRecord* R = rec + (size_t)c * H_v + h;
+#pragma unroll
+        for (int it = 0; it < kD * 16 / kThreads; ++it) {
+            const int idx = tid + it * kThreads, r = idx >> 4, cc = (idx & 15) * 8;
+            cp_async16(B.Pn + r * kPD + cc, TR->Pn + r * kD + cc, true);
+        }
+#pragma unroll
+        for (int it = 0; it < kC * 16 / kThreads; ++it) {
+            const int idx = tid + it * kThreads, r = idx >> 4, cc = (idx & 15) * 8;
+            cp_async16(B.Qt + r * kPD + cc, TR->Qt + r * kD + cc, true);
+        }
+#pragma unroll
+        for (int it = 0; it < kC * 8 / kThreads; ++it) {
+            const int idx = tid + it * kThreads, r = idx >> 3, cc = (idx & 7) * 8;
+            cp_async16(B.TB + r * kPC + cc, TR->TB + r * kC + cc, true);
+            cp_async16(B.M + r * kPC + cc, R->QKM + r * kC + cc, true);
+        }
+        if (tid < 48) cp_async16(B.eG + 4 * tid, R->eG + 4 * tid, true);  // eG, beta, eGC
+    }
+};
+
+// U^T [16][64] of the chunk in B, this warp's rows r in [16 w, 16 w + 16), into Ub and (times
+// e^{G_C - G_r}) Ue.
+__device__ __forceinline__ void trans_u(bf16* Ub, bf16* Ue, const TransBuf& B, int w, int lane) {
+    const int gq = lane >> 2, tq = lane & 3;
+    float u[2][4] = {};
+    for (int ks = 0; ks <= w; ++ks) {
+        uint32_t a[4], b[4];
+        ldsm_x4_t(a, at_addr(B.V, kTBV + 8, 0, 16 * ks, lane));
+        ldsm_x4(b, b_addr(B.TB, kPC, 16 * w, 16 * ks, lane));
+        mma(u[0], a, b[0], b[1]);
+        mma(u[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+        const int r = 16 * w + 8 * nt + 2 * tq;
+        const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int j = gq + 8 * hh;
+            *reinterpret_cast<uint32_t*>(Ub + j * kPC + r) = pack_bf16(u[nt][2 * hh], u[nt][2 * hh + 1]);
+            *reinterpret_cast<uint32_t*>(Ue + j * kPC + r) = pack_bf16(u[nt][2 * hh] * f0, u[nt][2 * hh + 1] * f1);
+        }
+    }
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kThreads, 1) stage2_trans_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                                   const int32_t* __restrict__ cstart,
+                                                                   const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                                                   const ChunkRecord* __restrict__ rec,
+                                                                   const TRecord* __restrict__ trec,
+                                                                   float* __restrict__ state, OutT* __restrict__ out,
+                                                                   const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    TransSmem& sm = *reinterpret_cast<TransSmem*>(smem_raw);
+    const ScanSeq sq(sh, offs, cstart, state, slots);
+    if (sq.t_begin == sq.t_end) return;
+    const int h = sq.h, t_begin = sq.t_begin, t_end = sq.t_end, c_first = sq.c_first, c_last = sq.c_last;
+    const int v0 = sq.vs * kTBV;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int i_w = 32 * w, r_w = 16 * w;  // this warp's state columns and output rows
+    float* Sg = sq.state;
+    float S[1][4][4];
+    load_state(S, Sg, v0, i_w, gq, tq);
+    const TransTiles tiles(sh, t_begin, t_end, c_first, h, v0, k, v, rec, trec, tid);
+    const size_t v_stride = (size_t)sh.H_v * kD;
+
+    tiles.load(c_first, sm.buf[0]);
+    cp_async_commit();
+    if (c_first + 1 < c_last) tiles.load(c_first + 1, sm.buf[1]);
+    cp_async_commit();
+    state_to_bf16(sm.Sb[0], S, i_w, gq, tq);
+    cp_async_wait<1>();
+    __syncthreads();
+    trans_u(sm.Ub[0], sm.Ue[0], sm.buf[0], w, lane);
+    __syncthreads();
+    int prev_t0 = 0, prev_n = 0;
+    for (int c = c_first; c < c_last; ++c) {
+        const int x = (c - c_first) & 1;
+        const TransBuf& B = sm.buf[x];
+        const bf16 *Sb = sm.Sb[x], *Ub = sm.Ub[x], *Ue = sm.Ue[x];
+        const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
+        if (prev_n > 0) flush_out_tile<kTBV, kThreads>(out, sm.O[x ^ 1], v_stride, h, v0, prev_t0, prev_n, tid);
+        // The chain: S^T = e^{G_C} S^T + Ue^T K + S^T Pn^T (odd k-steps of the last into S2).
+        const float eGCc = B.eG[kC - 1];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[0][nt][e] *= eGCc;
+        float S2[4][4] = {}, xo[1][2][4] = {}, xo2[2][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < kC / 16; ++ks) {
+            uint32_t a[4], bk[2][4];
+            ldsm_x4(a, a_addr(Ue, kPC, 0, 16 * ks, lane));
+#pragma unroll
+            for (int p = 0; p < 2; ++p) ldsm_x4_t(bk[p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                mma(S2[2 * p], a, bk[p][0], bk[p][1]);
+                mma(S2[2 * p + 1], a, bk[p][2], bk[p][3]);
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {
+            uint32_t a[4], bp[2][4], bq[4];
+            ldsm_x4(a, a_addr(Sb, kPD, 0, 16 * ks, lane));
+#pragma unroll
+            for (int p = 0; p < 2; ++p) ldsm_x4(bp[p], b_addr(B.Pn, kPD, i_w + 16 * p, 16 * ks, lane));
+            ldsm_x4(bq, b_addr(B.Qt, kPD, r_w, 16 * ks, lane));
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                mma(ks & 1 ? S2[2 * p] : S[0][2 * p], a, bp[p][0], bp[p][1]);
+                mma(ks & 1 ? S2[2 * p + 1] : S[0][2 * p + 1], a, bp[p][2], bp[p][3]);
+            }
+            mma(ks & 1 ? xo2[0] : xo[0][0], a, bq[0], bq[1]);
+            mma(ks & 1 ? xo2[1] : xo[0][1], a, bq[2], bq[3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[0][nt][e] += S2[nt][e];
+        state_to_bf16(sm.Sb[x ^ 1], S, i_w, gq, tq);
+        // O^T = S^T Qt^T + U^T QKM^T for this warp's rows (s <= r).
+        for (int ks = 0; ks <= w; ++ks) {
+            uint32_t a[4], bm[4];
+            ldsm_x4(a, a_addr(Ub, kPC, 0, 16 * ks, lane));
+            ldsm_x4(bm, b_addr(B.M, kPC, r_w, 16 * ks, lane));
+            mma(xo2[0], a, bm[0], bm[1]);
+            mma(xo2[1], a, bm[2], bm[3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) xo[0][nt][e] += xo2[nt][e];
+        o_to_tile<kTBV>(sm.O[x], xo, r_w, gq, tq);
+        prev_t0 = t0;
+        prev_n = n;
+        if (c + 1 < c_last) {
+            cp_async_wait_all();
+            __syncthreads();  // chunk c + 1 landed; everyone is done with buffer x, Sb[x], Ub[x]
+            trans_u(sm.Ub[x ^ 1], sm.Ue[x ^ 1], sm.buf[x ^ 1], w, lane);
+            if (c + 2 < c_last) tiles.load(c + 2, sm.buf[x]);
+            cp_async_commit();
+        }
+        __syncthreads();  // U^T, S^T of chunk c + 1 and O of chunk c visible
+    }
+    flush_out_tile<kTBV, kThreads>(out, sm.O[(c_last - 1 - c_first) & 1], v_stride, h, v0, prev_t0, prev_n, tid);
+    store_state(S, Sg, v0, i_w, gq, tq);
+}
+
 // fp32 -> bf16 (round to nearest even), 8 values per thread.
 __global__ void to_bf16_kernel(const float* __restrict__ x, bf16* __restrict__ y, size_t n) {
     detail::pdl_entry();
@@ -1811,6 +2159,14 @@ void launch_stage2_warp(const ref::GdnShape& sh, int n_seqs, const int32_t* offs
                                               dim3(32 * NW), st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
+template <typename OutT>
+void launch_stage2_trans(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* k,
+                         const bf16* v, const ChunkRecord* rec, const TRecord* trec, float* state, OutT* out,
+                         const int32_t* slots, cudaStream_t st) {
+    launch_scan<stage2_trans_kernel<OutT>>(sizeof(TransSmem), dim3(kD / kTBV, sh.H_v, n_seqs), dim3(kThreads), st, sh,
+                                           offs, cstart, k, v, rec, trec, state, out, slots);
+}
+
 int num_sms() {
     static int n = [] {
         int dev = 0, sms = 0;
@@ -1851,6 +2207,7 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
 // spreads the step over 8 warps.
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
+    if (env == 4) return GdnScan::Transition;
     if (env == 3) return GdnScan::WarpRows;
     if (env == 1) return GdnScan::OneGroup;
     if (block_v == 64) return env == 2 ? GdnScan::OneGroup : GdnScan::WarpRows;
@@ -1877,8 +2234,26 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // (H_v n_seqs 4 blocks < 3/4 SMs), then 16-column slices (twice the blocks, each chunk step
     // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
     // of 32) and 48 prefer 32.
+    const bool gate_split = block_v == 0;
     if (block_v == 0) block_v = gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms());
     if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
+    if (scan == GdnScan::Transition) {
+        if (gate_split) block_v = kTBV;
+        if (block_v != kTBV)
+            throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " has no transition scan (only 16)");
+        TRecord* trec = reinterpret_cast<TRecord*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
+        static bool configured = false;
+        if (!configured) {
+            cudaFuncSetAttribute(stage1t_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Stage1tSmem)));
+            configured = true;
+        }
+        detail::launch(op, stage1t_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), sizeof(Stage1tSmem), st, sh,
+                       offs, cstart, n_seqs, q, k, rec, trec);
+        check_launch(op);
+        launch_stage2_trans(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
+        check_launch(op);
+        return;
+    }
     if (scan == GdnScan::WarpRows) {
         if (block_v == 128) launch_stage2_warp<8>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
         else if (block_v == 64) launch_stage2_warp<4>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
@@ -1924,7 +2299,9 @@ void gdn_chunked_debug_clocks(unsigned long long* out) {
 #endif
 
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens, GdnScan scan) {
-    const size_t per = sizeof(ChunkRecord) + (scan == GdnScan::Wgmma ? sizeof(WRecord) : 0);
+    const size_t per = sizeof(ChunkRecord) + (scan == GdnScan::Wgmma        ? sizeof(WRecord)
+                                               : scan == GdnScan::Transition ? sizeof(TRecord)
+                                                                             : 0);
     return table_bytes(std::max(n_seqs, 0)) +
            chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) * size_t(std::max(shape.H_v, 0)) * per;
 }

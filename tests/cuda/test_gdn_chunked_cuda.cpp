@@ -185,14 +185,17 @@ TEST(CudaGdnChunked, Bf16EntryMatchesReferenceWithEverySplit) {
     for (const Case& c : cases()) {
         const Inputs in = make_inputs(c.sh, c.offs, c.n_tokens, c.g_max, seed++);
         const Result want = run_ref(in, false);
-        for (cuda::GdnScan scan : {cuda::GdnScan::Auto, cuda::GdnScan::Wgmma, cuda::GdnScan::WarpRows})
+        for (cuda::GdnScan scan : {cuda::GdnScan::Auto, cuda::GdnScan::Wgmma, cuda::GdnScan::WarpRows,
+                                   cuda::GdnScan::Transition})
             for (int bv : {16, 32, 64, 128}) {
                 if (bv == 128 && scan != cuda::GdnScan::WarpRows) continue;  // only warp rows has 8-warp blocks
+                if (bv != 16 && scan == cuda::GdnScan::Transition) continue;  // 16-column slices only
                 const Result got = run_bf16(in, bv, scan);
                 const double eo = rel_err(got.out, want.out), es = rel_err(got.state, want.state);
-                const char* kind = scan == cuda::GdnScan::Wgmma      ? "wgmma"
-                                   : scan == cuda::GdnScan::WarpRows ? "warp rows"
-                                                                     : "gate's kernel";
+                const char* kind = scan == cuda::GdnScan::Wgmma        ? "wgmma"
+                                   : scan == cuda::GdnScan::WarpRows   ? "warp rows"
+                                   : scan == cuda::GdnScan::Transition ? "transition"
+                                                                       : "gate's kernel";
                 EXPECT_LE(eo, 1e-2) << describe(in) << " block_v " << bv << ", " << kind << " (out)";
                 EXPECT_LE(es, 1e-2) << describe(in) << " block_v " << bv << ", " << kind << " (state)";
                 std::printf("[bf16 entry, block_v %d, %s] %s: out %.2e state %.2e\n", bv, kind, describe(in).c_str(), eo,

@@ -1742,9 +1742,9 @@ __global__ void __launch_bounds__(256, 1) stage2_wg_kernel(ref::GdnShape sh, con
 //   S_C   = e^{G_C} S0 + Pn S0 + Kd^T U,    Pn = -(Kd^T W) = -(K^T diag(e^{G_C - G}) W)   [d_k, d_k]
 //   O     = Qt S0 + QKM U,          Qt = diag(e^G) Q - QKM W                           [C, d_k]
 // Stage 1t (one block per (chunk, value head), after stage 1) writes Pn, Qt and T diag(beta) in
-// bf16; the scan (value slices of 16 columns, 4 warps) keeps S^T [16][128] in fp32 accumulators,
+// bf16; the scan (value slices of BV = 16 or 32 columns, 4 warps) keeps S^T [BV][128] in fp32 accumulators,
 // warp w owning state columns [32 w, 32 w + 32) and output rows [16 w, 16 w + 16), and per chunk:
-//   U^T = V^T (T diag(beta))^T  [16, 64]   (off the chain: computed a step ahead)
+//   U^T = V^T (T diag(beta))^T  [BV, 64]   (off the chain: computed a step ahead)
 //   S^T = e^{G_C} S^T + (U^T .* e^{G_C - G}) K + S^T Pn^T
 //   O^T = S^T Qt^T + U^T QKM^T
 // Other bits than the other scans (Pn, Qt, U rounded to bf16 where they round Delta' and Delta).
@@ -1888,27 +1888,32 @@ __global__ void __launch_bounds__(kThreads) stage1t_kernel(ref::GdnShape sh, con
     }
 }
 
-constexpr int kTBV = 16;  // value columns a transition-scan block
+// Transition-scan blocks take BV = 16 or 32 value columns (4 warps); one buffer each for the
+// bf16 state, U^T and O (each is written between the step's two barriers), two for the tiles.
+template <int BV>
 struct alignas(16) TransBuf {
     bf16 K[kC * kPD];
     bf16 Pn[kD * kPD];
     bf16 Qt[kC * kPD];
     bf16 TB[kC * kPC];
     bf16 M[kC * kPC];
-    bf16 V[kC * (kTBV + 8)];
+    bf16 V[kC * (BV + 8)];
     float eG[kC], beta[kC], eGC[kC];
 };
+template <int BV>
 struct alignas(16) TransSmem {
-    TransBuf buf[2];
-    bf16 Sb[2][kTBV * kPD];  // S^T at the chunk's start in bf16, [j][i]
-    bf16 Ub[2][kTBV * kPC];  // U^T, [j][r]
-    bf16 Ue[2][kTBV * kPC];  // U^T .* e^{G_C - G}
-    float O[2][kC * (kTBV + 4)];
+    TransBuf<BV> buf[2];
+    bf16 Sb[BV * kPD];  // S^T at the chunk's start in bf16, [j][i]
+    bf16 Ub[BV * kPC];  // U^T, [j][r]
+    bf16 Ue[BV * kPC];  // U^T .* e^{G_C - G}
+    float O[kC * (BV + 4)];
 };
-static_assert(sizeof(TransSmem) <= 232448, "transition scan: shared memory over 227 KB");
+static_assert(sizeof(TransSmem<32>) <= 232448, "transition scan: shared memory over 227 KB");
 
 // Chunk c's tiles into B (128 threads; rows past the chunk's end zero).
+template <int BV>
 struct TransTiles {
+    static constexpr int kVPerRow = BV / 8, kVIt = kC * kVPerRow / kThreads;  // V: BV / 8 x 16 B per row
     int tid, qk_cc, qk_r0, t_begin, t_end, c_first, H_v, h;
     size_t qk_stride, v_stride;
     const bf16 *k_col, *v_col;
@@ -1919,14 +1924,15 @@ struct TransTiles {
         : tid(tid_), qk_cc((tid_ & 15) * 8), qk_r0(tid_ >> 4), t_begin(t_begin_), t_end(t_end_), c_first(c_first_),
           H_v(sh.H_v), h(h_), qk_stride((size_t)sh.H_k * kD), v_stride((size_t)sh.H_v * kD), rec(rec_), trec(trec_) {
         k_col = k + (size_t)key_head(sh, h_) * kD + qk_cc;
-        v_col = v + (size_t)h_ * kD + v0 + (tid_ & 1) * 8;
+        v_col = v + (size_t)h_ * kD + v0;
     }
-    __device__ __forceinline__ void load(int c, TransBuf& B) const {
+    __device__ __forceinline__ void load(int c, TransBuf<BV>& B) const {
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
         copy_row_tile<kThreads>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
-        {
-            const int r = tid >> 1;  // V: 64 rows x 2 x 16 B
-            cp_async16(B.V + r * (kTBV + 8) + (tid & 1) * 8, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+#pragma unroll
+        for (int it = 0; it < kVIt; ++it) {
+            const int idx = tid + it * kThreads, r = idx / kVPerRow, cc = (idx % kVPerRow) * 8;
+            cp_async16(B.V + r * (BV + 8) + cc, v_col + cc + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
         }
         const TRecord* TR = trec + (size_t)c * H_v + h;
         const ChunkRecord* R = rec + (size_t)c * H_v + h;
@@ -1950,32 +1956,41 @@ struct TransTiles {
     }
 };
 
-// U^T [16][64] of the chunk in B, this warp's rows r in [16 w, 16 w + 16), into Ub and (times
+// U^T [BV][64] of the chunk in B, this warp's rows r in [16 w, 16 w + 16), into Ub and (times
 // e^{G_C - G_r}) Ue.
-__device__ __forceinline__ void trans_u(bf16* Ub, bf16* Ue, const TransBuf& B, int w, int lane) {
+template <int BV>
+__device__ __forceinline__ void trans_u(bf16* Ub, bf16* Ue, const TransBuf<BV>& B, int w, int lane) {
+    constexpr int MT = BV / 16;
     const int gq = lane >> 2, tq = lane & 3;
-    float u[2][4] = {};
+    float u[MT][2][4] = {};
     for (int ks = 0; ks <= w; ++ks) {
-        uint32_t a[4], b[4];
-        ldsm_x4_t(a, at_addr(B.V, kTBV + 8, 0, 16 * ks, lane));
+        uint32_t a[MT][4], b[4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldsm_x4_t(a[mt], at_addr(B.V, BV + 8, 16 * mt, 16 * ks, lane));
         ldsm_x4(b, b_addr(B.TB, kPC, 16 * w, 16 * ks, lane));
-        mma(u[0], a, b[0], b[1]);
-        mma(u[1], a, b[2], b[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            mma(u[mt][0], a[mt], b[0], b[1]);
+            mma(u[mt][1], a[mt], b[2], b[3]);
+        }
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
         const int r = 16 * w + 8 * nt + 2 * tq;
         const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int j = gq + 8 * hh;
-            *reinterpret_cast<uint32_t*>(Ub + j * kPC + r) = pack_bf16(u[nt][2 * hh], u[nt][2 * hh + 1]);
-            *reinterpret_cast<uint32_t*>(Ue + j * kPC + r) = pack_bf16(u[nt][2 * hh] * f0, u[nt][2 * hh + 1] * f1);
-        }
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int j = 16 * mt + gq + 8 * hh;
+                *reinterpret_cast<uint32_t*>(Ub + j * kPC + r) = pack_bf16(u[mt][nt][2 * hh], u[mt][nt][2 * hh + 1]);
+                *reinterpret_cast<uint32_t*>(Ue + j * kPC + r) =
+                    pack_bf16(u[mt][nt][2 * hh] * f0, u[mt][nt][2 * hh + 1] * f1);
+            }
     }
 }
 
-template <typename OutT>
+template <int BV, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1) stage2_trans_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                    const int32_t* __restrict__ cstart,
                                                                    const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -1984,100 +1999,113 @@ __global__ void __launch_bounds__(kThreads, 1) stage2_trans_kernel(ref::GdnShape
                                                                    float* __restrict__ state, OutT* __restrict__ out,
                                                                    const int32_t* __restrict__ slots) {
     detail::pdl_entry();
+    constexpr int MT = BV / 16;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    TransSmem& sm = *reinterpret_cast<TransSmem*>(smem_raw);
+    TransSmem<BV>& sm = *reinterpret_cast<TransSmem<BV>*>(smem_raw);
     const ScanSeq sq(sh, offs, cstart, state, slots);
     if (sq.t_begin == sq.t_end) return;
     const int h = sq.h, t_begin = sq.t_begin, t_end = sq.t_end, c_first = sq.c_first, c_last = sq.c_last;
-    const int v0 = sq.vs * kTBV;
+    const int v0 = sq.vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int i_w = 32 * w, r_w = 16 * w;  // this warp's state columns and output rows
     float* Sg = sq.state;
-    float S[1][4][4];
+    float S[MT][4][4];
     load_state(S, Sg, v0, i_w, gq, tq);
-    const TransTiles tiles(sh, t_begin, t_end, c_first, h, v0, k, v, rec, trec, tid);
+    const TransTiles<BV> tiles(sh, t_begin, t_end, c_first, h, v0, k, v, rec, trec, tid);
     const size_t v_stride = (size_t)sh.H_v * kD;
 
     tiles.load(c_first, sm.buf[0]);
     cp_async_commit();
     if (c_first + 1 < c_last) tiles.load(c_first + 1, sm.buf[1]);
     cp_async_commit();
-    state_to_bf16(sm.Sb[0], S, i_w, gq, tq);
+    state_to_bf16(sm.Sb, S, i_w, gq, tq);
     cp_async_wait<1>();
     __syncthreads();
-    trans_u(sm.Ub[0], sm.Ue[0], sm.buf[0], w, lane);
+    trans_u<BV>(sm.Ub, sm.Ue, sm.buf[0], w, lane);
     __syncthreads();
-    int prev_t0 = 0, prev_n = 0;
     for (int c = c_first; c < c_last; ++c) {
         const int x = (c - c_first) & 1;
-        const TransBuf& B = sm.buf[x];
-        const bf16 *Sb = sm.Sb[x], *Ub = sm.Ub[x], *Ue = sm.Ue[x];
+        const TransBuf<BV>& B = sm.buf[x];
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
-        if (prev_n > 0) flush_out_tile<kTBV, kThreads>(out, sm.O[x ^ 1], v_stride, h, v0, prev_t0, prev_n, tid);
-        // The chain: S^T = e^{G_C} S^T + Ue^T K + S^T Pn^T (odd k-steps of the last into S2).
+        // The chain: S^T = e^{G_C} S^T + Ue^T K + S^T Pn^T (Ue^T K and the odd k-steps into S2).
         const float eGCc = B.eG[kC - 1];
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) S[0][nt][e] *= eGCc;
-        float S2[4][4] = {}, xo[1][2][4] = {}, xo2[2][4] = {};
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGCc;
+        float S2[MT][4][4] = {}, xo[MT][2][4] = {}, xo2[MT][2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < kC / 16; ++ks) {
-            uint32_t a[4], bk[2][4];
-            ldsm_x4(a, a_addr(Ue, kPC, 0, 16 * ks, lane));
+            uint32_t a[MT][4], bk[2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Ue, kPC, 16 * mt, 16 * ks, lane));
 #pragma unroll
             for (int p = 0; p < 2; ++p) ldsm_x4_t(bk[p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
 #pragma unroll
-            for (int p = 0; p < 2; ++p) {
-                mma(S2[2 * p], a, bk[p][0], bk[p][1]);
-                mma(S2[2 * p + 1], a, bk[p][2], bk[p][3]);
-            }
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    mma(S2[mt][2 * p], a[mt], bk[p][0], bk[p][1]);
+                    mma(S2[mt][2 * p + 1], a[mt], bk[p][2], bk[p][3]);
+                }
         }
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks) {
-            uint32_t a[4], bp[2][4], bq[4];
-            ldsm_x4(a, a_addr(Sb, kPD, 0, 16 * ks, lane));
+            uint32_t a[MT][4], bp[2][4], bq[4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Sb, kPD, 16 * mt, 16 * ks, lane));
 #pragma unroll
             for (int p = 0; p < 2; ++p) ldsm_x4(bp[p], b_addr(B.Pn, kPD, i_w + 16 * p, 16 * ks, lane));
             ldsm_x4(bq, b_addr(B.Qt, kPD, r_w, 16 * ks, lane));
 #pragma unroll
-            for (int p = 0; p < 2; ++p) {
-                mma(ks & 1 ? S2[2 * p] : S[0][2 * p], a, bp[p][0], bp[p][1]);
-                mma(ks & 1 ? S2[2 * p + 1] : S[0][2 * p + 1], a, bp[p][2], bp[p][3]);
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    mma(ks & 1 ? S2[mt][2 * p] : S[mt][2 * p], a[mt], bp[p][0], bp[p][1]);
+                    mma(ks & 1 ? S2[mt][2 * p + 1] : S[mt][2 * p + 1], a[mt], bp[p][2], bp[p][3]);
+                }
+                mma(ks & 1 ? xo2[mt][0] : xo[mt][0], a[mt], bq[0], bq[1]);
+                mma(ks & 1 ? xo2[mt][1] : xo[mt][1], a[mt], bq[2], bq[3]);
             }
-            mma(ks & 1 ? xo2[0] : xo[0][0], a, bq[0], bq[1]);
-            mma(ks & 1 ? xo2[1] : xo[0][1], a, bq[2], bq[3]);
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) S[0][nt][e] += S2[nt][e];
-        state_to_bf16(sm.Sb[x ^ 1], S, i_w, gq, tq);
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
         // O^T = S^T Qt^T + U^T QKM^T for this warp's rows (s <= r).
         for (int ks = 0; ks <= w; ++ks) {
-            uint32_t a[4], bm[4];
-            ldsm_x4(a, a_addr(Ub, kPC, 0, 16 * ks, lane));
+            uint32_t a[MT][4], bm[4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Ub, kPC, 16 * mt, 16 * ks, lane));
             ldsm_x4(bm, b_addr(B.M, kPC, r_w, 16 * ks, lane));
-            mma(xo2[0], a, bm[0], bm[1]);
-            mma(xo2[1], a, bm[2], bm[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma(xo2[mt][0], a[mt], bm[0], bm[1]);
+                mma(xo2[mt][1], a[mt], bm[2], bm[3]);
+            }
         }
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) xo[0][nt][e] += xo2[nt][e];
-        o_to_tile<kTBV>(sm.O[x], xo, r_w, gq, tq);
-        prev_t0 = t0;
-        prev_n = n;
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) xo[mt][nt][e] += xo2[mt][nt][e];
+        o_to_tile<BV>(sm.O, xo, r_w, gq, tq);
+        if (c + 1 < c_last) cp_async_wait_all();
+        __syncthreads();  // chunk c + 1 landed; O visible; everyone is done with buffer x, Sb, Ub, Ue
+        flush_out_tile<BV, kThreads>(out, sm.O, v_stride, h, v0, t0, n, tid);
         if (c + 1 < c_last) {
-            cp_async_wait_all();
-            __syncthreads();  // chunk c + 1 landed; everyone is done with buffer x, Sb[x], Ub[x]
-            trans_u(sm.Ub[x ^ 1], sm.Ue[x ^ 1], sm.buf[x ^ 1], w, lane);
+            state_to_bf16(sm.Sb, S, i_w, gq, tq);
+            trans_u<BV>(sm.Ub, sm.Ue, sm.buf[x ^ 1], w, lane);
             if (c + 2 < c_last) tiles.load(c + 2, sm.buf[x]);
             cp_async_commit();
         }
-        __syncthreads();  // U^T, S^T of chunk c + 1 and O of chunk c visible
+        __syncthreads();  // S^T and U^T of chunk c + 1 visible; the O tile free
     }
-    flush_out_tile<kTBV, kThreads>(out, sm.O[(c_last - 1 - c_first) & 1], v_stride, h, v0, prev_t0, prev_n, tid);
     store_state(S, Sg, v0, i_w, gq, tq);
 }
 
@@ -2159,12 +2187,12 @@ void launch_stage2_warp(const ref::GdnShape& sh, int n_seqs, const int32_t* offs
                                               dim3(32 * NW), st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
-template <typename OutT>
+template <int BV, typename OutT>
 void launch_stage2_trans(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* k,
                          const bf16* v, const ChunkRecord* rec, const TRecord* trec, float* state, OutT* out,
                          const int32_t* slots, cudaStream_t st) {
-    launch_scan<stage2_trans_kernel<OutT>>(sizeof(TransSmem), dim3(kD / kTBV, sh.H_v, n_seqs), dim3(kThreads), st, sh,
-                                           offs, cstart, k, v, rec, trec, state, out, slots);
+    launch_scan<stage2_trans_kernel<BV, OutT>>(sizeof(TransSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs), dim3(kThreads), st,
+                                               sh, offs, cstart, k, v, rec, trec, state, out, slots);
 }
 
 int num_sms() {
@@ -2238,9 +2266,9 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     if (block_v == 0) block_v = gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms());
     if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
     if (scan == GdnScan::Transition) {
-        if (gate_split) block_v = kTBV;
-        if (block_v != kTBV)
-            throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " has no transition scan (only 16)");
+        if (gate_split) block_v = sh.H_v * n_seqs * 8 <= num_sms() ? 16 : 32;
+        if (block_v != 16 && block_v != 32)
+            throw Error(std::string(op) + ": block_v " + std::to_string(block_v) + " has no transition scan (16 or 32)");
         TRecord* trec = reinterpret_cast<TRecord*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
         static bool configured = false;
         if (!configured) {
@@ -2250,7 +2278,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         detail::launch(op, stage1t_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), sizeof(Stage1tSmem), st, sh,
                        offs, cstart, n_seqs, q, k, rec, trec);
         check_launch(op);
-        launch_stage2_trans(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
+        if (block_v == 16) launch_stage2_trans<16>(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
+        else launch_stage2_trans<32>(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
         check_launch(op);
         return;
     }

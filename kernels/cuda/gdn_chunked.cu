@@ -893,6 +893,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 __device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
 constexpr int kPairThreads = 256;
+#ifdef ALLOY_GDN_EXP_TIMING
+// Timing experiment only (launch_scan): the two-group scan copies only its first chunks' tiles.
+__device__ int g_exp_skip_loads = 0;
+#define ALLOY_GDN_EXP_SKIP(i, n) \
+    if (g_exp_skip_loads && (i) >= (n)) return
+#else
+#define ALLOY_GDN_EXP_SKIP(i, n)
+#endif
 template <int BV>
 struct alignas(16) PairStateBuf {
     bf16 K[kC * kPD];
@@ -967,6 +975,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         const bf16* k_col = k + (size_t)kh * kD + qk_cc;
         const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
         auto load_chunk = [&](int i, int b) {
+            ALLOY_GDN_EXP_SKIP(i, kPairBufS);
             PairStateBuf<BV>& B = sm.sb[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
             copy_row_tile<kGT>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
@@ -1056,6 +1065,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         constexpr int kNO = pair_bufs_out<BV>();
         const bf16* q_col = q + (size_t)kh * kD + qk_cc;
         auto load_chunk = [&](int i, int b) {
+            ALLOY_GDN_EXP_SKIP(i, kNO);
             PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
             copy_row_tile<kGT>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
@@ -1760,20 +1770,38 @@ __device__ __forceinline__ const bf16* at_addr(const bf16* t, int P, int m0, int
     return t + (k0 + (lane & 7) + ((lane >> 4) << 3)) * P + m0 + (((lane >> 3) & 1) << 3);
 }
 
+// Stage 1t's shared memory. W, TG and M are dead once Qt is done: Pn is staged there ([i][k],
+// pitch kPD) for coalesced stores; Qt overwrites Q in place.
 struct alignas(16) Stage1tSmem {
     bf16 K[kC * kPD];
-    bf16 Q[kC * kPD];
-    bf16 W[kC * kPD];   // T diag(beta e^G) K
+    bf16 Q[kC * kPD];   // then Qt
     bf16 Wd[kC * kPD];  // diag(e^{G_C - G}) W
-    bf16 TG[kC * kPC];  // T diag(beta e^G)
-    bf16 M[kC * kPC];   // QKM
+    union alignas(16) {
+        struct alignas(16) {
+            bf16 W[kC * kPD];   // T diag(beta e^G) K
+            bf16 TG[kC * kPC];  // T diag(beta e^G)
+            bf16 M[kC * kPC];   // QKM
+        } a;
+        bf16 Pn[kD * kPD];
+    } u;
     float eG[kC], beta[kC], eGC[kC];
 };
+constexpr int kS1tThreads = 256;  // 8 warps
 
-__global__ void __launch_bounds__(kThreads) stage1t_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
-                                                           const int32_t* __restrict__ cstart, int n_seqs,
-                                                           const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                           const ChunkRecord* __restrict__ rec, TRecord* __restrict__ trec) {
+// A [rows][128] bf16 tile at pitch kPD to a dense [rows][128] array, 16-byte stores.
+template <int ROWS>
+__device__ __forceinline__ void store_tile128(bf16* dst, const bf16* src, int tid) {
+#pragma unroll
+    for (int it = 0; it < ROWS * 16 / kS1tThreads; ++it) {
+        const int idx = tid + it * kS1tThreads, r = idx >> 4, cc = (idx & 15) * 8;
+        *reinterpret_cast<uint4*>(dst + r * kD + cc) = *reinterpret_cast<const uint4*>(src + r * kPD + cc);
+    }
+}
+
+__global__ void __launch_bounds__(kS1tThreads) stage1t_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                              const int32_t* __restrict__ cstart, int n_seqs,
+                                                              const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                              const ChunkRecord* __restrict__ rec, TRecord* __restrict__ trec) {
     detail::pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Stage1tSmem& sm = *reinterpret_cast<Stage1tSmem*>(smem_raw);
@@ -1783,23 +1811,25 @@ __global__ void __launch_bounds__(kThreads) stage1t_kernel(ref::GdnShape sh, con
     const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
     const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    // W and Qt: warp w takes rows [16 (w & 3), +16) and column pairs [4 (w >> 2), +4).
+    const int rw = 16 * (w & 3), np0 = 4 * (w >> 2), kc = (w & 3) + 1;
     const ChunkRecord* R = rec + (size_t)c * H_v + h;
     TRecord* TR = trec + (size_t)c * H_v + h;
     {
         const int cc = (tid & 15) * 8;
-        const bf16* kc = k + (size_t)kh * kD + cc;
-        const bf16* qc = q + (size_t)kh * kD + cc;
+        const bf16* kcol = k + (size_t)kh * kD + cc;
+        const bf16* qcol = q + (size_t)kh * kD + cc;
 #pragma unroll
-        for (int it = 0; it < kC * 16 / kThreads; ++it) {
-            const int r = (tid >> 4) + it * (kThreads / 16);
+        for (int it = 0; it < kC * 16 / kS1tThreads; ++it) {
+            const int r = (tid >> 4) + it * (kS1tThreads / 16);
             const size_t off = (size_t)(t0 + (r < n ? r : 0)) * H_k * kD;
-            cp_async16(sm.K + r * kPD + cc, kc + off, r < n);
-            cp_async16(sm.Q + r * kPD + cc, qc + off, r < n);
+            cp_async16(sm.K + r * kPD + cc, kcol + off, r < n);
+            cp_async16(sm.Q + r * kPD + cc, qcol + off, r < n);
         }
 #pragma unroll
-        for (int it = 0; it < kC * 8 / kThreads; ++it) {
-            const int r = (tid >> 3) + it * (kThreads / 8), c8 = (tid & 7) * 8;
-            cp_async16(sm.M + r * kPC + c8, R->QKM + r * kC + c8, true);
+        for (int it = 0; it < kC * 8 / kS1tThreads; ++it) {
+            const int r = (tid >> 3) + it * (kS1tThreads / 8), c8 = (tid & 7) * 8;
+            cp_async16(sm.u.a.M + r * kPC + c8, R->QKM + r * kC + c8, true);
         }
         if (tid < 48) cp_async16(sm.eG + 4 * tid, R->eG + 4 * tid, true);  // eG, beta, eGC
     }
@@ -1807,21 +1837,21 @@ __global__ void __launch_bounds__(kThreads) stage1t_kernel(ref::GdnShape sh, con
     cp_async_wait_all();
     __syncthreads();
     // TG into shared memory, TB to the record (T is zero above its diagonal blocks).
-    for (int idx = tid; idx < kC * kC / 2; idx += kThreads) {
-        const int r = idx >> 5, s = (idx & 31) * 2;
-        const float t0v = __bfloat162float(R->T[r * kC + s]), t1v = __bfloat162float(R->T[r * kC + s + 1]);
-        const float b0 = sm.beta[s], b1 = sm.beta[s + 1];
-        *reinterpret_cast<uint32_t*>(sm.TG + r * kPC + s) = pack_bf16(t0v * b0 * sm.eG[s], t1v * b1 * sm.eG[s + 1]);
-        *reinterpret_cast<uint32_t*>(TR->TB + r * kC + s) = pack_bf16(t0v * b0, t1v * b1);
+    for (int idx = tid; idx < kC * kC / 2; idx += kS1tThreads) {
+        const int r = idx >> 5, s2 = (idx & 31) * 2;
+        const float t0v = __bfloat162float(R->T[r * kC + s2]), t1v = __bfloat162float(R->T[r * kC + s2 + 1]);
+        const float b0 = sm.beta[s2], b1 = sm.beta[s2 + 1];
+        *reinterpret_cast<uint32_t*>(sm.u.a.TG + r * kPC + s2) = pack_bf16(t0v * b0 * sm.eG[s2], t1v * b1 * sm.eG[s2 + 1]);
+        *reinterpret_cast<uint32_t*>(TR->TB + r * kC + s2) = pack_bf16(t0v * b0, t1v * b1);
     }
     __syncthreads();
-    // W = TG K and Wd = diag(e^{G_C - G}) W, rows [16 w, 16 w + 16) (k16 steps s <= rows).
-#pragma unroll 1
-    for (int np = 0; np < kD / 16; ++np) {
+    // W = TG K and Wd = diag(e^{G_C - G}) W (k16 steps s <= rows).
+#pragma unroll
+    for (int np = np0; np < np0 + 4; ++np) {
         float aw[2][4] = {};
-        for (int ks = 0; ks <= w; ++ks) {
+        for (int ks = 0; ks < kc; ++ks) {
             uint32_t ag[4], bk[4];
-            ldsm_x4(ag, a_addr(sm.TG, kPC, 16 * w, 16 * ks, lane));
+            ldsm_x4(ag, a_addr(sm.u.a.TG, kPC, rw, 16 * ks, lane));
             ldsm_x4_t(bk, bt_addr(sm.K, kPD, 16 * ks, 16 * np, lane));
             mma(aw[0], ag, bk[0], bk[1]);
             mma(aw[1], ag, bk[2], bk[3]);
@@ -1830,21 +1860,21 @@ __global__ void __launch_bounds__(kThreads) stage1t_kernel(ref::GdnShape sh, con
         for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                const int r = 16 * w + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
+                const int r = rw + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
                 const float f = sm.eGC[r];
-                *reinterpret_cast<uint32_t*>(sm.W + r * kPD + col) = pack_bf16(aw[nn][2 * hh], aw[nn][2 * hh + 1]);
+                *reinterpret_cast<uint32_t*>(sm.u.a.W + r * kPD + col) = pack_bf16(aw[nn][2 * hh], aw[nn][2 * hh + 1]);
                 *reinterpret_cast<uint32_t*>(sm.Wd + r * kPD + col) = pack_bf16(aw[nn][2 * hh] * f, aw[nn][2 * hh + 1] * f);
             }
     }
     __syncthreads();
-    // Qt = diag(e^G) Q - QKM W, rows [16 w, 16 w + 16) (QKM is zero above the diagonal).
-#pragma unroll 1
-    for (int np = 0; np < kD / 16; ++np) {
+    // Qt = diag(e^G) Q - QKM W (QKM is zero above the diagonal), over Q in place.
+#pragma unroll
+    for (int np = np0; np < np0 + 4; ++np) {
         float acc[2][4] = {};
-        for (int ks = 0; ks <= w; ++ks) {
+        for (int ks = 0; ks < kc; ++ks) {
             uint32_t am[4], bw[4];
-            ldsm_x4(am, a_addr(sm.M, kPC, 16 * w, 16 * ks, lane));
-            ldsm_x4_t(bw, bt_addr(sm.W, kPD, 16 * ks, 16 * np, lane));
+            ldsm_x4(am, a_addr(sm.u.a.M, kPC, rw, 16 * ks, lane));
+            ldsm_x4_t(bw, bt_addr(sm.u.a.W, kPD, 16 * ks, 16 * np, lane));
             mma(acc[0], am, bw[0], bw[1]);
             mma(acc[1], am, bw[2], bw[3]);
         }
@@ -1852,40 +1882,37 @@ __global__ void __launch_bounds__(kThreads) stage1t_kernel(ref::GdnShape sh, con
         for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                const int r = 16 * w + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
+                const int r = rw + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
                 const float e = sm.eG[r];
-                const float q0 = __bfloat162float(sm.Q[r * kPD + col]), q1 = __bfloat162float(sm.Q[r * kPD + col + 1]);
-                *reinterpret_cast<uint32_t*>(TR->Qt + r * kD + col) =
-                    pack_bf16(e * q0 - acc[nn][2 * hh], e * q1 - acc[nn][2 * hh + 1]);
+                bf16* qp = sm.Q + r * kPD + col;
+                const float q0 = __bfloat162float(qp[0]), q1 = __bfloat162float(qp[1]);
+                *reinterpret_cast<uint32_t*>(qp) = pack_bf16(e * q0 - acc[nn][2 * hh], e * q1 - acc[nn][2 * hh + 1]);
             }
     }
-    // Pn = -(K^T Wd), rows i in [32 w, 32 w + 32): A = K^T from the [r][i] tile (ldmatrix.trans).
-#pragma unroll 1
+    __syncthreads();  // Qt complete; W, TG, M dead
+    store_tile128<kC>(TR->Qt, sm.Q, tid);
+    // Pn = -(K^T Wd), rows i in [16 w, 16 w + 16): A = K^T from the [r][i] tile (ldmatrix.trans).
+#pragma unroll 2
     for (int np = 0; np < kD / 16; ++np) {
-        float acc[2][2][4] = {};
+        float acc[2][4] = {};
 #pragma unroll
         for (int ks = 0; ks < kC / 16; ++ks) {
-            uint32_t a[2][4], bw[4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) ldsm_x4_t(a[mt], at_addr(sm.K, kPD, 32 * w + 16 * mt, 16 * ks, lane));
+            uint32_t a[4], bw[4];
+            ldsm_x4_t(a, at_addr(sm.K, kPD, 16 * w, 16 * ks, lane));
             ldsm_x4_t(bw, bt_addr(sm.Wd, kPD, 16 * ks, 16 * np, lane));
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                mma(acc[mt][0], a[mt], bw[0], bw[1]);
-                mma(acc[mt][1], a[mt], bw[2], bw[3]);
-            }
+            mma(acc[0], a, bw[0], bw[1]);
+            mma(acc[1], a, bw[2], bw[3]);
         }
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
-            for (int nn = 0; nn < 2; ++nn)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int i = 32 * w + 16 * mt + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
-                    *reinterpret_cast<uint32_t*>(TR->Pn + i * kD + col) =
-                        pack_bf16(-acc[mt][nn][2 * hh], -acc[mt][nn][2 * hh + 1]);
-                }
+            for (int hh = 0; hh < 2; ++hh) {
+                const int i = 16 * w + gq + 8 * hh, col = 16 * np + 8 * nn + 2 * tq;
+                *reinterpret_cast<uint32_t*>(sm.u.Pn + i * kPD + col) = pack_bf16(-acc[nn][2 * hh], -acc[nn][2 * hh + 1]);
+            }
     }
+    __syncthreads();
+    store_tile128<kD>(TR->Pn, sm.u.Pn, tid);
 }
 
 // Transition-scan blocks take BV = 16 or 32 value columns (4 warps); one buffer each for the
@@ -1910,10 +1937,10 @@ struct alignas(16) TransSmem {
 };
 static_assert(sizeof(TransSmem<32>) <= 232448, "transition scan: shared memory over 227 KB");
 
-// Chunk c's tiles into B (128 threads; rows past the chunk's end zero).
-template <int BV>
+// Chunk c's tiles into B (NTH threads; rows past the chunk's end zero).
+template <int BV, int NTH>
 struct TransTiles {
-    static constexpr int kVPerRow = BV / 8, kVIt = kC * kVPerRow / kThreads;  // V: BV / 8 x 16 B per row
+    static constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;  // V: BV / 8 x 16 B per row
     int tid, qk_cc, qk_r0, t_begin, t_end, c_first, H_v, h;
     size_t qk_stride, v_stride;
     const bf16 *k_col, *v_col;
@@ -1928,27 +1955,28 @@ struct TransTiles {
     }
     __device__ __forceinline__ void load(int c, TransBuf<BV>& B) const {
         const int t0 = t_begin + (c - c_first) * kC, n = min(kC, t_end - t0);
-        copy_row_tile<kThreads>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
+        copy_row_tile<NTH>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
 #pragma unroll
-        for (int it = 0; it < kVIt; ++it) {
-            const int idx = tid + it * kThreads, r = idx / kVPerRow, cc = (idx % kVPerRow) * 8;
-            cp_async16(B.V + r * (BV + 8) + cc, v_col + cc + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
+        for (int it = 0; it < (kVItems + NTH - 1) / NTH; ++it) {
+            const int idx = tid + it * NTH, r = idx / kVPerRow, cc = (idx % kVPerRow) * 8;
+            if (kVItems >= NTH || idx < kVItems)
+                cp_async16(B.V + r * (BV + 8) + cc, v_col + cc + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
         }
         const TRecord* TR = trec + (size_t)c * H_v + h;
         const ChunkRecord* R = rec + (size_t)c * H_v + h;
 #pragma unroll
-        for (int it = 0; it < kD * 16 / kThreads; ++it) {
-            const int idx = tid + it * kThreads, r = idx >> 4, cc = (idx & 15) * 8;
+        for (int it = 0; it < kD * 16 / NTH; ++it) {
+            const int idx = tid + it * NTH, r = idx >> 4, cc = (idx & 15) * 8;
             cp_async16(B.Pn + r * kPD + cc, TR->Pn + r * kD + cc, true);
         }
 #pragma unroll
-        for (int it = 0; it < kC * 16 / kThreads; ++it) {
-            const int idx = tid + it * kThreads, r = idx >> 4, cc = (idx & 15) * 8;
+        for (int it = 0; it < kC * 16 / NTH; ++it) {
+            const int idx = tid + it * NTH, r = idx >> 4, cc = (idx & 15) * 8;
             cp_async16(B.Qt + r * kPD + cc, TR->Qt + r * kD + cc, true);
         }
 #pragma unroll
-        for (int it = 0; it < kC * 8 / kThreads; ++it) {
-            const int idx = tid + it * kThreads, r = idx >> 3, cc = (idx & 7) * 8;
+        for (int it = 0; it < kC * 8 / NTH; ++it) {
+            const int idx = tid + it * NTH, r = idx >> 3, cc = (idx & 7) * 8;
             cp_async16(B.TB + r * kPC + cc, TR->TB + r * kC + cc, true);
             cp_async16(B.M + r * kPC + cc, R->QKM + r * kC + cc, true);
         }
@@ -1956,27 +1984,26 @@ struct TransTiles {
     }
 };
 
-// U^T [BV][64] of the chunk in B, this warp's rows r in [16 w, 16 w + 16), into Ub and (times
+// U^T [BV][64] of the chunk in B, this warp's rows r in [r_w, r_w + 8 kNR), into Ub and (times
 // e^{G_C - G_r}) Ue.
-template <int BV>
-__device__ __forceinline__ void trans_u(bf16* Ub, bf16* Ue, const TransBuf<BV>& B, int w, int lane) {
+template <int BV, int kNR>
+__device__ __forceinline__ void trans_u(bf16* Ub, bf16* Ue, const TransBuf<BV>& B, int r_w, int k_causal, int lane) {
     constexpr int MT = BV / 16;
     const int gq = lane >> 2, tq = lane & 3;
-    float u[MT][2][4] = {};
-    for (int ks = 0; ks <= w; ++ks) {
-        uint32_t a[MT][4], b[4];
+    float u[MT][kNR][4] = {};
+    for (int ks = 0; ks < k_causal; ++ks) {
+        uint32_t a[MT][4], b[2 * kNR];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldsm_x4_t(a[mt], at_addr(B.V, BV + 8, 16 * mt, 16 * ks, lane));
-        ldsm_x4(b, b_addr(B.TB, kPC, 16 * w, 16 * ks, lane));
+        load_b_rows(b, B.TB, kPC, r_w, 16 * ks, lane);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            mma(u[mt][0], a[mt], b[0], b[1]);
-            mma(u[mt][1], a[mt], b[2], b[3]);
-        }
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNR; ++nt) mma(u[mt][nt], a[mt], b[2 * nt], b[2 * nt + 1]);
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-        const int r = 16 * w + 8 * nt + 2 * tq;
+    for (int nt = 0; nt < kNR; ++nt) {
+        const int r = r_w + 8 * nt + 2 * tq;
         const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -1990,16 +2017,20 @@ __device__ __forceinline__ void trans_u(bf16* Ub, bf16* Ue, const TransBuf<BV>& 
     }
 }
 
-template <int BV, typename OutT>
-__global__ void __launch_bounds__(kThreads, 1) stage2_trans_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
-                                                                   const int32_t* __restrict__ cstart,
-                                                                   const bf16* __restrict__ k, const bf16* __restrict__ v,
-                                                                   const ChunkRecord* __restrict__ rec,
-                                                                   const TRecord* __restrict__ trec,
-                                                                   float* __restrict__ state, OutT* __restrict__ out,
-                                                                   const int32_t* __restrict__ slots) {
+// NW warps (4 or 8): warp w owns state columns [128 / NW w, +128 / NW) and chunk rows
+// [64 / NW w, +64 / NW) of U and O.
+template <int BV, int NW, typename OutT>
+__global__ void __launch_bounds__(32 * NW, 1) stage2_trans_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                                  const int32_t* __restrict__ cstart,
+                                                                  const bf16* __restrict__ k, const bf16* __restrict__ v,
+                                                                  const ChunkRecord* __restrict__ rec,
+                                                                  const TRecord* __restrict__ trec,
+                                                                  float* __restrict__ state, OutT* __restrict__ out,
+                                                                  const int32_t* __restrict__ slots) {
     detail::pdl_entry();
-    constexpr int MT = BV / 16;
+    constexpr int MT = BV / 16, NTH = 32 * NW;
+    constexpr int kIW = kD / NW, kNI = kIW / 8, kNP = kNI / 2;  // state columns a warp, n8 tiles, pairs
+    constexpr int kRW = kC / NW, kNR = kRW / 8;                 // chunk rows a warp, n8 tiles
     extern __shared__ __align__(16) unsigned char smem_raw[];
     TransSmem<BV>& sm = *reinterpret_cast<TransSmem<BV>*>(smem_raw);
     const ScanSeq sq(sh, offs, cstart, state, slots);
@@ -2007,11 +2038,12 @@ __global__ void __launch_bounds__(kThreads, 1) stage2_trans_kernel(ref::GdnShape
     const int h = sq.h, t_begin = sq.t_begin, t_end = sq.t_end, c_first = sq.c_first, c_last = sq.c_last;
     const int v0 = sq.vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    const int i_w = 32 * w, r_w = 16 * w;  // this warp's state columns and output rows
+    const int i_w = kIW * w, r_w = kRW * w;  // this warp's state columns and chunk rows
+    const int k_causal = (r_w + kRW - 1) / 16 + 1;
     float* Sg = sq.state;
-    float S[MT][4][4];
+    float S[MT][kNI][4];
     load_state(S, Sg, v0, i_w, gq, tq);
-    const TransTiles<BV> tiles(sh, t_begin, t_end, c_first, h, v0, k, v, rec, trec, tid);
+    const TransTiles<BV, NTH> tiles(sh, t_begin, t_end, c_first, h, v0, k, v, rec, trec, tid);
     const size_t v_stride = (size_t)sh.H_v * kD;
 
     tiles.load(c_first, sm.buf[0]);
@@ -2021,7 +2053,7 @@ __global__ void __launch_bounds__(kThreads, 1) stage2_trans_kernel(ref::GdnShape
     state_to_bf16(sm.Sb, S, i_w, gq, tq);
     cp_async_wait<1>();
     __syncthreads();
-    trans_u<BV>(sm.Ub, sm.Ue, sm.buf[0], w, lane);
+    trans_u<BV, kNR>(sm.Ub, sm.Ue, sm.buf[0], r_w, k_causal, lane);
     __syncthreads();
     for (int c = c_first; c < c_last; ++c) {
         const int x = (c - c_first) & 1;
@@ -2032,75 +2064,66 @@ __global__ void __launch_bounds__(kThreads, 1) stage2_trans_kernel(ref::GdnShape
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < kNI; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) S[mt][nt][e] *= eGCc;
-        float S2[MT][4][4] = {}, xo[MT][2][4] = {}, xo2[MT][2][4] = {};
+        float S2[MT][kNI][4] = {}, xo[MT][kNR][4] = {}, xo2[MT][kNR][4] = {};
 #pragma unroll
         for (int ks = 0; ks < kC / 16; ++ks) {
-            uint32_t a[MT][4], bk[2][4];
+            uint32_t a[MT][4], bk[kNP][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Ue, kPC, 16 * mt, 16 * ks, lane));
 #pragma unroll
-            for (int p = 0; p < 2; ++p) ldsm_x4_t(bk[p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
+            for (int p = 0; p < kNP; ++p) ldsm_x4_t(bk[p], bt_addr(B.K, kPD, 16 * ks, i_w + 16 * p, lane));
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int p = 0; p < 2; ++p) {
+                for (int p = 0; p < kNP; ++p) {
                     mma(S2[mt][2 * p], a[mt], bk[p][0], bk[p][1]);
                     mma(S2[mt][2 * p + 1], a[mt], bk[p][2], bk[p][3]);
                 }
         }
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks) {
-            uint32_t a[MT][4], bp[2][4], bq[4];
+            uint32_t a[MT][4], bp[kNP][4], bq[2 * kNR];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Sb, kPD, 16 * mt, 16 * ks, lane));
 #pragma unroll
-            for (int p = 0; p < 2; ++p) ldsm_x4(bp[p], b_addr(B.Pn, kPD, i_w + 16 * p, 16 * ks, lane));
-            ldsm_x4(bq, b_addr(B.Qt, kPD, r_w, 16 * ks, lane));
+            for (int p = 0; p < kNP; ++p) ldsm_x4(bp[p], b_addr(B.Pn, kPD, i_w + 16 * p, 16 * ks, lane));
+            load_b_rows(bq, B.Qt, kPD, r_w, 16 * ks, lane);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                for (int p = 0; p < 2; ++p) {
+                for (int p = 0; p < kNP; ++p) {
                     mma(ks & 1 ? S2[mt][2 * p] : S[mt][2 * p], a[mt], bp[p][0], bp[p][1]);
                     mma(ks & 1 ? S2[mt][2 * p + 1] : S[mt][2 * p + 1], a[mt], bp[p][2], bp[p][3]);
                 }
-                mma(ks & 1 ? xo2[mt][0] : xo[mt][0], a[mt], bq[0], bq[1]);
-                mma(ks & 1 ? xo2[mt][1] : xo[mt][1], a[mt], bq[2], bq[3]);
+#pragma unroll
+                for (int nt = 0; nt < kNR; ++nt)
+                    mma(ks & 1 ? xo2[mt][nt] : xo[mt][nt], a[mt], bq[2 * nt], bq[2 * nt + 1]);
             }
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < kNI; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
         // O^T = S^T Qt^T + U^T QKM^T for this warp's rows (s <= r).
-        for (int ks = 0; ks <= w; ++ks) {
-            uint32_t a[MT][4], bm[4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(sm.Ub, kPC, 16 * mt, 16 * ks, lane));
-            ldsm_x4(bm, b_addr(B.M, kPC, r_w, 16 * ks, lane));
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                mma(xo2[mt][0], a[mt], bm[0], bm[1]);
-                mma(xo2[mt][1], a[mt], bm[2], bm[3]);
-            }
-        }
+        causal_products(xo2, sm.Ub, B.M, r_w, k_causal, lane);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) xo[mt][nt][e] += xo2[mt][nt][e];
         o_to_tile<BV>(sm.O, xo, r_w, gq, tq);
         if (c + 1 < c_last) cp_async_wait_all();
         __syncthreads();  // chunk c + 1 landed; O visible; everyone is done with buffer x, Sb, Ub, Ue
-        flush_out_tile<BV, kThreads>(out, sm.O, v_stride, h, v0, t0, n, tid);
+        flush_out_tile<BV, NTH>(out, sm.O, v_stride, h, v0, t0, n, tid);
         if (c + 1 < c_last) {
             state_to_bf16(sm.Sb, S, i_w, gq, tq);
-            trans_u<BV>(sm.Ub, sm.Ue, sm.buf[x ^ 1], w, lane);
+            trans_u<BV, kNR>(sm.Ub, sm.Ue, sm.buf[x ^ 1], r_w, k_causal, lane);
             if (c + 2 < c_last) tiles.load(c + 2, sm.buf[x]);
             cp_async_commit();
         }
@@ -2147,6 +2170,21 @@ void check_chunked_shape(const ref::GdnShape& shape, int n_seqs, const char* op)
 // attribute is per kernel, set once per process).
 template <auto Kernel, typename... Args>
 void launch_scan(size_t smem, dim3 grid, dim3 block, cudaStream_t st, Args... args) {
+#ifdef ALLOY_GDN_EXP_TIMING
+    // Timing experiments, in a bench built by hand with -DALLOY_GDN_EXP_TIMING only (outputs are
+    // wrong): ALLOY_GDN_EXP_ONE_SLICE=1 runs the first value slice of each head alone (the step
+    // time without the other slices' L2 traffic); ALLOY_GDN_EXP_SKIP_LOADS=1 makes the two-group
+    // scan reuse its first chunks' tiles (the step time without tile traffic).
+    static const bool one_slice = [] { const char* e = std::getenv("ALLOY_GDN_EXP_ONE_SLICE"); return e && *e == '1'; }();
+    if (one_slice) grid.x = 1;
+    static const bool skip_loads = [] {
+        const char* e = std::getenv("ALLOY_GDN_EXP_SKIP_LOADS");
+        const int on = e && *e == '1';
+        if (on) cudaMemcpyToSymbol(g_exp_skip_loads, &on, sizeof(on));
+        return on;
+    }();
+    (void)skip_loads;
+#endif
     static bool configured = false;
     if (!configured) {
         cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
@@ -2187,12 +2225,12 @@ void launch_stage2_warp(const ref::GdnShape& sh, int n_seqs, const int32_t* offs
                                               dim3(32 * NW), st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
-template <int BV, typename OutT>
+template <int BV, int NW, typename OutT>
 void launch_stage2_trans(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* k,
                          const bf16* v, const ChunkRecord* rec, const TRecord* trec, float* state, OutT* out,
                          const int32_t* slots, cudaStream_t st) {
-    launch_scan<stage2_trans_kernel<BV, OutT>>(sizeof(TransSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs), dim3(kThreads), st,
-                                               sh, offs, cstart, k, v, rec, trec, state, out, slots);
+    launch_scan<stage2_trans_kernel<BV, NW, OutT>>(sizeof(TransSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs),
+                                                   dim3(32 * NW), st, sh, offs, cstart, k, v, rec, trec, state, out, slots);
 }
 
 int num_sms() {
@@ -2275,11 +2313,12 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
             cudaFuncSetAttribute(stage1t_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Stage1tSmem)));
             configured = true;
         }
-        detail::launch(op, stage1t_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), sizeof(Stage1tSmem), st, sh,
+        detail::launch(op, stage1t_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kS1tThreads), sizeof(Stage1tSmem), st, sh,
                        offs, cstart, n_seqs, q, k, rec, trec);
         check_launch(op);
-        if (block_v == 16) launch_stage2_trans<16>(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
-        else launch_stage2_trans<32>(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
+        // 8 warps a block: 1-2% faster than 4 (H100, same call, 2026-12-05).
+        if (block_v == 16) launch_stage2_trans<16, 8>(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
+        else launch_stage2_trans<32, 8>(sh, n_seqs, offs, cstart, k, v, rec, trec, state, out, slots, st);
         check_launch(op);
         return;
     }

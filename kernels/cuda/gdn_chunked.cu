@@ -197,6 +197,38 @@ __device__ __forceinline__ int chunk_seq(const int32_t* cstart, int n_seqs, int 
     return lo;
 }
 
+// A chunk's 64 rows of 128 bf16 (row t0 + r at col + (t0 + r) stride) into a [64][kPD] tile, rows
+// past n zero, by NTH threads (this one: rows r0 + NTH / 16 x it, 16 bytes at column cc). A
+// whole chunk takes row pointers by increments without clamps (the tail path's 64-bit row
+// products and predicates were most of the two-group state warps' copy instructions, SASS).
+template <int NTH>
+__device__ __forceinline__ void copy_row_tile(bf16* dst, const bf16* col, size_t stride, int t0, int n, int r0, int cc) {
+    if (n == kC) {
+        const bf16* p = col + (size_t)(t0 + r0) * stride;
+        const size_t step = (size_t)(NTH / 16) * stride;
+#pragma unroll
+        for (int it = 0; it < kC * 16 / NTH; ++it, p += step) cp_async16(dst + (r0 + it * (NTH / 16)) * kPD + cc, p, true);
+    } else {
+#pragma unroll
+        for (int it = 0; it < kC * 16 / NTH; ++it) {
+            const int r = r0 + it * (NTH / 16);
+            cp_async16(dst + r * kPD + cc, col + (size_t)(t0 + (r < n ? r : 0)) * stride, r < n);
+        }
+    }
+}
+// A stage-1 block's chunk (blockIdx = (chunk, value head)): its sequence's first token of the
+// chunk t0 and its rows n (< 64 in a sequence's last chunk); false past the last chunk.
+struct ChunkPos {
+    int c, h, t0, n;
+    __device__ bool init(const int32_t* offs, const int32_t* cstart, int n_seqs) {
+        c = blockIdx.x, h = blockIdx.y;
+        if (c >= cstart[n_seqs]) return false;
+        const int seq = chunk_seq(cstart, n_seqs, c);
+        t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
+        return true;
+    }
+};
+
 // Shared memory of stage 1: the K and Q tiles, then (aliased once the products are done) A and T
 // in fp32.
 struct alignas(16) Stage1Smem {
@@ -605,25 +637,6 @@ __device__ __forceinline__ void state_update(float (&S)[MT][kNI][4], float eGC, 
         for (int nt = 0; nt < kNI; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) S[mt][nt][e] += S2[mt][nt][e];
-}
-// A chunk's 64 rows of 128 bf16 (row t0 + r at col + (t0 + r) stride) into a [64][kPD] tile, rows
-// past n zero, by NTH threads (this one: rows r0 + NTH / 16 x it, 16 bytes at column cc). A
-// whole chunk takes row pointers by increments without clamps (the tail path's 64-bit row
-// products and predicates were most of the two-group state warps' copy instructions, SASS).
-template <int NTH>
-__device__ __forceinline__ void copy_row_tile(bf16* dst, const bf16* col, size_t stride, int t0, int n, int r0, int cc) {
-    if (n == kC) {
-        const bf16* p = col + (size_t)(t0 + r0) * stride;
-        const size_t step = (size_t)(NTH / 16) * stride;
-#pragma unroll
-        for (int it = 0; it < kC * 16 / NTH; ++it, p += step) cp_async16(dst + (r0 + it * (NTH / 16)) * kPD + cc, p, true);
-    } else {
-#pragma unroll
-        for (int it = 0; it < kC * 16 / NTH; ++it) {
-            const int r = r0 + it * (NTH / 16);
-            cp_async16(dst + r * kPD + cc, col + (size_t)(t0 + (r < n ? r : 0)) * stride, r < n);
-        }
-    }
 }
 // A scan block's sequence (blockIdx = (value slice, value head, sequence)): its tokens
 // [t_begin, t_end), its chunks [c_first, c_last) and its fp32 state [d_v][d_k] (row j = S^T[j];
@@ -1400,6 +1413,20 @@ __host__ __device__ constexpr int cm_off(int row, int col, int cols) {
     return ((row >> 3) * (cols >> 3) + (col >> 3)) * 128 + (row & 7) * 16 + (col & 7) * 2;
 }
 
+// T diag(beta e^G) into TG (pitch kPC) and T diag(beta) into TB (pitch tb_pitch; shared or
+// global) from the record's T, NTH threads (T is zero above its diagonal blocks).
+template <int NTH>
+__device__ __forceinline__ void scaled_t(const ChunkRecord* R, const float* eG, const float* beta, bf16* TG, bf16* TB,
+                                         int tb_pitch, int tid) {
+    for (int idx = tid; idx < kC * kC / 2; idx += NTH) {
+        const int r = idx >> 5, s = (idx & 31) * 2;
+        const float t0v = __bfloat162float(R->T[r * kC + s]), t1v = __bfloat162float(R->T[r * kC + s + 1]);
+        const float b0 = beta[s], b1 = beta[s + 1];
+        *reinterpret_cast<uint32_t*>(TG + r * kPC + s) = pack_bf16(t0v * b0 * eG[s], t1v * b1 * eG[s + 1]);
+        *reinterpret_cast<uint32_t*>(TB + r * tb_pitch + s) = pack_bf16(t0v * b0, t1v * b1);
+    }
+}
+
 // Stage 1b: W, U and Kd^T of (chunk, value head) from stage 1's record and the chunk's K, V.
 struct alignas(16) Stage1bSmem {
     bf16 K[kC * kPD];
@@ -1416,37 +1443,23 @@ __global__ void __launch_bounds__(kThreads) stage1b_kernel(ref::GdnShape sh, con
     detail::pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Stage1bSmem& sm = *reinterpret_cast<Stage1bSmem*>(smem_raw);
-    const int c = blockIdx.x, h = blockIdx.y;
-    if (c >= cstart[n_seqs]) return;
-    const int seq = chunk_seq(cstart, n_seqs, c);
-    const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
+    ChunkPos pos;
+    if (!pos.init(offs, cstart, n_seqs)) return;
+    const int c = pos.c, h = pos.h, t0 = pos.t0, n = pos.n;
     const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const ChunkRecord* R = rec + (size_t)c * H_v + h;
     WRecord* WR = wrec + (size_t)c * H_v + h;
     {
         const int cc = (tid & 15) * 8;
-        const bf16* kc = k + (size_t)kh * kD + cc;
-        const bf16* vc = v + (size_t)h * kD + cc;
-#pragma unroll
-        for (int it = 0; it < kC * 16 / kThreads; ++it) {
-            const int r = (tid >> 4) + it * (kThreads / 16);
-            cp_async16(sm.K + r * kPD + cc, kc + (size_t)(t0 + (r < n ? r : 0)) * H_k * kD, r < n);
-            cp_async16(sm.V + r * kPD + cc, vc + (size_t)(t0 + (r < n ? r : 0)) * H_v * kD, r < n);
-        }
+        copy_row_tile<kThreads>(sm.K, k + (size_t)kh * kD + cc, (size_t)H_k * kD, t0, n, tid >> 4, cc);
+        copy_row_tile<kThreads>(sm.V, v + (size_t)h * kD + cc, (size_t)H_v * kD, t0, n, tid >> 4, cc);
         if (tid < 48) cp_async16(sm.eG + 4 * tid, R->eG + 4 * tid, true);
     }
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    // TG, TB (T rows r, columns s; zero above the diagonal already).
-    for (int idx = tid; idx < kC * kC / 2; idx += kThreads) {
-        const int r = idx >> 5, s = (idx & 31) * 2;
-        const float t0v = __bfloat162float(R->T[r * kC + s]), t1v = __bfloat162float(R->T[r * kC + s + 1]);
-        const float b0 = sm.beta[s], b1 = sm.beta[s + 1];
-        *reinterpret_cast<uint32_t*>(sm.TG + r * kPC + s) = pack_bf16(t0v * b0 * sm.eG[s], t1v * b1 * sm.eG[s + 1]);
-        *reinterpret_cast<uint32_t*>(sm.TB + r * kPC + s) = pack_bf16(t0v * b0, t1v * b1);
-    }
+    scaled_t<kThreads>(R, sm.eG, sm.beta, sm.TG, sm.TB, kPC, tid);
     __syncthreads();
     // W = TG K and U = TB V for rows [16 w, 16 w + 16): k16 steps s <= rows (T is lower triangular).
 #pragma unroll 1
@@ -1805,10 +1818,9 @@ __global__ void __launch_bounds__(kS1tThreads) stage1t_kernel(ref::GdnShape sh, 
     detail::pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Stage1tSmem& sm = *reinterpret_cast<Stage1tSmem*>(smem_raw);
-    const int c = blockIdx.x, h = blockIdx.y;
-    if (c >= cstart[n_seqs]) return;
-    const int seq = chunk_seq(cstart, n_seqs, c);
-    const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
+    ChunkPos pos;
+    if (!pos.init(offs, cstart, n_seqs)) return;
+    const int c = pos.c, h = pos.h, t0 = pos.t0, n = pos.n;
     const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     // W and Qt: warp w takes rows [16 (w & 3), +16) and column pairs [4 (w >> 2), +4).
@@ -1817,15 +1829,8 @@ __global__ void __launch_bounds__(kS1tThreads) stage1t_kernel(ref::GdnShape sh, 
     TRecord* TR = trec + (size_t)c * H_v + h;
     {
         const int cc = (tid & 15) * 8;
-        const bf16* kcol = k + (size_t)kh * kD + cc;
-        const bf16* qcol = q + (size_t)kh * kD + cc;
-#pragma unroll
-        for (int it = 0; it < kC * 16 / kS1tThreads; ++it) {
-            const int r = (tid >> 4) + it * (kS1tThreads / 16);
-            const size_t off = (size_t)(t0 + (r < n ? r : 0)) * H_k * kD;
-            cp_async16(sm.K + r * kPD + cc, kcol + off, r < n);
-            cp_async16(sm.Q + r * kPD + cc, qcol + off, r < n);
-        }
+        copy_row_tile<kS1tThreads>(sm.K, k + (size_t)kh * kD + cc, (size_t)H_k * kD, t0, n, tid >> 4, cc);
+        copy_row_tile<kS1tThreads>(sm.Q, q + (size_t)kh * kD + cc, (size_t)H_k * kD, t0, n, tid >> 4, cc);
 #pragma unroll
         for (int it = 0; it < kC * 8 / kS1tThreads; ++it) {
             const int r = (tid >> 3) + it * (kS1tThreads / 8), c8 = (tid & 7) * 8;
@@ -1836,14 +1841,7 @@ __global__ void __launch_bounds__(kS1tThreads) stage1t_kernel(ref::GdnShape sh, 
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    // TG into shared memory, TB to the record (T is zero above its diagonal blocks).
-    for (int idx = tid; idx < kC * kC / 2; idx += kS1tThreads) {
-        const int r = idx >> 5, s2 = (idx & 31) * 2;
-        const float t0v = __bfloat162float(R->T[r * kC + s2]), t1v = __bfloat162float(R->T[r * kC + s2 + 1]);
-        const float b0 = sm.beta[s2], b1 = sm.beta[s2 + 1];
-        *reinterpret_cast<uint32_t*>(sm.u.a.TG + r * kPC + s2) = pack_bf16(t0v * b0 * sm.eG[s2], t1v * b1 * sm.eG[s2 + 1]);
-        *reinterpret_cast<uint32_t*>(TR->TB + r * kC + s2) = pack_bf16(t0v * b0, t1v * b1);
-    }
+    scaled_t<kS1tThreads>(R, sm.eG, sm.beta, sm.u.a.TG, TR->TB, kC, tid);  // TB straight to the record
     __syncthreads();
     // W = TG K and Wd = diag(e^{G_C - G}) W (k16 steps s <= rows).
 #pragma unroll

@@ -180,9 +180,9 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
                 "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | us block_v 64 | "
                 "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | us warp rows 16 | "
-                "us warp rows 32 | us warp rows 64 | us warp rows 128 | us transition 16 | us transition 32 | %% of floor | Mtok/s | input sets |\n"
+                "us warp rows 32 | us warp rows 64 | us warp rows 128 | us transition 16 | us transition 32 | us two groups bulk 16 | us two groups bulk 32 | %% of floor | Mtok/s | input sets |\n"
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                "| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     const int d = 128, H_k = 16;
     // A pool of random values, copied at varying offsets into the inputs (generating 10^9
     // normals on the host would take longer than the whole benchmark).
@@ -265,15 +265,16 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                          us64w = time_bv(64, GdnScan::Wgmma), us16r = time_bv(16, GdnScan::WarpRows),
                          us32r = time_bv(32, GdnScan::WarpRows), us64r = time_bv(64, GdnScan::WarpRows),
                          us128r = time_bv(128, GdnScan::WarpRows), us16t = time_bv(16, GdnScan::Transition),
-                         us32t = time_bv(32, GdnScan::Transition);
+                         us32t = time_bv(32, GdnScan::Transition), us16b = time_bv(16, GdnScan::TwoGroupsBulk),
+                         us32b = time_bv(32, GdnScan::TwoGroupsBulk);
             const int gate = alloy::cuda::gdn_delta_chunked_block_v(H_v, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
             std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f "
-                        "| %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n",
+                        "| %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n",
                         H_v, T, floor_us, gate, us_auto, us16, us32, us64, us16p, us32p, us16w, us32w, us64w, us16r,
-                        us32r, us64r, us128r, us16t, us32t,
+                        us32r, us64r, us128r, us16t, us32t, us16b, us32b,
                         100.0 * floor_us / us_auto, T / us_auto, sets);
             std::fflush(stdout);
             for (const Set& s : in)

@@ -939,10 +939,15 @@ struct alignas(16) PairSmem {
     bf16 Dt[BV * kPC];     // Delta^T .* e^{G_C - G} (state group only)
     float O[kC * (BV + 4)];  // the output group's O tile, [r][j]
     uint64_t full_s[2], full_d[2], empty[2];
+    uint64_t tiles_s[kPairBufS], tiles_o[3];  // bulk-copy variant: a ring buffer's tiles landed
 };
 static_assert(sizeof(PairSmem<32>) <= 232448, "two-group scan: shared memory over 227 KB");
 
-template <int BV, typename OutT>
+// kBulk (GdnScan::TwoGroupsBulk): every whole chunk's tiles arrive by bulk copies (the copy
+// engine, issued by one warp of each group, 193 / 129 row copies a chunk, counted on an
+// mbarrier per ring buffer) instead of 16-byte cp.async from every thread; a sequence's last,
+// partial chunk keeps cp.async (bulk copies cannot zero-fill). The same data, so the same bits.
+template <int BV, bool kBulk, typename OutT>
 __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                       const int32_t* __restrict__ cstart,
                                                                       const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -974,6 +979,10 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             mbar_init(&sm.full_d[p], kGT);
             mbar_init(&sm.empty[p], kGT);
         }
+        if constexpr (kBulk) {
+            for (int p = 0; p < kPairBufS; ++p) mbar_init(&sm.tiles_s[p], 1);
+            for (int p = 0; p < 3; ++p) mbar_init(&sm.tiles_o[p], 1);
+        }
     }
     __syncthreads();
 
@@ -988,9 +997,28 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         const bf16* k_col = k + (size_t)kh * kD + qk_cc;
         const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
         auto load_chunk = [&](int i, int b) {
-            ALLOY_GDN_EXP_SKIP(i, kPairBufS);
             PairStateBuf<BV>& B = sm.sb[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            if constexpr (kBulk) {
+                if (n == kC) {
+                    if (gw == 0) {
+                        const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
+                        if (lane == 0) mbar_arrive_expect_tx(&sm.tiles_s[b], kC * (256 + 2 * BV + 128) + 768);
+                        __syncwarp();
+                        const bf16* kr = k + (size_t)kh * kD + (size_t)t0 * qk_stride;
+                        const bf16* vr = v + (size_t)h * kD + v0 + (size_t)t0 * v_stride;
+                        for (int r = lane; r < kC; r += 32) {
+                            bulk_copy(B.K + r * kPD, kr + (size_t)r * qk_stride, 256, &sm.tiles_s[b]);
+                            bulk_copy(B.V + r * (BV + 8), vr + (size_t)r * v_stride, 2 * BV, &sm.tiles_s[b]);
+                            bulk_copy(B.T + r * kPC, R->T + r * kC, 128, &sm.tiles_s[b]);
+                        }
+                        if (lane == 0) bulk_copy(B.eG, R->eG, 768, &sm.tiles_s[b]);  // eG, beta, eGC
+                    }
+                    return;
+                }
+                if (gt == 0) mbar_arrive(&sm.tiles_s[b]);  // the phase completes; cp.async below
+            }
+            ALLOY_GDN_EXP_SKIP(i, kPairBufS);  // the cp.async variant only
             copy_row_tile<kGT>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
             if (n == kC) {
                 const bf16* vp = v_col + (size_t)(t0 + v_r) * v_stride;
@@ -1029,6 +1057,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             state_to_bf16(Sb, S, i_w, gq, tq);
             mbar_arrive(&sm.full_s[i & 1]);
             cp_async_wait<kPairBufS - 2>();
+            if constexpr (kBulk) mbar_wait(&sm.tiles_s[b], (i / kPairBufS) & 1);
             group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
             float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
             row_scalars<BV>(rv, re, rb, rf, B.eG, B.beta, B.eGC, B.V, r_w, gq, tq);
@@ -1078,9 +1107,26 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         constexpr int kNO = pair_bufs_out<BV>();
         const bf16* q_col = q + (size_t)kh * kD + qk_cc;
         auto load_chunk = [&](int i, int b) {
-            ALLOY_GDN_EXP_SKIP(i, kNO);
             PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            if constexpr (kBulk) {
+                if (n == kC) {
+                    if (gw == 0) {
+                        const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
+                        if (lane == 0) mbar_arrive_expect_tx(&sm.tiles_o[b], kC * (256 + 128) + 256);
+                        __syncwarp();
+                        const bf16* qr = q + (size_t)kh * kD + (size_t)t0 * qk_stride;
+                        for (int r = lane; r < kC; r += 32) {
+                            bulk_copy(B.Q + r * kPD, qr + (size_t)r * qk_stride, 256, &sm.tiles_o[b]);
+                            bulk_copy(B.M + r * kPC, R->QKM + r * kC, 128, &sm.tiles_o[b]);
+                        }
+                        if (lane == 0) bulk_copy(B.eG, R->eG, 256, &sm.tiles_o[b]);
+                    }
+                    return;
+                }
+                if (gt == 0) mbar_arrive(&sm.tiles_o[b]);  // the phase completes; cp.async below
+            }
+            ALLOY_GDN_EXP_SKIP(i, kNO);  // the cp.async variant only
             copy_row_tile<kGT>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
             const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
 #pragma unroll
@@ -1099,6 +1145,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             const PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
             cp_async_wait<kNO - 2>();
+            if constexpr (kBulk) mbar_wait(&sm.tiles_o[b], (i / kNO) & 1);
             group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
             if (i + kNO - 1 < n_chunks) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
             cp_async_commit();
@@ -2199,12 +2246,13 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
                                          st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
-template <int BV, typename OutT>
+template <int BV, bool kBulk, typename OutT>
 void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                         const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
                         const int32_t* slots, cudaStream_t st) {
-    launch_scan<stage2_pair_kernel<BV, OutT>>(sizeof(PairSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs), dim3(kPairThreads),
-                                              st, sh, offs, cstart, q, k, v, rec, state, out, slots);
+    launch_scan<stage2_pair_kernel<BV, kBulk, OutT>>(sizeof(PairSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs),
+                                                     dim3(kPairThreads), st, sh, offs, cstart, q, k, v, rec, state, out,
+                                                     slots);
 }
 
 template <int BV, typename OutT>
@@ -2271,6 +2319,7 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
 // spreads the step over 8 warps.
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
+    if (env == 5) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsBulk;
     if (env == 4) return GdnScan::Transition;
     if (env == 3) return GdnScan::WarpRows;
     if (env == 1) return GdnScan::OneGroup;
@@ -2344,10 +2393,16 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         if (block_v == 64) launch_stage2_wg<64>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else if (block_v == 32) launch_stage2_wg<32>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else launch_stage2_wg<16>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
-    } else if (scan == GdnScan::TwoGroups) {
+    } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsBulk) {
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
-        if (block_v == 32) launch_stage2_pair<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
-        else launch_stage2_pair<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        const bool bulk = scan == GdnScan::TwoGroupsBulk;
+        if (block_v == 32) {
+            if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+            else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        } else {
+            if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+            else launch_stage2_pair<16, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+        }
     } else if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
     else if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
     else launch_stage2<16>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);

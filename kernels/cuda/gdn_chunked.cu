@@ -1812,13 +1812,17 @@ __global__ void __launch_bounds__(256, 1) stage2_wg_kernel(ref::GdnShape sh, con
 //   S_C   = e^{G_C} S0 + Pn S0 + Kd^T U,    Pn = -(Kd^T W) = -(K^T diag(e^{G_C - G}) W)   [d_k, d_k]
 //   O     = Qt S0 + QKM U,          Qt = diag(e^G) Q - QKM W                           [C, d_k]
 // Stage 1t (one block per (chunk, value head), after stage 1) writes Pn, Qt and T diag(beta) in
-// bf16; the scan (value slices of BV = 16 or 32 columns, 4 warps) keeps S^T [BV][128] in fp32 accumulators,
-// warp w owning state columns [32 w, 32 w + 32) and output rows [16 w, 16 w + 16), and per chunk:
+// bf16; the scan (value slices of BV = 16 or 32 columns, 8 warps) keeps S^T [BV][128] in fp32
+// accumulators, warp w owning state columns [16 w, 16 w + 16) and chunk rows [8 w, 8 w + 8) of U
+// and O, and per chunk:
 //   U^T = V^T (T diag(beta))^T  [BV, 64]   (off the chain: computed a step ahead)
 //   S^T = e^{G_C} S^T + (U^T .* e^{G_C - G}) K + S^T Pn^T
 //   O^T = S^T Qt^T + U^T QKM^T
-// Other bits than the other scans (Pn, Qt, U rounded to bf16 where they round Delta' and Delta).
-// Costs more bytes a chunk (Pn alone is 32 KB per chunk and head, read by every value slice).
+// Other bits than the other scans (Pn, Qt, U rounded to bf16 where they round Delta' and Delta);
+// closer to an fp64 recurrence (2.9e-3 / 1.6e-3 out / state, two groups 3.3e-3 / 2.4e-3). Half
+// the two-group scan's speed on the H100 (bench/RESULTS.md, session 35): a step moves 83 KB a
+// block (Pn alone is 32 KB per chunk and head) and stage 1t is 2.2x stage 1, so the gate never
+// picks it; kept as the per-chunk transition a segmented scan would multiply.
 struct alignas(16) TRecord {
     bf16 Pn[kD * kD];  // [i][k]
     bf16 Qt[kC * kD];  // [r][i]

@@ -176,13 +176,16 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
     return double(ms[3]) * 1e3 / reps;
 }
 
-void prefill_table(int sms, int tmax, int only_hv, int only_t) {
-    std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128\n\n"
-                "| H_v | T | floor us | gate's block_v | us (gate) | us block_v 16 | us block_v 32 | us block_v 64 | "
+// slow_gates: g in [-2e-4, -1e-4) (a state remembered over the whole call: the segmented
+// scan's warmup reaches back to the start) instead of logsigmoid(U(0, 1)).
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates) {
+    std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128, g %s\n\n"
+                "| H_v | T | floor us | gate's block_v x segments | us (gate) | us gate unsegmented | us block_v 16 | us block_v 32 | us block_v 64 | "
                 "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | us warp rows 16 | "
                 "us warp rows 32 | us warp rows 64 | us warp rows 128 | us transition 16 | us transition 32 | us two groups bulk 16 | us two groups bulk 32 | %% of floor | Mtok/s | input sets |\n"
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+                slow_gates ? "in [-2e-4, -1e-4)" : "= logsigmoid(U(0, 1))");
     const int d = 128, H_k = 16;
     // A pool of random values, copied at varying offsets into the inputs (generating 10^9
     // normals on the host would take longer than the whole benchmark).
@@ -219,7 +222,7 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                 std::uniform_real_distribution<float> u(0.0f, 1.0f);
                 for (size_t i = 0; i < ng; ++i) {
                     const float x = u(rng);
-                    g[i] = -std::log1p(std::exp(-x));  // logsigmoid(U(0, 1)), as the anchor's inputs
+                    g[i] = slow_gates ? -(1e-4f + 1e-4f * x) : -std::log1p(std::exp(-x));  // logsigmoid(U(0, 1)), as the anchor's inputs
                     beta[i] = bf16_float(bf16_bits(1.0f / (1.0f + std::exp(-u(rng)))));
                 }
                 in[size_t(s)] = {to_device(q), to_device(k), to_device(v), to_device(g), to_device(beta)};
@@ -236,11 +239,11 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                                            alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Transition))));
             const int reps = std::max(sets, T <= 4096 ? 16 : 4);
             using alloy::cuda::GdnScan;
-            auto time_bv = [&](int bv, GdnScan scan) {
+            auto time_bv = [&](int bv, GdnScan scan, int segments = 0) {
                 return graph_median_us(st, reps, [&](int i) {
                     const Set& s = in[size_t(i % sets)];
                     alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, s.q, s.k, s.v, s.g, s.beta, state, out, ws, st, bv,
-                                                   nullptr, scan);
+                                                   nullptr, scan, segments);
                 });
             };
 #ifdef ALLOY_GDN_EXP_CLOCK
@@ -258,7 +261,8 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                 std::printf("\n");
             }
 #endif
-            const double us_auto = time_bv(0, GdnScan::Auto), us16 = time_bv(16, GdnScan::OneGroup),
+            const double us_auto = time_bv(0, GdnScan::Auto), us_noseg = time_bv(0, GdnScan::Auto, 1),
+                         us16 = time_bv(16, GdnScan::OneGroup),
                          us32 = time_bv(32, GdnScan::OneGroup), us64 = time_bv(64, GdnScan::OneGroup),
                          us16p = time_bv(16, GdnScan::TwoGroups), us32p = time_bv(32, GdnScan::TwoGroups),
                          us16w = time_bv(16, GdnScan::Wgmma), us32w = time_bv(32, GdnScan::Wgmma),
@@ -267,13 +271,14 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t) {
                          us128r = time_bv(128, GdnScan::WarpRows), us16t = time_bv(16, GdnScan::Transition),
                          us32t = time_bv(32, GdnScan::Transition), us16b = time_bv(16, GdnScan::TwoGroupsBulk),
                          us32b = time_bv(32, GdnScan::TwoGroupsBulk);
-            const int gate = alloy::cuda::gdn_delta_chunked_block_v(H_v, sms);
+            const alloy::cuda::GdnChunkedPlan plan = alloy::cuda::gdn_delta_chunked_plan(H_v, 1, T, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
-            std::printf("| %d | %d | %.1f | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f "
-                        "| %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n",
-                        H_v, T, floor_us, gate, us_auto, us16, us32, us64, us16p, us32p, us16w, us32w, us64w, us16r,
+            std::printf("| %d | %d | %.1f | %d x %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f "
+                        "| %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f | %d |\n",
+                        H_v, T, floor_us, plan.block_v, plan.segments, us_auto, us_noseg, us16, us32, us64, us16p, us32p,
+                        us16w, us32w, us64w, us16r,
                         us32r, us64r, us128r, us16t, us32t, us16b, us32b,
                         100.0 * floor_us / us_auto, T / us_auto, sets);
             std::fflush(stdout);
@@ -352,7 +357,7 @@ int check_chunked(const std::filesystem::path& dir) {
 }
 
 void decode_table(double tbs, int only_hv, int only_b, int reps);
-void prefill_table(int sms, int tmax, int only_hv, int only_t);
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates);
 
 // cuda::gdn_fused at prefill: the chunked mode at T 512 / 4096 / 16384, the serial mode at
 // 512 / 4096 (B = 1, H_k 16, d 128, grouped heads, K = 4).
@@ -455,7 +460,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
-    bool decode = true, prefill = true, fused_prefill = true;
+    bool decode = true, prefill = true, fused_prefill = true, slow_gates = false;
     int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--decode")) prefill = fused_prefill = false;
@@ -464,11 +469,12 @@ int main(int argc, char** argv) {
         if (!std::strcmp(argv[i], "--tmax") && i + 1 < argc) tmax = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--hv") && i + 1 < argc) only_hv = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--t") && i + 1 < argc) only_t = std::atoi(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--slow-gates")) slow_gates = true;
         if (!std::strcmp(argv[i], "--b") && i + 1 < argc) only_b = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[i + 1]));
     }
     if (decode) decode_table(tbs, only_hv, only_b, reps);
-    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t);
+    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates);
     if (fused_prefill) fused_prefill_table(tmax, only_hv, only_t);
     return 0;
 }

@@ -109,10 +109,25 @@ size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs,
 // `sms` multiprocessors: the fewest waves of blocks, weighted by the cost of a chunk step.
 int gdn_delta_chunked_block_v(int heads, int sms);
 GdnScan gdn_delta_chunked_scan(int block_v);
+// The launch gate's whole plan for a call: the value split and the segments of the segmented
+// scan (1: none). Segments (two-group kernels): each sequence's chunks cut into `segments`
+// runs scanned at once, each from a zero state a warmup before it where the gates have decayed
+// the state by e^-20 (ChunkRecord::bound, kernels/cuda/gdn_chunked.cu), else from the
+// sequence's start; when n_seqs H_v is small (16 value heads, one sequence: 2 segments of a
+// 32-column split on 132 SMs). ALLOY_GDN_SEGMENTS=P forces P (1 = off); so does gdn_delta_chunked's
+// `segments` (0: the plan's, or the variable's where block_v is given), for two-group scans
+// only, with n_seqs <= the sequences whose final states the workspace holds (else alloy::Error).
+// Segmented outputs differ from unsegmented ones where a segment starts from zero (by ~e^-20 of
+// the state plus different roundings); where the warmup reaches the sequence's start, the bits
+// are the unsegmented kernel's.
+struct GdnChunkedPlan {
+    int block_v, segments;
+};
+GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms);
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
                        float* state, uint16_t* out, void* workspace, void* stream = nullptr, int block_v = 0,
-                       const int32_t* seq_slots = nullptr, GdnScan scan = GdnScan::Auto);
+                       const int32_t* seq_slots = nullptr, GdnScan scan = GdnScan::Auto, int segments = 0);
 // ref's signature on device arrays, all fp32: q, k, v are rounded to bf16 on the device (into a
 // workspace this call allocates), out is fp32. It reads seq_offsets[0] and [n_seqs] back, so it
 // synchronizes `stream`: for tests and one-off calls, not for graphs.

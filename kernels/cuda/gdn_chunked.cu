@@ -65,6 +65,12 @@ struct alignas(16) ChunkRecord {
     float eGC[kC];        // e^{G_C - G_r}, C = the chunk's last row (exponentials here, not per scan block)
     bf16 T[kC * kC];      // (I + A)^-1, [r][s], unit lower triangular
     bf16 QKM[kC * kC];    // (Q K^T) .* M, [r][s], zero above the diagonal
+    // log of a bound on the spectral norm of the chunk's state transition without inputs,
+    // prod_r e^{g_r} (I - beta_r k_r k_r^T): sum_r g_r + log max(1, |1 - beta_r |k_r|^2|). A
+    // segmented scan starts a segment from a zero state where these sum to <= -kSegLambda over
+    // the chunks before it (the dropped part of the state is then below e^-kSegLambda of it).
+    float bound;
+    float pad_[3];
 };
 
 // ---- PTX wrappers ----
@@ -184,6 +190,37 @@ __global__ void chunk_table_kernel(const int32_t* __restrict__ offs, int n_seqs,
     }
 }
 
+// segstart[s] = sequence s's first segment of `chunks` chunks, segstart[n_seqs] = total (one warp).
+__global__ void segment_table_kernel(const int32_t* __restrict__ cstart, int n_seqs, int chunks,
+                                     int32_t* __restrict__ segstart) {
+    detail::pdl_entry();
+    const int lane = threadIdx.x;
+    int carry = 0;
+    if (lane == 0) segstart[0] = 0;
+    for (int base = 0; base < n_seqs; base += 32) {
+        const int s = base + lane;
+        int n = s < n_seqs ? (cstart[s + 1] - cstart[s] + chunks - 1) / chunks : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, n, o);
+            if (lane >= o) n += x;
+        }
+        if (s < n_seqs) segstart[s + 1] = carry + n;
+        carry += __shfl_sync(0xffffffffu, n, 31);
+    }
+}
+
+// The segmented scan's final states (fin [n_seqs, H_v, 128, 128]) into the slots, after every
+// block has read its sequence's first state; blockIdx = (value head, sequence).
+__global__ void segment_states_to_slots_kernel(const int32_t* __restrict__ offs, int H_v, const float* __restrict__ fin,
+                                               float* __restrict__ state, const int32_t* __restrict__ slots) {
+    detail::pdl_entry();
+    const int h = blockIdx.x, seq = blockIdx.y;
+    if (offs[seq] == offs[seq + 1]) return;  // an empty sequence keeps its state
+    const float4* src = reinterpret_cast<const float4*>(fin + ((size_t)seq * H_v + h) * kD * kD);
+    float4* dst = reinterpret_cast<float4*>(state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD);
+    for (int i = threadIdx.x; i < kD * kD / 4; i += blockDim.x) dst[i] = src[i];
+}
+
 // ---- stage 1 ----
 
 // The sequence of chunk c: the largest s with cstart[s] <= c (skips empty sequences).
@@ -244,6 +281,7 @@ struct alignas(16) Stage1Smem {
     } u;
     float X[3][16][17];  // off-diagonal merge scratch
     float G[kC], beta[kC];
+    float kn[kC];  // |k_r|^2 (the diagonal of K K^T)
 };
 
 __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
@@ -335,6 +373,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
                 a2[e] = in && ss < r ? sm.beta[r] * kk[nt][2 * hh + e] * dec : 0.0f;
                 m2[e] = in && ss <= r ? qk[nt][2 * hh + e] * dec : 0.0f;
                 sm.u.tri.A[r * (kC + 1) + ss] = a2[e];
+                if (ss == r) sm.kn[r] = kk[nt][2 * hh + e];
             }
             *reinterpret_cast<uint32_t*>(R->QKM + r * kC + s) = pack_bf16(m2[0], m2[1]);
         }
@@ -389,6 +428,16 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         R->eG[tid] = expf(sm.G[tid]);
         R->beta[tid] = sm.beta[tid];
         R->eGC[tid] = expf(sm.G[kC - 1] - sm.G[tid]);
+    }
+    if (w == 0) {  // the transition bound (padded rows: g = beta = 0, no term)
+        float lg = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int r = lane + 32 * u;
+            lg += logf(fmaxf(1.0f, fabsf(1.0f - sm.beta[r] * sm.kn[r])));
+        }
+        for (int o = 16; o > 0; o >>= 1) lg += __shfl_xor_sync(0xffffffffu, lg, o);
+        if (lane == 0) R->bound = sm.G[kC - 1] + lg;
     }
 }
 
@@ -641,6 +690,43 @@ __device__ __forceinline__ void state_update(float (&S)[MT][kNI][4], float eGC, 
 // A scan block's sequence (blockIdx = (value slice, value head, sequence)): its tokens
 // [t_begin, t_end), its chunks [c_first, c_last) and its fp32 state [d_v][d_k] (row j = S^T[j];
 // sequence seq's state is slot slots[seq], nullptr: slot seq).
+// ---- the segmented scan (two-group kernel) ----
+//
+// A sequence's chunks cut into segments of `chunks` chunks, each scanned by its own blocks at
+// once (the chain per block T / (64 P) steps instead of T / 64). A segment's blocks start the
+// state `warmup` chunks before it from zero, where the bounds of those chunks' transitions sum
+// to <= -kSegLambda (ChunkRecord::bound): the true state there reaches the segment's start
+// scaled by at most e^-20 (~2e-9) of its norm, far under the bf16 rounding of the products
+// (~4e-3); where the gates decay too slowly for that, the warmup reaches back to the sequence's
+// first chunk and starts from the sequence's state (exact: the unsegmented kernel's bits).
+// FlashQLA's intra-card context parallelism starts segments the same way (its threshold e^-10,
+// with a transition-matrix fallback instead of the longer warmup).
+constexpr float kSegLambda = 20.0f;
+struct ScanSegments {
+    const int32_t* segstart;  // [n_seqs + 1]: sequence s's first segment (nullptr: one block a sequence)
+    int n_seqs, chunks;       // chunks a segment
+    float* fin;               // [n_seqs, H_v, 128, 128]: final states (segmented), else nullptr
+};
+// The chunk (in its sequence) where segment chunks [i_lo, ...) of value head h starts its state
+// (one warp; 0 = the sequence's first chunk, from the sequence's state).
+__device__ __forceinline__ int segment_warmup_start(const ChunkRecord* rec, int c_first, int i_lo, int H_v, int h,
+                                                    int lane) {
+    float acc = 0.0f;
+    for (int base = i_lo - 1; base >= 0; base -= 32) {
+        const int i = base - lane;  // lane l: chunk base - l; the sum over chunks [i, i_lo)
+        float s = i >= 0 ? rec[(size_t)(c_first + i) * H_v + h].bound : 0.0f;
+        for (int o = 1; o < 32; o <<= 1) {
+            const float x = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += x;
+        }
+        s += acc;
+        const unsigned hit = __ballot_sync(0xffffffffu, i >= 0 && s <= -kSegLambda);
+        if (hit) return base - (__ffs(hit) - 1);
+        acc = __shfl_sync(0xffffffffu, s, 31);
+    }
+    return 0;
+}
+
 struct ScanSeq {
     int vs, h, seq, t_begin, t_end, c_first, c_last;
     float* state;
@@ -940,6 +1026,7 @@ struct alignas(16) PairSmem {
     float O[kC * (BV + 4)];  // the output group's O tile, [r][j]
     uint64_t full_s[2], full_d[2], empty[2];
     uint64_t tiles_s[kPairBufS], tiles_o[3];  // bulk-copy variant: a ring buffer's tiles landed
+    int i_ws;  // the chunk (in the sequence) where the state group starts (segmented scan)
 };
 static_assert(sizeof(PairSmem<32>) <= 232448, "two-group scan: shared memory over 227 KB");
 
@@ -954,7 +1041,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                                                                       const bf16* __restrict__ v,
                                                                       const ChunkRecord* __restrict__ rec,
                                                                       float* __restrict__ state, OutT* __restrict__ out,
-                                                                      const int32_t* __restrict__ slots) {
+                                                                      const int32_t* __restrict__ slots, ScanSegments sg) {
     detail::pdl_entry();
     constexpr int MT = BV / 16;
     constexpr int kNR = 2, kRW = 16;  // chunk rows per warp (16) as two n8 tiles
@@ -962,10 +1049,18 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
     constexpr int kGT = 128;          // threads per group
     extern __shared__ __align__(16) unsigned char smem_raw[];
     PairSmem<BV>& sm = *reinterpret_cast<PairSmem<BV>*>(smem_raw);
-    const int vs = blockIdx.x, h = blockIdx.y, seq = blockIdx.z;
+    const int vs = blockIdx.x, h = blockIdx.y;
+    // This block's sequence and its chunks [i_lo, i_hi) (indices within the sequence).
+    int seq = blockIdx.z, i_lo = 0;
+    if (sg.segstart) {
+        if ((int)blockIdx.z >= sg.segstart[sg.n_seqs]) return;
+        seq = chunk_seq(sg.segstart, sg.n_seqs, blockIdx.z);
+        i_lo = (blockIdx.z - sg.segstart[seq]) * sg.chunks;
+    }
     const int t_begin = offs[seq], t_end = offs[seq + 1];
     if (t_begin == t_end) return;
     const int c_first = cstart[seq], n_chunks = cstart[seq + 1] - c_first;
+    const int i_hi = sg.segstart ? min(n_chunks, i_lo + sg.chunks) : n_chunks;
     const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int gt = tid & (kGT - 1), gw = w & 3;  // thread and warp within the group
@@ -984,14 +1079,31 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             for (int p = 0; p < 3; ++p) mbar_init(&sm.tiles_o[p], 1);
         }
     }
+    if (w == 0) {
+        const int i_ws = segment_warmup_start(rec, c_first, i_lo, H_v, h, lane);
+        if (lane == 0) sm.i_ws = i_ws;
+    }
     __syncthreads();
+    // The state group runs chunks [i_ws, i_hi), from the sequence's state when i_ws = 0, else
+    // from zero (the warmup chunks [i_ws, i_lo) without outputs); the output group [i_lo, i_hi).
+    // Hand-overs between the groups count output chunks j = i - i_lo only.
+    const int i_ws = sm.i_ws;
 
     if (w < 4) {
         // ---- the state group ----
         const int i_w = kIW * gw;  // this warp's state columns
         float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
         float S[MT][kNI][4];
-        load_state(S, Sg, v0, i_w, gq, tq);
+        if (i_ws == 0) {
+            load_state(S, Sg, v0, i_w, gq, tq);
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.0f;
+        }
         constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;
         const int v_r = gt / kVPerRow, v_cc = (gt % kVPerRow) * 8;
         const bf16* k_col = k + (size_t)kh * kD + qk_cc;
@@ -1044,20 +1156,20 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             if (gt < 48) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);  // eG, beta, eGC
         };
         for (int p = 0; p < kPairBufS - 1; ++p) {
-            if (p < n_chunks) load_chunk(p, p);
+            if (i_ws + p < i_hi) load_chunk(i_ws + p, p);
             cp_async_commit();
         }
-        for (int i = 0; i < n_chunks; ++i) {
-            const int b = i % kPairBufS;
+        for (int i = i_ws; i < i_hi; ++i) {
+            const int b = (i - i_ws) % kPairBufS, j = i - i_lo;  // j < 0: a warmup chunk
             const PairStateBuf<BV>& B = sm.sb[b];
-            bf16* Sb = sm.Sb[i & 1];
-            bf16* Dm = sm.Dm[i & 1];
-            // The output group is done with chunk i - 2's Sb and Dm (this parity's buffers).
-            if (i >= 2) mbar_wait(&sm.empty[i & 1], ((i >> 1) - 1) & 1);
+            bf16* Sb = sm.Sb[j & 1];
+            bf16* Dm = sm.Dm[j & 1];
+            // The output group is done with chunk j - 2's Sb and Dm (this parity's buffers).
+            if (j >= 2) mbar_wait(&sm.empty[j & 1], ((j >> 1) - 1) & 1);
             state_to_bf16(Sb, S, i_w, gq, tq);
-            mbar_arrive(&sm.full_s[i & 1]);
+            if (j >= 0) mbar_arrive(&sm.full_s[j & 1]);
             cp_async_wait<kPairBufS - 2>();
-            if constexpr (kBulk) mbar_wait(&sm.tiles_s[b], (i / kPairBufS) & 1);
+            if constexpr (kBulk) mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kPairBufS) & 1);
             group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
             float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
             row_scalars<BV>(rv, re, rb, rf, B.eG, B.beta, B.eGC, B.V, r_w, gq, tq);
@@ -1089,19 +1201,21 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                             mma(ks & 1 ? y2[mt][nt] : y[mt][nt], a[ks][mt], bk[ks][2 * nt], bk[ks][2 * nt + 1]);
                 }
             }
-            if (i + kPairBufS - 1 < n_chunks) load_chunk(i + kPairBufS - 1, (b + kPairBufS - 1) % kPairBufS);
+            if (i + kPairBufS - 1 < i_hi) load_chunk(i + kPairBufS - 1, (b + kPairBufS - 1) % kPairBufS);
             cp_async_commit();
             // Delta'^T = (V^T - Y^T e^G) beta.
             delta_prime(sm.Dp, y, y2, rv, re, rb, r_w, gq, tq);
             group_sync(1);
             // Delta^T = Delta'^T T^T (s <= r).
             delta_products<MT, kNR>(Dm, sm.Dt, sm.Dp, B.T, rf, r_w, k_causal, lane, gq, tq);
-            mbar_arrive(&sm.full_d[i & 1]);
+            if (j >= 0) mbar_arrive(&sm.full_d[j & 1]);
             group_sync(1);
             // S^T = e^{G_C} S^T + Dt K for this warp's state columns.
             state_update(S, eGC, sm.Dt, B.K, i_w, lane);
         }
-        store_state(S, Sg, v0, i_w, gq, tq);
+        // The sequence's last segment leaves the final state (segmented: in sg.fin, which
+        // segment_states_to_slots copies to the slots once no block reads a slot's state).
+        if (i_hi == n_chunks) store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0, i_w, gq, tq);
     } else {
         // ---- the output group: O^T = (S^T Q^T) e^G + Delta^T QKM^T, one chunk behind ----
         constexpr int kNO = pair_bufs_out<BV>();
@@ -1137,17 +1251,17 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             if (gt < 16) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);
         };
         for (int p = 0; p < kNO - 1; ++p) {
-            if (p < n_chunks) load_chunk(p, p);
+            if (i_lo + p < i_hi) load_chunk(i_lo + p, p);
             cp_async_commit();
         }
-        for (int i = 0; i < n_chunks; ++i) {
-            const int b = i % kNO;
+        for (int j = 0; j < i_hi - i_lo; ++j) {
+            const int i = i_lo + j, b = j % kNO;
             const PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
             cp_async_wait<kNO - 2>();
-            if constexpr (kBulk) mbar_wait(&sm.tiles_o[b], (i / kNO) & 1);
+            if constexpr (kBulk) mbar_wait(&sm.tiles_o[b], (j / kNO) & 1);
             group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
-            if (i + kNO - 1 < n_chunks) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
+            if (i + kNO - 1 < i_hi) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
             cp_async_commit();
             float re[kNR][2];
 #pragma unroll
@@ -1161,9 +1275,9 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                 for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) x[mt][nt][e] = x2[mt][nt][e] = 0.0f;
-            const bf16* Sb = sm.Sb[i & 1];
-            const bf16* Dm = sm.Dm[i & 1];
-            mbar_wait(&sm.full_s[i & 1], (i >> 1) & 1);
+            const bf16* Sb = sm.Sb[j & 1];
+            const bf16* Dm = sm.Dm[j & 1];
+            mbar_wait(&sm.full_s[j & 1], (j >> 1) & 1);
             {
                 uint32_t a[kD / 16][MT][4], bq[kD / 16][2 * kNR];
                 auto load = [&](int ks) {
@@ -1190,9 +1304,9 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
                         x[mt][nt][e] = (x[mt][nt][e] + x2[mt][nt][e]) * re[nt][e & 1];
-            mbar_wait(&sm.full_d[i & 1], (i >> 1) & 1);
+            mbar_wait(&sm.full_d[j & 1], (j >> 1) & 1);
             causal_products(x, Dm, B.M, r_w, k_causal, lane);
-            mbar_arrive(&sm.empty[i & 1]);  // this thread's reads of Sb and Dm are done
+            mbar_arrive(&sm.empty[j & 1]);  // this thread's reads of Sb and Dm are done
             o_to_tile<BV>(sm.O, x, r_w, gq, tq);
             group_sync(2);
             flush_out_tile<BV, kGT>(out, sm.O, v_stride, h, v0, t0, n, gt);
@@ -2204,7 +2318,11 @@ void check_launch(const char* op) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 size_t chunk_slots(int n_seqs, int n_tokens) { return (size_t(n_tokens) + size_t(kC - 1) * n_seqs) / kC; }
-size_t table_bytes(int n_seqs) { return (size_t(n_seqs + 1) * sizeof(int32_t) + 255) / 256 * 256; }
+// cstart and segstart, [n_seqs + 1] int32 each.
+size_t table_bytes(int n_seqs) { return 2 * ((size_t(n_seqs + 1) * sizeof(int32_t) + 255) / 256 * 256); }
+int32_t* segstart_table(void* workspace, int n_seqs) {
+    return reinterpret_cast<int32_t*>(static_cast<char*>(workspace) + table_bytes(n_seqs) / 2);
+}
 
 void check_chunked_shape(const ref::GdnShape& shape, int n_seqs, const char* op) {
     ref::detail::check_shape(shape, op);
@@ -2250,13 +2368,14 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
                                          st, sh, offs, cstart, q, k, v, rec, state, out, slots);
 }
 
+// grid_z: n_seqs, or the segment slots of a segmented scan (sg.segstart set).
 template <int BV, bool kBulk, typename OutT>
 void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                         const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
-                        const int32_t* slots, cudaStream_t st) {
-    launch_scan<stage2_pair_kernel<BV, kBulk, OutT>>(sizeof(PairSmem<BV>), dim3(kD / BV, sh.H_v, n_seqs),
+                        const int32_t* slots, cudaStream_t st, const ScanSegments& sg, unsigned grid_z) {
+    launch_scan<stage2_pair_kernel<BV, kBulk, OutT>>(sizeof(PairSmem<BV>), dim3(kD / BV, sh.H_v, grid_z),
                                                      dim3(kPairThreads), st, sh, offs, cstart, q, k, v, rec, state, out,
-                                                     slots);
+                                                     slots, sg);
 }
 
 template <int BV, typename OutT>
@@ -2313,6 +2432,41 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
     return best;
 }
 
+// The segmented scan's gate (two-group kernel only): segments when a 32-column split of the
+// heads (n_seqs H_v) leaves room for at least two segments' blocks on the SMs at once, and the
+// chain of (chunks / P + 1 warmup) steps at that split's cost beats the unsegmented gate's.
+// ALLOY_GDN_SEGMENTS=P forces P segments (1: never) wherever the final states fit the
+// workspace. Assumes the gates decay (the warmup is one chunk): where they do not, a segment's
+// warmup reaches back to its sequence's start and the call costs up to ~1.25x the
+// unsegmented one (the 32-column split's step).
+static int forced_segments() {
+    static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SEGMENTS"); return e ? std::atoi(e) : 0; }();
+    return env;
+}
+// Sequences whose final states the workspace holds for a segmented scan.
+static int segment_seqs_cap(int H_v, int sms) { return std::max(1, sms / (4 * std::max(H_v, 1))); }
+
+GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms) {
+    GdnChunkedPlan plan{gdn_delta_chunked_block_v(H_v * n_seqs, sms), 1};
+    if (n_seqs <= 0 || n_tokens <= 0 || n_seqs > segment_seqs_cap(H_v, sms)) return plan;
+    const int cps = int((size_t(n_tokens) + size_t(kC - 1) * n_seqs) / kC / n_seqs);  // chunks a sequence, about
+    const int forced = forced_segments();
+    if (forced >= 1) {
+        plan.segments = std::max(1, std::min(forced, cps));
+        return plan;
+    }
+    const int heads = H_v * n_seqs;
+    // In 16-column chunk steps (gdn_delta_chunked_block_v's costs).
+    const int blocks = heads * (kD / plan.block_v), waves = (blocks + sms - 1) / sms;
+    const double now = double(waves) * (plan.block_v == 16 ? 1.0 : plan.block_v == 32 ? 1.25 : 1.8) * cps;
+    const int p = sms / (heads * (kD / 32));
+    if (p >= 2 && cps >= 8) {
+        const double seg = (double((cps + p - 1) / p) + 1.0) * 1.25;
+        if (seg < 0.9 * now) plan = {32, p};
+    }
+    return plan;
+}
+
 // The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 forces one / two warp groups / warp rows
 // (A/B; 2 at the 64-column split = one group, as it has no two-group kernel); otherwise two
 // groups at the 16- and 32-column splits and warp rows (4 warps) at the 64-column one. All give
@@ -2337,7 +2491,7 @@ template <typename OutT>
 void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n_tokens, const bf16* q, const bf16* k,
                  const bf16* v, const float* g, const float* beta, float* state, OutT* out, void* workspace,
                  cudaStream_t st, int block_v, const char* op, const int32_t* slots = nullptr,
-                 GdnScan scan = GdnScan::Auto) {
+                 GdnScan scan = GdnScan::Auto, int forced = 0) {
     if (n_seqs == 0 || n_tokens == 0) return;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
@@ -2352,7 +2506,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
     // of 32) and 48 prefer 32.
     const bool gate_split = block_v == 0;
-    if (block_v == 0) block_v = gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms());
+    const GdnChunkedPlan plan = gdn_delta_chunked_plan(sh.H_v, n_seqs, n_tokens, num_sms());
+    if (block_v == 0) block_v = plan.block_v;
     if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
     if (scan == GdnScan::Transition) {
         if (gate_split) block_v = sh.H_v * n_seqs * 8 <= num_sms() ? 16 : 32;
@@ -2400,12 +2555,34 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsBulk) {
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
         const bool bulk = scan == GdnScan::TwoGroupsBulk;
+        // Segments (gdn_delta_chunked_plan): the caller's, the gate's, or ALLOY_GDN_SEGMENTS's with a given split.
+        const int segments = forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
+        if (segments > 1 && n_seqs > segment_seqs_cap(sh.H_v, num_sms()))
+            throw Error(std::string(op) + ": segments " + std::to_string(segments) + " with n_seqs " +
+                        std::to_string(n_seqs) + " (the workspace holds final states of " +
+                        std::to_string(segment_seqs_cap(sh.H_v, num_sms())) + " sequences)");
+        ScanSegments sg{nullptr, n_seqs, 0, nullptr};
+        unsigned grid_z = unsigned(n_seqs);
+        if (segments > 1) {
+            sg.chunks = int((chunks / size_t(n_seqs) + segments - 1) / segments);
+            int32_t* segstart = segstart_table(workspace, n_seqs);
+            sg.segstart = segstart;
+            sg.fin = reinterpret_cast<float*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
+            grid_z = unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs);
+            detail::launch(op, segment_table_kernel, dim3(1), dim3(32), 0, st, cstart, n_seqs, sg.chunks, segstart);
+            check_launch(op);
+        }
         if (block_v == 32) {
-            if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
-            else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+            if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
+            else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
         } else {
-            if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
-            else launch_stage2_pair<16, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
+            if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
+            else launch_stage2_pair<16, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
+        }
+        if (segments > 1) {
+            check_launch(op);
+            detail::launch(op, segment_states_to_slots_kernel, dim3(unsigned(sh.H_v), unsigned(n_seqs)), dim3(256), 0, st,
+                           offs, sh.H_v, sg.fin, state, slots);
         }
     } else if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
     else if (block_v == 32) launch_stage2<32>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);
@@ -2427,14 +2604,18 @@ size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs,
     const size_t per = sizeof(ChunkRecord) + (scan == GdnScan::Wgmma        ? sizeof(WRecord)
                                                : scan == GdnScan::Transition ? sizeof(TRecord)
                                                                              : 0);
-    return table_bytes(std::max(n_seqs, 0)) +
-           chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) * size_t(std::max(shape.H_v, 0)) * per;
+    const int H_v = std::max(shape.H_v, 0);
+    // The segmented scan's final states (two-group kernels), for as many sequences as it runs.
+    const size_t fin =
+        size_t(std::min(std::max(n_seqs, 0), segment_seqs_cap(H_v, num_sms()))) * H_v * kD * kD * sizeof(float);
+    return table_bytes(std::max(n_seqs, 0)) + chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) * size_t(H_v) * per +
+           fin;
 }
 
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,
                        const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* g, const float* beta,
                        float* state, uint16_t* out, void* workspace, void* stream, int block_v,
-                       const int32_t* seq_slots, GdnScan scan) {
+                       const int32_t* seq_slots, GdnScan scan, int segments) {
     const char* op = "cuda::gdn_delta_chunked";
     check_chunked_shape(shape, n_seqs, op);
     if (n_tokens < 0) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " is negative");
@@ -2449,7 +2630,7 @@ void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* se
     run_chunked(shape, n_seqs, seq_offsets, n_tokens, reinterpret_cast<const bf16*>(q),
                 reinterpret_cast<const bf16*>(k), reinterpret_cast<const bf16*>(v), g, beta, state,
                 reinterpret_cast<bf16*>(out), workspace, static_cast<cudaStream_t>(stream), block_v, op, seq_slots,
-                scan);
+                scan, segments);
 }
 
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, const float* q,

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -337,6 +338,113 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
         EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), outs[0].size() * 2)) << "out, split " << i;
         EXPECT_EQ(0, std::memcmp(states[0].data(), states[i].data(), states[0].size() * 4)) << "state, split " << i;
     }
+}
+
+// The segmented scan (cuda::gdn_delta_chunked_plan): heads whose gates decay slowly (the
+// warmup reaches back to the sequence's start) give the unsegmented kernel's bits; heads whose
+// gates decay ~0.5 a token (a segment starts from zero one chunk before it) agree with it to
+// fp32 rounding. Ragged, empty and 1-token sequences, slots permuted, 2 / 3 / 7 segments, both
+// two-group splits.
+TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const ref::GdnShape sh{2, 4, 128, 128, false};
+    const std::vector<int32_t> offs = {0, 150, 151, 300, 300, 1100};
+    const std::vector<int32_t> slots = {3, 0, 4, 1, 2};
+    const int T = 1100, n_seqs = 5;
+    std::mt19937 rng(981);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    auto bf16_rows = [&](int rows, float scale) {
+        std::vector<uint16_t> x(size_t(rows) * 128);
+        for (int r = 0; r < rows; ++r) {
+            std::vector<float> f(128);
+            double ss = 0;
+            for (auto& e : f) {
+                e = nd(rng);
+                ss += double(e) * e;
+            }
+            for (int i = 0; i < 128; ++i) x[size_t(r) * 128 + i] = fp32_to_bf16(f[size_t(i)] * float(scale / std::sqrt(ss)));
+        }
+        return x;
+    };
+    const std::vector<uint16_t> q = bf16_rows(T * sh.H_k, 1.0f / std::sqrt(128.0f)), k = bf16_rows(T * sh.H_k, 1.0f),
+                                v = bf16_rows(T * sh.H_v, 10.0f);
+    // Value heads 0 and 2: g in [-2e-4, -1e-4) (the whole call decays by < e^-0.25); 1 and 3:
+    // logsigmoid(U(0, 1)), as the benchmarks' inputs (about -0.5 a token).
+    std::vector<float> g(size_t(T) * sh.H_v), beta(g.size()), state(size_t(n_seqs) * sh.H_v * 128 * 128);
+    for (size_t i = 0; i < g.size(); ++i) {
+        const bool slow = (i % sh.H_v) % 2 == 0;
+        g[i] = slow ? -(1e-4f + 1e-4f * u(rng)) : -std::log1p(std::exp(-u(rng)));
+        beta[i] = 0.02f + 0.96f * u(rng);
+    }
+    for (auto& e : state) e = 0.3f * nd(rng);
+    DeviceArray<uint16_t> dq(q), dk(k), dv(v);
+    DeviceArray<float> dg(g), db(beta);
+    DeviceArray<int32_t> doffs(offs), dslots(slots);
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_delta_chunked_workspace_bytes(sh, n_seqs, T)));
+    auto run = [&](int bv, int segments, std::vector<uint16_t>& o, std::vector<float>& st_out) {
+        DeviceArray<float> st(state);
+        DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
+        cuda::gdn_delta_chunked(sh, n_seqs, doffs.p, T, dq.p, dk.p, dv.p, dg.p, db.p, st.p, out.p, ws.p, nullptr, bv,
+                                dslots.p, cuda::GdnScan::TwoGroups, segments);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        o = out.host();
+        st_out = st.host();
+    };
+    for (int bv : {16, 32}) {
+        std::vector<uint16_t> base_out;
+        std::vector<float> base_state;
+        run(bv, 1, base_out, base_state);
+        for (int segments : {2, 3, 7}) {
+            std::vector<uint16_t> o;
+            std::vector<float> st;
+            run(bv, segments, o, st);
+            double num = 0, den = 0, snum = 0, sden = 0;
+            for (size_t i = 0; i < o.size(); ++i) {
+                const int h = int((i / 128) % sh.H_v);
+                ASSERT_TRUE(std::isfinite(bf16_to_fp32(o[i]))) << "out element " << i << " not written";
+                if (h % 2 == 0) {
+                    ASSERT_EQ(o[i], base_out[i]) << "slow head " << h << ", element " << i << ", block_v " << bv
+                                                 << ", segments " << segments;
+                } else {
+                    const double a = bf16_to_fp32(o[i]), b = bf16_to_fp32(base_out[i]);
+                    num += (a - b) * (a - b), den += b * b;
+                }
+            }
+            for (size_t i = 0; i < st.size(); ++i) {
+                const int h = int((i / (128 * 128)) % sh.H_v);
+                if (h % 2 == 0) {
+                    ASSERT_EQ(std::memcmp(&st[i], &base_state[i], 4), 0)
+                        << "slow head " << h << ", state element " << i << ", segments " << segments;
+                } else {
+                    snum += (double(st[i]) - base_state[i]) * (double(st[i]) - base_state[i]);
+                    sden += double(base_state[i]) * base_state[i];
+                }
+            }
+            EXPECT_LE(std::sqrt(num / den), 1e-4) << "fast heads' out, block_v " << bv << ", segments " << segments;
+            EXPECT_LE(std::sqrt(snum / sden), 1e-4) << "fast heads' state, block_v " << bv << ", segments " << segments;
+            std::printf("[segments %d, block_v %d] fast heads vs unsegmented: out %.2e state %.2e\n", segments, bv,
+                        std::sqrt(num / den), std::sqrt(snum / sden));
+        }
+    }
+}
+
+// The plan segments few heads only (no device needed).
+TEST(CudaGdnFusedChunked, PlanSegmentsOnlyWhereBlocksAreFew) {
+    if (std::getenv("ALLOY_GDN_SEGMENTS")) GTEST_SKIP() << "ALLOY_GDN_SEGMENTS forces the plan";
+    const auto p16 = cuda::gdn_delta_chunked_plan(16, 1, 4096, 132);
+    EXPECT_EQ(p16.block_v, 32);
+    EXPECT_EQ(p16.segments, 2);
+    const auto p8 = cuda::gdn_delta_chunked_plan(8, 1, 4096, 132);
+    EXPECT_EQ(p8.block_v, 32);
+    EXPECT_EQ(p8.segments, 4);
+    for (int hv : {32, 48}) {
+        const auto p = cuda::gdn_delta_chunked_plan(hv, 1, 65536, 132);
+        EXPECT_EQ(p.segments, 1) << "H_v " << hv;
+        EXPECT_EQ(p.block_v, cuda::gdn_delta_chunked_block_v(hv, 132)) << "H_v " << hv;
+    }
+    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 2, 8192, 132).segments, 1);  // 2 sequences fill the SMs
+    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 1, 256, 132).segments, 1);   // 4 chunks: not worth it
 }
 
 }  // namespace

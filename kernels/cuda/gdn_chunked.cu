@@ -171,40 +171,23 @@ __device__ __forceinline__ int key_head(const ref::GdnShape& sh, int h) {
     return sh.tiled ? h % sh.H_k : h / (sh.H_v / sh.H_k);
 }
 
-// ---- chunk table: cstart[s] = index of sequence s's first chunk, cstart[n_seqs] = total ----
+// ---- start tables (one warp): out[s] = sum over s' < s of ceil((ends[s' + 1] - ends[s']) / div),
+// out[n_seqs] = total. cstart (each sequence's first chunk) = start_table(offs, kC); segstart
+// (each sequence's first segment of `chunks` chunks) = start_table(cstart, chunks).
 
-__global__ void chunk_table_kernel(const int32_t* __restrict__ offs, int n_seqs, int32_t* __restrict__ cstart) {
+__global__ void start_table_kernel(const int32_t* __restrict__ ends, int n_seqs, int div, int32_t* __restrict__ out) {
     detail::pdl_entry();
     const int lane = threadIdx.x;
     int carry = 0;
-    if (lane == 0) cstart[0] = 0;
+    if (lane == 0) out[0] = 0;
     for (int base = 0; base < n_seqs; base += 32) {
         const int s = base + lane;
-        int n = s < n_seqs ? (offs[s + 1] - offs[s] + kC - 1) / kC : 0;
+        int n = s < n_seqs ? (ends[s + 1] - ends[s] + div - 1) / div : 0;
         for (int o = 1; o < 32; o <<= 1) {
             const int x = __shfl_up_sync(0xffffffffu, n, o);
             if (lane >= o) n += x;
         }
-        if (s < n_seqs) cstart[s + 1] = carry + n;
-        carry += __shfl_sync(0xffffffffu, n, 31);
-    }
-}
-
-// segstart[s] = sequence s's first segment of `chunks` chunks, segstart[n_seqs] = total (one warp).
-__global__ void segment_table_kernel(const int32_t* __restrict__ cstart, int n_seqs, int chunks,
-                                     int32_t* __restrict__ segstart) {
-    detail::pdl_entry();
-    const int lane = threadIdx.x;
-    int carry = 0;
-    if (lane == 0) segstart[0] = 0;
-    for (int base = 0; base < n_seqs; base += 32) {
-        const int s = base + lane;
-        int n = s < n_seqs ? (cstart[s + 1] - cstart[s] + chunks - 1) / chunks : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int x = __shfl_up_sync(0xffffffffu, n, o);
-            if (lane >= o) n += x;
-        }
-        if (s < n_seqs) segstart[s + 1] = carry + n;
+        if (s < n_seqs) out[s + 1] = carry + n;
         carry += __shfl_sync(0xffffffffu, n, 31);
     }
 }
@@ -2495,7 +2478,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     if (n_seqs == 0 || n_tokens == 0) return;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
-    detail::launch(op, chunk_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, cstart);
+    detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, int(kC), cstart);
     check_launch(op);
     const size_t chunks = chunk_slots(n_seqs, n_tokens);
     if (chunks > 0x7fffffff) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " too large");
@@ -2569,7 +2552,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
             sg.segstart = segstart;
             sg.fin = reinterpret_cast<float*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
             grid_z = unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs);
-            detail::launch(op, segment_table_kernel, dim3(1), dim3(32), 0, st, cstart, n_seqs, sg.chunks, segstart);
+            detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, static_cast<const int32_t*>(cstart), n_seqs, sg.chunks, segstart);
             check_launch(op);
         }
         if (block_v == 32) {

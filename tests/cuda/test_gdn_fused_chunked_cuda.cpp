@@ -280,6 +280,22 @@ TEST(CudaGdnFusedChunked, OtherShapesRunTheSerialMode) {
     }
 }
 
+// `rows` random rows of 128 with L2 norm `scale`, in bf16.
+std::vector<uint16_t> random_bf16_rows(std::mt19937& rng, int rows, float scale) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> x(size_t(rows) * 128);
+    for (int r = 0; r < rows; ++r) {
+        std::vector<float> f(128);
+        double ss = 0;
+        for (auto& e : f) {
+            e = nd(rng);
+            ss += double(e) * e;
+        }
+        for (int i = 0; i < 128; ++i) x[size_t(r) * 128 + i] = fp32_to_bf16(f[size_t(i)] * float(scale / std::sqrt(ss)));
+    }
+    return x;
+}
+
 // gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) and scan kernels (one or
 // two warp groups; warp rows with 1, 2, 4 or 8 warps a block) give the same bits, so the launch
 // gate, which picks by H_v n_seqs, never changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
@@ -292,19 +308,7 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
     std::mt19937 rng(980);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    auto bf16_rows = [&](int rows, float scale) {
-        std::vector<uint16_t> x(size_t(rows) * 128);
-        for (int r = 0; r < rows; ++r) {
-            std::vector<float> f(128);
-            double ss = 0;
-            for (auto& e : f) {
-                e = nd(rng);
-                ss += double(e) * e;
-            }
-            for (int i = 0; i < 128; ++i) x[size_t(r) * 128 + i] = fp32_to_bf16(f[size_t(i)] * float(scale / std::sqrt(ss)));
-        }
-        return x;
-    };
+    auto bf16_rows = [&](int rows, float scale) { return random_bf16_rows(rng, rows, scale); };
     const std::vector<uint16_t> q = bf16_rows(T * sh.H_k, 1.0f / std::sqrt(128.0f)), k = bf16_rows(T * sh.H_k, 1.0f),
                                 v = bf16_rows(T * sh.H_v, 10.0f);
     std::vector<float> g(size_t(T) * sh.H_v), beta(g.size()), state(size_t(n_seqs) * sh.H_v * 128 * 128);
@@ -354,19 +358,7 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
     std::mt19937 rng(981);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    auto bf16_rows = [&](int rows, float scale) {
-        std::vector<uint16_t> x(size_t(rows) * 128);
-        for (int r = 0; r < rows; ++r) {
-            std::vector<float> f(128);
-            double ss = 0;
-            for (auto& e : f) {
-                e = nd(rng);
-                ss += double(e) * e;
-            }
-            for (int i = 0; i < 128; ++i) x[size_t(r) * 128 + i] = fp32_to_bf16(f[size_t(i)] * float(scale / std::sqrt(ss)));
-        }
-        return x;
-    };
+    auto bf16_rows = [&](int rows, float scale) { return random_bf16_rows(rng, rows, scale); };
     const std::vector<uint16_t> q = bf16_rows(T * sh.H_k, 1.0f / std::sqrt(128.0f)), k = bf16_rows(T * sh.H_k, 1.0f),
                                 v = bf16_rows(T * sh.H_v, 10.0f);
     // Value heads 0 and 2: g in [-2e-4, -1e-4) (the whole call decays by < e^-0.25); 1 and 3:

@@ -113,7 +113,7 @@ GdnScan gdn_delta_chunked_scan(int block_v);
 // scan (1: none). Segments (two-group kernels): each sequence's chunks cut into `segments`
 // runs scanned at once, each from a zero state a warmup before it where the gates have decayed
 // the state by e^-20 (ChunkRecord::bound, kernels/cuda/gdn_chunked.cu), else from the
-// sequence's start; when n_seqs H_v is small (16 value heads, one sequence: 2 segments of a
+// sequence's start; when n_seqs H_v is small and a sequence has >= 64 chunks (16 value heads, one sequence: 2 segments of a
 // 32-column split on 132 SMs). ALLOY_GDN_SEGMENTS=P forces P (1 = off); so does gdn_delta_chunked's
 // `segments` (0: the plan's, or the variable's where block_v is given), for two-group scans
 // only, with n_seqs <= the sequences whose final states the workspace holds (else alloy::Error).

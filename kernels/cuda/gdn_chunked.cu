@@ -2419,9 +2419,13 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
 // heads (n_seqs H_v) leaves room for at least two segments' blocks on the SMs at once, and the
 // chain of (chunks / P + 1 warmup) steps at that split's cost beats the unsegmented gate's.
 // ALLOY_GDN_SEGMENTS=P forces P segments (1: never) wherever the final states fit the
-// workspace. Assumes the gates decay (the warmup is one chunk): where they do not, a segment's
-// warmup reaches back to its sequence's start and the call costs up to ~1.25x the
-// unsegmented one (the 32-column split's step).
+// workspace. Measured (H100, same call, 2026-12-05; H_v 16, 2 segments of 32 columns against the
+// unsegmented 16): gates of ~-0.5 a token (one warmup chunk) 166 -> 116 us at T 4096, 615 -> 376
+// at 16384, 2364 -> 1413 at 65536; gates of ~-1e-4 (the warmup reaches the start) 166 -> 157 and
+// 610 -> 543, but 30.5 -> 42.7 at T 512 (two more launches and the final-state copy), hence
+// sequences of >= 64 chunks only. A head whose gates decay slowly runs its whole chain, so a
+// model with a few such heads (synth's dt in [1e-3, 1e-1], as HF initialises Qwen3.5) gains
+// little: 0.8B BF16 pp4096 +0.7%.
 static int forced_segments() {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SEGMENTS"); return e ? std::atoi(e) : 0; }();
     return env;
@@ -2443,7 +2447,7 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
     const int blocks = heads * (kD / plan.block_v), waves = (blocks + sms - 1) / sms;
     const double now = double(waves) * (plan.block_v == 16 ? 1.0 : plan.block_v == 32 ? 1.25 : 1.8) * cps;
     const int p = sms / (heads * (kD / 32));
-    if (p >= 2 && cps >= 8) {
+    if (p >= 2 && cps >= 64) {
         const double seg = (double((cps + p - 1) / p) + 1.0) * 1.25;
         if (seg < 0.9 * now) plan = {32, p};
     }

@@ -436,7 +436,7 @@ TEST(CudaGdnFusedChunked, PlanSegmentsOnlyWhereBlocksAreFew) {
         EXPECT_EQ(p.block_v, cuda::gdn_delta_chunked_block_v(hv, 132)) << "H_v " << hv;
     }
     EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 2, 8192, 132).segments, 1);  // 2 sequences fill the SMs
-    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 1, 256, 132).segments, 1);   // 4 chunks: not worth it
+    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 1, 2048, 132).segments, 1);  // 32 chunks: not worth it
 }
 
 }  // namespace

@@ -205,7 +205,10 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates) 
     cudaStream_t st;
     CHECK(cudaStreamCreate(&st));
     for (int H_v : {16, 32, 48})
-        for (int T : {512, 4096, 16384, 65536}) {
+        for (int T : {512, 4096, 16384, 65536, -1}) {
+            // --t T: that length alone (any multiple of 64; a listed one runs in its place).
+            if (T == -1) T = only_t == 512 || only_t == 4096 || only_t == 16384 || only_t == 65536 ? 0 : only_t;
+            if (T <= 0) continue;
             if (T > tmax || (only_hv && H_v != only_hv) || (only_t && T != only_t)) continue;
             const alloy::ref::GdnShape sh{H_k, H_v, d, d, false};
             const size_t nqk = size_t(T) * H_k * d, nv = size_t(T) * H_v * d, ng = size_t(T) * H_v;

@@ -2420,9 +2420,9 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
 // chain of (chunks / P + 1 warmup) steps at that split's cost beats the unsegmented gate's.
 // ALLOY_GDN_SEGMENTS=P forces P segments (1: never) wherever the final states fit the
 // workspace. Measured (H100, same call, 2026-12-05; H_v 16, 2 segments of 32 columns against the
-// unsegmented 16): gates of ~-0.5 a token (one warmup chunk) 166 -> 116 us at T 4096, 615 -> 376
-// at 16384, 2364 -> 1413 at 65536; gates of ~-1e-4 (the warmup reaches the start) 166 -> 157 and
-// 610 -> 543, but 30.5 -> 42.7 at T 512 (two more launches and the final-state copy), hence
+// unsegmented 16): gates of ~-0.5 a token (one warmup chunk) 162 -> 116 us at T 4096, 603 -> 376
+// at 16384, 2518 -> 1413 at 65536; gates of ~-1e-4 (the warmup reaches the start) 162 -> 157 and
+// 592 -> 543, but 35.7 -> 42.7 at T 512 (two more launches and the final-state copy), hence
 // sequences of >= 64 chunks only. A head whose gates decay slowly runs its whole chain, so a
 // model with a few such heads (synth's dt in [1e-3, 1e-1], as HF initialises Qwen3.5) gains
 // little: 0.8B BF16 pp4096 +0.7%.
@@ -2494,7 +2494,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // of 32) and 48 prefer 32.
     const bool gate_split = block_v == 0;
     const GdnChunkedPlan plan = gdn_delta_chunked_plan(sh.H_v, n_seqs, n_tokens, num_sms());
-    if (block_v == 0) block_v = plan.block_v;
+    // A caller that turns the segments off (segments = 1) gets the unsegmented gate's split.
+    if (block_v == 0) block_v = forced == 1 ? gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms()) : plan.block_v;
     if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
     if (scan == GdnScan::Transition) {
         if (gate_split) block_v = sh.H_v * n_seqs * 8 <= num_sms() ? 16 : 32;

@@ -2402,15 +2402,15 @@ int num_sms() {
 // 64 -> 1.8 (8 warps). Stage 1 stays one block per (chunk, value head): sharing K K^T and Q K^T
 // among the value heads of a key head (one block per key head, 168 registers, 3 blocks per SM)
 // measured 2-3% slower at H_v 32 and 48.
+// A chunk step's relative cost at a value split (16, 32 or 64 columns a block).
+static double split_step_cost(int block_v) { return block_v == 16 ? 1.0 : block_v == 32 ? 1.25 : 1.8; }
 int gdn_delta_chunked_block_v(int heads, int sms) {
-    const int bvs[3] = {16, 32, 64};
-    const double cost[3] = {1.0, 1.25, 1.8};
     int best = 16;
     double best_t = 1e30;
-    for (int i = 0; i < 3; ++i) {
-        const int blocks = heads * (kD / bvs[i]);
-        const double t = double((blocks + sms - 1) / sms) * cost[i];
-        if (t < best_t - 1e-9) best_t = t, best = bvs[i];
+    for (int bv : {16, 32, 64}) {
+        const int blocks = heads * (kD / bv);
+        const double t = double((blocks + sms - 1) / sms) * split_step_cost(bv);
+        if (t < best_t - 1e-9) best_t = t, best = bv;
     }
     return best;
 }
@@ -2445,10 +2445,10 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
     const int heads = H_v * n_seqs;
     // In 16-column chunk steps (gdn_delta_chunked_block_v's costs).
     const int blocks = heads * (kD / plan.block_v), waves = (blocks + sms - 1) / sms;
-    const double now = double(waves) * (plan.block_v == 16 ? 1.0 : plan.block_v == 32 ? 1.25 : 1.8) * cps;
+    const double now = double(waves) * split_step_cost(plan.block_v) * cps;
     const int p = sms / (heads * (kD / 32));
     if (p >= 2 && cps >= 64) {
-        const double seg = (double((cps + p - 1) / p) + 1.0) * 1.25;
+        const double seg = (double((cps + p - 1) / p) + 1.0) * split_step_cost(32);
         if (seg < 0.9 * now) plan = {32, p};
     }
     return plan;

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace alloy::cpu {
 
@@ -21,5 +22,16 @@ struct ReadBandwidth {
 // bytes should be well above the last-level cache; pages not yet resident are faulted in by
 // the first pass, which is therefore not timed.
 ReadBandwidth measure_read_bandwidth(const void* data, size_t bytes, int passes = 3);
+
+// The same over several regions read as one: each span rounded down to whole 512-byte blocks,
+// the threads splitting the concatenation into equal contiguous shares. `bench` passes the
+// model's weights, i.e. the bytes a decode step streams, so that the floor is stated with the
+// cache behaviour of the step itself (a single tensor can fit in a large last-level cache and
+// read faster than the step's whole working set ever does).
+struct ByteSpan {
+    const void* data;
+    size_t bytes;
+};
+ReadBandwidth measure_read_bandwidth(const std::vector<ByteSpan>& spans, int passes = 3);
 
 }  // namespace alloy::cpu

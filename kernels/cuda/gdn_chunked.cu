@@ -171,37 +171,50 @@ __device__ __forceinline__ int key_head(const ref::GdnShape& sh, int h) {
     return sh.tiled ? h % sh.H_k : h / (sh.H_v / sh.H_k);
 }
 
-// ---- start tables (one warp): out[s] = sum over s' < s of ceil((ends[s' + 1] - ends[s']) / div),
-// out[n_seqs] = total. cstart (each sequence's first chunk) = start_table(offs, kC); segstart
-// (each sequence's first segment of `chunks` chunks) = start_table(cstart, chunks).
+// ---- start tables (one warp): cstart[s] = sum over s' < s of ceil((offs[s' + 1] - offs[s']) / 64)
+// (each sequence's first chunk), cstart[n_seqs] = total; with seg_chunks > 0 also segstart[s] =
+// the same sum of ceil(chunks of s' / seg_chunks) (each sequence's first segment). One launch for
+// both: a separate segstart launch cost ~3 us of a ~120 us op (ncu, H100, T 4096).
 
-__global__ void start_table_kernel(const int32_t* __restrict__ ends, int n_seqs, int div, int32_t* __restrict__ out) {
+__global__ void start_table_kernel(const int32_t* __restrict__ offs, int n_seqs, int32_t* __restrict__ cstart,
+                                   int seg_chunks, int32_t* __restrict__ segstart) {
     detail::pdl_entry();
     const int lane = threadIdx.x;
-    int carry = 0;
-    if (lane == 0) out[0] = 0;
+    int carry = 0, seg_carry = 0;
+    if (lane == 0) cstart[0] = 0;
+    if (lane == 0 && seg_chunks > 0) segstart[0] = 0;
     for (int base = 0; base < n_seqs; base += 32) {
         const int s = base + lane;
-        int n = s < n_seqs ? (ends[s + 1] - ends[s] + div - 1) / div : 0;
+        int n = s < n_seqs ? (offs[s + 1] - offs[s] + kC - 1) / kC : 0;
+        int m = seg_chunks > 0 ? (n + seg_chunks - 1) / seg_chunks : 0;
         for (int o = 1; o < 32; o <<= 1) {
-            const int x = __shfl_up_sync(0xffffffffu, n, o);
-            if (lane >= o) n += x;
+            const int x = __shfl_up_sync(0xffffffffu, n, o), y = __shfl_up_sync(0xffffffffu, m, o);
+            if (lane >= o) n += x, m += y;
         }
-        if (s < n_seqs) out[s + 1] = carry + n;
+        if (s < n_seqs) {
+            cstart[s + 1] = carry + n;
+            if (seg_chunks > 0) segstart[s + 1] = seg_carry + m;
+        }
         carry += __shfl_sync(0xffffffffu, n, 31);
+        seg_carry += __shfl_sync(0xffffffffu, m, 31);
     }
 }
 
 // The segmented scan's final states (fin [n_seqs, H_v, 128, 128]) into the slots, after every
-// block has read its sequence's first state; blockIdx = (value head, sequence).
+// block has read its sequence's first state; blockIdx = (value head, sequence, eighth of the
+// state). One block a head took 11 us for H_v 16 (ncu, H100): 16 blocks cannot keep enough
+// loads in flight.
+constexpr int kFinParts = 8;
 __global__ void segment_states_to_slots_kernel(const int32_t* __restrict__ offs, int H_v, const float* __restrict__ fin,
                                                float* __restrict__ state, const int32_t* __restrict__ slots) {
     detail::pdl_entry();
     const int h = blockIdx.x, seq = blockIdx.y;
     if (offs[seq] == offs[seq + 1]) return;  // an empty sequence keeps its state
-    const float4* src = reinterpret_cast<const float4*>(fin + ((size_t)seq * H_v + h) * kD * kD);
-    float4* dst = reinterpret_cast<float4*>(state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD);
-    for (int i = threadIdx.x; i < kD * kD / 4; i += blockDim.x) dst[i] = src[i];
+    constexpr int kPart = kD * kD / 4 / kFinParts;  // float4s of a part
+    const float4* src = reinterpret_cast<const float4*>(fin + ((size_t)seq * H_v + h) * kD * kD) + blockIdx.z * kPart;
+    float4* dst = reinterpret_cast<float4*>(state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD) +
+                  blockIdx.z * kPart;
+    for (int i = threadIdx.x; i < kPart; i += blockDim.x) dst[i] = src[i];
 }
 
 // ---- stage 1 ----
@@ -2482,12 +2495,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     if (n_seqs == 0 || n_tokens == 0) return;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
-    detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, int(kC), cstart);
-    check_launch(op);
     const size_t chunks = chunk_slots(n_seqs, n_tokens);
     if (chunks > 0x7fffffff) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " too large");
-    detail::launch(op, stage1_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), 0, st, sh, offs, cstart, n_seqs, q, k, g, beta, rec);
-    check_launch(op);
     // Launch gate: 32-column slices unless they would leave a quarter of the SMs idle
     // (H_v n_seqs 4 blocks < 3/4 SMs), then 16-column slices (twice the blocks, each chunk step
     // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
@@ -2497,6 +2506,28 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // A caller that turns the segments off (segments = 1) gets the unsegmented gate's split.
     if (block_v == 0) block_v = forced == 1 ? gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms()) : plan.block_v;
     if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
+    // Segments (gdn_delta_chunked_plan; two-group kernels only): the caller's, the gate's, or
+    // ALLOY_GDN_SEGMENTS's with a given split. Decided here so that one table launch writes both
+    // the chunk and the segment starts.
+    const bool two_groups = scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsBulk;
+    const int segments =
+        !two_groups || block_v == 64 ? 1 : forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
+    if (segments > 1 && n_seqs > segment_seqs_cap(sh.H_v, num_sms()))
+        throw Error(std::string(op) + ": segments " + std::to_string(segments) + " with n_seqs " +
+                    std::to_string(n_seqs) + " (the workspace holds final states of " +
+                    std::to_string(segment_seqs_cap(sh.H_v, num_sms())) + " sequences)");
+    ScanSegments sg{nullptr, n_seqs, 0, nullptr};
+    int32_t* segstart = segments > 1 ? segstart_table(workspace, n_seqs) : nullptr;
+    if (segments > 1) {
+        sg.chunks = int((chunks / size_t(n_seqs) + segments - 1) / segments);
+        sg.segstart = segstart;
+        sg.fin = reinterpret_cast<float*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
+    }
+    detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, cstart, sg.chunks, segstart);
+    check_launch(op);
+    detail::launch(op, stage1_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), 0, st, sh, offs, cstart, n_seqs,
+                   q, k, g, beta, rec);
+    check_launch(op);
     if (scan == GdnScan::Transition) {
         if (gate_split) block_v = sh.H_v * n_seqs * 8 <= num_sms() ? 16 : 32;
         if (block_v != 16 && block_v != 32)
@@ -2543,23 +2574,10 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsBulk) {
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
         const bool bulk = scan == GdnScan::TwoGroupsBulk;
-        // Segments (gdn_delta_chunked_plan): the caller's, the gate's, or ALLOY_GDN_SEGMENTS's with a given split.
-        const int segments = forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
-        if (segments > 1 && n_seqs > segment_seqs_cap(sh.H_v, num_sms()))
-            throw Error(std::string(op) + ": segments " + std::to_string(segments) + " with n_seqs " +
-                        std::to_string(n_seqs) + " (the workspace holds final states of " +
-                        std::to_string(segment_seqs_cap(sh.H_v, num_sms())) + " sequences)");
-        ScanSegments sg{nullptr, n_seqs, 0, nullptr};
-        unsigned grid_z = unsigned(n_seqs);
-        if (segments > 1) {
-            sg.chunks = int((chunks / size_t(n_seqs) + segments - 1) / segments);
-            int32_t* segstart = segstart_table(workspace, n_seqs);
-            sg.segstart = segstart;
-            sg.fin = reinterpret_cast<float*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
-            grid_z = unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs);
-            detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, static_cast<const int32_t*>(cstart), n_seqs, sg.chunks, segstart);
-            check_launch(op);
-        }
+        // Segment slots: at most one more than the chunks' segments per sequence (blocks past a
+        // sequence's last segment return).
+        const unsigned grid_z =
+            segments > 1 ? unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs) : unsigned(n_seqs);
         if (block_v == 32) {
             if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
             else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
@@ -2569,7 +2587,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         }
         if (segments > 1) {
             check_launch(op);
-            detail::launch(op, segment_states_to_slots_kernel, dim3(unsigned(sh.H_v), unsigned(n_seqs)), dim3(256), 0, st,
+            detail::launch(op, segment_states_to_slots_kernel, dim3(unsigned(sh.H_v), unsigned(n_seqs), kFinParts), dim3(256), 0, st,
                            offs, sh.H_v, sg.fin, state, slots);
         }
     } else if (block_v == 64) launch_stage2<64>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st);

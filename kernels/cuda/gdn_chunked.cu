@@ -63,9 +63,8 @@ struct alignas(16) ChunkRecord {
     float eG[kC];         // e^{G_r}, G = cumulative log decay in the chunk (padded rows: G[n-1])
     float beta[kC];       // padded rows: 0
     float eGC[kC];        // e^{G_C - G_r}, C = the chunk's last row (exponentials here, not per scan block)
-    float G[kC];          // G_r itself: the two-group scan forms (Q K^T) .* M from it (padded rows: G[n-1])
     bf16 T[kC * kC];      // (I + A)^-1, [r][s], unit lower triangular
-    bf16 QKM[kC * kC];    // (Q K^T) .* M, [r][s], zero above the diagonal (not written for the two-group scan)
+    bf16 QKM[kC * kC];    // (Q K^T) .* M, [r][s], zero above the diagonal
     // log of a bound on the spectral norm of the chunk's state transition without inputs,
     // prod_r e^{g_r} (I - beta_r k_r k_r^T): sum_r g_r + log max(1, |1 - beta_r |k_r|^2|). A
     // segmented scan starts a segment from a zero state where these sum to <= -kSegLambda over
@@ -281,10 +280,6 @@ struct alignas(16) Stage1Smem {
     float kn[kC];  // |k_r|^2 (the diagonal of K K^T)
 };
 
-// kQKM: also Q K^T .* M into the record (every scan but the two-group one, whose output group
-// forms it from its own Q and K tiles while it waits for the state group: stage 1 then reads
-// half the bytes, 32 -> 16 KB a chunk and head, and writes 17 -> 9 KB).
-template <bool kQKM>
 __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                           const int32_t* __restrict__ cstart, int n_seqs,
                                                           const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -311,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
             const int r = (tid >> 4) + it * (kThreads / 16);
             const size_t off = (size_t)(t0 + (r < n ? r : 0)) * H_k * kD;
             cp_async16(sm.u.in.K + r * kPD + cc, kc + off, r < n);
-            if constexpr (kQKM) cp_async16(sm.u.in.Q + r * kPD + cc, qc + off, r < n);
+            cp_async16(sm.u.in.Q + r * kPD + cc, qc + off, r < n);
         }
     }
     cp_async_commit();
@@ -344,7 +339,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
     for (int ks = 0; ks < kD / 16; ++ks) {
         uint32_t ak[4], aq[4];
         ldsm_x4(ak, a_addr(sm.u.in.K, kPD, 16 * w, 16 * ks, lane));
-        if constexpr (kQKM) ldsm_x4(aq, a_addr(sm.u.in.Q, kPD, 16 * w, 16 * ks, lane));
+        ldsm_x4(aq, a_addr(sm.u.in.Q, kPD, 16 * w, 16 * ks, lane));
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
             if (np > w) break;
@@ -352,10 +347,8 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
             ldsm_x4(b, b_addr(sm.u.in.K, kPD, 16 * np, 16 * ks, lane));
             mma(kk[2 * np], ak, b[0], b[1]);
             mma(kk[2 * np + 1], ak, b[2], b[3]);
-            if constexpr (kQKM) {
-                mma(qk[2 * np], aq, b[0], b[1]);
-                mma(qk[2 * np + 1], aq, b[2], b[3]);
-            }
+            mma(qk[2 * np], aq, b[0], b[1]);
+            mma(qk[2 * np + 1], aq, b[2], b[3]);
         }
     }
     __syncthreads();  // K, Q dead: A and T reuse their space
@@ -378,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
                 sm.u.tri.A[r * (kC + 1) + ss] = a2[e];
                 if (ss == r) sm.kn[r] = kk[nt][2 * hh + e];
             }
-            if constexpr (kQKM) *reinterpret_cast<uint32_t*>(R->QKM + r * kC + s) = pack_bf16(m2[0], m2[1]);
+            *reinterpret_cast<uint32_t*>(R->QKM + r * kC + s) = pack_bf16(m2[0], m2[1]);
         }
     }
     __syncthreads();
@@ -431,7 +424,6 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         R->eG[tid] = expf(sm.G[tid]);
         R->beta[tid] = sm.beta[tid];
         R->eGC[tid] = expf(sm.G[kC - 1] - sm.G[tid]);
-        R->G[tid] = sm.G[tid];
     }
     if (w == 0) {  // the transition bound (padded rows: g = beta = 0, no term)
         float lg = 0.0f;
@@ -1011,11 +1003,10 @@ struct alignas(16) PairStateBuf {
     bf16 V[kC * (BV + 8)];
     float eG[kC], beta[kC], eGC[kC];
 };
-// The output group's chunk: Q and K (it forms Q K^T .* M itself, in registers), e^G and G.
 struct alignas(16) PairOutBuf {
     bf16 Q[kC * kPD];
-    bf16 K[kC * kPD];
-    float eG[kC], G[kC];
+    bf16 M[kC * kPC];
+    float eG[kC];
 };
 constexpr int kPairBufS = 3;  // the state group's ring: chunk c + 2 streams in while c computes
 template <int BV>
@@ -1033,49 +1024,7 @@ struct alignas(16) PairSmem {
     uint64_t tiles_s[kPairBufS], tiles_o[3];  // bulk-copy variant: a ring buffer's tiles landed
     int i_ws;  // the chunk (in the sequence) where the state group starts (segmented scan)
 };
-static_assert(sizeof(PairSmem<32>) <= 232448 && sizeof(PairSmem<16>) <= 232448, "two-group scan: shared memory over 227 KB");
-
-// (Q K^T) .* M for chunk rows [r_w, r_w + 16) (warp gw = r_w / 16 of a group) as mma B
-// fragments: mq[2 ks + u][nt] = rows r_w + 8 nt + gq, columns 16 ks + 8 u + 2 tq (+1), i.e.
-// load_b_rows' registers of an [r][s] QKM tile. Stage 1's QKM: the same mma sequence (k-steps
-// in order, one accumulator), decay e^{G_r - G_s} by __expf and bf16 rounding, so the same bits.
-__device__ __forceinline__ void qkm_fragments(uint32_t (&mq)[8][2], const bf16* Q, const bf16* K, const float* G, int r_w,
-                                              int gw, int lane) {
-    const int gq = lane >> 2, tq = lane & 3;
-    float qk[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qk[i][e] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-        uint32_t aq[4];
-        ldsm_x4(aq, a_addr(Q, kPD, r_w, 16 * ks, lane));
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-            if (np > gw) break;
-            uint32_t b[4];
-            ldsm_x4(b, b_addr(K, kPD, 16 * np, 16 * ks, lane));
-            mma(qk[2 * np], aq, b[0], b[1]);
-            mma(qk[2 * np + 1], aq, b[2], b[3]);
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int r = r_w + gq + 8 * hh, s = 8 * nt + 2 * tq;
-            float m2[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int ss = s + e;
-                const bool in = nt <= 2 * gw + 1;  // computed tile
-                const float dec = ss <= r ? __expf(G[r] - G[ss]) : 0.0f;
-                m2[e] = in && ss <= r ? qk[nt][2 * hh + e] * dec : 0.0f;
-            }
-            mq[nt][hh] = pack_bf16(m2[0], m2[1]);
-        }
-}
+static_assert(sizeof(PairSmem<32>) <= 232448, "two-group scan: shared memory over 227 KB");
 
 // kBulk (GdnScan::TwoGroupsBulk): every whole chunk's tiles arrive by bulk copies (the copy
 // engine, issued by one warp of each group, 193 / 129 row copies a chunk, counted on an
@@ -1267,7 +1216,6 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         // ---- the output group: O^T = (S^T Q^T) e^G + Delta^T QKM^T, one chunk behind ----
         constexpr int kNO = pair_bufs_out<BV>();
         const bf16* q_col = q + (size_t)kh * kD + qk_cc;
-        const bf16* k_col = k + (size_t)kh * kD + qk_cc;
         auto load_chunk = [&](int i, int b) {
             PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
@@ -1275,16 +1223,14 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                 if (n == kC) {
                     if (gw == 0) {
                         const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
-                        if (lane == 0) mbar_arrive_expect_tx(&sm.tiles_o[b], kC * (256 + 256) + 512);
+                        if (lane == 0) mbar_arrive_expect_tx(&sm.tiles_o[b], kC * (256 + 128) + 256);
                         __syncwarp();
                         const bf16* qr = q + (size_t)kh * kD + (size_t)t0 * qk_stride;
-                        const bf16* kr = k + (size_t)kh * kD + (size_t)t0 * qk_stride;
                         for (int r = lane; r < kC; r += 32) {
                             bulk_copy(B.Q + r * kPD, qr + (size_t)r * qk_stride, 256, &sm.tiles_o[b]);
-                            bulk_copy(B.K + r * kPD, kr + (size_t)r * qk_stride, 256, &sm.tiles_o[b]);
+                            bulk_copy(B.M + r * kPC, R->QKM + r * kC, 128, &sm.tiles_o[b]);
                         }
                         if (lane == 0) bulk_copy(B.eG, R->eG, 256, &sm.tiles_o[b]);
-                        if (lane == 1) bulk_copy(B.G, R->G, 256, &sm.tiles_o[b]);
                     }
                     return;
                 }
@@ -1292,10 +1238,13 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             }
             ALLOY_GDN_EXP_SKIP(i, kNO);  // the cp.async variant only
             copy_row_tile<kGT>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
-            copy_row_tile<kGT>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
             const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
+#pragma unroll
+            for (int it = 0; it < kC * 8 / kGT; ++it) {
+                const int r = rec_r0 + it * (kGT / 8);
+                cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
+            }
             if (gt < 16) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);
-            else if (gt < 32) cp_async16(B.G + 4 * (gt - 16), R->G + 4 * (gt - 16), true);
         };
         for (int p = 0; p < kNO - 1; ++p) {
             if (i_lo + p < i_hi) load_chunk(i_lo + p, p);
@@ -1310,11 +1259,6 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
             if (i + kNO - 1 < i_hi) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
             cp_async_commit();
-            // QKM = (Q K^T) .* M for this warp's rows as B fragments of the causal product
-            // (stage 1's products, order and roundings: the record's QKM bits), while the state
-            // group computes the chunk.
-            uint32_t mq[8][kNR];
-            qkm_fragments(mq, B.Q, B.K, B.G, r_w, gw, lane);
             float re[kNR][2];
 #pragma unroll
             for (int nt = 0; nt < kNR; ++nt)
@@ -1357,17 +1301,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                     for (int e = 0; e < 4; ++e)
                         x[mt][nt][e] = (x[mt][nt][e] + x2[mt][nt][e]) * re[nt][e & 1];
             mbar_wait(&sm.full_d[j & 1], (j >> 1) & 1);
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {  // causal_products with QKM from registers
-                if (ks >= k_causal) break;
-                uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(Dm, kPC, 16 * mt, 16 * ks, lane));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < kNR; ++nt) mma(x[mt][nt], a[mt], mq[2 * ks][nt], mq[2 * ks + 1][nt]);
-            }
+            causal_products(x, Dm, B.M, r_w, k_causal, lane);
             mbar_arrive(&sm.empty[j & 1]);  // this thread's reads of Sb and Dm are done
             o_to_tile<BV>(sm.O, x, r_w, gq, tq);
             group_sync(2);
@@ -2591,8 +2525,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     }
     detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, cstart, sg.chunks, segstart);
     check_launch(op);
-    detail::launch(op, two_groups ? stage1_kernel<false> : stage1_kernel<true>, dim3(dim3(unsigned(chunks), sh.H_v)),
-                   dim3(kThreads), 0, st, sh, offs, cstart, n_seqs, q, k, g, beta, rec);
+    detail::launch(op, stage1_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), 0, st, sh, offs, cstart, n_seqs,
+                   q, k, g, beta, rec);
     check_launch(op);
     if (scan == GdnScan::Transition) {
         if (gate_split) block_v = sh.H_v * n_seqs * 8 <= num_sms() ? 16 : 32;

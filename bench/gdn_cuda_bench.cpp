@@ -251,14 +251,16 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates) 
             };
 #ifdef ALLOY_GDN_EXP_CLOCK
             for (int bv : {16, 32, 64}) {  // one plain call per split: cycles per step and phase
-                unsigned long long clk[16];
+                unsigned long long clk[32];
                 alloy::cuda::gdn_chunked_debug_clocks(clk);
                 alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, in[0].q, in[0].k, in[0].v, in[0].g, in[0].beta, state, out, ws, st, bv);
                 CHECK(cudaStreamSynchronize(st));
                 alloy::cuda::gdn_chunked_debug_clocks(clk);
-                std::printf("clk H_v %d T %d bv %d, cycles/step by phase (warp 0 | warp 7):", H_v, T, bv);
+                // Phases 1-9 (the scan kernel's CLK / PCLK points): the one-group kernel warps 0 | 7
+                // (phases 1-7), the two-group kernel (16 / 32 columns) warp 0 | 4.
+                std::printf("clk H_v %d T %d bv %d, cycles/step by phase (first warp | second):", H_v, T, bv);
                 for (int wv = 0; wv < 2; ++wv) {
-                    for (int i = 1; i < 8; ++i) std::printf(" %.0f", double(clk[8 * wv + i]) / (T / 64));
+                    for (int i = 1; i < 10; ++i) std::printf(" %.0f", double(clk[16 * wv + i]) / (T / 64));
                     std::printf(" |");
                 }
                 std::printf("\n");

@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
 #ifdef ALLOY_GDN_EXP_CLOCK
 // Timing experiment only: cycles per phase of the scan, summed over the steps of block (0, 0, 0),
 // for the first and the last warp (lane 0).
-__device__ unsigned long long g_clk[2][8];
+__device__ unsigned long long g_clk[2][16];
 #define CLK(i)                                                                                     \
     do {                                                                                           \
         if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == scan_warps<BV>() - 1)) { \
@@ -451,10 +451,20 @@ __device__ unsigned long long g_clk[2][8];
             clk_last = now;                                                                        \
         }                                                                                          \
     } while (0)
+// The two-group scan: warp 0 (state group) and warp 4 (output group).
+#define PCLK(i)                                                                                          \
+    do {                                                                                                 \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == 4)) { \
+            const long long now = clock64();                                                             \
+            if (i > 0) g_clk[w != 0][i] += now - clk_last;                                               \
+            clk_last = now;                                                                              \
+        }                                                                                                \
+    } while (0)
 #else
 #define CLK(i) \
     do {       \
     } while (0)
+#define PCLK(i) CLK(i)
 #endif
 
 // 8 warps: warp w owns rows r in [8 w, 8 w + 8) of the chunk for Y, X, Delta and O, and state
@@ -993,8 +1003,13 @@ constexpr int kPairThreads = 256;
 __device__ int g_exp_skip_loads = 0;
 #define ALLOY_GDN_EXP_SKIP(i, n) \
     if (g_exp_skip_loads && (i) >= (n)) return
+// Which group's products the two-group scan skips (bit 1: the output group's, bit 2: the state
+// group's Y^T and state update), barriers and hand-overs kept: which group bounds the step.
+__device__ int g_exp_light = 0;
+#define ALLOY_GDN_EXP_LIGHT(bit) (g_exp_light & (bit))
 #else
 #define ALLOY_GDN_EXP_SKIP(i, n)
+#define ALLOY_GDN_EXP_LIGHT(bit) 0
 #endif
 template <int BV>
 struct alignas(16) PairStateBuf {
@@ -1084,6 +1099,9 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
     // from zero (the warmup chunks [i_ws, i_lo) without outputs); the output group [i_lo, i_hi).
     // Hand-overs between the groups count output chunks j = i - i_lo only.
     const int i_ws = sm.i_ws;
+#ifdef ALLOY_GDN_EXP_CLOCK
+    long long clk_last = 0;
+#endif
 
     if (w < 4) {
         // ---- the state group ----
@@ -1160,13 +1178,17 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             const PairStateBuf<BV>& B = sm.sb[b];
             bf16* Sb = sm.Sb[j & 1];
             bf16* Dm = sm.Dm[j & 1];
+            PCLK(1);  // (from the last phase of the step before: the state update)
             // The output group is done with chunk j - 2's Sb and Dm (this parity's buffers).
             if (j >= 2) mbar_wait(&sm.empty[j & 1], ((j >> 1) - 1) & 1);
+            PCLK(2);
             state_to_bf16(Sb, S, i_w, gq, tq);
             if (j >= 0) mbar_arrive(&sm.full_s[j & 1]);
+            PCLK(3);
             cp_async_wait<kPairBufS - 2>();
             if constexpr (kBulk) mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kPairBufS) & 1);
             group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
+            PCLK(4);
             float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
             row_scalars<BV>(rv, re, rb, rf, B.eG, B.beta, B.eGC, B.V, r_w, gq, tq);
             const float eGC = B.eG[kC - 1];
@@ -1178,7 +1200,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                 for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) y[mt][nt][e] = y2[mt][nt][e] = 0.0f;
-            {
+            if (!ALLOY_GDN_EXP_LIGHT(2)) {
                 uint32_t a[kD / 16][MT][4], bk[kD / 16][2 * kNR];
                 auto load = [&](int ks) {
 #pragma unroll
@@ -1197,17 +1219,22 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                             mma(ks & 1 ? y2[mt][nt] : y[mt][nt], a[ks][mt], bk[ks][2 * nt], bk[ks][2 * nt + 1]);
                 }
             }
+            PCLK(5);
             if (i + kPairBufS - 1 < i_hi) load_chunk(i + kPairBufS - 1, (b + kPairBufS - 1) % kPairBufS);
             cp_async_commit();
+            PCLK(6);
             // Delta'^T = (V^T - Y^T e^G) beta.
             delta_prime(sm.Dp, y, y2, rv, re, rb, r_w, gq, tq);
             group_sync(1);
+            PCLK(7);
             // Delta^T = Delta'^T T^T (s <= r).
             delta_products<MT, kNR>(Dm, sm.Dt, sm.Dp, B.T, rf, r_w, k_causal, lane, gq, tq);
             if (j >= 0) mbar_arrive(&sm.full_d[j & 1]);
+            PCLK(8);
             group_sync(1);
+            PCLK(9);
             // S^T = e^{G_C} S^T + Dt K for this warp's state columns.
-            state_update(S, eGC, sm.Dt, B.K, i_w, lane);
+            if (!ALLOY_GDN_EXP_LIGHT(2)) state_update(S, eGC, sm.Dt, B.K, i_w, lane);
         }
         // The sequence's last segment leaves the final state (segmented: in sg.fin, which
         // segment_states_to_slots copies to the slots once no block reads a slot's state).
@@ -1254,11 +1281,14 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             const int i = i_lo + j, b = j % kNO;
             const PairOutBuf& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            PCLK(1);  // (from the step before's output flush)
             cp_async_wait<kNO - 2>();
             if constexpr (kBulk) mbar_wait(&sm.tiles_o[b], (j / kNO) & 1);
             group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
+            PCLK(2);
             if (i + kNO - 1 < i_hi) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
             cp_async_commit();
+            PCLK(3);
             float re[kNR][2];
 #pragma unroll
             for (int nt = 0; nt < kNR; ++nt)
@@ -1274,7 +1304,8 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             const bf16* Sb = sm.Sb[j & 1];
             const bf16* Dm = sm.Dm[j & 1];
             mbar_wait(&sm.full_s[j & 1], (j >> 1) & 1);
-            {
+            PCLK(4);
+            if (!ALLOY_GDN_EXP_LIGHT(1)) {
                 uint32_t a[kD / 16][MT][4], bq[kD / 16][2 * kNR];
                 auto load = [&](int ks) {
 #pragma unroll
@@ -1300,12 +1331,17 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
                         x[mt][nt][e] = (x[mt][nt][e] + x2[mt][nt][e]) * re[nt][e & 1];
+            PCLK(5);
             mbar_wait(&sm.full_d[j & 1], (j >> 1) & 1);
-            causal_products(x, Dm, B.M, r_w, k_causal, lane);
+            PCLK(6);
+            if (!ALLOY_GDN_EXP_LIGHT(1)) causal_products(x, Dm, B.M, r_w, k_causal, lane);
             mbar_arrive(&sm.empty[j & 1]);  // this thread's reads of Sb and Dm are done
+            PCLK(7);
             o_to_tile<BV>(sm.O, x, r_w, gq, tq);
             group_sync(2);
+            PCLK(8);
             flush_out_tile<BV, kGT>(out, sm.O, v_stride, h, v0, t0, n, gt);
+            PCLK(9);
         }
     }
 }
@@ -2337,7 +2373,8 @@ void launch_scan(size_t smem, dim3 grid, dim3 block, cudaStream_t st, Args... ar
     // Timing experiments, in a bench built by hand with -DALLOY_GDN_EXP_TIMING only (outputs are
     // wrong): ALLOY_GDN_EXP_ONE_SLICE=1 runs the first value slice of each head alone (the step
     // time without the other slices' L2 traffic); ALLOY_GDN_EXP_SKIP_LOADS=1 makes the two-group
-    // scan reuse its first chunks' tiles (the step time without tile traffic).
+    // scan reuse its first chunks' tiles (the step time without tile traffic); ALLOY_GDN_EXP_LIGHT=1
+    // / 2 / 3 drops the output group's / the state group's / both groups' products.
     static const bool one_slice = [] { const char* e = std::getenv("ALLOY_GDN_EXP_ONE_SLICE"); return e && *e == '1'; }();
     if (one_slice) grid.x = 1;
     static const bool skip_loads = [] {
@@ -2347,6 +2384,13 @@ void launch_scan(size_t smem, dim3 grid, dim3 block, cudaStream_t st, Args... ar
         return on;
     }();
     (void)skip_loads;
+    static const bool light = [] {
+        const char* e = std::getenv("ALLOY_GDN_EXP_LIGHT");
+        const int v = e ? std::atoi(e) : 0;
+        if (v) cudaMemcpyToSymbol(g_exp_light, &v, sizeof(v));
+        return v != 0;
+    }();
+    (void)light;
 #endif
     static bool configured = false;
     if (!configured) {
@@ -2601,7 +2645,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
 #ifdef ALLOY_GDN_EXP_CLOCK
 void gdn_chunked_debug_clocks(unsigned long long* out) {
     cudaMemcpyFromSymbol(out, g_clk, sizeof(g_clk));
-    static const unsigned long long zero[16] = {};
+    static const unsigned long long zero[32] = {};
     cudaMemcpyToSymbol(g_clk, zero, sizeof(zero));
 }
 #endif

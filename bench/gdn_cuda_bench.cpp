@@ -182,7 +182,7 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates) 
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128, g %s\n\n"
                 "| H_v | T | floor us | gate's block_v x segments | us (gate) | us gate unsegmented | us block_v 16 | us block_v 32 | us block_v 64 | "
                 "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | us warp rows 16 | "
-                "us warp rows 32 | us warp rows 64 | us warp rows 128 | us transition 16 | us transition 32 | us two groups bulk 16 | us two groups bulk 32 | %% of floor | Mtok/s | input sets |\n"
+                "us warp rows 32 | us warp rows 64 | us warp rows 128 | us transition 16 | us transition 32 | us two groups tma 16 | us two groups tma 32 | %% of floor | Mtok/s | input sets |\n"
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
                 slow_gates ? "in [-2e-4, -1e-4)" : "= logsigmoid(U(0, 1))");
@@ -274,8 +274,8 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates) 
                          us64w = time_bv(64, GdnScan::Wgmma), us16r = time_bv(16, GdnScan::WarpRows),
                          us32r = time_bv(32, GdnScan::WarpRows), us64r = time_bv(64, GdnScan::WarpRows),
                          us128r = time_bv(128, GdnScan::WarpRows), us16t = time_bv(16, GdnScan::Transition),
-                         us32t = time_bv(32, GdnScan::Transition), us16b = time_bv(16, GdnScan::TwoGroupsBulk),
-                         us32b = time_bv(32, GdnScan::TwoGroupsBulk);
+                         us32t = time_bv(32, GdnScan::Transition), us16b = time_bv(16, GdnScan::TwoGroupsTma),
+                         us32b = time_bv(32, GdnScan::TwoGroupsTma);
             const alloy::cuda::GdnChunkedPlan plan = alloy::cuda::gdn_delta_chunked_plan(H_v, 1, T, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;

@@ -30,6 +30,7 @@
 // Never exponentiates a positive number: exp(G_r - G_s) only for s <= r, e^{G_r}, e^{G_C - G_r}.
 // Tail chunks are padded in shared memory with zero q, k, v and beta = 0, g = 0 (neither the
 // state nor the real rows' outputs change); padded rows are not written.
+#include <cuda.h>  // CUtensorMap (the TMA scan variant; encoded through the runtime's driver entry point)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -38,6 +39,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "alloy/error.h"
 #include "kernels/cuda/common.cuh"
@@ -110,18 +112,27 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Pitch tag of a tile that a TMA copy wrote with 128-byte swizzling: 64-row halves of 64
+// columns (128-byte rows), the 16-byte chunk c of row r at c ^ (r % 8), each half 1024-byte
+// aligned. Padded tiles have pitches kPD / kPC instead (16 bytes of padding a row).
+constexpr int kSwz = -1;
+// Element (row, col) of a shared tile of pitch P (or kSwz); col a multiple of 8 for kSwz.
+__device__ __forceinline__ int tile_off(int P, int row, int col) {
+    if (P == kSwz) return ((col >> 6) << 12) + (row << 6) + ((((col >> 3) & 7) ^ (row & 7)) << 3) + (col & 7);
+    return row * P + col;
+}
 // Fragment addresses (lane-dependent) for ldmatrix.x4 on a row-major shared tile of pitch P:
 // A operand (16 x 16 at rows m0, cols k0 of an [m][k] tile).
 __device__ __forceinline__ const bf16* a_addr(const bf16* t, int P, int m0, int k0, int lane) {
-    return t + (m0 + (lane & 15)) * P + k0 + ((lane >> 4) << 3);
+    return t + tile_off(P, m0 + (lane & 15), k0 + ((lane >> 4) << 3));
 }
 // B operand of two n-tiles (n0, n0 + 8) x k16 from an [n][k] tile: regs {b0, b1} of n0, {b0, b1} of n0 + 8.
 __device__ __forceinline__ const bf16* b_addr(const bf16* t, int P, int n0, int k0, int lane) {
-    return t + (n0 + (lane & 7) + ((lane >> 4) << 3)) * P + k0 + (((lane >> 3) & 1) << 3);
+    return t + tile_off(P, n0 + (lane & 7) + ((lane >> 4) << 3), k0 + (((lane >> 3) & 1) << 3));
 }
 // The same from a [k][n] tile, with ldmatrix.trans.
 __device__ __forceinline__ const bf16* bt_addr(const bf16* t, int P, int k0, int n0, int lane) {
-    return t + (k0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * P + n0 + ((lane >> 4) << 3);
+    return t + tile_off(P, k0 + (lane & 7) + (((lane >> 3) & 1) << 3), n0 + ((lane >> 4) << 3));
 }
 
 __device__ __forceinline__ uint32_t to_tf32(float x) {
@@ -234,18 +245,19 @@ __device__ __forceinline__ int chunk_seq(const int32_t* cstart, int n_seqs, int 
 // past n zero, by NTH threads (this one: rows r0 + NTH / 16 x it, 16 bytes at column cc). A
 // whole chunk takes row pointers by increments without clamps (the tail path's 64-bit row
 // products and predicates were most of the two-group state warps' copy instructions, SASS).
-template <int NTH>
+template <int NTH, int P = kPD>
 __device__ __forceinline__ void copy_row_tile(bf16* dst, const bf16* col, size_t stride, int t0, int n, int r0, int cc) {
     if (n == kC) {
         const bf16* p = col + (size_t)(t0 + r0) * stride;
         const size_t step = (size_t)(NTH / 16) * stride;
 #pragma unroll
-        for (int it = 0; it < kC * 16 / NTH; ++it, p += step) cp_async16(dst + (r0 + it * (NTH / 16)) * kPD + cc, p, true);
+        for (int it = 0; it < kC * 16 / NTH; ++it, p += step)
+            cp_async16(dst + tile_off(P, r0 + it * (NTH / 16), cc), p, true);
     } else {
 #pragma unroll
         for (int it = 0; it < kC * 16 / NTH; ++it) {
             const int r = r0 + it * (NTH / 16);
-            cp_async16(dst + r * kPD + cc, col + (size_t)(t0 + (r < n ? r : 0)) * stride, r < n);
+            cp_async16(dst + tile_off(P, r, cc), col + (size_t)(t0 + (r < n ? r : 0)) * stride, r < n);
         }
     }
 }
@@ -512,7 +524,7 @@ __device__ __forceinline__ void load_b_rows(uint32_t (&r)[N], const bf16* t, int
     if constexpr (N == 4) {
         ldsm_x4(r, b_addr(t, P, n0, k0, lane));
     } else {
-        ldsm_x2(r, t + (n0 + (lane & 7)) * P + k0 + (((lane >> 3) & 1) << 3));
+        ldsm_x2(r, t + tile_off(P, n0 + (lane & 7), k0 + (((lane >> 3) & 1) << 3)));
     }
 }
 
@@ -605,7 +617,7 @@ __device__ __forceinline__ void delta_prime(bf16* Dp, const float (&y)[MT][kNR][
 }
 // acc^T += A^T [BV][64] B^T for this warp's rows r (B [64 r][64 s], zero for s > r: only the
 // k16 steps s <= r_w + 8 kNR - 1 run).
-template <int MT, int kNR>
+template <int MT, int kNR, int PB = kPC>
 __device__ __forceinline__ void causal_products(float (&acc)[MT][kNR][4], const bf16* A, const bf16* B, int r_w,
                                                 int k_causal, int lane) {
 #pragma unroll
@@ -614,7 +626,7 @@ __device__ __forceinline__ void causal_products(float (&acc)[MT][kNR][4], const 
         uint32_t a[MT][4], b[2 * kNR];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], a_addr(A, kPC, 16 * mt, 16 * ks, lane));
-        load_b_rows(b, B, kPC, r_w, 16 * ks, lane);
+        load_b_rows(b, B, PB, r_w, 16 * ks, lane);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -622,7 +634,7 @@ __device__ __forceinline__ void causal_products(float (&acc)[MT][kNR][4], const 
     }
 }
 // Delta^T = Delta'^T T^T (s <= r) into Dm, and Delta^T .* e^{G_C - G} into Dt.
-template <int MT, int kNR>
+template <int MT, int kNR, int PT = kPC>
 __device__ __forceinline__ void delta_products(bf16* Dm, bf16* Dt, const bf16* Dp, const bf16* T, const float (&rf)[kNR][2],
                                                int r_w, int k_causal, int lane, int gq, int tq) {
     float dl[MT][kNR][4];
@@ -632,7 +644,7 @@ __device__ __forceinline__ void delta_products(bf16* Dm, bf16* Dt, const bf16* D
         for (int nt = 0; nt < kNR; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dl[mt][nt][e] = 0.0f;
-    causal_products(dl, Dp, T, r_w, k_causal, lane);
+    causal_products<MT, kNR, PT>(dl, Dp, T, r_w, k_causal, lane);
 #pragma unroll
     for (int nt = 0; nt < kNR; ++nt) {
         const int r = r_w + 8 * nt + 2 * tq;
@@ -650,7 +662,7 @@ __device__ __forceinline__ void delta_products(bf16* Dm, bf16* Dt, const bf16* D
 }
 // S^T = e^{G_C} S^T + Dt K for this warp's state columns (odd k-steps into a second accumulator:
 // two dependent chains of 2, not one of 4).
-template <int MT, int kNI>
+template <int MT, int kNI, int PK = kPD>
 __device__ __forceinline__ void state_update(float (&S)[MT][kNI][4], float eGC, const bf16* Dt, const bf16* K, int i_w,
                                              int lane) {
 #pragma unroll
@@ -671,7 +683,7 @@ __device__ __forceinline__ void state_update(float (&S)[MT][kNI][4], float eGC, 
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(Dt, kPC, 16 * mt, 16 * ks, lane));
 #pragma unroll
-        for (int p = 0; p < kNI / 2; ++p) ldsm_x4_t(bk[ks][p], bt_addr(K, kPD, 16 * ks, i_w + 16 * p, lane));
+        for (int p = 0; p < kNI / 2; ++p) ldsm_x4_t(bk[ks][p], bt_addr(K, PK, 16 * ks, i_w + 16 * p, lane));
     };
     load(0);
     load(1);
@@ -994,6 +1006,22 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
 }
+// A 2- / 3-d box of a tensor map (TMA) global -> shared at element coordinates c0 (fastest), c1
+// (, c2), counted on `bar` in bytes.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+            smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+        : "memory");
+}
 // Barrier of one warp group (128 threads): id 1 = the state group, 2 = the output group.
 __device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
@@ -1041,25 +1069,69 @@ struct alignas(16) PairSmem {
 };
 static_assert(sizeof(PairSmem<32>) <= 232448, "two-group scan: shared memory over 227 KB");
 
-// kBulk (GdnScan::TwoGroupsBulk): every whole chunk's tiles arrive by bulk copies (the copy
-// engine, issued by one warp of each group, 193 / 129 row copies a chunk, counted on an
-// mbarrier per ring buffer) instead of 16-byte cp.async from every thread; a sequence's last,
-// partial chunk keeps cp.async (bulk copies cannot zero-fill). The same data, so the same bits.
-template <int BV, bool kBulk, typename OutT>
+// The TMA variant's shared memory: K, Q, T and QKM tiles as TMA writes them (128-byte swizzle,
+// kSwz: dense 64 x 64 halves, each 1024-byte aligned), the rest as PairSmem.
+template <int BV>
+struct alignas(1024) PairStateBufTma {
+    bf16 K[kC * kD];
+    bf16 T[kC * kC];
+    bf16 V[kC * (BV + 8)];
+    float eG[kC], beta[kC], eGC[kC];
+};
+struct alignas(1024) PairOutBufTma {
+    bf16 Q[kC * kD];
+    bf16 M[kC * kC];
+    float eG[kC];
+};
+template <int BV>
+struct alignas(1024) PairSmemTma {
+    PairStateBufTma<BV> sb[kPairBufS];
+    PairOutBufTma ob[pair_bufs_out<BV>()];
+    bf16 Sb[2][BV * kPD];
+    bf16 Dp[BV * kPC];
+    bf16 Dm[2][BV * kPC];
+    bf16 Dt[BV * kPC];
+    float O[kC * (BV + 4)];
+    uint64_t full_s[2], full_d[2], empty[2];
+    uint64_t tiles_s[kPairBufS], tiles_o[3];
+    int i_ws;
+};
+// + 1 KB: the dynamic shared memory base rounded up to 1024 bytes in the kernel.
+static_assert(sizeof(PairSmemTma<32>) + 1024 <= 232448 && sizeof(PairSmemTma<16>) + 1024 <= 232448,
+              "two-group TMA scan: shared memory over 227 KB");
+// The TMA variant's tensor maps (host-encoded, kernel parameters): k and q as [n_tokens][H_k
+// 128] bf16 in 64 x 64 boxes, the records' T and QKM as [records][64][64] in 64 x 64 x 1 boxes.
+struct PairMaps {
+    CUtensorMap k, q, T, M;
+};
+
+// kTma (GdnScan::TwoGroupsTma): a whole chunk's K and T (state group) and Q and QKM (output
+// group) tiles arrive by TMA tensor copies, 3 a group and chunk from one thread, counted on an
+// mbarrier per ring buffer, in the 128-byte swizzled layout (kSwz); the row scalars by one bulk
+// copy; V by cp.async. The 16-byte cp.async of every tile from every thread cost ~1.1k (state)
+// and ~0.9k (output) of a ~3.9k-cycle step (clock64, H100, session 37). A sequence's last,
+// partial chunk keeps cp.async (TMA cannot zero the rows past the sequence), into the same
+// swizzled layout. The same data and products, so the same bits. (Session 36's variant here,
+// 193 / 129 per-row bulk copies a chunk, was 3.6x slower.)
+template <int BV, bool kTma, typename OutT>
 __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                       const int32_t* __restrict__ cstart,
                                                                       const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                                       const bf16* __restrict__ v,
                                                                       const ChunkRecord* __restrict__ rec,
                                                                       float* __restrict__ state, OutT* __restrict__ out,
-                                                                      const int32_t* __restrict__ slots, ScanSegments sg) {
+                                                                      const int32_t* __restrict__ slots, ScanSegments sg,
+                                                                      const __grid_constant__ PairMaps maps) {
     detail::pdl_entry();
     constexpr int MT = BV / 16;
     constexpr int kNR = 2, kRW = 16;  // chunk rows per warp (16) as two n8 tiles
     constexpr int kNI = 4, kIW = 32;  // state columns per warp (32) as four n8 tiles
     constexpr int kGT = 128;          // threads per group
+    constexpr int kKP = kTma ? kSwz : kPD, kTP = kTma ? kSwz : kPC;  // pitches of the K / Q and T / QKM tiles
+    using Smem = std::conditional_t<kTma, PairSmemTma<BV>, PairSmem<BV>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    PairSmem<BV>& sm = *reinterpret_cast<PairSmem<BV>*>(smem_raw);
+    // (TMA's swizzled tiles: the base rounded up to 1024 bytes; launch_stage2_pair adds 1 KB.)
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw + (kTma ? (1024 - (smem_u32(smem_raw) & 1023)) & 1023 : 0));
     const int vs = blockIdx.x, h = blockIdx.y;
     // This block's sequence and its chunks [i_lo, i_hi) (indices within the sequence).
     int seq = blockIdx.z, i_lo = 0;
@@ -1085,7 +1157,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             mbar_init(&sm.full_d[p], kGT);
             mbar_init(&sm.empty[p], kGT);
         }
-        if constexpr (kBulk) {
+        if constexpr (kTma) {
             for (int p = 0; p < kPairBufS; ++p) mbar_init(&sm.tiles_s[p], 1);
             for (int p = 0; p < 3; ++p) mbar_init(&sm.tiles_o[p], 1);
         }
@@ -1123,29 +1195,26 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         const bf16* k_col = k + (size_t)kh * kD + qk_cc;
         const bf16* v_col = v + (size_t)h * kD + v0 + v_cc;
         auto load_chunk = [&](int i, int b) {
-            PairStateBuf<BV>& B = sm.sb[b];
+            auto& B = sm.sb[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
-            if constexpr (kBulk) {
+            bool tiles_done = false;  // K, T and the row scalars arrived by TMA / a bulk copy
+            if constexpr (kTma) {
                 if (n == kC) {
-                    if (gw == 0) {
-                        const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
-                        if (lane == 0) mbar_arrive_expect_tx(&sm.tiles_s[b], kC * (256 + 2 * BV + 128) + 768);
-                        __syncwarp();
-                        const bf16* kr = k + (size_t)kh * kD + (size_t)t0 * qk_stride;
-                        const bf16* vr = v + (size_t)h * kD + v0 + (size_t)t0 * v_stride;
-                        for (int r = lane; r < kC; r += 32) {
-                            bulk_copy(B.K + r * kPD, kr + (size_t)r * qk_stride, 256, &sm.tiles_s[b]);
-                            bulk_copy(B.V + r * (BV + 8), vr + (size_t)r * v_stride, 2 * BV, &sm.tiles_s[b]);
-                            bulk_copy(B.T + r * kPC, R->T + r * kC, 128, &sm.tiles_s[b]);
-                        }
-                        if (lane == 0) bulk_copy(B.eG, R->eG, 768, &sm.tiles_s[b]);  // eG, beta, eGC
+                    if (gt == 0) {
+                        const size_t rc = (size_t)(c_first + i) * H_v + h;
+                        mbar_arrive_expect_tx(&sm.tiles_s[b], kC * kD * 2 + kC * kC * 2 + 768);
+                        tma_load_2d(B.K, &maps.k, kh * kD, t0, &sm.tiles_s[b]);
+                        tma_load_2d(B.K + kC * 64, &maps.k, kh * kD + 64, t0, &sm.tiles_s[b]);
+                        tma_load_3d(B.T, &maps.T, 0, 0, int(rc), &sm.tiles_s[b]);
+                        bulk_copy(B.eG, rec[rc].eG, 768, &sm.tiles_s[b]);  // eG, beta, eGC
                     }
-                    return;
+                    tiles_done = true;
+                } else if (gt == 0) {
+                    mbar_arrive(&sm.tiles_s[b]);  // the phase completes; cp.async below
                 }
-                if (gt == 0) mbar_arrive(&sm.tiles_s[b]);  // the phase completes; cp.async below
             }
             ALLOY_GDN_EXP_SKIP(i, kPairBufS);  // the cp.async variant only
-            copy_row_tile<kGT>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
+            if (!tiles_done) copy_row_tile<kGT, kKP>(B.K, k_col, qk_stride, t0, n, qk_r0, qk_cc);
             if (n == kC) {
                 const bf16* vp = v_col + (size_t)(t0 + v_r) * v_stride;
                 const size_t vstep = (size_t)(kGT / kVPerRow) * v_stride;
@@ -1161,11 +1230,12 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                         cp_async16(B.V + r * (BV + 8) + v_cc, v_col + (size_t)(t0 + (r < n ? r : 0)) * v_stride, r < n);
                 }
             }
+            if (tiles_done) return;
             const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
 #pragma unroll
             for (int it = 0; it < kC * 8 / kGT; ++it) {
                 const int r = rec_r0 + it * (kGT / 8);
-                cp_async16(B.T + r * kPC + rec_cc, R->T + r * kC + rec_cc, true);
+                cp_async16(B.T + tile_off(kTP, r, rec_cc), R->T + r * kC + rec_cc, true);
             }
             if (gt < 48) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);  // eG, beta, eGC
         };
@@ -1175,7 +1245,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         }
         for (int i = i_ws; i < i_hi; ++i) {
             const int b = (i - i_ws) % kPairBufS, j = i - i_lo;  // j < 0: a warmup chunk
-            const PairStateBuf<BV>& B = sm.sb[b];
+            const auto& B = sm.sb[b];
             bf16* Sb = sm.Sb[j & 1];
             bf16* Dm = sm.Dm[j & 1];
             PCLK(1);  // (from the last phase of the step before: the state update)
@@ -1186,7 +1256,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             if (j >= 0) mbar_arrive(&sm.full_s[j & 1]);
             PCLK(3);
             cp_async_wait<kPairBufS - 2>();
-            if constexpr (kBulk) mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kPairBufS) & 1);
+            if constexpr (kTma) mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kPairBufS) & 1);
             group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
             PCLK(4);
             float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
@@ -1205,7 +1275,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                 auto load = [&](int ks) {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(Sb, kPD, 16 * mt, 16 * ks, lane));
-                    load_b_rows(bk[ks], B.K, kPD, r_w, 16 * ks, lane);
+                    load_b_rows(bk[ks], B.K, kKP, r_w, 16 * ks, lane);
                 };
                 load(0);
                 load(1);
@@ -1228,13 +1298,13 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             group_sync(1);
             PCLK(7);
             // Delta^T = Delta'^T T^T (s <= r).
-            delta_products<MT, kNR>(Dm, sm.Dt, sm.Dp, B.T, rf, r_w, k_causal, lane, gq, tq);
+            delta_products<MT, kNR, kTP>(Dm, sm.Dt, sm.Dp, B.T, rf, r_w, k_causal, lane, gq, tq);
             if (j >= 0) mbar_arrive(&sm.full_d[j & 1]);
             PCLK(8);
             group_sync(1);
             PCLK(9);
             // S^T = e^{G_C} S^T + Dt K for this warp's state columns.
-            if (!ALLOY_GDN_EXP_LIGHT(2)) state_update(S, eGC, sm.Dt, B.K, i_w, lane);
+            if (!ALLOY_GDN_EXP_LIGHT(2)) state_update<MT, kNI, kKP>(S, eGC, sm.Dt, B.K, i_w, lane);
         }
         // The sequence's last segment leaves the final state (segmented: in sg.fin, which
         // segment_states_to_slots copies to the slots once no block reads a slot's state).
@@ -1244,32 +1314,29 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         constexpr int kNO = pair_bufs_out<BV>();
         const bf16* q_col = q + (size_t)kh * kD + qk_cc;
         auto load_chunk = [&](int i, int b) {
-            PairOutBuf& B = sm.ob[b];
+            auto& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
-            if constexpr (kBulk) {
+            if constexpr (kTma) {
                 if (n == kC) {
-                    if (gw == 0) {
-                        const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
-                        if (lane == 0) mbar_arrive_expect_tx(&sm.tiles_o[b], kC * (256 + 128) + 256);
-                        __syncwarp();
-                        const bf16* qr = q + (size_t)kh * kD + (size_t)t0 * qk_stride;
-                        for (int r = lane; r < kC; r += 32) {
-                            bulk_copy(B.Q + r * kPD, qr + (size_t)r * qk_stride, 256, &sm.tiles_o[b]);
-                            bulk_copy(B.M + r * kPC, R->QKM + r * kC, 128, &sm.tiles_o[b]);
-                        }
-                        if (lane == 0) bulk_copy(B.eG, R->eG, 256, &sm.tiles_o[b]);
+                    if (gt == 0) {
+                        const size_t rc = (size_t)(c_first + i) * H_v + h;
+                        mbar_arrive_expect_tx(&sm.tiles_o[b], kC * kD * 2 + kC * kC * 2 + 256);
+                        tma_load_2d(B.Q, &maps.q, kh * kD, t0, &sm.tiles_o[b]);
+                        tma_load_2d(B.Q + kC * 64, &maps.q, kh * kD + 64, t0, &sm.tiles_o[b]);
+                        tma_load_3d(B.M, &maps.M, 0, 0, int(rc), &sm.tiles_o[b]);
+                        bulk_copy(B.eG, rec[rc].eG, 256, &sm.tiles_o[b]);
                     }
                     return;
                 }
                 if (gt == 0) mbar_arrive(&sm.tiles_o[b]);  // the phase completes; cp.async below
             }
             ALLOY_GDN_EXP_SKIP(i, kNO);  // the cp.async variant only
-            copy_row_tile<kGT>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
+            copy_row_tile<kGT, kKP>(B.Q, q_col, qk_stride, t0, n, qk_r0, qk_cc);
             const ChunkRecord* R = rec + (size_t)(c_first + i) * H_v + h;
 #pragma unroll
             for (int it = 0; it < kC * 8 / kGT; ++it) {
                 const int r = rec_r0 + it * (kGT / 8);
-                cp_async16(B.M + r * kPC + rec_cc, R->QKM + r * kC + rec_cc, true);
+                cp_async16(B.M + tile_off(kTP, r, rec_cc), R->QKM + r * kC + rec_cc, true);
             }
             if (gt < 16) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);
         };
@@ -1279,11 +1346,11 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
         }
         for (int j = 0; j < i_hi - i_lo; ++j) {
             const int i = i_lo + j, b = j % kNO;
-            const PairOutBuf& B = sm.ob[b];
+            const auto& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
             PCLK(1);  // (from the step before's output flush)
             cp_async_wait<kNO - 2>();
-            if constexpr (kBulk) mbar_wait(&sm.tiles_o[b], (j / kNO) & 1);
+            if constexpr (kTma) mbar_wait(&sm.tiles_o[b], (j / kNO) & 1);
             group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
             PCLK(2);
             if (i + kNO - 1 < i_hi) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
@@ -1310,7 +1377,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                 auto load = [&](int ks) {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[ks][mt], a_addr(Sb, kPD, 16 * mt, 16 * ks, lane));
-                    load_b_rows(bq[ks], B.Q, kPD, r_w, 16 * ks, lane);
+                    load_b_rows(bq[ks], B.Q, kKP, r_w, 16 * ks, lane);
                 };
                 load(0);
                 load(1);
@@ -1334,7 +1401,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             PCLK(5);
             mbar_wait(&sm.full_d[j & 1], (j >> 1) & 1);
             PCLK(6);
-            if (!ALLOY_GDN_EXP_LIGHT(1)) causal_products(x, Dm, B.M, r_w, k_causal, lane);
+            if (!ALLOY_GDN_EXP_LIGHT(1)) causal_products<MT, kNR, kTP>(x, Dm, B.M, r_w, k_causal, lane);
             mbar_arrive(&sm.empty[j & 1]);  // this thread's reads of Sb and Dm are done
             PCLK(7);
             o_to_tile<BV>(sm.O, x, r_w, gq, tq);
@@ -2409,13 +2476,65 @@ void launch_stage2(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, con
 }
 
 // grid_z: n_seqs, or the segment slots of a segmented scan (sg.segstart set).
-template <int BV, bool kBulk, typename OutT>
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled() {
+    static const EncodeTiledFn fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult res{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &res) != cudaSuccess ||
+            res != cudaDriverEntryPointSuccess)
+            p = nullptr;
+        return reinterpret_cast<EncodeTiledFn>(p);
+    }();
+    return fn;
+}
+// A bf16 tensor map of rank 2 or 3 in 128-byte swizzled boxes (dims fastest first; strides of
+// dims 1.. in bytes).
+CUtensorMap bf16_tensor_map(const char* op, const void* base, cuuint32_t rank, const cuuint64_t* dims,
+                            const cuuint64_t* strides, const cuuint32_t* box) {
+    const EncodeTiledFn encode = encode_tiled();
+    if (!encode) throw Error(std::string(op) + ": the TMA scan needs the driver's cuTensorMapEncodeTiled (not found)");
+    CUtensorMap m;
+    const cuuint32_t unit[3] = {1, 1, 1};
+    const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box, unit,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw Error(std::string(op) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")");
+    return m;
+}
+
+// The TMA scan's maps: k and q [n_tokens][H_k 128] in 64 x 64 boxes; the records' T and QKM
+// [n_records][64][64] in 64 x 64 x 1 boxes.
+PairMaps pair_maps(const char* op, const ref::GdnShape& sh, int n_tokens, const bf16* q, const bf16* k,
+                   const ChunkRecord* rec, size_t n_records) {
+    PairMaps m;
+    const cuuint64_t qk_dims[2] = {cuuint64_t(sh.H_k) * kD, cuuint64_t(n_tokens)};
+    const cuuint64_t qk_strides[1] = {cuuint64_t(sh.H_k) * kD * sizeof(bf16)};
+    const cuuint32_t qk_box[2] = {64, kC};
+    m.k = bf16_tensor_map(op, k, 2, qk_dims, qk_strides, qk_box);
+    m.q = bf16_tensor_map(op, q, 2, qk_dims, qk_strides, qk_box);
+    const cuuint64_t rec_dims[3] = {kC, kC, cuuint64_t(n_records)};
+    const cuuint64_t rec_strides[2] = {kC * sizeof(bf16), sizeof(ChunkRecord)};
+    const cuuint32_t rec_box[3] = {kC, kC, 1};
+    const char* r = reinterpret_cast<const char*>(rec);
+    m.T = bf16_tensor_map(op, r + offsetof(ChunkRecord, T), 3, rec_dims, rec_strides, rec_box);
+    m.M = bf16_tensor_map(op, r + offsetof(ChunkRecord, QKM), 3, rec_dims, rec_strides, rec_box);
+    return m;
+}
+
+template <int BV, bool kTma, typename OutT>
 void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                         const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
-                        const int32_t* slots, cudaStream_t st, const ScanSegments& sg, unsigned grid_z) {
-    launch_scan<stage2_pair_kernel<BV, kBulk, OutT>>(sizeof(PairSmem<BV>), dim3(kD / BV, sh.H_v, grid_z),
-                                                     dim3(kPairThreads), st, sh, offs, cstart, q, k, v, rec, state, out,
-                                                     slots, sg);
+                        const int32_t* slots, cudaStream_t st, const ScanSegments& sg, unsigned grid_z, int n_tokens,
+                        size_t n_records) {
+    const PairMaps maps = kTma ? pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records) : PairMaps{};
+    launch_scan<stage2_pair_kernel<BV, kTma, OutT>>(kTma ? sizeof(PairSmemTma<BV>) + 1024 : sizeof(PairSmem<BV>),
+                                                    dim3(kD / BV, sh.H_v, grid_z), dim3(kPairThreads), st, sh, offs,
+                                                    cstart, q, k, v, rec, state, out, slots, sg, maps);
 }
 
 template <int BV, typename OutT>
@@ -2511,22 +2630,25 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
     return plan;
 }
 
-// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 forces one / two warp groups / warp rows
-// (A/B; 2 at the 64-column split = one group, as it has no two-group kernel); otherwise two
-// groups at the 16- and 32-column splits and warp rows (4 warps) at the 64-column one. All give
-// the same bits. Warp rows, H200, same call (2026-12-05): H_v 48 (the gate's 64-column split)
+// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 / 5 forces one / two warp groups on
+// cp.async / warp rows / two groups on TMA (A/B; 2 at the 64-column split = one group, as it has
+// no two-group kernel); otherwise two groups on TMA at the 16- and 32-column splits and warp rows
+// (4 warps) at the 64-column one. All give the same bits. TMA against cp.async tiles, H100, same
+// call (session 37): 16 columns 162.5 -> 121.4 us (H_v 16, T 4096), 600.9 -> 427.4 (16384); 32
+// columns 185.9 -> 170.0 (H_v 32, 4096), 710.1 -> 624.7; the gate (H_v 16, 32 x 2 segments)
+// 111.0 -> 102.1, 370.1 -> 337.9. Warp rows, H200, same call (2026-12-05): H_v 48 (the gate's 64-column split)
 // 1-4% faster than one group at T 512-65536; at H_v 16 / 32 with 1 or 2 warps a block 1.3-1.6x
 // slower than two groups: one warp per scheduler issues ~1.2-1.5k instructions a step at 3.2-4.6
 // cycles each (ncu: fixed-latency and shared-memory dependencies), where the two-group kernel
 // spreads the step over 8 warps.
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
-    if (env == 5) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsBulk;
+    if (env == 5) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsTma;
     if (env == 4) return GdnScan::Transition;
     if (env == 3) return GdnScan::WarpRows;
     if (env == 1) return GdnScan::OneGroup;
     if (block_v == 64) return env == 2 ? GdnScan::OneGroup : GdnScan::WarpRows;
-    return GdnScan::TwoGroups;
+    return env == 2 ? GdnScan::TwoGroups : GdnScan::TwoGroupsTma;
 }
 
 namespace {
@@ -2553,7 +2675,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // Segments (gdn_delta_chunked_plan; two-group kernels only): the caller's, the gate's, or
     // ALLOY_GDN_SEGMENTS's with a given split. Decided here so that one table launch writes both
     // the chunk and the segment starts.
-    const bool two_groups = scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsBulk;
+    const bool two_groups = scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma;
     const int segments =
         !two_groups || block_v == 64 ? 1 : forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
     if (segments > 1 && n_seqs > segment_seqs_cap(sh.H_v, num_sms()))
@@ -2615,19 +2737,20 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         if (block_v == 64) launch_stage2_wg<64>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else if (block_v == 32) launch_stage2_wg<32>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else launch_stage2_wg<16>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
-    } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsBulk) {
+    } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma) {
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
-        const bool bulk = scan == GdnScan::TwoGroupsBulk;
+        // TMA tiles, unless the driver does not give the tensor-map encoder (then cp.async: same bits).
+        const bool bulk = scan == GdnScan::TwoGroupsTma && encode_tiled() != nullptr;
         // Segment slots: at most one more than the chunks' segments per sequence (blocks past a
         // sequence's last segment return).
         const unsigned grid_z =
             segments > 1 ? unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs) : unsigned(n_seqs);
         if (block_v == 32) {
-            if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
-            else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
+            if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
         } else {
-            if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
-            else launch_stage2_pair<16, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z);
+            if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            else launch_stage2_pair<16, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
         }
         if (segments > 1) {
             check_launch(op);

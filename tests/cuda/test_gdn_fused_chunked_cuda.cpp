@@ -324,8 +324,8 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
                                                   {64, cuda::GdnScan::OneGroup}, {16, cuda::GdnScan::TwoGroups},
                                                   {32, cuda::GdnScan::TwoGroups}, {16, cuda::GdnScan::WarpRows},
                                                   {32, cuda::GdnScan::WarpRows},  {64, cuda::GdnScan::WarpRows},
-                                                  {128, cuda::GdnScan::WarpRows}, {16, cuda::GdnScan::TwoGroupsBulk},
-                                                  {32, cuda::GdnScan::TwoGroupsBulk}};
+                                                  {128, cuda::GdnScan::WarpRows}, {16, cuda::GdnScan::TwoGroupsTma},
+                                                  {32, cuda::GdnScan::TwoGroupsTma}};
     for (const auto& [bv, scan] : runs) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));

@@ -100,8 +100,9 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // from a stage 1t), block_v 16 only, its own workspace (other bits; only when asked for).
 // TwoGroupsTma: the two-group scan with its whole chunks' K, T, Q and QKM tiles brought by TMA
 // tensor copies (128-byte swizzled tiles) instead of cp.async (same bits; only when asked for,
-// ALLOY_GDN_SCAN=5).
-enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition, TwoGroupsTma };
+// ALLOY_GDN_SCAN=5). TwoGroupsProducer: the same with a ninth warp issuing every copy
+// (ALLOY_GDN_SCAN=6; same bits).
+enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition, TwoGroupsTma, TwoGroupsProducer };
 // scan = GdnScan::Wgmma and Transition need larger workspaces (their stages 1b / 1t write W, U
 // and Kd^T, or Pn, Qt and T diag(beta) per chunk and head); the other kernels need the default's.
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens,

@@ -573,7 +573,7 @@ __device__ __forceinline__ void state_to_bf16(bf16* Sb, const float (&S)[MT][kNI
 }
 // This warp's rows' scalars (e^G, beta, e^{G_C - G}) and V^T values, read early so that their
 // latency hides under the products.
-template <int BV, int MT, int kNR>
+template <int BV, int MT, int kNR, int VP = BV + 8>
 __device__ __forceinline__ void row_scalars(float (&rv)[kNR][MT][2][2], float (&re)[kNR][2], float (&rb)[kNR][2],
                                             float (&rf)[kNR][2], const float* eG, const float* beta, const float* eGC,
                                             const bf16* V, int r_w, int gq, int tq) {
@@ -588,7 +588,7 @@ __device__ __forceinline__ void row_scalars(float (&rv)[kNR][MT][2][2], float (&
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) rv[nt][mt][hh][e] = __bfloat162float(V[(r + e) * (BV + 8) + 16 * mt + gq + 8 * hh]);
+                for (int hh = 0; hh < 2; ++hh) rv[nt][mt][hh][e] = __bfloat162float(V[(r + e) * VP + 16 * mt + gq + 8 * hh]);
         }
     }
 }
@@ -1094,6 +1094,7 @@ struct alignas(1024) PairSmemTma {
     float O[kC * (BV + 4)];
     uint64_t full_s[2], full_d[2], empty[2];
     uint64_t tiles_s[kPairBufS], tiles_o[3];
+    uint64_t s_free[kPairBufS], o_free[3];  // producer-warp variant: a ring buffer's readers are done
     int i_ws;
 };
 // + 1 KB: the dynamic shared memory base rounded up to 1024 bytes in the kernel.
@@ -1103,7 +1104,18 @@ static_assert(sizeof(PairSmemTma<32>) + 1024 <= 232448 && sizeof(PairSmemTma<16>
 // 128] bf16 in 64 x 64 boxes, the records' T and QKM as [records][64][64] in 64 x 64 x 1 boxes.
 struct PairMaps {
     CUtensorMap k, q, T, M;
+    CUtensorMap v;  // producer-warp variant: v [n_tokens][H_v 128] in dense BV x 64 boxes
 };
+// Non-blocking test of an mbarrier phase (true once the phase of parity `parity` completed).
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(ok)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
 
 // kTma (GdnScan::TwoGroupsTma): a whole chunk's K and T (state group) and Q and QKM (output
 // group) tiles arrive by TMA tensor copies, 3 a group and chunk from one thread, counted on an
@@ -1113,8 +1125,15 @@ struct PairMaps {
 // partial chunk keeps cp.async (TMA cannot zero the rows past the sequence), into the same
 // swizzled layout. The same data and products, so the same bits. (Session 36's variant here,
 // 193 / 129 per-row bulk copies a chunk, was 3.6x slower.)
-template <int BV, bool kTma, typename OutT>
-__global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+//
+// kProd (with kTma; opt-in, ALLOY_GDN_SCAN=6; compiled but NOT YET RUN ON A GPU as of session 37:
+// the device budget ran out): a ninth warp, the producer, issues every copy of both rings (TMA for whole
+// chunks, V too, as a dense [64][BV] box; its own cp.async for a partial chunk) as soon as the
+// ring buffer's readers have arrived on its "free" mbarrier, so no consumer warp spends its
+// step issuing copies (clock64 with kTma alone: lane 0's copy issue held its warp ~765 / 578
+// cycles a step).
+template <int BV, bool kTma, typename OutT, bool kProd = false>
+__global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pair_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                       const int32_t* __restrict__ cstart,
                                                                       const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                                       const bf16* __restrict__ v,
@@ -1128,6 +1147,8 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
     constexpr int kNI = 4, kIW = 32;  // state columns per warp (32) as four n8 tiles
     constexpr int kGT = 128;          // threads per group
     constexpr int kKP = kTma ? kSwz : kPD, kTP = kTma ? kSwz : kPC;  // pitches of the K / Q and T / QKM tiles
+    constexpr int kVP = kProd ? BV : BV + 8;                           // pitch of the V tile
+    static_assert(!kProd || kTma, "the producer warp issues TMA copies");
     using Smem = std::conditional_t<kTma, PairSmemTma<BV>, PairSmem<BV>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // (TMA's swizzled tiles: the base rounded up to 1024 bytes; launch_stage2_pair adds 1 KB.)
@@ -1157,6 +1178,10 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             mbar_init(&sm.full_d[p], kGT);
             mbar_init(&sm.empty[p], kGT);
         }
+        if constexpr (kProd) {
+            for (int p = 0; p < kPairBufS; ++p) mbar_init(&sm.s_free[p], kGT);
+            for (int p = 0; p < 3; ++p) mbar_init(&sm.o_free[p], kGT);
+        }
         if constexpr (kTma) {
             for (int p = 0; p < kPairBufS; ++p) mbar_init(&sm.tiles_s[p], 1);
             for (int p = 0; p < 3; ++p) mbar_init(&sm.tiles_o[p], 1);
@@ -1174,6 +1199,89 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
 #ifdef ALLOY_GDN_EXP_CLOCK
     long long clk_last = 0;
 #endif
+
+    if constexpr (kProd) {
+        if (w == 8) {
+            // ---- the producer warp: the state ring's chunks [i_ws, i_hi), the output ring's
+            // [i_lo, i_hi), each into its buffer once that buffer's last readers arrived ----
+            constexpr int kNO = pair_bufs_out<BV>();
+            const int cc = (lane & 15) * 8, r0 = lane >> 4;  // copy_row_tile with 32 threads
+            auto load_state = [&](int i, int b) {
+                auto& B = sm.sb[b];
+                const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+                const size_t rc = (size_t)(c_first + i) * H_v + h;
+                if (n == kC) {
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(&sm.tiles_s[b], kC * kD * 2 + kC * kC * 2 + kC * BV * 2 + 768);
+                        tma_load_2d(B.K, &maps.k, kh * kD, t0, &sm.tiles_s[b]);
+                        tma_load_2d(B.K + kC * 64, &maps.k, kh * kD + 64, t0, &sm.tiles_s[b]);
+                        tma_load_3d(B.T, &maps.T, 0, 0, int(rc), &sm.tiles_s[b]);
+                        tma_load_2d(B.V, &maps.v, h * kD + v0, t0, &sm.tiles_s[b]);
+                        bulk_copy(B.eG, rec[rc].eG, 768, &sm.tiles_s[b]);  // eG, beta, eGC
+                    }
+                    return;
+                }
+                // A partial chunk: zero rows past the sequence, by cp.async (into the same layouts).
+                copy_row_tile<32, kSwz>(B.K, k + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
+                const ChunkRecord* R = rec + rc;
+                for (int it = 0; it < kC * 8 / 32; ++it) {
+                    const int r = (lane >> 3) + 4 * it, c = (lane & 7) * 8;
+                    cp_async16(B.T + tile_off(kSwz, r, c), R->T + r * kC + c, true);
+                }
+                for (int idx = lane; idx < kC * (BV / 8); idx += 32) {
+                    const int r = idx / (BV / 8), c = (idx % (BV / 8)) * 8;
+                    cp_async16(B.V + r * BV + c, v + (size_t)(t0 + (r < n ? r : 0)) * v_stride + (size_t)h * kD + v0 + c, r < n);
+                }
+                for (int idx = lane; idx < 48; idx += 32) cp_async16(B.eG + 4 * idx, R->eG + 4 * idx, true);
+                cp_async_commit();
+                cp_async_wait_all();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&sm.tiles_s[b]);
+            };
+            auto load_out = [&](int i, int b) {
+                auto& B = sm.ob[b];
+                const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+                const size_t rc = (size_t)(c_first + i) * H_v + h;
+                if (n == kC) {
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(&sm.tiles_o[b], kC * kD * 2 + kC * kC * 2 + 256);
+                        tma_load_2d(B.Q, &maps.q, kh * kD, t0, &sm.tiles_o[b]);
+                        tma_load_2d(B.Q + kC * 64, &maps.q, kh * kD + 64, t0, &sm.tiles_o[b]);
+                        tma_load_3d(B.M, &maps.M, 0, 0, int(rc), &sm.tiles_o[b]);
+                        bulk_copy(B.eG, rec[rc].eG, 256, &sm.tiles_o[b]);
+                    }
+                    return;
+                }
+                copy_row_tile<32, kSwz>(B.Q, q + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
+                const ChunkRecord* R = rec + rc;
+                for (int it = 0; it < kC * 8 / 32; ++it) {
+                    const int r = (lane >> 3) + 4 * it, c = (lane & 7) * 8;
+                    cp_async16(B.M + tile_off(kSwz, r, c), R->QKM + r * kC + c, true);
+                }
+                if (lane < 16) cp_async16(B.eG + 4 * lane, R->eG + 4 * lane, true);
+                cp_async_commit();
+                cp_async_wait_all();
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&sm.tiles_o[b]);
+            };
+            int si = i_ws, oi = i_lo;  // the next chunk of each ring
+            while (si < i_hi || oi < i_hi) {
+                bool did = false;
+                if (si < i_hi) {
+                    const int u = si - i_ws, b = u % kPairBufS;
+                    const bool ready = __shfl_sync(0xffffffffu, u < kPairBufS || mbar_test(&sm.s_free[b], ((u / kPairBufS) - 1) & 1), 0);
+                    if (ready) load_state(si++, b), did = true;
+                }
+                if (oi < i_hi) {
+                    const int u = oi - i_lo, b = u % kNO;
+                    const bool ready = __shfl_sync(0xffffffffu, u < kNO || mbar_test(&sm.o_free[b], ((u / kNO) - 1) & 1), 0);
+                    if (ready) load_out(oi++, b), did = true;
+                }
+                if (!did) __nanosleep(64);
+            }
+            return;
+        }
+    }
 
     if (w < 4) {
         // ---- the state group ----
@@ -1240,7 +1348,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             if (gt < 48) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);  // eG, beta, eGC
         };
         for (int p = 0; p < kPairBufS - 1; ++p) {
-            if (i_ws + p < i_hi) load_chunk(i_ws + p, p);
+            if (!kProd && i_ws + p < i_hi) load_chunk(i_ws + p, p);
             cp_async_commit();
         }
         for (int i = i_ws; i < i_hi; ++i) {
@@ -1260,7 +1368,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
             PCLK(4);
             float rv[kNR][MT][2][2], re[kNR][2], rb[kNR][2], rf[kNR][2];
-            row_scalars<BV>(rv, re, rb, rf, B.eG, B.beta, B.eGC, B.V, r_w, gq, tq);
+            row_scalars<BV, MT, kNR, kVP>(rv, re, rb, rf, B.eG, B.beta, B.eGC, B.V, r_w, gq, tq);
             const float eGC = B.eG[kC - 1];
             // Y^T = S^T K^T for this warp's rows (even / odd k-steps apart, as the one-group kernel).
             float y[MT][kNR][4], y2[MT][kNR][4];
@@ -1290,7 +1398,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
                 }
             }
             PCLK(5);
-            if (i + kPairBufS - 1 < i_hi) load_chunk(i + kPairBufS - 1, (b + kPairBufS - 1) % kPairBufS);
+            if (!kProd && i + kPairBufS - 1 < i_hi) load_chunk(i + kPairBufS - 1, (b + kPairBufS - 1) % kPairBufS);
             cp_async_commit();
             PCLK(6);
             // Delta'^T = (V^T - Y^T e^G) beta.
@@ -1305,6 +1413,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             PCLK(9);
             // S^T = e^{G_C} S^T + Dt K for this warp's state columns.
             if (!ALLOY_GDN_EXP_LIGHT(2)) state_update<MT, kNI, kKP>(S, eGC, sm.Dt, B.K, i_w, lane);
+            if constexpr (kProd) mbar_arrive(&sm.s_free[b]);  // this thread's reads of the buffer are done
         }
         // The sequence's last segment leaves the final state (segmented: in sg.fin, which
         // segment_states_to_slots copies to the slots once no block reads a slot's state).
@@ -1341,7 +1450,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             if (gt < 16) cp_async16(B.eG + 4 * gt, R->eG + 4 * gt, true);
         };
         for (int p = 0; p < kNO - 1; ++p) {
-            if (i_lo + p < i_hi) load_chunk(i_lo + p, p);
+            if (!kProd && i_lo + p < i_hi) load_chunk(i_lo + p, p);
             cp_async_commit();
         }
         for (int j = 0; j < i_hi - i_lo; ++j) {
@@ -1353,7 +1462,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             if constexpr (kTma) mbar_wait(&sm.tiles_o[b], (j / kNO) & 1);
             group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
             PCLK(2);
-            if (i + kNO - 1 < i_hi) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
+            if (!kProd && i + kNO - 1 < i_hi) load_chunk(i + kNO - 1, (b + kNO - 1) % kNO);
             cp_async_commit();
             PCLK(3);
             float re[kNR][2];
@@ -1403,6 +1512,7 @@ __global__ void __launch_bounds__(kPairThreads, 1) stage2_pair_kernel(ref::GdnSh
             PCLK(6);
             if (!ALLOY_GDN_EXP_LIGHT(1)) causal_products<MT, kNR, kTP>(x, Dm, B.M, r_w, k_causal, lane);
             mbar_arrive(&sm.empty[j & 1]);  // this thread's reads of Sb and Dm are done
+            if constexpr (kProd) mbar_arrive(&sm.o_free[b]);  // and of the ring buffer
             PCLK(7);
             o_to_tile<BV>(sm.O, x, r_w, gq, tq);
             group_sync(2);
@@ -2494,13 +2604,14 @@ EncodeTiledFn encode_tiled() {
 // A bf16 tensor map of rank 2 or 3 in 128-byte swizzled boxes (dims fastest first; strides of
 // dims 1.. in bytes).
 CUtensorMap bf16_tensor_map(const char* op, const void* base, cuuint32_t rank, const cuuint64_t* dims,
-                            const cuuint64_t* strides, const cuuint32_t* box) {
+                            const cuuint64_t* strides, const cuuint32_t* box,
+                            CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
     const EncodeTiledFn encode = encode_tiled();
     if (!encode) throw Error(std::string(op) + ": the TMA scan needs the driver's cuTensorMapEncodeTiled (not found)");
     CUtensorMap m;
     const cuuint32_t unit[3] = {1, 1, 1};
     const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box, unit,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         throw Error(std::string(op) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ")");
@@ -2510,8 +2621,14 @@ CUtensorMap bf16_tensor_map(const char* op, const void* base, cuuint32_t rank, c
 // The TMA scan's maps: k and q [n_tokens][H_k 128] in 64 x 64 boxes; the records' T and QKM
 // [n_records][64][64] in 64 x 64 x 1 boxes.
 PairMaps pair_maps(const char* op, const ref::GdnShape& sh, int n_tokens, const bf16* q, const bf16* k,
-                   const ChunkRecord* rec, size_t n_records) {
-    PairMaps m;
+                   const ChunkRecord* rec, size_t n_records, const bf16* v = nullptr, int block_v = 0) {
+    PairMaps m{};
+    if (v) {  // the producer warp's V boxes: dense [64][block_v]
+        const cuuint64_t v_dims[2] = {cuuint64_t(sh.H_v) * kD, cuuint64_t(n_tokens)};
+        const cuuint64_t v_strides[1] = {cuuint64_t(sh.H_v) * kD * sizeof(bf16)};
+        const cuuint32_t v_box[2] = {cuuint32_t(block_v), kC};
+        m.v = bf16_tensor_map(op, v, 2, v_dims, v_strides, v_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+    }
     const cuuint64_t qk_dims[2] = {cuuint64_t(sh.H_k) * kD, cuuint64_t(n_tokens)};
     const cuuint64_t qk_strides[1] = {cuuint64_t(sh.H_k) * kD * sizeof(bf16)};
     const cuuint32_t qk_box[2] = {64, kC};
@@ -2526,15 +2643,18 @@ PairMaps pair_maps(const char* op, const ref::GdnShape& sh, int n_tokens, const 
     return m;
 }
 
-template <int BV, bool kTma, typename OutT>
+template <int BV, bool kTma, typename OutT, bool kProd = false>
 void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                         const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
                         const int32_t* slots, cudaStream_t st, const ScanSegments& sg, unsigned grid_z, int n_tokens,
                         size_t n_records) {
-    const PairMaps maps = kTma ? pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records) : PairMaps{};
-    launch_scan<stage2_pair_kernel<BV, kTma, OutT>>(kTma ? sizeof(PairSmemTma<BV>) + 1024 : sizeof(PairSmem<BV>),
-                                                    dim3(kD / BV, sh.H_v, grid_z), dim3(kPairThreads), st, sh, offs,
-                                                    cstart, q, k, v, rec, state, out, slots, sg, maps);
+    const PairMaps maps = kTma ? pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records,
+                                           kProd ? v : nullptr, BV)
+                               : PairMaps{};
+    launch_scan<stage2_pair_kernel<BV, kTma, OutT, kProd>>(kTma ? sizeof(PairSmemTma<BV>) + 1024 : sizeof(PairSmem<BV>),
+                                                           dim3(kD / BV, sh.H_v, grid_z),
+                                                           dim3(kPairThreads + (kProd ? 32 : 0)), st, sh, offs, cstart,
+                                                           q, k, v, rec, state, out, slots, sg, maps);
 }
 
 template <int BV, typename OutT>
@@ -2643,6 +2763,7 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 // spreads the step over 8 warps.
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
+    if (env == 6) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsProducer;
     if (env == 5) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsTma;
     if (env == 4) return GdnScan::Transition;
     if (env == 3) return GdnScan::WarpRows;
@@ -2675,7 +2796,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // Segments (gdn_delta_chunked_plan; two-group kernels only): the caller's, the gate's, or
     // ALLOY_GDN_SEGMENTS's with a given split. Decided here so that one table launch writes both
     // the chunk and the segment starts.
-    const bool two_groups = scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma;
+    const bool two_groups =
+        scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer;
     const int segments =
         !two_groups || block_v == 64 ? 1 : forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
     if (segments > 1 && n_seqs > segment_seqs_cap(sh.H_v, num_sms()))
@@ -2737,19 +2859,22 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         if (block_v == 64) launch_stage2_wg<64>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else if (block_v == 32) launch_stage2_wg<32>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else launch_stage2_wg<16>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
-    } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma) {
+    } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) {
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
         // TMA tiles, unless the driver does not give the tensor-map encoder (then cp.async: same bits).
-        const bool bulk = scan == GdnScan::TwoGroupsTma && encode_tiled() != nullptr;
+        const bool bulk = (scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) && encode_tiled() != nullptr;
+        const bool prod = bulk && scan == GdnScan::TwoGroupsProducer;
         // Segment slots: at most one more than the chunks' segments per sequence (blocks past a
         // sequence's last segment return).
         const unsigned grid_z =
             segments > 1 ? unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs) : unsigned(n_seqs);
         if (block_v == 32) {
-            if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            if (prod) launch_stage2_pair<32, true, OutT, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            else if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
             else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
         } else {
-            if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            if (prod) launch_stage2_pair<16, true, OutT, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            else if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
             else launch_stage2_pair<16, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
         }
         if (segments > 1) {

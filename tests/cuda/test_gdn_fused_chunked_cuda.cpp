@@ -325,7 +325,9 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
                                                   {32, cuda::GdnScan::TwoGroups}, {16, cuda::GdnScan::WarpRows},
                                                   {32, cuda::GdnScan::WarpRows},  {64, cuda::GdnScan::WarpRows},
                                                   {128, cuda::GdnScan::WarpRows}, {16, cuda::GdnScan::TwoGroupsTma},
-                                                  {32, cuda::GdnScan::TwoGroupsTma}};
+                                                  {32, cuda::GdnScan::TwoGroupsTma},
+                                                  {16, cuda::GdnScan::TwoGroupsProducer},
+                                                  {32, cuda::GdnScan::TwoGroupsProducer}};
     for (const auto& [bv, scan] : runs) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));

@@ -39,7 +39,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "alloy/error.h"
 #include "kernels/cuda/common.cuh"
@@ -1039,67 +1038,44 @@ __device__ int g_exp_light = 0;
 #define ALLOY_GDN_EXP_SKIP(i, n)
 #define ALLOY_GDN_EXP_LIGHT(bit) 0
 #endif
-template <int BV>
-struct alignas(16) PairStateBuf {
-    bf16 K[kC * kPD];
-    bf16 T[kC * kPC];
-    bf16 V[kC * (BV + 8)];
+// Shared memory of the two-group scan. kTma: the K, Q, T and QKM tiles as TMA writes them
+// (128-byte swizzle, kSwz: dense 64 x 64 halves, each 1024-byte aligned; the kernel rounds the
+// base up to 1024 bytes, the launch adds 1 KB), else padded rows (kPD / kPC) for cp.async.
+template <int BV, bool kTma>
+struct alignas(kTma ? 1024 : 16) PairStateBuf {
+    bf16 K[kC * (kTma ? kD : kPD)];
+    bf16 T[kC * (kTma ? kC : kPC)];
+    bf16 V[kC * (BV + 8)];  // (the producer-warp variant: pitch BV)
     float eG[kC], beta[kC], eGC[kC];
 };
-struct alignas(16) PairOutBuf {
-    bf16 Q[kC * kPD];
-    bf16 M[kC * kPC];
+template <bool kTma>
+struct alignas(kTma ? 1024 : 16) PairOutBuf {
+    bf16 Q[kC * (kTma ? kD : kPD)];
+    bf16 M[kC * (kTma ? kC : kPC)];
     float eG[kC];
 };
 constexpr int kPairBufS = 3;  // the state group's ring: chunk c + 2 streams in while c computes
 template <int BV>
 __host__ __device__ constexpr int pair_bufs_out() { return BV <= 16 ? 3 : 2; }
-template <int BV>
-struct alignas(16) PairSmem {
-    PairStateBuf<BV> sb[kPairBufS];
-    PairOutBuf ob[pair_bufs_out<BV>()];
+template <int BV, bool kTma>
+struct alignas(kTma ? 1024 : 16) PairSmem {
+    PairStateBuf<BV, kTma> sb[kPairBufS];
+    PairOutBuf<kTma> ob[pair_bufs_out<BV>()];
     bf16 Sb[2][BV * kPD];  // S^T in bf16 at the chunk's start, [j][i], by chunk parity
     bf16 Dp[BV * kPC];     // Delta'^T (state group only)
     bf16 Dm[2][BV * kPC];  // Delta^T, by chunk parity
     bf16 Dt[BV * kPC];     // Delta^T .* e^{G_C - G} (state group only)
     float O[kC * (BV + 4)];  // the output group's O tile, [r][j]
     uint64_t full_s[2], full_d[2], empty[2];
-    uint64_t tiles_s[kPairBufS], tiles_o[3];  // bulk-copy variant: a ring buffer's tiles landed
+    uint64_t tiles_s[kPairBufS], tiles_o[3];  // TMA variants: a ring buffer's tiles landed
+    uint64_t s_free[kPairBufS], o_free[3];    // producer-warp variant: a ring buffer's readers are done
     int i_ws;  // the chunk (in the sequence) where the state group starts (segmented scan)
 };
-static_assert(sizeof(PairSmem<32>) <= 232448, "two-group scan: shared memory over 227 KB");
-
-// The TMA variant's shared memory: K, Q, T and QKM tiles as TMA writes them (128-byte swizzle,
-// kSwz: dense 64 x 64 halves, each 1024-byte aligned), the rest as PairSmem.
-template <int BV>
-struct alignas(1024) PairStateBufTma {
-    bf16 K[kC * kD];
-    bf16 T[kC * kC];
-    bf16 V[kC * (BV + 8)];
-    float eG[kC], beta[kC], eGC[kC];
-};
-struct alignas(1024) PairOutBufTma {
-    bf16 Q[kC * kD];
-    bf16 M[kC * kC];
-    float eG[kC];
-};
-template <int BV>
-struct alignas(1024) PairSmemTma {
-    PairStateBufTma<BV> sb[kPairBufS];
-    PairOutBufTma ob[pair_bufs_out<BV>()];
-    bf16 Sb[2][BV * kPD];
-    bf16 Dp[BV * kPC];
-    bf16 Dm[2][BV * kPC];
-    bf16 Dt[BV * kPC];
-    float O[kC * (BV + 4)];
-    uint64_t full_s[2], full_d[2], empty[2];
-    uint64_t tiles_s[kPairBufS], tiles_o[3];
-    uint64_t s_free[kPairBufS], o_free[3];  // producer-warp variant: a ring buffer's readers are done
-    int i_ws;
-};
-// + 1 KB: the dynamic shared memory base rounded up to 1024 bytes in the kernel.
-static_assert(sizeof(PairSmemTma<32>) + 1024 <= 232448 && sizeof(PairSmemTma<16>) + 1024 <= 232448,
-              "two-group TMA scan: shared memory over 227 KB");
+template <int BV, bool kTma>
+constexpr size_t pair_smem_bytes() { return sizeof(PairSmem<BV, kTma>) + (kTma ? 1024 : 0); }
+static_assert(pair_smem_bytes<32, false>() <= 232448 && pair_smem_bytes<32, true>() <= 232448 &&
+                  pair_smem_bytes<16, true>() <= 232448,
+              "two-group scan: shared memory over 227 KB");
 // The TMA variant's tensor maps (host-encoded, kernel parameters): k and q as [n_tokens][H_k
 // 128] bf16 in 64 x 64 boxes, the records' T and QKM as [records][64][64] in 64 x 64 x 1 boxes.
 struct PairMaps {
@@ -1149,7 +1125,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
     constexpr int kKP = kTma ? kSwz : kPD, kTP = kTma ? kSwz : kPC;  // pitches of the K / Q and T / QKM tiles
     constexpr int kVP = kProd ? BV : BV + 8;                           // pitch of the V tile
     static_assert(!kProd || kTma, "the producer warp issues TMA copies");
-    using Smem = std::conditional_t<kTma, PairSmemTma<BV>, PairSmem<BV>>;
+    using Smem = PairSmem<BV, kTma>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // (TMA's swizzled tiles: the base rounded up to 1024 bytes; launch_stage2_pair adds 1 KB.)
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + (kTma ? (1024 - (smem_u32(smem_raw) & 1023)) & 1023 : 0));
@@ -2651,7 +2627,7 @@ void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs
     const PairMaps maps = kTma ? pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records,
                                            kProd ? v : nullptr, BV)
                                : PairMaps{};
-    launch_scan<stage2_pair_kernel<BV, kTma, OutT, kProd>>(kTma ? sizeof(PairSmemTma<BV>) + 1024 : sizeof(PairSmem<BV>),
+    launch_scan<stage2_pair_kernel<BV, kTma, OutT, kProd>>(pair_smem_bytes<BV, kTma>(),
                                                            dim3(kD / BV, sh.H_v, grid_z),
                                                            dim3(kPairThreads + (kProd ? 32 : 0)), st, sh, offs, cstart,
                                                            q, k, v, rec, state, out, slots, sg, maps);

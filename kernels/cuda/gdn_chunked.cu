@@ -1021,6 +1021,26 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
         : "memory");
 }
+// A chunk's [64][128] rows of q or k (row t0, columns col0..col0 + 127 of the map) into a
+// swizzled tile: two 64 x 64 boxes.
+__device__ __forceinline__ void tma_load_row_tile(bf16* dst, const CUtensorMap* map, int col0, int t0, uint64_t* bar) {
+    tma_load_2d(dst, map, col0, t0, bar);
+    tma_load_2d(dst + kC * 64, map, col0 + 64, t0, bar);
+}
+// A record's [64][64] tile (T or QKM) into a swizzled tile by one warp's cp.async.
+__device__ __forceinline__ void warp_copy_record_tile(bf16* dst, const bf16* src, int lane) {
+    for (int it = 0; it < kC * 8 / 32; ++it) {
+        const int r = (lane >> 3) + 4 * it, c = (lane & 7) * 8;
+        cp_async16(dst + tile_off(kSwz, r, c), src + r * kC + c, true);
+    }
+}
+// One warp's cp.async landed, then one arrival completes the ring buffer's phase.
+__device__ __forceinline__ void warp_copies_landed(uint64_t* bar, int lane) {
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+}
 // Barrier of one warp group (128 threads): id 1 = the state group, 2 = the output group.
 __device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
 
@@ -1189,8 +1209,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
                 if (n == kC) {
                     if (lane == 0) {
                         mbar_arrive_expect_tx(&sm.tiles_s[b], kC * kD * 2 + kC * kC * 2 + kC * BV * 2 + 768);
-                        tma_load_2d(B.K, &maps.k, kh * kD, t0, &sm.tiles_s[b]);
-                        tma_load_2d(B.K + kC * 64, &maps.k, kh * kD + 64, t0, &sm.tiles_s[b]);
+                        tma_load_row_tile(B.K, &maps.k, kh * kD, t0, &sm.tiles_s[b]);
                         tma_load_3d(B.T, &maps.T, 0, 0, int(rc), &sm.tiles_s[b]);
                         tma_load_2d(B.V, &maps.v, h * kD + v0, t0, &sm.tiles_s[b]);
                         bulk_copy(B.eG, rec[rc].eG, 768, &sm.tiles_s[b]);  // eG, beta, eGC
@@ -1200,19 +1219,13 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
                 // A partial chunk: zero rows past the sequence, by cp.async (into the same layouts).
                 copy_row_tile<32, kSwz>(B.K, k + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
                 const ChunkRecord* R = rec + rc;
-                for (int it = 0; it < kC * 8 / 32; ++it) {
-                    const int r = (lane >> 3) + 4 * it, c = (lane & 7) * 8;
-                    cp_async16(B.T + tile_off(kSwz, r, c), R->T + r * kC + c, true);
-                }
+                warp_copy_record_tile(B.T, R->T, lane);
                 for (int idx = lane; idx < kC * (BV / 8); idx += 32) {
                     const int r = idx / (BV / 8), c = (idx % (BV / 8)) * 8;
                     cp_async16(B.V + r * BV + c, v + (size_t)(t0 + (r < n ? r : 0)) * v_stride + (size_t)h * kD + v0 + c, r < n);
                 }
                 for (int idx = lane; idx < 48; idx += 32) cp_async16(B.eG + 4 * idx, R->eG + 4 * idx, true);
-                cp_async_commit();
-                cp_async_wait_all();
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&sm.tiles_s[b]);
+                warp_copies_landed(&sm.tiles_s[b], lane);
             };
             auto load_out = [&](int i, int b) {
                 auto& B = sm.ob[b];
@@ -1221,8 +1234,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
                 if (n == kC) {
                     if (lane == 0) {
                         mbar_arrive_expect_tx(&sm.tiles_o[b], kC * kD * 2 + kC * kC * 2 + 256);
-                        tma_load_2d(B.Q, &maps.q, kh * kD, t0, &sm.tiles_o[b]);
-                        tma_load_2d(B.Q + kC * 64, &maps.q, kh * kD + 64, t0, &sm.tiles_o[b]);
+                        tma_load_row_tile(B.Q, &maps.q, kh * kD, t0, &sm.tiles_o[b]);
                         tma_load_3d(B.M, &maps.M, 0, 0, int(rc), &sm.tiles_o[b]);
                         bulk_copy(B.eG, rec[rc].eG, 256, &sm.tiles_o[b]);
                     }
@@ -1230,15 +1242,9 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
                 }
                 copy_row_tile<32, kSwz>(B.Q, q + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
                 const ChunkRecord* R = rec + rc;
-                for (int it = 0; it < kC * 8 / 32; ++it) {
-                    const int r = (lane >> 3) + 4 * it, c = (lane & 7) * 8;
-                    cp_async16(B.M + tile_off(kSwz, r, c), R->QKM + r * kC + c, true);
-                }
+                warp_copy_record_tile(B.M, R->QKM, lane);
                 if (lane < 16) cp_async16(B.eG + 4 * lane, R->eG + 4 * lane, true);
-                cp_async_commit();
-                cp_async_wait_all();
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&sm.tiles_o[b]);
+                warp_copies_landed(&sm.tiles_o[b], lane);
             };
             int si = i_ws, oi = i_lo;  // the next chunk of each ring
             while (si < i_hi || oi < i_hi) {
@@ -1287,8 +1293,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
                     if (gt == 0) {
                         const size_t rc = (size_t)(c_first + i) * H_v + h;
                         mbar_arrive_expect_tx(&sm.tiles_s[b], kC * kD * 2 + kC * kC * 2 + 768);
-                        tma_load_2d(B.K, &maps.k, kh * kD, t0, &sm.tiles_s[b]);
-                        tma_load_2d(B.K + kC * 64, &maps.k, kh * kD + 64, t0, &sm.tiles_s[b]);
+                        tma_load_row_tile(B.K, &maps.k, kh * kD, t0, &sm.tiles_s[b]);
                         tma_load_3d(B.T, &maps.T, 0, 0, int(rc), &sm.tiles_s[b]);
                         bulk_copy(B.eG, rec[rc].eG, 768, &sm.tiles_s[b]);  // eG, beta, eGC
                     }
@@ -1406,8 +1411,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
                     if (gt == 0) {
                         const size_t rc = (size_t)(c_first + i) * H_v + h;
                         mbar_arrive_expect_tx(&sm.tiles_o[b], kC * kD * 2 + kC * kC * 2 + 256);
-                        tma_load_2d(B.Q, &maps.q, kh * kD, t0, &sm.tiles_o[b]);
-                        tma_load_2d(B.Q + kC * 64, &maps.q, kh * kD + 64, t0, &sm.tiles_o[b]);
+                        tma_load_row_tile(B.Q, &maps.q, kh * kD, t0, &sm.tiles_o[b]);
                         tma_load_3d(B.M, &maps.M, 0, 0, int(rc), &sm.tiles_o[b]);
                         bulk_copy(B.eG, rec[rc].eG, 256, &sm.tiles_o[b]);
                     }

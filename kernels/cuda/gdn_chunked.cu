@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "alloy/error.h"
 #include "kernels/cuda/common.cuh"
@@ -2842,20 +2843,27 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) {
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
         // TMA tiles, unless the driver does not give the tensor-map encoder (then cp.async: same bits).
-        const bool bulk = (scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) && encode_tiled() != nullptr;
-        const bool prod = bulk && scan == GdnScan::TwoGroupsProducer;
+        const bool tma = (scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) && encode_tiled() != nullptr;
+        const bool prod = tma && scan == GdnScan::TwoGroupsProducer;
         // Segment slots: at most one more than the chunks' segments per sequence (blocks past a
         // sequence's last segment return).
         const unsigned grid_z =
             segments > 1 ? unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs) : unsigned(n_seqs);
+        // One launch site for the six (split, tile copies) instantiations.
+        auto launch_pair = [&](auto bv, auto tma_tiles, auto producer) {
+            launch_stage2_pair<decltype(bv)::value, decltype(tma_tiles)::value, OutT, decltype(producer)::value>(
+                sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+        };
+        using No = std::false_type;
+        using Yes = std::true_type;
         if (block_v == 32) {
-            if (prod) launch_stage2_pair<32, true, OutT, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
-            else if (bulk) launch_stage2_pair<32, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
-            else launch_stage2_pair<32, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            if (prod) launch_pair(std::integral_constant<int, 32>{}, Yes{}, Yes{});
+            else if (tma) launch_pair(std::integral_constant<int, 32>{}, Yes{}, No{});
+            else launch_pair(std::integral_constant<int, 32>{}, No{}, No{});
         } else {
-            if (prod) launch_stage2_pair<16, true, OutT, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
-            else if (bulk) launch_stage2_pair<16, true>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
-            else launch_stage2_pair<16, false>(sh, n_seqs, offs, cstart, q, k, v, rec, state, out, slots, st, sg, grid_z, n_tokens, chunks * sh.H_v);
+            if (prod) launch_pair(std::integral_constant<int, 16>{}, Yes{}, Yes{});
+            else if (tma) launch_pair(std::integral_constant<int, 16>{}, Yes{}, No{});
+            else launch_pair(std::integral_constant<int, 16>{}, No{}, No{});
         }
         if (segments > 1) {
             check_launch(op);

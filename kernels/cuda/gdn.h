@@ -100,9 +100,9 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // from a stage 1t), block_v 16 only, its own workspace (other bits; only when asked for).
 // TwoGroups: the two-group scan with every tile by 16-byte cp.async (ALLOY_GDN_SCAN=2).
 // TwoGroupsTma: the same with its whole chunks' K, T, Q and QKM tiles brought by TMA tensor
-// copies into 128-byte swizzled tiles (same bits; what Auto picks at 16 and 32 columns since
-// session 37; ALLOY_GDN_SCAN=5). TwoGroupsProducer: TMA copies issued by a ninth warp (opt-in,
-// ALLOY_GDN_SCAN=6; written for the same bits but not yet run on a GPU).
+// copies into 128-byte swizzled tiles (same bits; ALLOY_GDN_SCAN=5). TwoGroupsProducer: those
+// copies issued by a ninth warp (same bits; what Auto picks at 16 and 32 columns since session
+// 38; ALLOY_GDN_SCAN=6).
 enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition, TwoGroupsTma, TwoGroupsProducer };
 // scan = GdnScan::Wgmma and Transition need larger workspaces (their stages 1b / 1t write W, U
 // and Kd^T, or Pn, Qt and T diag(beta) per chunk and head); the other kernels need the default's.

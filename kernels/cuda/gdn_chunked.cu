@@ -275,7 +275,10 @@ struct ChunkPos {
 };
 
 // Shared memory of stage 1: the K and Q tiles, then (aliased once the products are done) A and T
-// in fp32.
+// in fp32. (Session 38, H200, ncu at T 16384: the merge scratch X moved into A's unused upper
+// blocks, 35.6 KB, cost 4% (141 vs 135 us at H_v 16); Q K^T and K K^T in two passes to hold 32
+// accumulators (72 registers, 6 blocks an SM instead of 5) another 7% (151 us); blocks ordered
+// head-fastest so that value heads of a key head share L2: within 1%.)
 struct alignas(16) Stage1Smem {
     union alignas(16) {
         struct alignas(16) {
@@ -1123,8 +1126,8 @@ __device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
 // swizzled layout. The same data and products, so the same bits. (Session 36's variant here,
 // 193 / 129 per-row bulk copies a chunk, was 3.6x slower.)
 //
-// kProd (with kTma; opt-in, ALLOY_GDN_SCAN=6; compiled but NOT YET RUN ON A GPU as of session 37:
-// the device budget ran out): a ninth warp, the producer, issues every copy of both rings (TMA for whole
+// kProd (with kTma; GdnScan::TwoGroupsProducer, Auto's pick at 16 / 32 columns since session 38,
+// the same bits as the others on an H100 there): a ninth warp, the producer, issues every copy of both rings (TMA for whole
 // chunks, V too, as a dense [64][BV] box; its own cp.async for a partial chunk) as soon as the
 // ring buffer's readers have arrived on its "free" mbarrier, so no consumer warp spends its
 // step issuing copies (clock64 with kTma alone: lane 0's copy issue held its warp ~765 / 578
@@ -1333,6 +1336,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
             if (!kProd && i_ws + p < i_hi) load_chunk(i_ws + p, p);
             cp_async_commit();
         }
+        PCLK(0);  // (phase 1 then counts the state update only)
         for (int i = i_ws; i < i_hi; ++i) {
             const int b = (i - i_ws) % kPairBufS, j = i - i_lo;  // j < 0: a warmup chunk
             const auto& B = sm.sb[b];
@@ -1434,6 +1438,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
             if (!kProd && i_lo + p < i_hi) load_chunk(i_lo + p, p);
             cp_async_commit();
         }
+        PCLK(0);
         for (int j = 0; j < i_hi - i_lo; ++j) {
             const int i = i_lo + j, b = j % kNO;
             const auto& B = sm.ob[b];
@@ -2731,10 +2736,13 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
     return plan;
 }
 
-// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 / 5 forces one / two warp groups on
-// cp.async / warp rows / two groups on TMA (A/B; 2 at the 64-column split = one group, as it has
-// no two-group kernel); otherwise two groups on TMA at the 16- and 32-column splits and warp rows
-// (4 warps) at the 64-column one. All give the same bits. TMA against cp.async tiles, H100, same
+// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 / 5 / 6 forces one / two warp groups on
+// cp.async / warp rows / two groups on TMA issued by the groups / two groups on TMA issued by a
+// producer warp (A/B; 2 at the 64-column split = one group, as it has no two-group kernel);
+// otherwise two groups with the producer warp at the 16- and 32-column splits and warp rows
+// (4 warps) at the 64-column one. All give the same bits. Producer warp against the groups
+// issuing TMA themselves, H100, same call (session 38): the gate 102.1 -> 98.1 us (H_v 16, T
+// 4096), 173.8 -> 164.1 (H_v 32), 341.1 -> 321.1 (H_v 16, T 16384). TMA against cp.async tiles, H100, same
 // call (session 37): 16 columns 162.5 -> 121.4 us (H_v 16, T 4096), 600.9 -> 427.4 (16384); 32
 // columns 185.9 -> 170.0 (H_v 32, 4096), 710.1 -> 624.7; the gate (H_v 16, 32 x 2 segments)
 // 111.0 -> 102.1, 370.1 -> 337.9. Warp rows, H200, same call (2026-12-05): H_v 48 (the gate's 64-column split)
@@ -2750,7 +2758,7 @@ GdnScan gdn_delta_chunked_scan(int block_v) {
     if (env == 3) return GdnScan::WarpRows;
     if (env == 1) return GdnScan::OneGroup;
     if (block_v == 64) return env == 2 ? GdnScan::OneGroup : GdnScan::WarpRows;
-    return env == 2 ? GdnScan::TwoGroups : GdnScan::TwoGroupsTma;
+    return env == 2 ? GdnScan::TwoGroups : GdnScan::TwoGroupsProducer;
 }
 
 namespace {

@@ -61,13 +61,14 @@ void interleave16(Isa isa, const uint32_t* rows, int64_t units, uint32_t* dst) {
 }
 
 // The Q8_K panel (K-quant GEMM tiles): each token row quantized (quantize_q8k), its k-quads
-// interleaved as the Q8_0 panel's, its scales and 16-value block sums (as int32) spread to
-// lane l of [G, K/256, 16] and [G, K/16, 16]. Padding tokens are zero (d = 0).
+// interleaved as the Q8_0 panel's, its scales spread to lane l of [G, K/256, 16] and its
+// 16-value block sums, two a 32-bit lane (int16 pairs), to lane l of [G, K/32, 16]. Padding
+// tokens are zero (d = 0).
 void prep_panel_q8k(Isa isa, const float* x, int64_t T, int64_t K, Carver& c, ActPanel& out) {
     const int64_t G = (T + kGroup - 1) / kGroup, nd = K / kQK, ns = K / 16, units = K / 4;
     int8_t* q = c.take<int8_t>(size_t(G * kGroup * K));
     float* d = c.take<float>(size_t(G * kGroup * nd));
-    int32_t* bs = c.take<int32_t>(size_t(G * kGroup * ns));
+    int32_t* bs = c.take<int32_t>(size_t(G * kGroup * (ns / 2)));
     out.q = q, out.d = d, out.bsums = bs;
     const size_t rb_bytes = up64(panel_row_bytes(ActKind::Q8K, K));
     uint8_t* rbs = c.take<uint8_t>(rb_bytes * size_t(n_threads()));
@@ -90,7 +91,9 @@ void prep_panel_q8k(Isa isa, const float* x, int64_t T, int64_t K, Carver& c, Ac
         interleave16(isa, rows, units, reinterpret_cast<uint32_t*>(q + g * kGroup * K));
         for (int l = 0; l < kGroup; ++l) {
             for (int64_t b = 0; b < nd; ++b) d[(g * nd + b) * kGroup + l] = rd[l * nd + b];
-            for (int64_t s = 0; s < ns; ++s) bs[(g * ns + s) * kGroup + l] = rs[l * ns + s];
+            for (int64_t s = 0; s < ns; s += 2)
+                bs[(g * (ns / 2) + s / 2) * kGroup + l] =
+                    int32_t(uint32_t(uint16_t(rs[l * ns + s])) | uint32_t(uint16_t(rs[l * ns + s + 1])) << 16);
         }
     });
 }
@@ -208,7 +211,7 @@ size_t act_panel_bytes(ActKind kind, int64_t T, int64_t K) {
         case ActKind::Q8:  // + the narrow last group's octets (q_pairs)
             return up64(n) + 2 * up64(G * kGroup * size_t(K / kQ8) * 4) + up64(size_t(kNarrowTokens * K)) + rows;
         case ActKind::Q8K:
-            return up64(n) + up64(G * kGroup * size_t(K / kQK) * 4) + up64(G * kGroup * size_t(K / 16) * 4) + rows;
+            return up64(n) + up64(G * kGroup * size_t(K / kQK) * 4) + up64(G * kGroup * size_t(K / 32) * 4) + rows;
         case ActKind::Bf16Bits: return up64(n * 2) + rows;
         case ActKind::Bf16F32:
         case ActKind::F32: return up64(n * 4);

@@ -61,7 +61,10 @@ struct ActPanel {
     const int8_t* q = nullptr;      // [G, K/4, 16, 4]: k-quad s of token l at (s * 16 + l) * 4
     const float* d = nullptr;       // [G, K/32, 16]
     const int32_t* corr = nullptr;  // [G, K/32, 16]   (Q8_K: d is [G, K/256, 16])
-    const int32_t* bsums = nullptr; // [G, K/16, 16]   Q8_K sums of 16 consecutive q
+    // [G, K/32, 16] Q8_K sums of 16 consecutive q, two a lane: int16 pair (sum 2j, sum 2j + 1)
+    // of token l in 32-bit lane l of vector j (|sum| <= 16 x 127), so a tile's scale terms
+    // take one vpmaddwd / vpdpwssd per pair of sub-blocks.
+    const int32_t* bsums = nullptr;
     const uint16_t* bf = nullptr;   // [G, K/2, 16, 2]: k-pair s of token l at (s * 16 + l) * 2
     const float* f = nullptr;       // [G, K, 16]
     // Q8 only, when the last group holds at most kNarrowTokens real tokens: that group's first

@@ -177,6 +177,18 @@ __attribute__((target("avx2"))) inline __m256i kq_code_vector(const uint8_t* blk
 }
 
 
+// The two int16 multipliers of bsums pair j (sub-blocks 2j, 2j + 1 of 16 values) in a tile's
+// block-sum term, as one 32-bit lane (low half: 2j): Q6_K its scales sc_2j, sc_2j+1; Q4_K /
+// Q5_K the min m_j of the 32 values twice; IQ4_XS the scale ls_j twice.
+template <KqKind kKind>
+inline int32_t kq_scale_pair(const int8_t* sc6, const uint8_t* mn, int j) {
+    int a, b;
+    if constexpr (kKind == KqKind::Q6) a = sc6[2 * j], b = sc6[2 * j + 1];
+    else if constexpr (kKind == KqKind::Iq4) a = b = sc6[j];
+    else a = b = mn[j];
+    return int32_t(uint32_t(uint16_t(int16_t(a))) | uint32_t(uint16_t(int16_t(b))) << 16);
+}
+
 // What a prefill tile of R rows (from r0) reads: the weight rows and the Q8_K panel from group
 // g0 (layout in matmul_kernels.h), the same for the VNNI and the AVX2 tiles.
 template <KqKind kKind>
@@ -187,20 +199,21 @@ struct KqTileIn {
     static constexpr int kSubs = kQK / kSub;
     const uint8_t* w;       // row r0
     size_t rb;              // bytes per row
-    int64_t gq, gd, gs;     // per panel group: bytes of q, floats of d, int32 of bsums
+    int64_t gq, gd, gs;     // per panel group: bytes of q, floats of d, int32 lanes of bsums pairs
     const int8_t* xq;
     const float* xd;
     const int32_t* xs;
     int next_rows;          // rows of the next tile (<= 0: none), whose blocks are prefetched
 
     KqTileIn(const WeightView& W, int64_t r0, const ActPanel& p, int64_t g0, int R)
-        : w(W.row(r0)), rb(W.row_bytes), gq(p.K * kGroup), gd(p.K / kQK * kGroup), gs(p.K / 16 * kGroup),
+        : w(W.row(r0)), rb(W.row_bytes), gq(p.K * kGroup), gd(p.K / kQK * kGroup), gs(p.K / 32 * kGroup),
           xq(p.q + g0 * gq), xd(p.d + g0 * gd), xs(p.bsums + g0 * gs),
           next_rows(int(std::min<int64_t>(R, W.n_out - r0 - R))) {}
     const uint8_t* block(int r, int64_t b) const { return w + r * rb + b * kBytes; }
-    // Token group v of block b: its 64 k-quads of 64 bytes, its 16 bsums vectors, its d_x.
+    // Token group v of block b: its 64 k-quads of 64 bytes, its 8 vectors of bsums pairs
+    // (vector j: sub-blocks 2j, 2j + 1 of 16 values), its d_x.
     const int8_t* quads(int v, int64_t b) const { return xq + v * gq + b * (kQK / 4) * 64; }
-    const int32_t* bsums(int v, int64_t b) const { return xs + v * gs + b * 16 * kGroup; }
+    const int32_t* bsums(int v, int64_t b) const { return xs + v * gs + b * 8 * kGroup; }
     const float* dx(int v, int64_t b) const { return xd + v * gd + b * kGroup; }
     void prefetch_next(int R, int64_t b) const {
         for (int r = 0; r < next_rows; ++r)

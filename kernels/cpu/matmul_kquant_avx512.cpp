@@ -90,24 +90,13 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {
                 const int32_t* bs = in.bsums(v, b);
+                // One vpdpwssd per pair of 16-value sums (bsums vector j) by the pair's two
+                // multipliers as int16: the same exact integers as a product per sum.
                 __m512i corr = _mm512_setzero_si512();
-                if constexpr (kIq4) {
-                    for (int s = 0; s < 8; ++s) {
-                        const __m512i pair = _mm512_add_epi32(_mm512_load_si512(bs + 2 * s * kGroup),
-                                                              _mm512_load_si512(bs + (2 * s + 1) * kGroup));
-                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(pair, _mm512_set1_epi32(sc6[r][s])));
-                    }
-                } else if constexpr (kQ6) {
-                    for (int s = 0; s < 16; ++s)
-                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(_mm512_load_si512(bs + s * kGroup),
-                                                                         _mm512_set1_epi32(sc6[r][s])));
-                } else {
-                    for (int j = 0; j < 8; ++j) {
-                        const __m512i pair = _mm512_add_epi32(_mm512_load_si512(bs + 2 * j * kGroup),
-                                                              _mm512_load_si512(bs + (2 * j + 1) * kGroup));
-                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(pair, _mm512_set1_epi32(mn[r][j])));
-                    }
-                }
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j)
+                    corr = _mm512_dpwssd_epi32(corr, _mm512_load_si512(bs + j * kGroup),
+                                               _mm512_set1_epi32(kq_scale_pair<kKind>(sc6[r], mn[r], j)));
                 const __m512 dx = _mm512_load_ps(in.dx(v, b));
                 __m512 blockf;
                 if constexpr (kSigned) {

@@ -143,28 +143,15 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
 #pragma GCC unroll 4
             for (int v = 0; v < NV; ++v) {
                 const int32_t* bs = in.bsums(v, b);
+                // One vpmaddwd per pair of 16-value sums (bsums vector j) by the pair's two
+                // multipliers as int16: the same exact integers as a product per sum.
                 I16 corr = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-                if constexpr (kIq4) {
-                    for (int s = 0; s < 8; ++s) {
-                        const I16 a = load_i16(bs + 2 * s * kGroup), c = load_i16(bs + (2 * s + 1) * kGroup);
-                        const __m256i m = _mm256_set1_epi32(sc6[r][s]);
-                        corr.lo = _mm256_add_epi32(corr.lo, _mm256_mullo_epi32(_mm256_add_epi32(a.lo, c.lo), m));
-                        corr.hi = _mm256_add_epi32(corr.hi, _mm256_mullo_epi32(_mm256_add_epi32(a.hi, c.hi), m));
-                    }
-                } else if constexpr (kQ6) {
-                    for (int s = 0; s < 16; ++s) {
-                        const I16 x = load_i16(bs + s * kGroup);
-                        const __m256i m = _mm256_set1_epi32(sc6[r][s]);
-                        corr.lo = _mm256_add_epi32(corr.lo, _mm256_mullo_epi32(x.lo, m));
-                        corr.hi = _mm256_add_epi32(corr.hi, _mm256_mullo_epi32(x.hi, m));
-                    }
-                } else {
-                    for (int j = 0; j < 8; ++j) {
-                        const I16 a = load_i16(bs + 2 * j * kGroup), c = load_i16(bs + (2 * j + 1) * kGroup);
-                        const __m256i m = _mm256_set1_epi32(mn[r][j]);
-                        corr.lo = _mm256_add_epi32(corr.lo, _mm256_mullo_epi32(_mm256_add_epi32(a.lo, c.lo), m));
-                        corr.hi = _mm256_add_epi32(corr.hi, _mm256_mullo_epi32(_mm256_add_epi32(a.hi, c.hi), m));
-                    }
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; ++j) {
+                    const I16 x = load_i16(bs + j * kGroup);
+                    const __m256i m = _mm256_set1_epi32(kq_scale_pair<kKind>(sc6[r], mn[r], j));
+                    corr.lo = _mm256_add_epi32(corr.lo, _mm256_madd_epi16(x.lo, m));
+                    corr.hi = _mm256_add_epi32(corr.hi, _mm256_madd_epi16(x.hi, m));
                 }
                 const float* dxp = in.dx(v, b);
                 const __m256 dx[2] = {_mm256_loadu_ps(dxp), _mm256_loadu_ps(dxp + 8)};

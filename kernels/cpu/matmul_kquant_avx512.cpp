@@ -49,15 +49,7 @@ ALLOY_KQ512_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel&
         in.prefetch_next(R, b);
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
-        for (int r = 0; r < R; ++r) {
-            if constexpr (kSigned) {
-                in.scales(r, b, sc[r], mn[r], sc6[r]);
-            } else {  // q4k_unpack_scales's bytes by vector ops (the scalar unpack was 5% of a Q4_K tile)
-                const __m128i scm = q4k_scales_mins(in.block(r, b) + 4);
-                _mm_storel_epi64(reinterpret_cast<__m128i*>(sc[r]), scm);
-                _mm_storel_epi64(reinterpret_cast<__m128i*>(mn[r]), _mm_unpackhi_epi64(scm, scm));
-            }
-        }
+        for (int r = 0; r < R; ++r) in.scales(r, b, sc[r], mn[r], sc6[r]);
         for (int r = 0; r < R; ++r)
             for (int v = 0; v < kQK / 32; ++v)
                 _mm256_store_si256(reinterpret_cast<__m256i*>(u[r] + 32 * v), kq_code_vector<kKind>(in.block(r, b), v));

@@ -64,13 +64,7 @@ ALLOY_KQ2_TARGET void kq_tile(const WeightView& W, int64_t r0, const ActPanel& p
         uint8_t sc[R][16], mn[R][8];
         int8_t sc6[R][16];
         for (int r = 0; r < R; ++r) {
-            if constexpr (kSigned) {
-                in.scales(r, b, sc[r], mn[r], sc6[r]);
-            } else {  // q4k_unpack_scales's bytes, in vector registers
-                const __m128i scm = q4k_scales_mins(in.block(r, b) + 4);
-                _mm_storel_epi64(reinterpret_cast<__m128i*>(sc[r]), scm);
-                _mm_storel_epi64(reinterpret_cast<__m128i*>(mn[r]), _mm_unpackhi_epi64(scm, scm));
-            }
+            in.scales(r, b, sc[r], mn[r], sc6[r]);
             for (int v = 0; v < kQK / 32; ++v) {
                 const __m256i c = kq_code_vector<kKind>(in.block(r, b), v);
                 if constexpr (kIq4) {

@@ -279,6 +279,12 @@ struct ChunkPos {
 // blocks, 35.6 KB, cost 4% (141 vs 135 us at H_v 16); Q K^T and K K^T in two passes to hold 32
 // accumulators (72 registers, 6 blocks an SM instead of 5) another 7% (151 us); blocks ordered
 // head-fastest so that value heads of a key head share L2: within 1%.)
+// Row pitch (floats) of A and T: 68 = 4 mod 32 banks. The mma fragments' 4-byte accesses (lane
+// = 4 g + t at row g, column t, or row t, column g) and the A stores (row g, column 2 t) then
+// meet at most 2-way bank conflicts; the former 65 had 4-way ones on all three (ncu, session 39:
+// shared stores 3.3-way, loads 2.4-way, the L1 the busiest unit at 70%). Same bytes as before
+// in the union (the K / Q tiles are larger), and even rows let the record read float2.
+constexpr int kTP = kC + 4;
 struct alignas(16) Stage1Smem {
     union alignas(16) {
         struct alignas(16) {
@@ -286,8 +292,8 @@ struct alignas(16) Stage1Smem {
             bf16 Q[kC * kPD];
         } in;
         struct {
-            float A[kC * (kC + 1)];
-            float T[kC * (kC + 1)];
+            float A[kC * kTP];
+            float T[kC * kTP];
         } tri;
     } u;
     float X[3][16][17];  // off-diagonal merge scratch
@@ -383,7 +389,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
                 const float dec = ss <= r ? __expf(sm.G[r] - sm.G[ss]) : 0.0f;
                 a2[e] = in && ss < r ? sm.beta[r] * kk[nt][2 * hh + e] * dec : 0.0f;
                 m2[e] = in && ss <= r ? qk[nt][2 * hh + e] * dec : 0.0f;
-                sm.u.tri.A[r * (kC + 1) + ss] = a2[e];
+                sm.u.tri.A[r * kTP + ss] = a2[e];
                 if (ss == r) sm.kn[r] = kk[nt][2 * hh + e];
             }
             *reinterpret_cast<uint32_t*>(R->QKM + r * kC + s) = pack_bf16(m2[0], m2[1]);
@@ -399,9 +405,9 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         for (int r = 0; r < 16; ++r) {
             float v = r == cc ? 1.0f : 0.0f;
 #pragma unroll
-            for (int s = 0; s < r; ++s) v -= sm.u.tri.A[(base + r) * (kC + 1) + base + s] * col[s];
+            for (int s = 0; s < r; ++s) v -= sm.u.tri.A[(base + r) * kTP + base + s] * col[s];
             col[r] = v;
-            if (lane < 16) sm.u.tri.T[(base + r) * (kC + 1) + base + cc] = v;
+            if (lane < 16) sm.u.tri.T[(base + r) * kTP + base + cc] = v;
         }
     }
     __syncthreads();
@@ -414,17 +420,17 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
             const int j = w, i = w + d;
             float acc[2][4] = {};
             for (int m = j; m < i; ++m)
-                mma16_tf32(acc, sm.u.tri.A + 16 * i * (kC + 1) + 16 * m, kC + 1,
-                           sm.u.tri.T + 16 * m * (kC + 1) + 16 * j, kC + 1, lane);
+                mma16_tf32(acc, sm.u.tri.A + 16 * i * kTP + 16 * m, kTP,
+                           sm.u.tri.T + 16 * m * kTP + 16 * j, kTP, lane);
             store16(acc, &sm.X[w][0][0], 17, lane);
             __syncwarp();
             float t[2][4] = {};
-            mma16_tf32(t, sm.u.tri.T + 16 * i * (kC + 1) + 16 * i, kC + 1, &sm.X[w][0][0], 17, lane);
+            mma16_tf32(t, sm.u.tri.T + 16 * i * kTP + 16 * i, kTP, &sm.X[w][0][0], 17, lane);
 #pragma unroll
             for (int nn = 0; nn < 2; ++nn)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) t[nn][e] = -t[nn][e];
-            store16(t, sm.u.tri.T + 16 * i * (kC + 1) + 16 * j, kC + 1, lane);
+            store16(t, sm.u.tri.T + 16 * i * kTP + 16 * j, kTP, lane);
         }
         __syncthreads();
     }
@@ -432,8 +438,8 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
     for (int idx = tid; idx < kC * kC / 2; idx += kThreads) {
         const int r = idx >> 5, s = (idx & 31) * 2;
         const bool in = (s >> 4) <= (r >> 4);
-        const float t0v = in ? sm.u.tri.T[r * (kC + 1) + s] : 0.0f, t1v = in ? sm.u.tri.T[r * (kC + 1) + s + 1] : 0.0f;
-        *reinterpret_cast<uint32_t*>(R->T + r * kC + s) = pack_bf16(t0v, t1v);
+        const float2 tv = in ? *reinterpret_cast<const float2*>(&sm.u.tri.T[r * kTP + s]) : make_float2(0.0f, 0.0f);
+        *reinterpret_cast<uint32_t*>(R->T + r * kC + s) = pack_bf16(tv.x, tv.y);
     }
     if (tid < kC) {
         R->eG[tid] = expf(sm.G[tid]);

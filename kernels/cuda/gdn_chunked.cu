@@ -274,17 +274,17 @@ struct ChunkPos {
     }
 };
 
-// Shared memory of stage 1: the K and Q tiles, then (aliased once the products are done) A and T
-// in fp32. (Session 38, H200, ncu at T 16384: the merge scratch X moved into A's unused upper
-// blocks, 35.6 KB, cost 4% (141 vs 135 us at H_v 16); Q K^T and K K^T in two passes to hold 32
-// accumulators (72 registers, 6 blocks an SM instead of 5) another 7% (151 us); blocks ordered
-// head-fastest so that value heads of a key head share L2: within 1%.)
 // Row pitch (floats) of A and T: 68 = 4 mod 32 banks. The mma fragments' 4-byte accesses (lane
 // = 4 g + t at row g, column t, or row t, column g) and the A stores (row g, column 2 t) then
 // meet at most 2-way bank conflicts; the former 65 had 4-way ones on all three (ncu, session 39:
 // shared stores 3.3-way, loads 2.4-way, the L1 the busiest unit at 70%). Same bytes as before
 // in the union (the K / Q tiles are larger), and even rows let the record read float2.
 constexpr int kTP = kC + 4;
+// Shared memory of stage 1: the K and Q tiles, then (aliased once the products are done) A and T
+// in fp32. (Session 38, H200, ncu at T 16384: the merge scratch X moved into A's unused upper
+// blocks, 35.6 KB, cost 4% (141 vs 135 us at H_v 16); Q K^T and K K^T in two passes to hold 32
+// accumulators (72 registers, 6 blocks an SM instead of 5) another 7% (151 us); blocks ordered
+// head-fastest so that value heads of a key head share L2: within 1%.)
 struct alignas(16) Stage1Smem {
     union alignas(16) {
         struct alignas(16) {

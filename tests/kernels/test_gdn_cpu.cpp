@@ -408,10 +408,18 @@ TEST(GdnCpuFused, MatchesRef) {
                 }
 }
 
-// Decode through the fused op: one token per call, conv state shorter than K-1 at first.
+// Decode through the fused op: one token per call, conv state shorter than K-1 at first. The
+// one-token calls take the channel-major conv (AVX-512), the 19-token call the transposed one:
+// the same bits, for tiled and grouped value heads, 1 to 3 value heads a key head, conv widths
+// 2 to 4.
 TEST(GdnCpuFused, TokenByTokenMatchesOneCall) {
-    const auto c = make_fused_case(shape_of(2, 2, 64, 64, true), {19}, 4, true, 41);
+    int idx = 0;
+    for (auto [r, tiled, d, K] : std::vector<std::tuple<int, bool, int, int>>{
+             {2, true, 64, 4}, {1, true, 128, 4}, {3, false, 48, 3}, {2, false, 32, 2}, {3, true, 40, 4}})
     for (Isa isa : isas()) {
+        const auto c = make_fused_case(shape_of(2, r, d, d, tiled), {19}, K, true, 41 + idx++);
+        SCOPED_TRACE("r=" + std::to_string(r) + " tiled=" + std::to_string(tiled) + " d=" + std::to_string(d) +
+                     " K=" + std::to_string(K));
         const auto whole = run_fused(c, GdnMode::Serial, 1, [isa](auto&&... a) { alloy::cpu::gdn_fused(isa, a...); });
         FusedResult r{std::vector<float>(whole.y.size()), c.conv_state0, c.state0};
         GdnParams p = c.p;

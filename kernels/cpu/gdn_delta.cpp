@@ -13,6 +13,7 @@
 // count, and its per-column operation sequence never depends on how tokens are split over
 // calls: both properties are part of the decode/verification contract.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstddef>
 #include <vector>
@@ -268,7 +269,7 @@ ALLOY_AVX512 void head_avx512(const DeltaIo& io, int seq, int h, float* pad) {
 void delta_serial(Isa isa, const DeltaIo& io) {
     const int n_items = io.n_seqs * io.shape.H_v;
     std::vector<std::vector<float>> pad(n_threads());
-    parallel_for(n_items, [&](int64_t item, int thread) {
+    auto head = [&](int64_t item, int thread) {
         const int seq = (int)(item / io.shape.H_v), h = (int)(item % io.shape.H_v);
         if (io.offs[seq + 1] == io.offs[seq]) return;
         if (isa == Isa::Avx512) {
@@ -280,7 +281,18 @@ void delta_serial(Isa isa, const DeltaIo& io) {
         } else {
             head_portable(io, seq, h);
         }
-    });
+    };
+    // Decode and verification (every sequence at most 16 tokens: equal items): each thread
+    // takes the same heads every call, so a state stays with the thread (and the CCD) that
+    // wrote it; longer calls balance by the pool's counter. ALLOY_GDN_FIXED=0: always the counter.
+    static const bool fixed_ok = [] {
+        const char* e = std::getenv("ALLOY_GDN_FIXED");
+        return !(e && e[0] == '0');
+    }();
+    int longest = 0;
+    for (int s = 0; s < io.n_seqs; ++s) longest = std::max<int>(longest, io.offs[s + 1] - io.offs[s]);
+    if (fixed_ok && longest <= 16) parallel_for_fixed(n_items, head);
+    else parallel_for(n_items, head);
 }
 
 // The reference's argument checks (kernels/ref/gdn_delta.cpp), same messages.

@@ -26,10 +26,11 @@ public:
         start(n);
     }
 
-    void run(int64_t n, const std::function<void(int64_t, int)>& fn) {
+    void run(int64_t n, const std::function<void(int64_t, int)>& fn, bool fixed) {
         std::lock_guard<std::mutex> lock(run_mu_);  // one region at a time
         fn_ = &fn;
         n_items_ = n;
+        fixed_ = fixed;
         next_.store(0, std::memory_order_relaxed);
         pending_.store(n_ - 1, std::memory_order_relaxed);
         generation_.fetch_add(1, std::memory_order_release);
@@ -47,6 +48,10 @@ public:
 private:
     void work(int thread) {
         const auto& fn = *fn_;
+        if (fixed_) {
+            for (int64_t i = n_items_ * thread / n_, e = n_items_ * (thread + 1) / n_; i < e; ++i) fn(i, thread);
+            return;
+        }
         for (;;) {
             const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
             if (i >= n_items_) break;
@@ -95,6 +100,7 @@ private:
     std::mutex run_mu_;
     const std::function<void(int64_t, int)>* fn_ = nullptr;
     int64_t n_items_ = 0;
+    bool fixed_ = false;
     alignas(64) std::atomic<int64_t> next_{0};
     alignas(64) std::atomic<int> pending_{0};
     alignas(64) std::atomic<uint64_t> generation_{0};
@@ -119,7 +125,7 @@ Pool& pool() {
 
 int n_threads() { return pool().size(); }
 void set_n_threads(int n) { pool().resize(n); }
-void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn) { pool().run(n, fn); }
+void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn, bool fixed) { pool().run(n, fn, fixed); }
 
 double region_overhead_us(int64_t regions) {
     std::atomic<int64_t> sink{0};

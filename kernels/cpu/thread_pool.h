@@ -23,7 +23,7 @@ void set_n_threads(int n);
 double region_overhead_us(int64_t regions = 20000);
 
 // Type-erased core; prefer the template below.
-void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn);
+void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn, bool fixed = false);
 
 template <class Fn>
 inline void parallel_for(int64_t n, Fn&& fn) {
@@ -33,6 +33,21 @@ inline void parallel_for(int64_t n, Fn&& fn) {
         return;
     }
     parallel_for_impl(n, std::function<void(int64_t, int)>(std::forward<Fn>(fn)));
+}
+
+// parallel_for with a fixed split: pool thread t runs items [t n / threads, (t + 1) n / threads),
+// the same ones every call, with no shared counter. For equal items whose data a thread should
+// keep across calls: with the two threads on different CCDs of a Zen 4 host (a cache-line round
+// trip ~310 ns), a GDN state written by one thread and read by the other at the next token
+// crosses the dies (see gdn_delta.cpp).
+template <class Fn>
+inline void parallel_for_fixed(int64_t n, Fn&& fn) {
+    if (n <= 0) return;
+    if (n == 1 || n_threads() == 1) {
+        for (int64_t i = 0; i < n; ++i) fn(i, 0);
+        return;
+    }
+    parallel_for_impl(n, std::function<void(int64_t, int)>(std::forward<Fn>(fn)), true);
 }
 
 }  // namespace alloy::cpu

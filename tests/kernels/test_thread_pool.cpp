@@ -29,6 +29,30 @@ TEST(ThreadPool, EveryItemExactlyOnce) {
     set_n_threads(2);
 }
 
+// The fixed split: every item once, and item i always on thread floor(i threads / n)'s range,
+// the same thread every call, interleaved with counter regions.
+TEST(ThreadPool, FixedSplitRunsTheSameItemsOnTheSameThread) {
+    for (int threads : {1, 2, 3}) {
+        set_n_threads(threads);
+        for (int64_t n : {0, 1, 2, 7, 16, 1001}) {
+            for (int rep = 0; rep < 20; ++rep) {
+                std::vector<int> hits(size_t(n), 0), owner(size_t(n), -1);
+                parallel_for_fixed(n, [&](int64_t i, int t) {
+                    hits[size_t(i)] += 1;
+                    owner[size_t(i)] = t;
+                });
+                for (int64_t i = 0; i < n; ++i) {
+                    ASSERT_EQ(hits[size_t(i)], 1) << "n=" << n << " i=" << i;
+                    const int want = n == 1 ? 0 : [&] { int t = 0; while (n * (t + 1) / threads <= i) ++t; return t; }();
+                    ASSERT_EQ(owner[size_t(i)], want) << "threads=" << threads << " n=" << n << " i=" << i;
+                }
+                parallel_for(n, [&](int64_t i, int) { hits[size_t(i)] += 1; });  // a counter region between
+            }
+        }
+    }
+    set_n_threads(2);
+}
+
 TEST(ThreadPool, ManyTinyRegions) {
     set_n_threads(2);
     int64_t total = 0;

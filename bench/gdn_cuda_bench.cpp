@@ -18,6 +18,7 @@
 // a CUDA graph rotating over input sets as above; floor = max(the delta rule's FLOP floor
 // above, the fp32 qkv, z, a, b read + y written + state read and written / 4234 GB/s).
 //   gdn_cuda_bench [--bw TB/s] [--decode | --prefill | --fused-prefill] [--tmax T] [--hv H_v] [--t T]
+//                  [--b B] [--reps N] [--slow-gates] [--gate-only (prefill: the gate's kernel alone)]
 //   gdn_cuda_bench --check DIR   (outputs of transformers' recurrent rule written by
 //                                 scripts/gdn_gpu_peer.py: run the kernel on the same inputs
 //                                 and compare; exits 1 above 1e-4)
@@ -178,7 +179,7 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
 
 // slow_gates: g in [-2e-4, -1e-4) (a state remembered over the whole call: the segmented
 // scan's warmup reaches back to the start) instead of logsigmoid(U(0, 1)).
-void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates) {
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128, g %s\n\n"
                 "| H_v | T | floor us | gate's block_v x segments | us (gate) | us gate unsegmented | us block_v 16 | us block_v 32 | us block_v 64 | "
                 "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | us warp rows 16 | "
@@ -266,16 +267,18 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates) 
                 std::printf("\n");
             }
 #endif
-            const double us_auto = time_bv(0, GdnScan::Auto), us_noseg = time_bv(0, GdnScan::Auto, 1),
-                         us16 = time_bv(16, GdnScan::OneGroup),
-                         us32 = time_bv(32, GdnScan::OneGroup), us64 = time_bv(64, GdnScan::OneGroup),
-                         us16p = time_bv(16, GdnScan::TwoGroups), us32p = time_bv(32, GdnScan::TwoGroups),
-                         us16w = time_bv(16, GdnScan::Wgmma), us32w = time_bv(32, GdnScan::Wgmma),
-                         us64w = time_bv(64, GdnScan::Wgmma), us16r = time_bv(16, GdnScan::WarpRows),
-                         us32r = time_bv(32, GdnScan::WarpRows), us64r = time_bv(64, GdnScan::WarpRows),
-                         us128r = time_bv(128, GdnScan::WarpRows), us16t = time_bv(16, GdnScan::Transition),
-                         us32t = time_bv(32, GdnScan::Transition), us16b = time_bv(16, GdnScan::TwoGroupsTma),
-                         us32b = time_bv(32, GdnScan::TwoGroupsTma);
+            // --gate-only: the gate's pick alone (A/B runs of one kernel change); the other columns 0.
+            auto time_if = [&](int bv, GdnScan scan, int segments = 0) { return gate_only ? 0.0 : time_bv(bv, scan, segments); };
+            const double us_auto = time_bv(0, GdnScan::Auto), us_noseg = time_if(0, GdnScan::Auto, 1),
+                         us16 = time_if(16, GdnScan::OneGroup),
+                         us32 = time_if(32, GdnScan::OneGroup), us64 = time_if(64, GdnScan::OneGroup),
+                         us16p = time_if(16, GdnScan::TwoGroups), us32p = time_if(32, GdnScan::TwoGroups),
+                         us16w = time_if(16, GdnScan::Wgmma), us32w = time_if(32, GdnScan::Wgmma),
+                         us64w = time_if(64, GdnScan::Wgmma), us16r = time_if(16, GdnScan::WarpRows),
+                         us32r = time_if(32, GdnScan::WarpRows), us64r = time_if(64, GdnScan::WarpRows),
+                         us128r = time_if(128, GdnScan::WarpRows), us16t = time_if(16, GdnScan::Transition),
+                         us32t = time_if(32, GdnScan::Transition), us16b = time_if(16, GdnScan::TwoGroupsTma),
+                         us32b = time_if(32, GdnScan::TwoGroupsTma);
             const alloy::cuda::GdnChunkedPlan plan = alloy::cuda::gdn_delta_chunked_plan(H_v, 1, T, sms);
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
@@ -362,7 +365,7 @@ int check_chunked(const std::filesystem::path& dir) {
 }
 
 void decode_table(double tbs, int only_hv, int only_b, int reps);
-void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates);
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only);
 
 // cuda::gdn_fused at prefill: the chunked mode at T 512 / 4096 / 16384, the serial mode at
 // 512 / 4096 (B = 1, H_k 16, d 128, grouped heads, K = 4).
@@ -465,7 +468,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
-    bool decode = true, prefill = true, fused_prefill = true, slow_gates = false;
+    bool decode = true, prefill = true, fused_prefill = true, slow_gates = false, gate_only = false;
     int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--decode")) prefill = fused_prefill = false;
@@ -475,11 +478,12 @@ int main(int argc, char** argv) {
         if (!std::strcmp(argv[i], "--hv") && i + 1 < argc) only_hv = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--t") && i + 1 < argc) only_t = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--slow-gates")) slow_gates = true;
+        if (!std::strcmp(argv[i], "--gate-only")) gate_only = true;
         if (!std::strcmp(argv[i], "--b") && i + 1 < argc) only_b = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[i + 1]));
     }
     if (decode) decode_table(tbs, only_hv, only_b, reps);
-    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates);
+    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates, gate_only);
     if (fused_prefill) fused_prefill_table(tmax, only_hv, only_t);
     return 0;
 }

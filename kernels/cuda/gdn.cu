@@ -919,16 +919,11 @@ __device__ __forceinline__ float group8_sum(float x) {
     return x;
 }
 
-// ALLOY_GDN_SPLIT_MINB: blocks an SM the compiler must fit (1: up to 128 registers a thread;
-// 2: 64, with spills; an experiment's build flag).
-#ifndef ALLOY_GDN_SPLIT_MINB
-#define ALLOY_GDN_SPLIT_MINB 1
-#endif
 // kP: 4-column passes per delta warp (cols <= 4 kP kSplitMaxWarps); kK: conv taps held (K <= kK);
 // kCh: conv channels per thread; kSlots: seq_slots given (else slot = sequence, and no load: a
 // dependent load there measured +0.26 us at H_v 48, B = 1).
 template <bool kVec, int kP, int kK, int kCh, bool kSlots>
-__global__ void __launch_bounds__(kSplitMaxWarps * 32, ALLOY_GDN_SPLIT_MINB) fused_split_kernel(const FusedArgs A) {
+__global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(const FusedArgs A) {
     // Settled (decode graphs): what no earlier kernel of the step writes is loaded while the
     // previous kernel drains, and only the token's rows wait for it.
     if (A.settled) detail::pdl_trigger();

@@ -280,11 +280,6 @@ struct ChunkPos {
 // shared stores 3.3-way, loads 2.4-way, the L1 the busiest unit at 70%). Same bytes as before
 // in the union (the K / Q tiles are larger), and even rows let the record read float2.
 constexpr int kTP = kC + 4;
-// ALLOY_GDN_S1_QKM16 = 1: stage 1 writes QKM by 16-byte stores after a quad transpose (an
-// experiment's build flag; 0: 4-byte stores straight from the accumulators).
-#ifndef ALLOY_GDN_S1_QKM16
-#define ALLOY_GDN_S1_QKM16 0
-#endif
 // Shared memory of stage 1: the K and Q tiles, then (aliased once the products are done) A and T
 // in fp32. (Session 38, H200, ncu at T 16384: the merge scratch X moved into A's unused upper
 // blocks, 35.6 KB, cost 4% (141 vs 135 us at H_v 16); Q K^T and K K^T in two passes to hold 32
@@ -381,9 +376,6 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
 
     // A = beta_r (k_r . k_s) e^{G_r - G_s} (s < r) into shared fp32; QKM (s <= r) straight to the record.
     const int gq = lane >> 2, tq = lane & 3;
-#if ALLOY_GDN_S1_QKM16
-    uint32_t mw[2][8];  // the QKM words of rows gq + 8 hh, columns 8 nt + 2 tq (+1)
-#endif
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -400,37 +392,9 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
                 sm.u.tri.A[r * kTP + ss] = a2[e];
                 if (ss == r) sm.kn[r] = kk[nt][2 * hh + e];
             }
-#if ALLOY_GDN_S1_QKM16
-            mw[hh][nt] = pack_bf16(m2[0], m2[1]);
-#else
             *reinterpret_cast<uint32_t*>(R->QKM + r * kC + s) = pack_bf16(m2[0], m2[1]);
-#endif
         }
     }
-#if ALLOY_GDN_S1_QKM16
-    // A 4 x 4 transpose of words inside each quad (rotation rounds: lane tq sends its word
-    // (tq + k) & 3 of the group and takes lane (tq - k) & 3's), so that lane tq holds the 8
-    // columns 8 nt .. 8 nt + 7 of nt = 4 j + tq: one 16-byte store a lane, full sectors.
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            uint32_t out[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int sel = (tq + k) & 3;
-                const uint32_t send = sel == 0 ? mw[hh][4 * j] : sel == 1 ? mw[hh][4 * j + 1] : sel == 2 ? mw[hh][4 * j + 2] : mw[hh][4 * j + 3];
-                const uint32_t got = k == 0 ? send : __shfl_sync(0xffffffffu, send, (lane & ~3) | ((tq - k) & 3));
-                const int src = (tq - k) & 3;  // got = lane src's word tq = columns 8 (4 j + tq) + 2 src
-                if (src == 0) out[0] = got;
-                else if (src == 1) out[1] = got;
-                else if (src == 2) out[2] = got;
-                else out[3] = got;
-            }
-            const int r = 16 * w + gq + 8 * hh;
-            *reinterpret_cast<uint4*>(R->QKM + r * kC + 8 * (4 * j + tq)) = make_uint4(out[0], out[1], out[2], out[3]);
-        }
-#endif
     __syncthreads();
 
     // Diagonal 16 x 16 blocks of T by forward substitution: warp w, lane c (mod 16) owns column c.

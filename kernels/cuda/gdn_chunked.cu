@@ -2687,11 +2687,11 @@ int num_sms() {
 
 // The launch gate: the value split with the least (waves of blocks over the SMs) x (cycles of
 // one chunk step at that split, relative, from the H200's timings: 16 -> 1, 32 -> 1.25 (4 warps),
-// 64 -> 1.8 (8 warps). Stage 1 stays one block per (chunk, value head): sharing K K^T and Q K^T
+// 64 -> 2.5 (warp rows, 4 warps: session 40, H100, H_v 48: one wave of 64-column blocks took as long as two of 32-column ones). Stage 1 stays one block per (chunk, value head): sharing K K^T and Q K^T
 // among the value heads of a key head (one block per key head, 168 registers, 3 blocks per SM)
 // measured 2-3% slower at H_v 32 and 48.
 // A chunk step's relative cost at a value split (16, 32 or 64 columns a block).
-static double split_step_cost(int block_v) { return block_v == 16 ? 1.0 : block_v == 32 ? 1.25 : 1.8; }
+static double split_step_cost(int block_v) { return block_v == 16 ? 1.0 : block_v == 32 ? 1.25 : 2.5; }
 int gdn_delta_chunked_block_v(int heads, int sms) {
     int best = 16;
     double best_t = 1e30;
@@ -2703,9 +2703,13 @@ int gdn_delta_chunked_block_v(int heads, int sms) {
     return best;
 }
 
-// The segmented scan's gate (two-group kernel only): segments when a 32-column split of the
-// heads (n_seqs H_v) leaves room for at least two segments' blocks on the SMs at once, and the
-// chain of (chunks / P + 1 warmup) steps at that split's cost beats the unsegmented gate's.
+// The segmented scan's gate (two-group kernel only): P segments of a 32-column split of the
+// heads (n_seqs H_v) where its waves of blocks x (chunks / P + 1 warmup) steps at that split's
+// cost beat the unsegmented gate's by 10%: few heads (two segments' blocks fit the SMs at once),
+// or heads whose blocks fill the SMs unevenly (H_v 48: 192 blocks, 2 waves unsegmented, 3 waves
+// of half chains with 2 segments; H200, same call, session 40: the gate 289.1 -> 239.4 us at T
+// 4096, 1112.4 -> 881.4 at 16384, 4460.8 -> 3492.6 at 65536, against one wave of 64-column warp
+// rows; gates of ~-1e-4, whose warmup reaches the start: 1111.9 -> 1155.9 at 16384).
 // ALLOY_GDN_SEGMENTS=P forces P segments (1: never) wherever the final states fit the
 // workspace. Measured (H100, same call, 2026-12-05; H_v 16, 2 segments of 32 columns against the
 // unsegmented 16): gates of ~-0.5 a token (one warmup chunk) 162 -> 116 us at T 4096, 603 -> 376
@@ -2731,13 +2735,20 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
         return plan;
     }
     const int heads = H_v * n_seqs;
-    // In 16-column chunk steps (gdn_delta_chunked_block_v's costs).
+    // In 16-column chunk steps (gdn_delta_chunked_block_v's costs): the unsegmented plan against
+    // P segments of a 32-column split, whose P times more blocks may take more waves but each
+    // runs chunks / P (+ 1 warmup) steps. Waves matter where the blocks do not fill the SMs
+    // evenly: H_v 16 (64 blocks of 32 columns: 2 segments, one wave) and H_v 48 (192 blocks:
+    // 2 waves unsegmented, 3 waves of half chains with 2 segments).
     const int blocks = heads * (kD / plan.block_v), waves = (blocks + sms - 1) / sms;
     const double now = double(waves) * split_step_cost(plan.block_v) * cps;
-    const int p = sms / (heads * (kD / 32));
-    if (p >= 2 && cps >= 64) {
-        const double seg = (double((cps + p - 1) / p) + 1.0) * split_step_cost(32);
-        if (seg < 0.9 * now) plan = {32, p};
+    if (cps >= 64) {
+        double best = 0.9 * now;
+        for (int p = 2; p <= 8; ++p) {
+            const int seg_waves = (heads * (kD / 32) * p + sms - 1) / sms;
+            const double seg = double(seg_waves) * (double((cps + p - 1) / p) + 1.0) * split_step_cost(32);
+            if (seg < best - 1e-9) best = seg, plan = {32, p};
+        }
     }
     return plan;
 }

@@ -428,7 +428,7 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
     }
 }
 
-// The plan segments few heads only (no device needed).
+// The plan segments where a 32-column split fills the SMs unevenly (no device needed).
 TEST(CudaGdnFusedChunked, PlanSegmentsOnlyWhereBlocksAreFew) {
     if (std::getenv("ALLOY_GDN_SEGMENTS")) GTEST_SKIP() << "ALLOY_GDN_SEGMENTS forces the plan";
     const auto p16 = cuda::gdn_delta_chunked_plan(16, 1, 4096, 132);
@@ -437,11 +437,13 @@ TEST(CudaGdnFusedChunked, PlanSegmentsOnlyWhereBlocksAreFew) {
     const auto p8 = cuda::gdn_delta_chunked_plan(8, 1, 4096, 132);
     EXPECT_EQ(p8.block_v, 32);
     EXPECT_EQ(p8.segments, 4);
-    for (int hv : {32, 48}) {
-        const auto p = cuda::gdn_delta_chunked_plan(hv, 1, 65536, 132);
-        EXPECT_EQ(p.segments, 1) << "H_v " << hv;
-        EXPECT_EQ(p.block_v, cuda::gdn_delta_chunked_block_v(hv, 132)) << "H_v " << hv;
-    }
+    const auto p32 = cuda::gdn_delta_chunked_plan(32, 1, 65536, 132);  // 128 blocks: one wave already
+    EXPECT_EQ(p32.segments, 1);
+    EXPECT_EQ(p32.block_v, cuda::gdn_delta_chunked_block_v(32, 132));
+    // 192 blocks of 32 columns take two waves of whole chains; 2 segments, three waves of halves.
+    const auto p48 = cuda::gdn_delta_chunked_plan(48, 1, 65536, 132);
+    EXPECT_EQ(p48.block_v, 32);
+    EXPECT_EQ(p48.segments, 2);
     EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 2, 8192, 132).segments, 1);  // 2 sequences fill the SMs
     EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 1, 2048, 132).segments, 1);  // 32 chunks: not worth it
 }

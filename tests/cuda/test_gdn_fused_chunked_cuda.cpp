@@ -428,6 +428,74 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
     }
 }
 
+// The gate's own plan at 48 value heads, one sequence (2 segments of a 32-column split on 132
+// SMs, the producer-warp scan): slow heads give the unsegmented call's bits, fast heads agree
+// with it to fp32 rounding, as for the forced segments above.
+TEST(CudaGdnFusedChunked, GateSegmentsAtFortyEightHeadsGiveTheUnsegmentedScan) {
+    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
+    const ref::GdnShape sh{16, 48, 128, 128, true};
+    const int T = 4096;
+    int dev = 0, sms = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+    const cuda::GdnChunkedPlan plan = cuda::gdn_delta_chunked_plan(sh.H_v, 1, T, sms);
+    if (plan.segments < 2) GTEST_SKIP() << sms << " SMs: the gate does not segment 48 heads here";
+    std::mt19937 rng(4848);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    const std::vector<uint16_t> q = random_bf16_rows(rng, T * sh.H_k, 1.0f / std::sqrt(128.0f)),
+                                k = random_bf16_rows(rng, T * sh.H_k, 1.0f), v = random_bf16_rows(rng, T * sh.H_v, 10.0f);
+    std::vector<float> g(size_t(T) * sh.H_v), beta(g.size()), state(size_t(sh.H_v) * 128 * 128);
+    for (size_t i = 0; i < g.size(); ++i) {
+        const bool slow = (i % sh.H_v) % 2 == 0;
+        g[i] = slow ? -(1e-4f + 1e-4f * u(rng)) : -std::log1p(std::exp(-u(rng)));
+        beta[i] = 0.02f + 0.96f * u(rng);
+    }
+    for (auto& e : state) e = 0.3f * nd(rng);
+    const std::vector<int32_t> offs = {0, T};
+    DeviceArray<uint16_t> dq(q), dk(k), dv(v);
+    DeviceArray<float> dg(g), db(beta);
+    DeviceArray<int32_t> doffs(offs);
+    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T)));
+    auto run = [&](int segments, std::vector<uint16_t>& o, std::vector<float>& st_out) {
+        DeviceArray<float> st(state);
+        DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
+        cuda::gdn_delta_chunked(sh, 1, doffs.p, T, dq.p, dk.p, dv.p, dg.p, db.p, st.p, out.p, ws.p, nullptr, 0, nullptr,
+                                cuda::GdnScan::Auto, segments);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        o = out.host();
+        st_out = st.host();
+    };
+    std::vector<uint16_t> base_out, o;
+    std::vector<float> base_state, st;
+    run(1, base_out, base_state);  // the gate's unsegmented split
+    run(0, o, st);                 // the gate's plan
+    double num = 0, den = 0, snum = 0, sden = 0;
+    for (size_t i = 0; i < o.size(); ++i) {
+        const int h = int((i / 128) % sh.H_v);
+        ASSERT_TRUE(std::isfinite(bf16_to_fp32(o[i]))) << "out element " << i << " not written";
+        if (h % 2 == 0) {
+            ASSERT_EQ(o[i], base_out[i]) << "slow head " << h << ", element " << i;
+        } else {
+            const double a = bf16_to_fp32(o[i]), b = bf16_to_fp32(base_out[i]);
+            num += (a - b) * (a - b), den += b * b;
+        }
+    }
+    for (size_t i = 0; i < st.size(); ++i) {
+        const int h = int(i / (128 * 128));
+        if (h % 2 == 0) {
+            ASSERT_EQ(std::memcmp(&st[i], &base_state[i], 4), 0) << "slow head " << h << ", state element " << i;
+        } else {
+            snum += (double(st[i]) - base_state[i]) * (double(st[i]) - base_state[i]);
+            sden += double(base_state[i]) * base_state[i];
+        }
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-4) << "fast heads' out";
+    EXPECT_LE(std::sqrt(snum / sden), 1e-4) << "fast heads' state";
+    std::printf("[gate: block_v %d x %d segments] fast heads vs unsegmented: out %.2e state %.2e\n", plan.block_v,
+                plan.segments, std::sqrt(num / den), std::sqrt(snum / sden));
+}
+
 // The plan segments where a 32-column split fills the SMs unevenly (no device needed).
 TEST(CudaGdnFusedChunked, PlanSegmentsOnlyWhereBlocksAreFew) {
     if (std::getenv("ALLOY_GDN_SEGMENTS")) GTEST_SKIP() << "ALLOY_GDN_SEGMENTS forces the plan";

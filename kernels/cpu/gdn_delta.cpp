@@ -282,16 +282,18 @@ void delta_serial(Isa isa, const DeltaIo& io) {
             head_portable(io, seq, h);
         }
     };
-    // Decode and verification (every sequence at most 16 tokens: equal items): each thread
-    // takes the same heads every call, so a state stays with the thread (and the CCD) that
-    // wrote it; longer calls balance by the pool's counter. ALLOY_GDN_FIXED=0: always the counter.
+    // Decode and verification (every sequence at most kFixedSplitTokens tokens: near-equal
+    // items): each thread takes the same heads every call, so a state stays with the thread (and
+    // the CCD) that wrote it; longer calls balance by the pool's counter. ALLOY_GDN_FIXED=0:
+    // always the counter.
+    constexpr int kFixedSplitTokens = 16;
     static const bool fixed_ok = [] {
         const char* e = std::getenv("ALLOY_GDN_FIXED");
         return !(e && e[0] == '0');
     }();
     int longest = 0;
     for (int s = 0; s < io.n_seqs; ++s) longest = std::max<int>(longest, io.offs[s + 1] - io.offs[s]);
-    if (fixed_ok && longest <= 16) parallel_for_fixed(n_items, head);
+    if (fixed_ok && longest <= kFixedSplitTokens) parallel_for_fixed(n_items, head);
     else parallel_for(n_items, head);
 }
 

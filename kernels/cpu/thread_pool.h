@@ -22,17 +22,25 @@ void set_n_threads(int n);
 // n_threads() items do nothing, over `regions` back-to-back regions (microseconds).
 double region_overhead_us(int64_t regions = 20000);
 
-// Type-erased core; prefer the template below.
-void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn, bool fixed = false);
+// Type-erased core; prefer the templates below.
+void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn, bool fixed);
 
+namespace detail {
+// Inline for n <= 1 or one thread (no region), else the pool: by its counter, or fixed.
 template <class Fn>
-inline void parallel_for(int64_t n, Fn&& fn) {
+inline void run_items(int64_t n, Fn&& fn, bool fixed) {
     if (n <= 0) return;
     if (n == 1 || n_threads() == 1) {
         for (int64_t i = 0; i < n; ++i) fn(i, 0);
         return;
     }
-    parallel_for_impl(n, std::function<void(int64_t, int)>(std::forward<Fn>(fn)));
+    parallel_for_impl(n, std::function<void(int64_t, int)>(std::forward<Fn>(fn)), fixed);
+}
+}  // namespace detail
+
+template <class Fn>
+inline void parallel_for(int64_t n, Fn&& fn) {
+    detail::run_items(n, std::forward<Fn>(fn), false);
 }
 
 // parallel_for with a fixed split: pool thread t runs items [t n / threads, (t + 1) n / threads),
@@ -42,12 +50,7 @@ inline void parallel_for(int64_t n, Fn&& fn) {
 // crosses the dies (see gdn_delta.cpp).
 template <class Fn>
 inline void parallel_for_fixed(int64_t n, Fn&& fn) {
-    if (n <= 0) return;
-    if (n == 1 || n_threads() == 1) {
-        for (int64_t i = 0; i < n; ++i) fn(i, 0);
-        return;
-    }
-    parallel_for_impl(n, std::function<void(int64_t, int)>(std::forward<Fn>(fn)), true);
+    detail::run_items(n, std::forward<Fn>(fn), true);
 }
 
 }  // namespace alloy::cpu

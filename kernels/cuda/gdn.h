@@ -116,10 +116,10 @@ GdnScan gdn_delta_chunked_scan(int block_v);
 // scan (1: none). Segments (two-group kernels): each sequence's chunks cut into `segments`
 // runs scanned at once, each from a zero state a warmup before it where the gates have decayed
 // the state by e^-20 (ChunkRecord::bound, kernels/cuda/gdn_chunked.cu), else from the
-// sequence's start; where a 32-column split's blocks fill the SMs unevenly and a sequence has >= 64 chunks: P
-// segments are taken where waves x (chunks / P + 1) steps beat the unsegmented split (132 SMs,
-// one sequence: 16 value heads 2 segments, 1 wave; 48 heads 2 segments, 3 waves of half chains
-// instead of 2 of whole ones). ALLOY_GDN_SEGMENTS=P forces P (1 = off); so does gdn_delta_chunked's
+// sequence's start; where a 32-column split's blocks fill the SMs unevenly and a sequence has
+// >= 64 chunks: P segments where waves x (chunks / P + 1) steps beat the unsegmented split (132
+// SMs, one sequence: 16 value heads 2 segments, 1 wave; 48 heads 2 segments, 3 waves of half
+// chains instead of 2 of whole ones). ALLOY_GDN_SEGMENTS=P forces P (1 = off); so does gdn_delta_chunked's
 // `segments` (0: the plan's, or the variable's where block_v is given), for two-group scans
 // only, with n_seqs <= the sequences whose final states the workspace holds (else alloy::Error).
 // Segmented outputs differ from unsegmented ones where a segment starts from zero (by ~e^-20 of

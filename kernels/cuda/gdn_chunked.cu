@@ -2686,10 +2686,11 @@ int num_sms() {
 }  // namespace
 
 // The launch gate: the value split with the least (waves of blocks over the SMs) x (cycles of
-// one chunk step at that split, relative, from the H200's timings: 16 -> 1, 32 -> 1.25 (4 warps),
-// 64 -> 2.5 (warp rows, 4 warps: session 40, H100, H_v 48: one wave of 64-column blocks took as long as two of 32-column ones). Stage 1 stays one block per (chunk, value head): sharing K K^T and Q K^T
-// among the value heads of a key head (one block per key head, 168 registers, 3 blocks per SM)
-// measured 2-3% slower at H_v 32 and 48.
+// one chunk step at that split, relative: 16 -> 1, 32 -> 1.25 (4 warps; H200 timings), 64 ->
+// 2.5 (warp rows, 4 warps; session 40, H100, H_v 48: one wave of 64-column blocks took as long
+// as two waves of 32-column ones). Stage 1 stays one block per (chunk, value head): sharing
+// K K^T and Q K^T among the value heads of a key head (one block per key head, 168 registers,
+// 3 blocks per SM) measured 2-3% slower at H_v 32 and 48.
 // A chunk step's relative cost at a value split (16, 32 or 64 columns a block).
 static double split_step_cost(int block_v) { return block_v == 16 ? 1.0 : block_v == 32 ? 1.25 : 2.5; }
 int gdn_delta_chunked_block_v(int heads, int sms) {

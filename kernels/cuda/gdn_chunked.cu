@@ -2791,10 +2791,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
     const size_t chunks = chunk_slots(n_seqs, n_tokens);
     if (chunks > 0x7fffffff) throw Error(std::string(op) + ": n_tokens " + std::to_string(n_tokens) + " too large");
-    // Launch gate: 32-column slices unless they would leave a quarter of the SMs idle
-    // (H_v n_seqs 4 blocks < 3/4 SMs), then 16-column slices (twice the blocks, each chunk step
-    // half the products). Measured (H200, first version): H_v 16 prefers 16, H_v 32 (128 blocks
-    // of 32) and 48 prefer 32.
+    // Launch gate (block_v == 0): gdn_delta_chunked_plan's split and segments (its costs and
+    // measurements are at gdn_delta_chunked_block_v and the plan above).
     const bool gate_split = block_v == 0;
     const GdnChunkedPlan plan = gdn_delta_chunked_plan(sh.H_v, n_seqs, n_tokens, num_sms());
     // A caller that turns the segments off (segments = 1) gets the unsegmented gate's split.

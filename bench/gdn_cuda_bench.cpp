@@ -19,6 +19,7 @@
 // above, the fp32 qkv, z, a, b read + y written + state read and written / 4234 GB/s).
 //   gdn_cuda_bench [--bw TB/s] [--decode | --prefill | --fused-prefill] [--tmax T] [--hv H_v] [--t T]
 //                  [--b B] [--reps N] [--slow-gates] [--gate-only (prefill: the gate's kernel alone)]
+//                  [--bv B [--segments P] (prefill: the gate's column at that split)]
 //   gdn_cuda_bench --check DIR   (outputs of transformers' recurrent rule written by
 //                                 scripts/gdn_gpu_peer.py: run the kernel on the same inputs
 //                                 and compare; exits 1 above 1e-4)
@@ -179,7 +180,7 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
 
 // slow_gates: g in [-2e-4, -1e-4) (a state remembered over the whole call: the segmented
 // scan's warmup reaches back to the start) instead of logsigmoid(U(0, 1)).
-void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only) {
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only, int force_bv, int force_seg) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128, g %s\n\n"
                 "| H_v | T | floor us | gate's block_v x segments | us (gate) | us gate unsegmented | us block_v 16 | us block_v 32 | us block_v 64 | "
                 "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | us warp rows 16 | "
@@ -269,7 +270,8 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, 
 #endif
             // --gate-only: the gate's pick alone (A/B runs of one kernel change); the other columns 0.
             auto time_if = [&](int bv, GdnScan scan, int segments = 0) { return gate_only ? 0.0 : time_bv(bv, scan, segments); };
-            const double us_auto = time_bv(0, GdnScan::Auto), us_noseg = time_if(0, GdnScan::Auto, 1),
+            // --bv B [--segments P]: the gate's column runs that split (and segments) instead.
+            const double us_auto = force_bv ? time_bv(force_bv, GdnScan::Auto, force_seg) : time_bv(0, GdnScan::Auto), us_noseg = time_if(0, GdnScan::Auto, 1),
                          us16 = time_if(16, GdnScan::OneGroup),
                          us32 = time_if(32, GdnScan::OneGroup), us64 = time_if(64, GdnScan::OneGroup),
                          us16p = time_if(16, GdnScan::TwoGroups), us32p = time_if(32, GdnScan::TwoGroups),
@@ -279,7 +281,8 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, 
                          us128r = time_if(128, GdnScan::WarpRows), us16t = time_if(16, GdnScan::Transition),
                          us32t = time_if(32, GdnScan::Transition), us16b = time_if(16, GdnScan::TwoGroupsTma),
                          us32b = time_if(32, GdnScan::TwoGroupsTma);
-            const alloy::cuda::GdnChunkedPlan plan = alloy::cuda::gdn_delta_chunked_plan(H_v, 1, T, sms);
+            alloy::cuda::GdnChunkedPlan plan = alloy::cuda::gdn_delta_chunked_plan(H_v, 1, T, sms);
+            if (force_bv) plan = {force_bv, std::max(force_seg, 1)};
             const double flop = 181589.0 * T * H_v;
             const double bytes = double(T) * (2.0 * H_k * d * 2 + H_v * (2.0 * d * 2 + 4 + 2)) + 2.0 * H_v * d * d * 4;
             const double floor_us = std::max(flop / 679e12, bytes / 4234e9) * 1e6;
@@ -365,7 +368,7 @@ int check_chunked(const std::filesystem::path& dir) {
 }
 
 void decode_table(double tbs, int only_hv, int only_b, int reps);
-void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only);
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only, int force_bv, int force_seg);
 
 // cuda::gdn_fused at prefill: the chunked mode at T 512 / 4096 / 16384, the serial mode at
 // 512 / 4096 (B = 1, H_k 16, d 128, grouped heads, K = 4).
@@ -469,7 +472,7 @@ int main(int argc, char** argv) {
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
     bool decode = true, prefill = true, fused_prefill = true, slow_gates = false, gate_only = false;
-    int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200;
+    int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200, force_bv = 0, force_seg = 0;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--decode")) prefill = fused_prefill = false;
         if (!std::strcmp(argv[i], "--prefill")) decode = fused_prefill = false;
@@ -479,11 +482,13 @@ int main(int argc, char** argv) {
         if (!std::strcmp(argv[i], "--t") && i + 1 < argc) only_t = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--slow-gates")) slow_gates = true;
         if (!std::strcmp(argv[i], "--gate-only")) gate_only = true;
+        if (!std::strcmp(argv[i], "--bv") && i + 1 < argc) force_bv = std::atoi(argv[i + 1]);
+        if (!std::strcmp(argv[i], "--segments") && i + 1 < argc) force_seg = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--b") && i + 1 < argc) only_b = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[i + 1]));
     }
     if (decode) decode_table(tbs, only_hv, only_b, reps);
-    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates, gate_only);
+    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates, gate_only, force_bv, force_seg);
     if (fused_prefill) fused_prefill_table(tmax, only_hv, only_t);
     return 0;
 }

@@ -1096,7 +1096,7 @@ struct alignas(kTma ? 1024 : 16) PairOutBuf {
 #endif
 // The state group's ring: chunk c + 2 streams in while c computes.
 template <int BV, bool kProd>
-__host__ __device__ constexpr int pair_bufs_s() { return BV <= 16 && kProd ? ALLOY_GDN_PAIR16_BUFS_S : 3; }
+__host__ __device__ constexpr int pair_bufs_s() { return BV <= 16 && kProd ? ALLOY_GDN_PAIR16_BUFS_S : BV >= 64 ? 2 : 3; }
 template <int BV, bool kProd>
 __host__ __device__ constexpr int pair_bufs_out() { return BV <= 16 ? (kProd ? ALLOY_GDN_PAIR16_BUFS_O : 3) : 2; }
 template <int BV, bool kProd>
@@ -1120,6 +1120,9 @@ constexpr size_t pair_smem_bytes() { return sizeof(PairSmem<BV, kTma, kProd>) + 
 static_assert(pair_smem_bytes<32, false, false>() <= 232448 && pair_smem_bytes<32, true, true>() <= 232448 &&
                   pair_smem_bytes<16, true, false>() <= 232448,
               "two-group scan: shared memory over 227 KB");
+#ifdef ALLOY_GDN_PAIR64
+static_assert(pair_smem_bytes<64, true, true>() <= 232448, "two-group scan at 64 columns: shared memory over 227 KB");
+#endif
 // The TMA variant's tensor maps (host-encoded, kernel parameters): k and q as [n_tokens][H_k
 // 128] bf16 in 64 x 64 boxes, the records' T and QKM as [records][64][64] in 64 x 64 x 1 boxes.
 struct PairMaps {
@@ -2789,6 +2792,9 @@ GdnScan gdn_delta_chunked_scan(int block_v) {
     if (env == 4) return GdnScan::Transition;
     if (env == 3) return GdnScan::WarpRows;
     if (env == 1) return GdnScan::OneGroup;
+#ifdef ALLOY_GDN_PAIR64
+    if (block_v == 64 && env == 0) return GdnScan::TwoGroupsProducer;
+#endif
     if (block_v == 64) return env == 2 ? GdnScan::OneGroup : GdnScan::WarpRows;
     return env == 2 ? GdnScan::TwoGroups : GdnScan::TwoGroupsProducer;
 }
@@ -2879,7 +2885,9 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         else if (block_v == 32) launch_stage2_wg<32>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else launch_stage2_wg<16>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
     } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) {
+#ifndef ALLOY_GDN_PAIR64
         if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
+#endif
         // TMA tiles, unless the driver does not give the tensor-map encoder (then cp.async: same bits).
         const bool tma = (scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) && encode_tiled() != nullptr;
         const bool prod = tma && scan == GdnScan::TwoGroupsProducer;
@@ -2894,6 +2902,12 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         };
         using No = std::false_type;
         using Yes = std::true_type;
+#ifdef ALLOY_GDN_PAIR64
+        if (block_v == 64) {
+            if (!prod) throw Error(std::string(op) + ": block_v 64's two-group scan is the producer-warp one");
+            launch_pair(std::integral_constant<int, 64>{}, Yes{}, Yes{});
+        } else
+#endif
         if (block_v == 32) {
             if (prod) launch_pair(std::integral_constant<int, 32>{}, Yes{}, Yes{});
             else if (tma) launch_pair(std::integral_constant<int, 32>{}, Yes{}, No{});

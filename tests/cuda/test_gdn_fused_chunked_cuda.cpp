@@ -327,7 +327,11 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
                                                   {128, cuda::GdnScan::WarpRows}, {16, cuda::GdnScan::TwoGroupsTma},
                                                   {32, cuda::GdnScan::TwoGroupsTma},
                                                   {16, cuda::GdnScan::TwoGroupsProducer},
-                                                  {32, cuda::GdnScan::TwoGroupsProducer}};
+                                                  {32, cuda::GdnScan::TwoGroupsProducer},
+#ifdef ALLOY_GDN_PAIR64
+                                                  {64, cuda::GdnScan::TwoGroupsProducer},
+#endif
+                                                  };
     for (const auto& [bv, scan] : runs) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));

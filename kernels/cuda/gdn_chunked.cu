@@ -2824,7 +2824,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     const bool two_groups =
         scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer;
     const int segments =
-        !two_groups || block_v == 64 ? 1 : forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
+        !two_groups || (block_v == 64 && scan != GdnScan::TwoGroupsProducer) ? 1 : forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
     if (segments > 1 && n_seqs > segment_seqs_cap(sh.H_v, num_sms()))
         throw Error(std::string(op) + ": segments " + std::to_string(segments) + " with n_seqs " +
                     std::to_string(n_seqs) + " (the workspace holds final states of " +

@@ -389,12 +389,16 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
         cuda::gdn_delta_chunked(sh, n_seqs, doffs.p, T, dq.p, dk.p, dv.p, dg.p, db.p, st.p, out.p, ws.p, nullptr, bv,
-                                dslots.p, cuda::GdnScan::TwoGroups, segments);
+                                dslots.p, bv == 64 ? cuda::GdnScan::TwoGroupsProducer : cuda::GdnScan::TwoGroups, segments);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         o = out.host();
         st_out = st.host();
     };
+#ifdef ALLOY_GDN_PAIR64
+    for (int bv : {16, 32, 64}) {
+#else
     for (int bv : {16, 32}) {
+#endif
         std::vector<uint16_t> base_out;
         std::vector<float> base_state;
         run(bv, 1, base_out, base_state);

@@ -1266,23 +1266,10 @@ SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
         const int target = g <= 2 ? kSplitMaxCluster : kSplitMaxClusterWide;
         int C = std::max(1, std::min({std::max(1, target / g), kMaxClusterSize / g, sh.d_v / ALLOY_GDN_SPLIT_MIN_COLS}));
         while (C > 1 && (sh.d_v + C - 1) / C * (C - 1) >= sh.d_v) --C;  // no block without columns
-        const int cols = (sh.d_v + C - 1) / C;
-#ifdef ALLOY_GDN_SPLIT_WIDE_KP2
-        // Experiment: 64-column blocks as 8 warps of 8 columns and 2 conv channels a thread
-        // (256 threads, so two blocks fit an SM beside the next layer's).
-        const int kP = cols >= 64 ? 2 : 1, kCh = cols >= 64 ? 2 : 1;
-#else
-        const int kP = cols > 64 ? 2 : 1, kCh = 1;
-#endif
+        const int cols = (sh.d_v + C - 1) / C, kP = cols > 64 ? 2 : 1;
         const int dwarps = (cols + 4 * kP - 1) / (4 * kP), nch = 2 * sh.d_k + cols;
-        const int warps = std::max(dwarps, (nch + 32 * kCh - 1) / (32 * kCh));
+        const int warps = std::max(dwarps, (nch + 31) / 32);
         FusedKernel kern = nullptr, kern_s = nullptr;
-#ifdef ALLOY_GDN_SPLIT_WIDE_KP2
-        if (K <= 4 && kCh == 2) {
-            kern = vec ? fused_split_kernel<true, 2, 4, 2, false> : fused_split_kernel<false, 2, 4, 2, false>;
-            kern_s = vec ? fused_split_kernel<true, 2, 4, 2, true> : fused_split_kernel<false, 2, 4, 2, true>;
-        } else
-#endif
         if (K <= 4) {
             kern = kP == 1 ? (vec ? fused_split_kernel<true, 1, 4, 1, false> : fused_split_kernel<false, 1, 4, 1, false>)
                            : (vec ? fused_split_kernel<true, 2, 4, 1, false> : fused_split_kernel<false, 2, 4, 1, false>);

@@ -1084,44 +1084,34 @@ struct alignas(kTma ? 1024 : 16) PairOutBuf {
     bf16 M[kC * (kTma ? kC : kPC)];
     float eG[kC];
 };
-// Experiment switches (build flags) for the 16-column kernel: its ring depths and blocks an SM.
-#ifndef ALLOY_GDN_PAIR16_BUFS_S
-#define ALLOY_GDN_PAIR16_BUFS_S 3
-#endif
-#ifndef ALLOY_GDN_PAIR16_BUFS_O
-#define ALLOY_GDN_PAIR16_BUFS_O 3
-#endif
-#ifndef ALLOY_GDN_PAIR16_MINB
-#define ALLOY_GDN_PAIR16_MINB 1
-#endif
-// The state group's ring: chunk c + 2 streams in while c computes.
-template <int BV, bool kProd>
-__host__ __device__ constexpr int pair_bufs_s() { return BV <= 16 && kProd ? ALLOY_GDN_PAIR16_BUFS_S : BV >= 64 ? 2 : 3; }
-template <int BV, bool kProd>
-__host__ __device__ constexpr int pair_bufs_out() { return BV <= 16 ? (kProd ? ALLOY_GDN_PAIR16_BUFS_O : 3) : 2; }
-template <int BV, bool kProd>
-__host__ __device__ constexpr int pair_min_blocks() { return BV <= 16 && kProd ? ALLOY_GDN_PAIR16_MINB : 1; }
-template <int BV, bool kTma, bool kProd>
+// The state group's ring: chunk c + 2 streams in while c computes (c + 1 at 64 columns, whose
+// tiles leave no room for a third buffer). (Session 41: the 16-column producer kernel with rings
+// of 2 / 1 so that two blocks share an SM was 26-41% slower on an H100.)
+template <int BV>
+__host__ __device__ constexpr int pair_bufs_s() { return BV >= 64 ? 2 : 3; }
+template <int BV>
+__host__ __device__ constexpr int pair_bufs_out() { return BV <= 16 ? 3 : 2; }
+template <int BV, bool kTma>
 struct alignas(kTma ? 1024 : 16) PairSmem {
-    PairStateBuf<BV, kTma> sb[pair_bufs_s<BV, kProd>()];
-    PairOutBuf<kTma> ob[pair_bufs_out<BV, kProd>()];
+    PairStateBuf<BV, kTma> sb[pair_bufs_s<BV>()];
+    PairOutBuf<kTma> ob[pair_bufs_out<BV>()];
     bf16 Sb[2][BV * kPD];  // S^T in bf16 at the chunk's start, [j][i], by chunk parity
     bf16 Dp[BV * kPC];     // Delta'^T (state group only)
     bf16 Dm[2][BV * kPC];  // Delta^T, by chunk parity
     bf16 Dt[BV * kPC];     // Delta^T .* e^{G_C - G} (state group only)
     float O[kC * (BV + 4)];  // the output group's O tile, [r][j]
     uint64_t full_s[2], full_d[2], empty[2];
-    uint64_t tiles_s[pair_bufs_s<BV, kProd>()], tiles_o[3];  // TMA variants: a ring buffer's tiles landed
-    uint64_t s_free[pair_bufs_s<BV, kProd>()], o_free[3];    // producer-warp variant: a ring buffer's readers are done
+    uint64_t tiles_s[pair_bufs_s<BV>()], tiles_o[3];  // TMA variants: a ring buffer's tiles landed
+    uint64_t s_free[pair_bufs_s<BV>()], o_free[3];    // producer-warp variant: a ring buffer's readers are done
     int i_ws;  // the chunk (in the sequence) where the state group starts (segmented scan)
 };
-template <int BV, bool kTma, bool kProd>
-constexpr size_t pair_smem_bytes() { return sizeof(PairSmem<BV, kTma, kProd>) + (kTma ? 1024 : 0); }
-static_assert(pair_smem_bytes<32, false, false>() <= 232448 && pair_smem_bytes<32, true, true>() <= 232448 &&
-                  pair_smem_bytes<16, true, false>() <= 232448,
+template <int BV, bool kTma>
+constexpr size_t pair_smem_bytes() { return sizeof(PairSmem<BV, kTma>) + (kTma ? 1024 : 0); }
+static_assert(pair_smem_bytes<32, false>() <= 232448 && pair_smem_bytes<32, true>() <= 232448 &&
+                  pair_smem_bytes<16, true>() <= 232448,
               "two-group scan: shared memory over 227 KB");
 #ifdef ALLOY_GDN_PAIR64
-static_assert(pair_smem_bytes<64, true, true>() <= 232448, "two-group scan at 64 columns: shared memory over 227 KB");
+static_assert(pair_smem_bytes<64, true>() <= 232448, "two-group scan at 64 columns: shared memory over 227 KB");
 #endif
 // The TMA variant's tensor maps (host-encoded, kernel parameters): k and q as [n_tokens][H_k
 // 128] bf16 in 64 x 64 boxes, the records' T and QKM as [records][64][64] in 64 x 64 x 1 boxes.
@@ -1156,7 +1146,7 @@ __device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
 // step issuing copies (clock64 with kTma alone: lane 0's copy issue held its warp ~765 / 578
 // cycles a step).
 template <int BV, bool kTma, typename OutT, bool kProd = false>
-__global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), pair_min_blocks<BV, kProd>()) stage2_pair_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+__global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pair_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                       const int32_t* __restrict__ cstart,
                                                                       const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                                       const bf16* __restrict__ v,
@@ -1165,14 +1155,14 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), pair_min_bloc
                                                                       const int32_t* __restrict__ slots, ScanSegments sg,
                                                                       const __grid_constant__ PairMaps maps) {
     detail::pdl_entry();
-    constexpr int MT = BV / 16, kPairBufS = pair_bufs_s<BV, kProd>();
+    constexpr int MT = BV / 16, kPairBufS = pair_bufs_s<BV>();
     constexpr int kNR = 2, kRW = 16;  // chunk rows per warp (16) as two n8 tiles
     constexpr int kNI = 4, kIW = 32;  // state columns per warp (32) as four n8 tiles
     constexpr int kGT = 128;          // threads per group
     constexpr int kKP = kTma ? kSwz : kPD, kTP = kTma ? kSwz : kPC;  // pitches of the K / Q and T / QKM tiles
     constexpr int kVP = kProd ? BV : BV + 8;                           // pitch of the V tile
     static_assert(!kProd || kTma, "the producer warp issues TMA copies");
-    using Smem = PairSmem<BV, kTma, kProd>;
+    using Smem = PairSmem<BV, kTma>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // (TMA's swizzled tiles: the base rounded up to 1024 bytes; launch_stage2_pair adds 1 KB.)
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + (kTma ? (1024 - (smem_u32(smem_raw) & 1023)) & 1023 : 0));
@@ -1227,7 +1217,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), pair_min_bloc
         if (w == 8) {
             // ---- the producer warp: the state ring's chunks [i_ws, i_hi), the output ring's
             // [i_lo, i_hi), each into its buffer once that buffer's last readers arrived ----
-            constexpr int kNO = pair_bufs_out<BV, kProd>();
+            constexpr int kNO = pair_bufs_out<BV>();
             const int cc = (lane & 15) * 8, r0 = lane >> 4;  // copy_row_tile with 32 threads
             auto load_state = [&](int i, int b) {
                 auto& B = sm.sb[b];
@@ -1372,7 +1362,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), pair_min_bloc
             state_to_bf16(Sb, S, i_w, gq, tq);
             if (j >= 0) mbar_arrive(&sm.full_s[j & 1]);
             PCLK(3);
-            cp_async_wait<(kPairBufS >= 2 ? kPairBufS - 2 : 0)>();
+            cp_async_wait<kPairBufS - 2>();
             if constexpr (kTma) mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kPairBufS) & 1);
             group_sync(1);  // chunk i's tiles and Sb visible; the group is done with chunk i - 1
             PCLK(4);
@@ -1429,7 +1419,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), pair_min_bloc
         if (i_hi == n_chunks) store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0, i_w, gq, tq);
     } else {
         // ---- the output group: O^T = (S^T Q^T) e^G + Delta^T QKM^T, one chunk behind ----
-        constexpr int kNO = pair_bufs_out<BV, kProd>();
+        constexpr int kNO = pair_bufs_out<BV>();
         const bf16* q_col = q + (size_t)kh * kD + qk_cc;
         auto load_chunk = [&](int i, int b) {
             auto& B = sm.ob[b];
@@ -1467,7 +1457,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), pair_min_bloc
             const auto& B = sm.ob[b];
             const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
             PCLK(1);  // (from the step before's output flush)
-            cp_async_wait<(kNO >= 2 ? kNO - 2 : 0)>();
+            cp_async_wait<kNO - 2>();
             if constexpr (kTma) mbar_wait(&sm.tiles_o[b], (j / kNO) & 1);
             group_sync(2);  // chunk i's tiles visible; the group is done with chunk i - 1 (its buffer, the O tile)
             PCLK(2);
@@ -2660,7 +2650,7 @@ void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs
     const PairMaps maps = kTma ? pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records,
                                            kProd ? v : nullptr, BV)
                                : PairMaps{};
-    launch_scan<stage2_pair_kernel<BV, kTma, OutT, kProd>>(pair_smem_bytes<BV, kTma, kProd>(),
+    launch_scan<stage2_pair_kernel<BV, kTma, OutT, kProd>>(pair_smem_bytes<BV, kTma>(),
                                                            dim3(kD / BV, sh.H_v, grid_z),
                                                            dim3(kPairThreads + (kProd ? 32 : 0)), st, sh, offs, cstart,
                                                            q, k, v, rec, state, out, slots, sg, maps);

@@ -1110,9 +1110,7 @@ constexpr size_t pair_smem_bytes() { return sizeof(PairSmem<BV, kTma>) + (kTma ?
 static_assert(pair_smem_bytes<32, false>() <= 232448 && pair_smem_bytes<32, true>() <= 232448 &&
                   pair_smem_bytes<16, true>() <= 232448,
               "two-group scan: shared memory over 227 KB");
-#ifdef ALLOY_GDN_PAIR64
 static_assert(pair_smem_bytes<64, true>() <= 232448, "two-group scan at 64 columns: shared memory over 227 KB");
-#endif
 // The TMA variant's tensor maps (host-encoded, kernel parameters): k and q as [n_tokens][H_k
 // 128] bf16 in 64 x 64 boxes, the records' T and QKM as [records][64][64] in 64 x 64 x 1 boxes.
 struct PairMaps {
@@ -2698,8 +2696,19 @@ int num_sms() {
 // as two waves of 32-column ones). Stage 1 stays one block per (chunk, value head): sharing
 // K K^T and Q K^T among the value heads of a key head (one block per key head, 168 registers,
 // 3 blocks per SM) measured 2-3% slower at H_v 32 and 48.
+// The 64-column split's scan: the two-group producer kernel (a ring of 2 state buffers; its chunk
+// step measured ~1.65x a 32-column one's on an H100, session 41: unsegmented at H_v 16 / 32 / 48,
+// T 65536, 3056 / 3411 / 3788 us against 32 columns' 1170 x 2 segments, 2323, 3505 x 2, stage 1
+// taken out), so 2.1 in 16-column units and segmented like the 32-column split; or warp rows
+// (2.5, never segmented) with ALLOY_GDN_SPLIT64_PAIR=0 (A/B).
+static bool split64_pair() {
+    static const bool on = [] { const char* e = std::getenv("ALLOY_GDN_SPLIT64_PAIR"); return !e || std::atoi(e) != 0; }();
+    return on;
+}
 // A chunk step's relative cost at a value split (16, 32 or 64 columns a block).
-static double split_step_cost(int block_v) { return block_v == 16 ? 1.0 : block_v == 32 ? 1.25 : 2.5; }
+static double split_step_cost(int block_v) {
+    return block_v == 16 ? 1.0 : block_v == 32 ? 1.25 : split64_pair() ? 2.1 : 2.5;
+}
 int gdn_delta_chunked_block_v(int heads, int sms) {
     int best = 16;
     double best_t = 1e30;
@@ -2752,10 +2761,13 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
     const double now = double(waves) * split_step_cost(plan.block_v) * cps;
     if (cps >= 64) {
         double best = 0.9 * now;
-        for (int p = 2; p <= 8; ++p) {
-            const int seg_waves = (heads * (kD / 32) * p + sms - 1) / sms;
-            const double seg = double(seg_waves) * (double((cps + p - 1) / p) + 1.0) * split_step_cost(32);
-            if (seg < best - 1e-9) best = seg, plan = {32, p};
+        for (int bv : {32, 64}) {
+            if (bv == 64 && !split64_pair()) continue;
+            for (int p = 2; p <= 8; ++p) {
+                const int seg_waves = (heads * (kD / bv) * p + sms - 1) / sms;
+                const double seg = double(seg_waves) * (double((cps + p - 1) / p) + 1.0) * split_step_cost(bv);
+                if (seg < best - 1e-9) best = seg, plan = {bv, p};
+            }
         }
     }
     return plan;
@@ -2777,15 +2789,12 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 // spreads the step over 8 warps.
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
-    if (env == 6) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsProducer;
+    if (env == 6) return block_v == 64 && !split64_pair() ? GdnScan::WarpRows : GdnScan::TwoGroupsProducer;
     if (env == 5) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsTma;
     if (env == 4) return GdnScan::Transition;
     if (env == 3) return GdnScan::WarpRows;
     if (env == 1) return GdnScan::OneGroup;
-#ifdef ALLOY_GDN_PAIR64
-    if (block_v == 64 && env == 0) return GdnScan::TwoGroupsProducer;
-#endif
-    if (block_v == 64) return env == 2 ? GdnScan::OneGroup : GdnScan::WarpRows;
+    if (block_v == 64) return env == 2 ? GdnScan::OneGroup : split64_pair() ? GdnScan::TwoGroupsProducer : GdnScan::WarpRows;
     return env == 2 ? GdnScan::TwoGroups : GdnScan::TwoGroupsProducer;
 }
 
@@ -2875,9 +2884,6 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         else if (block_v == 32) launch_stage2_wg<32>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else launch_stage2_wg<16>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
     } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) {
-#ifndef ALLOY_GDN_PAIR64
-        if (block_v == 64) throw Error(std::string(op) + ": block_v 64 has no two-group scan (16 or 32)");
-#endif
         // TMA tiles, unless the driver does not give the tensor-map encoder (then cp.async: same bits).
         const bool tma = (scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) && encode_tiled() != nullptr;
         const bool prod = tma && scan == GdnScan::TwoGroupsProducer;
@@ -2892,13 +2898,10 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         };
         using No = std::false_type;
         using Yes = std::true_type;
-#ifdef ALLOY_GDN_PAIR64
         if (block_v == 64) {
-            if (!prod) throw Error(std::string(op) + ": block_v 64's two-group scan is the producer-warp one");
+            if (!prod) throw Error(std::string(op) + ": block_v 64's two-group scan is the producer-warp one (TwoGroupsProducer)");
             launch_pair(std::integral_constant<int, 64>{}, Yes{}, Yes{});
-        } else
-#endif
-        if (block_v == 32) {
+        } else if (block_v == 32) {
             if (prod) launch_pair(std::integral_constant<int, 32>{}, Yes{}, Yes{});
             else if (tma) launch_pair(std::integral_constant<int, 32>{}, Yes{}, No{});
             else launch_pair(std::integral_constant<int, 32>{}, No{}, No{});

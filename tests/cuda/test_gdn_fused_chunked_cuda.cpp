@@ -328,10 +328,7 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
                                                   {32, cuda::GdnScan::TwoGroupsTma},
                                                   {16, cuda::GdnScan::TwoGroupsProducer},
                                                   {32, cuda::GdnScan::TwoGroupsProducer},
-#ifdef ALLOY_GDN_PAIR64
-                                                  {64, cuda::GdnScan::TwoGroupsProducer},
-#endif
-                                                  };
+                                                  {64, cuda::GdnScan::TwoGroupsProducer}};
     for (const auto& [bv, scan] : runs) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
@@ -394,11 +391,7 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
         o = out.host();
         st_out = st.host();
     };
-#ifdef ALLOY_GDN_PAIR64
     for (int bv : {16, 32, 64}) {
-#else
-    for (int bv : {16, 32}) {
-#endif
         std::vector<uint16_t> base_out;
         std::vector<float> base_state;
         run(bv, 1, base_out, base_state);
@@ -436,9 +429,10 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
     }
 }
 
-// The gate's own plan at 48 value heads, one sequence (2 segments of a 32-column split on 132
-// SMs, the producer-warp scan): slow heads give the unsegmented call's bits, fast heads agree
-// with it to fp32 rounding, as for the forced segments above.
+// The gate's own plan at 48 value heads, one sequence (4 segments of a 64-column split on 132
+// SMs, or 2 of a 32-column one with ALLOY_GDN_SPLIT64_PAIR=0; the producer-warp scan): slow
+// heads give the unsegmented call's bits, fast heads agree with it to fp32 rounding, as for the
+// forced segments above.
 TEST(CudaGdnFusedChunked, GateSegmentsAtFortyEightHeadsGiveTheUnsegmentedScan) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     const ref::GdnShape sh{16, 48, 128, 128, true};
@@ -504,23 +498,32 @@ TEST(CudaGdnFusedChunked, GateSegmentsAtFortyEightHeadsGiveTheUnsegmentedScan) {
                 plan.segments, std::sqrt(num / den), std::sqrt(snum / sden));
 }
 
-// The plan segments where a 32-column split fills the SMs unevenly (no device needed).
+// The plan segments where a split fills the SMs unevenly (no device needed): with the
+// 64-column two-group scan (the default), 64-column segments; with ALLOY_GDN_SPLIT64_PAIR=0
+// (64 columns as warp rows, never segmented), 32-column ones.
 TEST(CudaGdnFusedChunked, PlanSegmentsOnlyWhereBlocksAreFew) {
     if (std::getenv("ALLOY_GDN_SEGMENTS")) GTEST_SKIP() << "ALLOY_GDN_SEGMENTS forces the plan";
+    const char* e = std::getenv("ALLOY_GDN_SPLIT64_PAIR");
+    const bool pair64 = !e || std::atoi(e) != 0;
+    const int bv = pair64 ? 64 : 32;
+    // 16 heads: 32 blocks of 64 columns, 4 segments fill 128 SMs (64 blocks of 32: 2 segments).
     const auto p16 = cuda::gdn_delta_chunked_plan(16, 1, 4096, 132);
-    EXPECT_EQ(p16.block_v, 32);
-    EXPECT_EQ(p16.segments, 2);
+    EXPECT_EQ(p16.block_v, bv);
+    EXPECT_EQ(p16.segments, pair64 ? 4 : 2);
     const auto p8 = cuda::gdn_delta_chunked_plan(8, 1, 4096, 132);
-    EXPECT_EQ(p8.block_v, 32);
-    EXPECT_EQ(p8.segments, 4);
-    const auto p32 = cuda::gdn_delta_chunked_plan(32, 1, 65536, 132);  // 128 blocks: one wave already
-    EXPECT_EQ(p32.segments, 1);
-    EXPECT_EQ(p32.block_v, cuda::gdn_delta_chunked_block_v(32, 132));
-    // 192 blocks of 32 columns take two waves of whole chains; 2 segments, three waves of halves.
+    EXPECT_EQ(p8.block_v, bv);
+    EXPECT_EQ(p8.segments, pair64 ? 8 : 4);
+    // 32 heads: 128 blocks of 32 columns are one wave already; 64 blocks of 64 columns x 2.
+    const auto p32 = cuda::gdn_delta_chunked_plan(32, 1, 65536, 132);
+    EXPECT_EQ(p32.segments, pair64 ? 2 : 1);
+    EXPECT_EQ(p32.block_v, pair64 ? 64 : cuda::gdn_delta_chunked_block_v(32, 132));
+    // 48 heads: 192 blocks of 32 columns take two waves of whole chains; 2 segments, three waves
+    // of halves; 96 blocks of 64 columns x 4 segments, three waves of quarters.
     const auto p48 = cuda::gdn_delta_chunked_plan(48, 1, 65536, 132);
-    EXPECT_EQ(p48.block_v, 32);
-    EXPECT_EQ(p48.segments, 2);
-    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 2, 8192, 132).segments, 1);  // 2 sequences fill the SMs
+    EXPECT_EQ(p48.block_v, bv);
+    EXPECT_EQ(p48.segments, pair64 ? 4 : 2);
+    // 2 sequences of 16 heads fill the SMs with 32 columns; 64 columns x 2 segments do too.
+    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 2, 8192, 132).segments, pair64 ? 2 : 1);
     EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 1, 2048, 132).segments, 1);  // 32 chunks: not worth it
 }
 

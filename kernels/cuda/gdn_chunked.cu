@@ -2699,8 +2699,9 @@ int num_sms() {
 // The 64-column split's scan: the two-group producer kernel (a ring of 2 state buffers; its chunk
 // step measured ~1.65x a 32-column one's on an H100, session 41: unsegmented at H_v 16 / 32 / 48,
 // T 65536, 3056 / 3411 / 3788 us against 32 columns' 1170 x 2 segments, 2323, 3505 x 2, stage 1
-// taken out), so 2.1 in 16-column units and segmented like the 32-column split; or warp rows
-// (2.5, never segmented) with ALLOY_GDN_SPLIT64_PAIR=0 (A/B).
+// taken out), so 2.1 in 16-column units; or warp rows (2.5) with ALLOY_GDN_SPLIT64_PAIR=0 (A/B).
+// At H_v 48, T 2048 (no segments) the gate's split moves 32 -> 64 columns: 151.8 -> 136.0 us.
+// The plan does not segment it (below), though the kernel can (`segments` given).
 static bool split64_pair() {
     static const bool on = [] { const char* e = std::getenv("ALLOY_GDN_SPLIT64_PAIR"); return !e || std::atoi(e) != 0; }();
     return on;
@@ -2761,13 +2762,14 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
     const double now = double(waves) * split_step_cost(plan.block_v) * cps;
     if (cps >= 64) {
         double best = 0.9 * now;
-        for (int bv : {32, 64}) {
-            if (bv == 64 && !split64_pair()) continue;
-            for (int p = 2; p <= 8; ++p) {
-                const int seg_waves = (heads * (kD / bv) * p + sms - 1) / sms;
-                const double seg = double(seg_waves) * (double((cps + p - 1) / p) + 1.0) * split_step_cost(bv);
-                if (seg < best - 1e-9) best = seg, plan = {bv, p};
-            }
+        // (Segments of the 64-column split were 6-11% faster than this gate's with gates of
+        // ~-0.5 a token, but 26-39% slower where the warmup reaches the start, and the 0.8B BF16
+        // model's pp4096 lost 3.5%: a slow head runs its whole chain at the 64-column step's cost.
+        // H100, same call, session 41; bench/RESULTS.md.)
+        for (int p = 2; p <= 8; ++p) {
+            const int seg_waves = (heads * (kD / 32) * p + sms - 1) / sms;
+            const double seg = double(seg_waves) * (double((cps + p - 1) / p) + 1.0) * split_step_cost(32);
+            if (seg < best - 1e-9) best = seg, plan = {32, p};
         }
     }
     return plan;

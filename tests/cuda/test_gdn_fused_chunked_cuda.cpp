@@ -429,14 +429,14 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
     }
 }
 
-// The gate's own plan at 48 value heads, one sequence (4 segments of a 64-column split on 132
-// SMs, or 2 of a 32-column one with ALLOY_GDN_SPLIT64_PAIR=0; the producer-warp scan): slow
-// heads give the unsegmented call's bits, fast heads agree with it to fp32 rounding, as for the
-// forced segments above.
+// The gate's own plan at 48 value heads, one sequence (2 segments of a 32-column split on 132
+// SMs, the producer-warp scan): slow heads give the unsegmented call's bits (the unsegmented
+// gate's split: 64 columns, or 32 with ALLOY_GDN_SPLIT64_PAIR=0), fast heads agree with it to
+// fp32 rounding, as for the forced segments above.
 TEST(CudaGdnFusedChunked, GateSegmentsAtFortyEightHeadsGiveTheUnsegmentedScan) {
     if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
     const ref::GdnShape sh{16, 48, 128, 128, true};
-    const int T = 4096;
+    const int T = 16384;  // at 4096 the gate runs one unsegmented wave of 64-column blocks
     int dev = 0, sms = 0;
     ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
     ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
@@ -498,32 +498,31 @@ TEST(CudaGdnFusedChunked, GateSegmentsAtFortyEightHeadsGiveTheUnsegmentedScan) {
                 plan.segments, std::sqrt(num / den), std::sqrt(snum / sden));
 }
 
-// The plan segments where a split fills the SMs unevenly (no device needed): with the
-// 64-column two-group scan (the default), 64-column segments; with ALLOY_GDN_SPLIT64_PAIR=0
-// (64 columns as warp rows, never segmented), 32-column ones.
+// The plan segments where a 32-column split fills the SMs unevenly (no device needed); the
+// 64-column split (the two-group scan by default, warp rows with ALLOY_GDN_SPLIT64_PAIR=0) is
+// the unsegmented pick at 48 heads only where it runs the two-group scan.
 TEST(CudaGdnFusedChunked, PlanSegmentsOnlyWhereBlocksAreFew) {
     if (std::getenv("ALLOY_GDN_SEGMENTS")) GTEST_SKIP() << "ALLOY_GDN_SEGMENTS forces the plan";
     const char* e = std::getenv("ALLOY_GDN_SPLIT64_PAIR");
     const bool pair64 = !e || std::atoi(e) != 0;
-    const int bv = pair64 ? 64 : 32;
-    // 16 heads: 32 blocks of 64 columns, 4 segments fill 128 SMs (64 blocks of 32: 2 segments).
     const auto p16 = cuda::gdn_delta_chunked_plan(16, 1, 4096, 132);
-    EXPECT_EQ(p16.block_v, bv);
-    EXPECT_EQ(p16.segments, pair64 ? 4 : 2);
+    EXPECT_EQ(p16.block_v, 32);
+    EXPECT_EQ(p16.segments, 2);
     const auto p8 = cuda::gdn_delta_chunked_plan(8, 1, 4096, 132);
-    EXPECT_EQ(p8.block_v, bv);
-    EXPECT_EQ(p8.segments, pair64 ? 8 : 4);
-    // 32 heads: 128 blocks of 32 columns are one wave already; 64 blocks of 64 columns x 2.
-    const auto p32 = cuda::gdn_delta_chunked_plan(32, 1, 65536, 132);
-    EXPECT_EQ(p32.segments, pair64 ? 2 : 1);
-    EXPECT_EQ(p32.block_v, pair64 ? 64 : cuda::gdn_delta_chunked_block_v(32, 132));
-    // 48 heads: 192 blocks of 32 columns take two waves of whole chains; 2 segments, three waves
-    // of halves; 96 blocks of 64 columns x 4 segments, three waves of quarters.
+    EXPECT_EQ(p8.block_v, 32);
+    EXPECT_EQ(p8.segments, 4);
+    const auto p32 = cuda::gdn_delta_chunked_plan(32, 1, 65536, 132);  // 128 blocks: one wave already
+    EXPECT_EQ(p32.segments, 1);
+    EXPECT_EQ(p32.block_v, cuda::gdn_delta_chunked_block_v(32, 132));
+    // 192 blocks of 32 columns take two waves of whole chains; 2 segments, three waves of halves.
     const auto p48 = cuda::gdn_delta_chunked_plan(48, 1, 65536, 132);
-    EXPECT_EQ(p48.block_v, bv);
-    EXPECT_EQ(p48.segments, pair64 ? 4 : 2);
-    // 2 sequences of 16 heads fill the SMs with 32 columns; 64 columns x 2 segments do too.
-    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 2, 8192, 132).segments, pair64 ? 2 : 1);
+    EXPECT_EQ(p48.block_v, 32);
+    EXPECT_EQ(p48.segments, 2);
+    // Too short to segment: one wave of 96 two-group blocks of 64 columns, or two of 32.
+    const auto p48s = cuda::gdn_delta_chunked_plan(48, 1, 2048, 132);
+    EXPECT_EQ(p48s.block_v, pair64 ? 64 : 32);
+    EXPECT_EQ(p48s.segments, 1);
+    EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 2, 8192, 132).segments, 1);  // 2 sequences fill the SMs
     EXPECT_EQ(cuda::gdn_delta_chunked_plan(16, 1, 2048, 132).segments, 1);  // 32 chunks: not worth it
 }
 

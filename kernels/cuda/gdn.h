@@ -90,7 +90,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // in gdn_fused (device [n_seqs] int32, state [slots, H_v, 128, 128]; nullptr: slot = sequence).
 // The scan kernel: one warp group issuing every product of a chunk step, or two groups, one
 // running the chain from each chunk's state to the next and one the chunk's output behind it
-// (16- and 32-column splits only; the same bits as one group); or Wgmma: fla's rearrangement
+// (the same bits as one group; at 64 columns only TwoGroupsProducer, below); or Wgmma: fla's rearrangement
 // (W, U precomputed) on Hopper's warpgroup MMA, two products a step (other bits, ~fla's
 // rounding; any split; only when asked for, with the Wgmma workspace); or WarpRows: every warp
 // runs the whole chunk step for its own 16 value columns from registers (block_v 16, 32, 64 or
@@ -102,7 +102,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // TwoGroupsTma: the same with its whole chunks' K, T, Q and QKM tiles brought by TMA tensor
 // copies into 128-byte swizzled tiles (same bits; ALLOY_GDN_SCAN=5). TwoGroupsProducer: those
 // copies issued by a ninth warp (same bits; what Auto picks at 16 and 32 columns since session
-// 38; ALLOY_GDN_SCAN=6).
+// 38, and at 64 since session 41; ALLOY_GDN_SCAN=6).
 enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition, TwoGroupsTma, TwoGroupsProducer };
 // scan = GdnScan::Wgmma and Transition need larger workspaces (their stages 1b / 1t write W, U
 // and Kd^T, or Pn, Qt and T diag(beta) per chunk and head); the other kernels need the default's.
@@ -119,7 +119,8 @@ GdnScan gdn_delta_chunked_scan(int block_v);
 // sequence's start; where a 32-column split's blocks fill the SMs unevenly and a sequence has
 // >= 64 chunks: P segments where waves x (chunks / P + 1) steps beat the unsegmented split (132
 // SMs, one sequence: 16 value heads 2 segments, 1 wave; 48 heads 2 segments, 3 waves of half
-// chains instead of 2 of whole ones). ALLOY_GDN_SEGMENTS=P forces P (1 = off); so does gdn_delta_chunked's
+// chains instead of 2 of whole ones; 64-column segments are left out: a head whose warmup
+// reaches the start runs its whole chain at their dearer step). ALLOY_GDN_SEGMENTS=P forces P (1 = off); so does gdn_delta_chunked's
 // `segments` (0: the plan's, or the variable's where block_v is given), for two-group scans
 // only, with n_seqs <= the sequences whose final states the workspace holds (else alloy::Error).
 // Segmented outputs differ from unsegmented ones where a segment starts from zero (by ~e^-20 of

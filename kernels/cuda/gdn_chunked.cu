@@ -2777,9 +2777,9 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 
 // The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 / 5 / 6 forces one / two warp groups on
 // cp.async / warp rows / two groups on TMA issued by the groups / two groups on TMA issued by a
-// producer warp (A/B; 2 at the 64-column split = one group, as it has no two-group kernel);
-// otherwise two groups with the producer warp at the 16- and 32-column splits and warp rows
-// (4 warps) at the 64-column one. All give the same bits. Producer warp against the groups
+// producer warp (A/B; 2 and 5 at the 64-column split = one group and warp rows: its only
+// two-group kernel is the producer one); otherwise two groups with the producer warp at every
+// split (warp rows at 64 columns with ALLOY_GDN_SPLIT64_PAIR=0). All give the same bits. Producer warp against the groups
 // issuing TMA themselves, H100, same call (session 38): the gate 102.1 -> 98.1 us (H_v 16, T
 // 4096), 173.8 -> 164.1 (H_v 32), 341.1 -> 321.1 (H_v 16, T 16384). TMA against cp.async tiles, H100, same
 // call (session 37): 16 columns 162.5 -> 121.4 us (H_v 16, T 4096), 600.9 -> 427.4 (16384); 32

@@ -90,8 +90,8 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // in gdn_fused (device [n_seqs] int32, state [slots, H_v, 128, 128]; nullptr: slot = sequence).
 // The scan kernel: one warp group issuing every product of a chunk step, or two groups, one
 // running the chain from each chunk's state to the next and one the chunk's output behind it
-// (the same bits as one group; at 64 columns only TwoGroupsProducer, below); or Wgmma: fla's rearrangement
-// (W, U precomputed) on Hopper's warpgroup MMA, two products a step (other bits, ~fla's
+// (the same bits as one group; at 64 columns only TwoGroupsProducer, below); or Wgmma: fla's
+// rearrangement (W, U precomputed) on Hopper's warpgroup MMA, two products a step (other bits, ~fla's
 // rounding; any split; only when asked for, with the Wgmma workspace); or WarpRows: every warp
 // runs the whole chunk step for its own 16 value columns from registers (block_v 16, 32, 64 or
 // 128 = 1, 2, 4 or 8 warps a block; the same bits as one group). Auto =
@@ -120,7 +120,8 @@ GdnScan gdn_delta_chunked_scan(int block_v);
 // >= 64 chunks: P segments where waves x (chunks / P + 1) steps beat the unsegmented split (132
 // SMs, one sequence: 16 value heads 2 segments, 1 wave; 48 heads 2 segments, 3 waves of half
 // chains instead of 2 of whole ones; 64-column segments are left out: a head whose warmup
-// reaches the start runs its whole chain at their dearer step). ALLOY_GDN_SEGMENTS=P forces P (1 = off); so does gdn_delta_chunked's
+// reaches the start runs its whole chain at their dearer step). ALLOY_GDN_SEGMENTS=P forces P
+// (1 = off); so does gdn_delta_chunked's
 // `segments` (0: the plan's, or the variable's where block_v is given), for two-group scans
 // only, with n_seqs <= the sequences whose final states the workspace holds (else alloy::Error).
 // Segmented outputs differ from unsegmented ones where a segment starts from zero (by ~e^-20 of

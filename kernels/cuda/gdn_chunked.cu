@@ -2701,7 +2701,9 @@ int num_sms() {
 // T 65536, 3056 / 3411 / 3788 us against 32 columns' 1170 x 2 segments, 2323, 3505 x 2, stage 1
 // taken out), so 2.1 in 16-column units; or warp rows (2.5) with ALLOY_GDN_SPLIT64_PAIR=0 (A/B).
 // At H_v 48, T 2048 (no segments) the gate's split moves 32 -> 64 columns: 151.8 -> 136.0 us.
-// The plan does not segment it (below), though the kernel can (`segments` given).
+// The plan does not segment it (below), though the kernel can (`segments` given). (Without the
+// driver's tensor-map encoder, which the producer warp's TMA copies need, run_chunked runs warp
+// rows there instead: the same bits; the plan stays the same on every machine.)
 static bool split64_pair() {
     static const bool on = [] { const char* e = std::getenv("ALLOY_GDN_SPLIT64_PAIR"); return !e || std::atoi(e) != 0; }();
     return on;
@@ -2779,8 +2781,8 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 // cp.async / warp rows / two groups on TMA issued by the groups / two groups on TMA issued by a
 // producer warp (A/B; 2 and 5 at the 64-column split = one group and warp rows: its only
 // two-group kernel is the producer one); otherwise two groups with the producer warp at every
-// split (warp rows at 64 columns with ALLOY_GDN_SPLIT64_PAIR=0). All give the same bits. Producer warp against the groups
-// issuing TMA themselves, H100, same call (session 38): the gate 102.1 -> 98.1 us (H_v 16, T
+// split (warp rows at 64 columns with ALLOY_GDN_SPLIT64_PAIR=0). All give the same bits.
+// Producer warp against the groups issuing TMA themselves, H100, same call (session 38): the gate 102.1 -> 98.1 us (H_v 16, T
 // 4096), 173.8 -> 164.1 (H_v 32), 341.1 -> 321.1 (H_v 16, T 16384). TMA against cp.async tiles, H100, same
 // call (session 37): 16 columns 162.5 -> 121.4 us (H_v 16, T 4096), 600.9 -> 427.4 (16384); 32
 // columns 185.9 -> 170.0 (H_v 32, 4096), 710.1 -> 624.7; the gate (H_v 16, 32 x 2 segments)
@@ -2818,14 +2820,20 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     const GdnChunkedPlan plan = gdn_delta_chunked_plan(sh.H_v, n_seqs, n_tokens, num_sms());
     // A caller that turns the segments off (segments = 1) gets the unsegmented gate's split.
     if (block_v == 0) block_v = forced == 1 ? gdn_delta_chunked_block_v(sh.H_v * n_seqs, num_sms()) : plan.block_v;
-    if (scan == GdnScan::Auto) scan = gdn_delta_chunked_scan(block_v);
+    if (scan == GdnScan::Auto) {
+        scan = gdn_delta_chunked_scan(block_v);
+        if (block_v == 64 && scan == GdnScan::TwoGroupsProducer && encode_tiled() == nullptr) scan = GdnScan::WarpRows;
+    }
     // Segments (gdn_delta_chunked_plan; two-group kernels only): the caller's, the gate's, or
     // ALLOY_GDN_SEGMENTS's with a given split. Decided here so that one table launch writes both
     // the chunk and the segment starts.
     const bool two_groups =
         scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer;
-    const int segments =
-        !two_groups || (block_v == 64 && scan != GdnScan::TwoGroupsProducer) ? 1 : forced >= 1 ? forced : gate_split || forced_segments() >= 1 ? plan.segments : 1;
+    const bool segmentable = two_groups && (block_v != 64 || scan == GdnScan::TwoGroupsProducer);
+    const int segments = !segmentable                             ? 1
+                         : forced >= 1                            ? forced
+                         : gate_split || forced_segments() >= 1 ? plan.segments
+                                                                  : 1;
     if (segments > 1 && n_seqs > segment_seqs_cap(sh.H_v, num_sms()))
         throw Error(std::string(op) + ": segments " + std::to_string(segments) + " with n_seqs " +
                     std::to_string(n_seqs) + " (the workspace holds final states of " +
@@ -2901,7 +2909,9 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         using No = std::false_type;
         using Yes = std::true_type;
         if (block_v == 64) {
-            if (!prod) throw Error(std::string(op) + ": block_v 64's two-group scan is the producer-warp one (TwoGroupsProducer)");
+            if (!prod)
+                throw Error(std::string(op) + ": block_v 64's two-group scan is the producer-warp one (TwoGroupsProducer, " +
+                            "which needs the driver's cuTensorMapEncodeTiled)");
             launch_pair(std::integral_constant<int, 64>{}, Yes{}, Yes{});
         } else if (block_v == 32) {
             if (prod) launch_pair(std::integral_constant<int, 32>{}, Yes{}, Yes{});

@@ -271,7 +271,8 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, 
             // --gate-only: the gate's pick alone (A/B runs of one kernel change); the other columns 0.
             auto time_if = [&](int bv, GdnScan scan, int segments = 0) { return gate_only ? 0.0 : time_bv(bv, scan, segments); };
             // --bv B [--segments P]: the gate's column runs that split (and segments) instead.
-            const double us_auto = force_bv ? time_bv(force_bv, GdnScan::Auto, force_seg) : time_bv(0, GdnScan::Auto), us_noseg = time_if(0, GdnScan::Auto, 1),
+            const double us_auto = force_bv ? time_bv(force_bv, GdnScan::Auto, force_seg) : time_bv(0, GdnScan::Auto),
+                         us_noseg = time_if(0, GdnScan::Auto, 1),
                          us16 = time_if(16, GdnScan::OneGroup),
                          us32 = time_if(32, GdnScan::OneGroup), us64 = time_if(64, GdnScan::OneGroup),
                          us16p = time_if(16, GdnScan::TwoGroups), us32p = time_if(32, GdnScan::TwoGroups),
@@ -464,13 +465,6 @@ int main(int argc, char** argv) {
     double tbs = 4.2;
     for (int i = 1; i + 1 < argc; ++i)
         if (!std::strcmp(argv[i], "--bw")) tbs = std::atof(argv[i + 1]);
-    if (!alloy::cuda::device_available()) {
-        std::fprintf(stderr, "no CUDA device\n");
-        return 1;
-    }
-    cudaDeviceProp prop{};
-    CHECK(cudaGetDeviceProperties(&prop, 0));
-    std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
     bool decode = true, prefill = true, fused_prefill = true, slow_gates = false, gate_only = false;
     int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200, force_bv = 0, force_seg = 0;
     for (int i = 1; i < argc; ++i) {
@@ -487,6 +481,23 @@ int main(int argc, char** argv) {
         if (!std::strcmp(argv[i], "--b") && i + 1 < argc) only_b = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(1, std::atoi(argv[i + 1]));
     }
+    // The gate's column at a given split: one the gate can pick, segments >= 0 (0: the
+    // plan's); anything else is refused here rather than thrown from inside a timed graph.
+    if (force_bv != 0 && force_bv != 16 && force_bv != 32 && force_bv != 64) {
+        std::fprintf(stderr, "gdn_cuda_bench: --bv %d: not 16, 32 or 64 (the gate's splits)\n", force_bv);
+        return 2;
+    }
+    if (force_seg < 0 || (force_seg > 0 && force_bv == 0)) {
+        std::fprintf(stderr, "gdn_cuda_bench: --segments %d: needs --bv and a count >= 1\n", force_seg);
+        return 2;
+    }
+    if (!alloy::cuda::device_available()) {
+        std::fprintf(stderr, "no CUDA device\n");
+        return 1;
+    }
+    cudaDeviceProp prop{};
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
     if (decode) decode_table(tbs, only_hv, only_b, reps);
     if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates, gate_only, force_bv, force_seg);
     if (fused_prefill) fused_prefill_table(tmax, only_hv, only_t);

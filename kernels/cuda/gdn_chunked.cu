@@ -2782,9 +2782,9 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 // producer warp (A/B; 2 and 5 at the 64-column split = one group and warp rows: its only
 // two-group kernel is the producer one); otherwise two groups with the producer warp at every
 // split (warp rows at 64 columns with ALLOY_GDN_SPLIT64_PAIR=0). All give the same bits.
-// Producer warp against the groups issuing TMA themselves, H100, same call (session 38): the gate 102.1 -> 98.1 us (H_v 16, T
-// 4096), 173.8 -> 164.1 (H_v 32), 341.1 -> 321.1 (H_v 16, T 16384). TMA against cp.async tiles, H100, same
-// call (session 37): 16 columns 162.5 -> 121.4 us (H_v 16, T 4096), 600.9 -> 427.4 (16384); 32
+// Producer warp against the groups issuing TMA themselves, H100, same call (session 38): the
+// gate 102.1 -> 98.1 us (H_v 16, T 4096), 173.8 -> 164.1 (H_v 32), 341.1 -> 321.1 (H_v 16, T
+// 16384). TMA against cp.async tiles, H100, same call (session 37): 16 columns 162.5 -> 121.4 us (H_v 16, T 4096), 600.9 -> 427.4 (16384); 32
 // columns 185.9 -> 170.0 (H_v 32, 4096), 710.1 -> 624.7; the gate (H_v 16, 32 x 2 segments)
 // 111.0 -> 102.1, 370.1 -> 337.9. Warp rows, H200, same call (2026-12-05): H_v 48 (the gate's 64-column split)
 // 1-4% faster than one group at T 512-65536; at H_v 16 / 32 with 1 or 2 warps a block 1.3-1.6x

@@ -481,11 +481,21 @@ __device__ unsigned long long g_clk[2][16];
             clk_last = now;                                                                              \
         }                                                                                                \
     } while (0)
+// The chain scan: state warp 0 and output warp NC.
+#define CCLK(i)                                                                                          \
+    do {                                                                                                 \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == NC)) { \
+            const long long now = clock64();                                                             \
+            if (i > 0) g_clk[w != 0][i] += now - clk_last;                                               \
+            clk_last = now;                                                                              \
+        }                                                                                                \
+    } while (0)
 #else
 #define CLK(i) \
     do {       \
     } while (0)
 #define PCLK(i) CLK(i)
+#define CCLK(i) CLK(i)
 #endif
 
 // 8 warps: warp w owns rows r in [8 w, 8 w + 8) of the chunk for Y, X, Delta and O, and state
@@ -1128,6 +1138,80 @@ __device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
     return ok != 0;
 }
 
+// The producer warp of the two-group and chain scans: the state ring's chunks [i_ws, i_hi) (K, T,
+// V and the row scalars) and the output ring's [i_lo, i_hi) (Q, QKM, e^G), each into its buffer
+// (kNS / kNO of them) once that buffer's last readers arrived on its "free" mbarrier: TMA for
+// whole chunks (V as a dense [64][BV] box), the warp's own cp.async for a partial one (rows past
+// the sequence zero, into the same layouts).
+template <int BV, int kNS, int kNO>
+__device__ __forceinline__ void produce_tiles(PairStateBuf<BV, true>* sb, PairOutBuf<true>* ob, uint64_t* tiles_s,
+                                              uint64_t* tiles_o, uint64_t* s_free, uint64_t* o_free, const PairMaps& maps,
+                                              const bf16* q, const bf16* k, const bf16* v, const ChunkRecord* rec,
+                                              const ref::GdnShape& sh, int t_begin, int t_end, int c_first, int h, int v0,
+                                              int i_ws, int i_lo, int i_hi, int lane) {
+    const int H_v = sh.H_v, kh = key_head(sh, h);
+    const size_t qk_stride = (size_t)sh.H_k * kD, v_stride = (size_t)H_v * kD;
+    const int cc = (lane & 15) * 8, r0 = lane >> 4;  // copy_row_tile with 32 threads
+    auto load_state = [&](int i, int b) {
+        auto& B = sb[b];
+        const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+        const size_t rc = (size_t)(c_first + i) * H_v + h;
+        if (n == kC) {
+            if (lane == 0) {
+                mbar_arrive_expect_tx(&tiles_s[b], kC * kD * 2 + kC * kC * 2 + kC * BV * 2 + 768);
+                tma_load_row_tile(B.K, &maps.k, kh * kD, t0, &tiles_s[b]);
+                tma_load_3d(B.T, &maps.T, 0, 0, int(rc), &tiles_s[b]);
+                tma_load_2d(B.V, &maps.v, h * kD + v0, t0, &tiles_s[b]);
+                bulk_copy(B.eG, rec[rc].eG, 768, &tiles_s[b]);  // eG, beta, eGC
+            }
+            return;
+        }
+        copy_row_tile<32, kSwz>(B.K, k + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
+        const ChunkRecord* R = rec + rc;
+        warp_copy_record_tile(B.T, R->T, lane);
+        for (int idx = lane; idx < kC * (BV / 8); idx += 32) {
+            const int r = idx / (BV / 8), c = (idx % (BV / 8)) * 8;
+            cp_async16(B.V + r * BV + c, v + (size_t)(t0 + (r < n ? r : 0)) * v_stride + (size_t)h * kD + v0 + c, r < n);
+        }
+        for (int idx = lane; idx < 48; idx += 32) cp_async16(B.eG + 4 * idx, R->eG + 4 * idx, true);
+        warp_copies_landed(&tiles_s[b], lane);
+    };
+    auto load_out = [&](int i, int b) {
+        auto& B = ob[b];
+        const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+        const size_t rc = (size_t)(c_first + i) * H_v + h;
+        if (n == kC) {
+            if (lane == 0) {
+                mbar_arrive_expect_tx(&tiles_o[b], kC * kD * 2 + kC * kC * 2 + 256);
+                tma_load_row_tile(B.Q, &maps.q, kh * kD, t0, &tiles_o[b]);
+                tma_load_3d(B.M, &maps.M, 0, 0, int(rc), &tiles_o[b]);
+                bulk_copy(B.eG, rec[rc].eG, 256, &tiles_o[b]);
+            }
+            return;
+        }
+        copy_row_tile<32, kSwz>(B.Q, q + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
+        const ChunkRecord* R = rec + rc;
+        warp_copy_record_tile(B.M, R->QKM, lane);
+        if (lane < 16) cp_async16(B.eG + 4 * lane, R->eG + 4 * lane, true);
+        warp_copies_landed(&tiles_o[b], lane);
+    };
+    int si = i_ws, oi = i_lo;  // the next chunk of each ring
+    while (si < i_hi || oi < i_hi) {
+        bool did = false;
+        if (si < i_hi) {
+            const int u = si - i_ws, b = u % kNS;
+            const bool ready = __shfl_sync(0xffffffffu, u < kNS || mbar_test(&s_free[b], ((u / kNS) - 1) & 1), 0);
+            if (ready) load_state(si++, b), did = true;
+        }
+        if (oi < i_hi) {
+            const int u = oi - i_lo, b = u % kNO;
+            const bool ready = __shfl_sync(0xffffffffu, u < kNO || mbar_test(&o_free[b], ((u / kNO) - 1) & 1), 0);
+            if (ready) load_out(oi++, b), did = true;
+        }
+        if (!did) __nanosleep(64);
+    }
+}
+
 // kTma (GdnScan::TwoGroupsTma): a whole chunk's K and T (state group) and Q and QKM (output
 // group) tiles arrive by TMA tensor copies, 3 a group and chunk from one thread, counted on an
 // mbarrier per ring buffer, in the 128-byte swizzled layout (kSwz); the row scalars by one bulk
@@ -1213,69 +1297,10 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
 
     if constexpr (kProd) {
         if (w == 8) {
-            // ---- the producer warp: the state ring's chunks [i_ws, i_hi), the output ring's
-            // [i_lo, i_hi), each into its buffer once that buffer's last readers arrived ----
-            constexpr int kNO = pair_bufs_out<BV>();
-            const int cc = (lane & 15) * 8, r0 = lane >> 4;  // copy_row_tile with 32 threads
-            auto load_state = [&](int i, int b) {
-                auto& B = sm.sb[b];
-                const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
-                const size_t rc = (size_t)(c_first + i) * H_v + h;
-                if (n == kC) {
-                    if (lane == 0) {
-                        mbar_arrive_expect_tx(&sm.tiles_s[b], kC * kD * 2 + kC * kC * 2 + kC * BV * 2 + 768);
-                        tma_load_row_tile(B.K, &maps.k, kh * kD, t0, &sm.tiles_s[b]);
-                        tma_load_3d(B.T, &maps.T, 0, 0, int(rc), &sm.tiles_s[b]);
-                        tma_load_2d(B.V, &maps.v, h * kD + v0, t0, &sm.tiles_s[b]);
-                        bulk_copy(B.eG, rec[rc].eG, 768, &sm.tiles_s[b]);  // eG, beta, eGC
-                    }
-                    return;
-                }
-                // A partial chunk: zero rows past the sequence, by cp.async (into the same layouts).
-                copy_row_tile<32, kSwz>(B.K, k + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
-                const ChunkRecord* R = rec + rc;
-                warp_copy_record_tile(B.T, R->T, lane);
-                for (int idx = lane; idx < kC * (BV / 8); idx += 32) {
-                    const int r = idx / (BV / 8), c = (idx % (BV / 8)) * 8;
-                    cp_async16(B.V + r * BV + c, v + (size_t)(t0 + (r < n ? r : 0)) * v_stride + (size_t)h * kD + v0 + c, r < n);
-                }
-                for (int idx = lane; idx < 48; idx += 32) cp_async16(B.eG + 4 * idx, R->eG + 4 * idx, true);
-                warp_copies_landed(&sm.tiles_s[b], lane);
-            };
-            auto load_out = [&](int i, int b) {
-                auto& B = sm.ob[b];
-                const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
-                const size_t rc = (size_t)(c_first + i) * H_v + h;
-                if (n == kC) {
-                    if (lane == 0) {
-                        mbar_arrive_expect_tx(&sm.tiles_o[b], kC * kD * 2 + kC * kC * 2 + 256);
-                        tma_load_row_tile(B.Q, &maps.q, kh * kD, t0, &sm.tiles_o[b]);
-                        tma_load_3d(B.M, &maps.M, 0, 0, int(rc), &sm.tiles_o[b]);
-                        bulk_copy(B.eG, rec[rc].eG, 256, &sm.tiles_o[b]);
-                    }
-                    return;
-                }
-                copy_row_tile<32, kSwz>(B.Q, q + (size_t)kh * kD + cc, qk_stride, t0, n, r0, cc);
-                const ChunkRecord* R = rec + rc;
-                warp_copy_record_tile(B.M, R->QKM, lane);
-                if (lane < 16) cp_async16(B.eG + 4 * lane, R->eG + 4 * lane, true);
-                warp_copies_landed(&sm.tiles_o[b], lane);
-            };
-            int si = i_ws, oi = i_lo;  // the next chunk of each ring
-            while (si < i_hi || oi < i_hi) {
-                bool did = false;
-                if (si < i_hi) {
-                    const int u = si - i_ws, b = u % kPairBufS;
-                    const bool ready = __shfl_sync(0xffffffffu, u < kPairBufS || mbar_test(&sm.s_free[b], ((u / kPairBufS) - 1) & 1), 0);
-                    if (ready) load_state(si++, b), did = true;
-                }
-                if (oi < i_hi) {
-                    const int u = oi - i_lo, b = u % kNO;
-                    const bool ready = __shfl_sync(0xffffffffu, u < kNO || mbar_test(&sm.o_free[b], ((u / kNO) - 1) & 1), 0);
-                    if (ready) load_out(oi++, b), did = true;
-                }
-                if (!did) __nanosleep(64);
-            }
+            // The producer warp: every copy of both rings.
+            produce_tiles<BV, kPairBufS, pair_bufs_out<BV>()>(sm.sb, sm.ob, sm.tiles_s, sm.tiles_o, sm.s_free, sm.o_free,
+                                                              maps, q, k, v, rec, sh, t_begin, t_end, c_first, h, v0,
+                                                              i_ws, i_lo, i_hi, lane);
             return;
         }
     }
@@ -1751,6 +1776,361 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
         flush_out_tile<16, 32>(out, O, v_stride, h, v0 + j_w, t0, n, lane);
     }
     store_state(S, Sg, v0 + j_w, 0, gq, tq);
+}
+
+// ---- stage 2 as chains: a state warp per 16 value columns, an output warp beside it (GdnScan::Chains) ----
+//
+// Warp rows' step cut in two. State warp c of a block (NC chains, BV = 16 NC columns) holds S^T
+// of value columns [16 c, 16 c + 16) in registers for the whole scan and runs Y^T, Delta'^T,
+// Delta^T and the state update, each product's result passed to the next as A fragments: no
+// barrier on the chain. Output warp NC + c computes O^T = X^T e^G + Delta^T QKM^T from the A
+// fragments of S^T and Delta^T that the state warp leaves in shared memory (by chunk parity;
+// full_s / full_d / empty mbarriers), so the chain never waits for the output products except
+// where the output warp falls two chunks behind. Warp 2 NC is the two-group scan's producer
+// (produce_tiles: both rings by TMA). Warp rows spent ~1.2-1.5k instructions a step in one warp
+// (ncu): here the chain's warp issues Y, Delta and the update (148 mma, 74 ldmatrix) and no
+// copies. Every output element is warp rows' mma sequence with its operand roundings: the same
+// bits as every other scan.
+template <int NC>
+__host__ __device__ constexpr int chain_bufs() { return NC >= 4 ? 2 : 3; }
+template <int NC>
+struct alignas(1024) ChainSmem {
+    PairStateBuf<16 * NC, true> sb[chain_bufs<NC>()];
+    PairOutBuf<true> ob[chain_bufs<NC>()];
+    uint4 sa[NC][2][kD / 16][32];  // S^T at a chunk's start as bf16 A fragments [k-step][lane], by chunk parity
+    uint4 da[NC][2][kC / 16][32];  // Delta^T as A fragments, by chunk parity
+    float O[NC][kC * (16 + 4)];    // output warp c's O tile [r][j]
+    uint64_t full_s[NC][2], full_d[NC][2], empty[NC][2];
+    uint64_t tiles_s[chain_bufs<NC>()], tiles_o[chain_bufs<NC>()], s_free[chain_bufs<NC>()], o_free[chain_bufs<NC>()];
+    int i_ws;  // the chunk (in the sequence) where the state warps start (segmented scan)
+};
+template <int NC>
+constexpr size_t chain_smem_bytes() { return sizeof(ChainSmem<NC>) + 1024; }
+static_assert(chain_smem_bytes<1>() <= 232448 && chain_smem_bytes<2>() <= 232448 && chain_smem_bytes<4>() <= 232448,
+              "chain scan: shared memory over 227 KB");
+
+template <int NC, typename OutT>
+__global__ void __launch_bounds__(32 * (2 * NC + 1), 1) stage2_chain_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                                            const int32_t* __restrict__ cstart,
+                                                                            const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                                            const bf16* __restrict__ v,
+                                                                            const ChunkRecord* __restrict__ rec,
+                                                                            float* __restrict__ state, OutT* __restrict__ out,
+                                                                            const int32_t* __restrict__ slots, ScanSegments sg,
+                                                                            const __grid_constant__ PairMaps maps) {
+    detail::pdl_entry();
+    constexpr int BV = 16 * NC, kNB = chain_bufs<NC>();
+    constexpr int kNI = kD / 8;  // state n8 tiles a state warp holds (all 128 columns)
+    using Smem = ChainSmem<NC>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
+    const int vs = blockIdx.x, h = blockIdx.y;
+    int seq = blockIdx.z, i_lo = 0;
+    if (sg.segstart) {
+        if ((int)blockIdx.z >= sg.segstart[sg.n_seqs]) return;
+        seq = chunk_seq(sg.segstart, sg.n_seqs, blockIdx.z);
+        i_lo = (blockIdx.z - sg.segstart[seq]) * sg.chunks;
+    }
+    const int t_begin = offs[seq], t_end = offs[seq + 1];
+    if (t_begin == t_end) return;
+    const int c_first = cstart[seq], n_chunks = cstart[seq + 1] - c_first;
+    const int i_hi = sg.segstart ? min(n_chunks, i_lo + sg.chunks) : n_chunks;
+    const int H_v = sh.H_v, v0 = vs * BV;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    if (tid == 0) {
+        for (int c = 0; c < NC; ++c)
+            for (int p = 0; p < 2; ++p) {
+                mbar_init(&sm.full_s[c][p], 32);
+                mbar_init(&sm.full_d[c][p], 32);
+                mbar_init(&sm.empty[c][p], 32);
+            }
+        for (int b = 0; b < kNB; ++b) {
+            mbar_init(&sm.tiles_s[b], 1);
+            mbar_init(&sm.tiles_o[b], 1);
+            mbar_init(&sm.s_free[b], 32 * NC);
+            mbar_init(&sm.o_free[b], 32 * NC);
+        }
+    }
+    if (w == 0) {
+        const int i_ws = segment_warmup_start(rec, c_first, i_lo, H_v, h, lane);
+        if (lane == 0) sm.i_ws = i_ws;
+    }
+    __syncthreads();
+    // The state warps run chunks [i_ws, i_hi) (from the sequence's state when i_ws = 0, else from
+    // zero: warmup chunks [i_ws, i_lo) leave nothing for the output warps); the output warps
+    // [i_lo, i_hi). Hand-overs count output chunks j = i - i_lo.
+    const int i_ws = sm.i_ws;
+#ifdef ALLOY_GDN_EXP_CLOCK
+    long long clk_last = 0;
+#endif
+    if (w == 2 * NC) {
+        produce_tiles<BV, kNB, kNB>(sm.sb, sm.ob, sm.tiles_s, sm.tiles_o, sm.s_free, sm.o_free, maps, q, k, v, rec, sh,
+                                    t_begin, t_end, c_first, h, v0, i_ws, i_lo, i_hi, lane);
+        return;
+    }
+    // The causal products' steps (rows of tile pair p, s-step ks <= p), in the order (0,0) (1,0)
+    // (1,1) (2,0) ...: per output tile the k-steps ascend, as in every scan.
+    constexpr int kCausal = kC / 16 * (kC / 16 + 1) / 2;
+    auto causal_p = [](int i) { return i < 1 ? 0 : i < 3 ? 1 : i < 6 ? 2 : 3; };
+    auto causal_k = [](int i) { return i < 1 ? i : i < 3 ? i - 1 : i < 6 ? i - 3 : i - 6; };
+    static_assert(kC / 16 == 4, "causal step tables are for 4 s-steps");
+
+    if (w < NC) {
+        // ---- state warp c ----
+        const int c = w, jc = 16 * c;
+        float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
+        float S[1][kNI][4];  // S^T[j][i], j = jc + gq (+8), i = 8 nt + 2 tq (+1)
+        if (i_ws == 0) {
+            load_state(S, Sg, v0 + jc, 0, gq, tq);
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[0][nt][e] = 0.0f;
+        }
+        for (int i = i_ws; i < i_hi; ++i) {
+            const int b = (i - i_ws) % kNB, j = i - i_lo;  // j < 0: a warmup chunk
+            const auto& B = sm.sb[b];
+            CCLK(0);
+            // S^T in bf16 as the A operand (k-step ks = state columns [16 ks, 16 ks + 16)), also
+            // left for the output warp.
+            uint32_t sa[kD / 16][4];
+#pragma unroll
+            for (int ks = 0; ks < kD / 16; ++ks) acc_to_a(sa[ks], S[0][2 * ks], S[0][2 * ks + 1]);
+            if (j >= 0) {
+                if (j >= 2) mbar_wait(&sm.empty[c][j & 1], ((j >> 1) - 1) & 1);
+#pragma unroll
+                for (int ks = 0; ks < kD / 16; ++ks) sm.sa[c][j & 1][ks][lane] = make_uint4(sa[ks][0], sa[ks][1], sa[ks][2], sa[ks][3]);
+                mbar_arrive(&sm.full_s[c][j & 1]);
+            }
+            CCLK(1);
+            mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kNB) & 1);
+            CCLK(2);
+            const float eGC = B.eG[kC - 1];
+            // Y^T = S^T K^T half a chunk (32 rows, four n8 tiles) at a time, then Delta'^T = (V^T -
+            // Y^T e^G) beta as the A fragments of s-steps 2 hf, 2 hf + 1. mma and ldmatrix are
+            // volatile asm (kept in program order): the 16 (half, k-step) steps' K fragments are
+            // requested two steps ahead (one step ahead left the chain waiting on ldmatrix latency
+            // every step: ~1.3 us a chunk step, H100).
+            uint32_t dpa[kC / 16][4];
+            uint32_t bk[3][2][4];  // ring of three (half, k-step) steps; [quarter][regs]
+            auto ldk = [&](int step) {
+#pragma unroll
+                for (int qq = 0; qq < 2; ++qq)
+                    ldsm_x4(bk[step % 3][qq], b_addr(B.K, kSwz, 32 * (step / 8) + 16 * qq, 16 * (step % 8), lane));
+            };
+            ldk(0);
+            ldk(1);
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                float re[4][2], rb[4][2], rv[4][2][2];  // rows 32 hf + 8 u + 2 tq + e
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int r = 32 * hf + 8 * u + 2 * tq + e;
+                        re[u][e] = B.eG[r];
+                        rb[u][e] = B.beta[r];
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) rv[u][e][hh] = __bfloat162float(B.V[r * BV + jc + gq + 8 * hh]);
+                    }
+                float y[4][4], y2[4][4];  // n8 tile u: rows 32 hf + 8 u ..
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) y[u][e] = y2[u][e] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < kD / 16; ++ks) {
+                    const int step = 8 * hf + ks;
+                    if (step + 2 < 16) ldk(step + 2);
+#pragma unroll
+                    for (int u = 0; u < 4; ++u)
+                        mma(ks & 1 ? y2[u] : y[u], sa[ks], bk[step % 3][u >> 1][2 * (u & 1)], bk[step % 3][u >> 1][2 * (u & 1) + 1]);
+                }
+#pragma unroll
+                for (int qq = 0; qq < 2; ++qq) {
+                    float dp[2][4];
+#pragma unroll
+                    for (int uu = 0; uu < 2; ++uu) {
+                        const int u = 2 * qq + uu;
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+#pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+                                const float yy = y[u][2 * hh + e] + y2[u][2 * hh + e];
+                                dp[uu][2 * hh + e] = rb[u][e] * (rv[u][e][hh] - re[u][e] * yy);
+                            }
+                    }
+                    acc_to_a(dpa[2 * hf + qq], dp[0], dp[1]);
+                }
+            }
+            CCLK(3);
+            // Delta^T = Delta'^T T^T: all ten causal steps' T fragments requested at once.
+            float dl[kC / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < kC / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dl[nt][e] = 0.0f;
+            {
+                uint32_t bt[kCausal][4];
+#pragma unroll
+                for (int ci = 0; ci < kCausal; ++ci) ldsm_x4(bt[ci], b_addr(B.T, kSwz, 16 * causal_p(ci), 16 * causal_k(ci), lane));
+#pragma unroll
+                for (int ci = 0; ci < kCausal; ++ci) {
+                    mma(dl[2 * causal_p(ci)], dpa[causal_k(ci)], bt[ci][0], bt[ci][1]);
+                    mma(dl[2 * causal_p(ci) + 1], dpa[causal_k(ci)], bt[ci][2], bt[ci][3]);
+                }
+            }
+            CCLK(4);
+            // The state update's steps (half ih of the state columns, s-step ks, column pair p):
+            // fragments requested three steps ahead, the first three before the packing below.
+            constexpr int kSteps = kC / 16 * (kNI / 4);  // per half
+            uint32_t bs[4][4];
+            auto lds = [&](int step) {
+                const int ih = step / kSteps, ks = (step % kSteps) / (kNI / 4), p = step % (kNI / 4);
+                ldsm_x4_t(bs[step % 4], bt_addr(B.K, kSwz, 16 * ks, 64 * ih + 16 * p, lane));
+            };
+            lds(0);
+            lds(1);
+            lds(2);
+            // Delta^T (for the output warp) and Delta^T .* e^{G_C - G} (for the state) as A fragments.
+            uint32_t dta[kC / 16][4];
+#pragma unroll
+            for (int ks = 0; ks < kC / 16; ++ks) {
+                uint32_t dma[4];
+                acc_to_a(dma, dl[2 * ks], dl[2 * ks + 1]);
+                if (j >= 0) sm.da[c][j & 1][ks][lane] = make_uint4(dma[0], dma[1], dma[2], dma[3]);
+                float f[2][4];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int r = 16 * ks + 8 * u + 2 * tq;
+                    const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
+                    f[u][0] = dl[2 * ks + u][0] * f0;
+                    f[u][1] = dl[2 * ks + u][1] * f1;
+                    f[u][2] = dl[2 * ks + u][2] * f0;
+                    f[u][3] = dl[2 * ks + u][3] * f1;
+                }
+                acc_to_a(dta[ks], f[0], f[1]);
+            }
+            if (j >= 0) mbar_arrive(&sm.full_d[c][j & 1]);
+            CCLK(5);
+            // S^T = e^{G_C} S^T + Dt K, odd s-steps into S2 (added at the end of each half), as warp rows.
+#pragma unroll
+            for (int nt = 0; nt < kNI; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[0][nt][e] *= eGC;
+#pragma unroll
+            for (int ih = 0; ih < 2; ++ih) {
+                float S2[kNI / 2][4];
+#pragma unroll
+                for (int nt = 0; nt < kNI / 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S2[nt][e] = 0.0f;
+#pragma unroll
+                for (int st = 0; st < kSteps; ++st) {
+                    const int ks = st / (kNI / 4), p = st % (kNI / 4), step = ih * kSteps + st;
+                    if (step + 3 < 2 * kSteps) lds(step + 3);
+                    float(&s0)[4] = ks & 1 ? S2[2 * p] : S[0][kNI / 2 * ih + 2 * p];
+                    float(&s1)[4] = ks & 1 ? S2[2 * p + 1] : S[0][kNI / 2 * ih + 2 * p + 1];
+                    mma(s0, dta[ks], bs[step % 4][0], bs[step % 4][1]);
+                    mma(s1, dta[ks], bs[step % 4][2], bs[step % 4][3]);
+                }
+#pragma unroll
+                for (int nt = 0; nt < kNI / 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) S[0][kNI / 2 * ih + nt][e] += S2[nt][e];
+            }
+            mbar_arrive(&sm.s_free[b]);  // this thread's reads of the ring buffer are done
+            CCLK(6);
+        }
+        // The sequence's last segment leaves the final state (segmented: in sg.fin, which
+        // segment_states_to_slots copies to the slots once no block reads a slot's state).
+        if (i_hi == n_chunks) store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0 + jc, 0, gq, tq);
+        return;
+    }
+
+    // ---- output warp c: O^T = (S^T Q^T) e^G + Delta^T QKM^T, behind its state warp ----
+    const int c = w - NC, jc = 16 * c;
+    const size_t v_stride = (size_t)H_v * kD;
+    float* O = sm.O[c];
+    for (int j = 0; j < i_hi - i_lo; ++j) {
+        const int i = i_lo + j, b = j % kNB;
+        const auto& B = sm.ob[b];
+        const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+        CCLK(0);
+        mbar_wait(&sm.tiles_o[b], (j / kNB) & 1);
+        CCLK(1);
+        mbar_wait(&sm.full_s[c][j & 1], (j >> 1) & 1);
+        CCLK(2);
+        uint32_t sa[kD / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {
+            const uint4 x = sm.sa[c][j & 1][ks][lane];
+            sa[ks][0] = x.x, sa[ks][1] = x.y, sa[ks][2] = x.z, sa[ks][3] = x.w;
+        }
+        // X^T = S^T Q^T half a chunk at a time (fragments two steps ahead, as the state warp's
+        // Y^T); X^T e^G is the start of O^T.
+        float xo[1][kC / 8][4];
+        uint32_t bq[3][2][4];
+        auto ldq = [&](int step) {
+#pragma unroll
+            for (int qq = 0; qq < 2; ++qq)
+                ldsm_x4(bq[step % 3][qq], b_addr(B.Q, kSwz, 32 * (step / 8) + 16 * qq, 16 * (step % 8), lane));
+        };
+        ldq(0);
+        ldq(1);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float x[4][4], x2[4][4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) x[u][e] = x2[u][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < kD / 16; ++ks) {
+                const int step = 8 * hf + ks;
+                if (step + 2 < 16) ldq(step + 2);
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    mma(ks & 1 ? x2[u] : x[u], sa[ks], bq[step % 3][u >> 1][2 * (u & 1)], bq[step % 3][u >> 1][2 * (u & 1) + 1]);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float re = B.eG[32 * hf + 8 * u + 2 * tq + e];
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        xo[0][4 * hf + u][2 * hh + e] = (x[u][2 * hh + e] + x2[u][2 * hh + e]) * re;
+                }
+        }
+        CCLK(3);
+        uint32_t bm[kCausal][4];  // every causal step's QKM fragments at once
+#pragma unroll
+        for (int ci = 0; ci < kCausal; ++ci) ldsm_x4(bm[ci], b_addr(B.M, kSwz, 16 * causal_p(ci), 16 * causal_k(ci), lane));
+        mbar_wait(&sm.full_d[c][j & 1], (j >> 1) & 1);
+        uint32_t dma[kC / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < kC / 16; ++ks) {
+            const uint4 x = sm.da[c][j & 1][ks][lane];
+            dma[ks][0] = x.x, dma[ks][1] = x.y, dma[ks][2] = x.z, dma[ks][3] = x.w;
+        }
+        mbar_arrive(&sm.empty[c][j & 1]);  // this thread's reads of the hand-over buffers are done
+        CCLK(4);
+        // O^T += Delta^T QKM^T (s <= r).
+#pragma unroll
+        for (int ci = 0; ci < kCausal; ++ci) {
+            mma(xo[0][2 * causal_p(ci)], dma[causal_k(ci)], bm[ci][0], bm[ci][1]);
+            mma(xo[0][2 * causal_p(ci) + 1], dma[causal_k(ci)], bm[ci][2], bm[ci][3]);
+        }
+        mbar_arrive(&sm.o_free[b]);  // and of the ring buffer
+        CCLK(5);
+        __syncwarp();  // the last step's flush has read the O tile
+        o_to_tile<16>(O, xo, 0, gq, tq);
+        __syncwarp();
+        flush_out_tile<16, 32>(out, O, v_stride, h, v0 + jc, t0, n, lane);
+        CCLK(6);
+    }
 }
 
 // ---- the W-form scan on wgmma (GdnScan::Wgmma) ----
@@ -2654,6 +3034,18 @@ void launch_stage2_pair(const ref::GdnShape& sh, int n_seqs, const int32_t* offs
                                                            q, k, v, rec, state, out, slots, sg, maps);
 }
 
+// The chain scan (GdnScan::Chains): NC = BV / 16 chains a block.
+template <int NC, typename OutT>
+void launch_stage2_chain(const ref::GdnShape& sh, const int32_t* offs, const int32_t* cstart, const bf16* q,
+                         const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
+                         const int32_t* slots, cudaStream_t st, const ScanSegments& sg, unsigned grid_z, int n_tokens,
+                         size_t n_records) {
+    const PairMaps maps = pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records, v, 16 * NC);
+    launch_scan<stage2_chain_kernel<NC, OutT>>(chain_smem_bytes<NC>(), dim3(kD / (16 * NC), sh.H_v, grid_z),
+                                               dim3(32 * (2 * NC + 1)), st, sh, offs, cstart, q, k, v, rec, state, out,
+                                               slots, sg, maps);
+}
+
 template <int BV, typename OutT>
 void launch_stage2_wg(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, const int32_t* cstart, const bf16* q,
                       const ChunkRecord* rec, const WRecord* wrec, float* state, OutT* out, const int32_t* slots,
@@ -2793,6 +3185,7 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 // spreads the step over 8 warps.
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
+    if (env == 7) return GdnScan::Chains;
     if (env == 6) return block_v == 64 && !split64_pair() ? GdnScan::WarpRows : GdnScan::TwoGroupsProducer;
     if (env == 5) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsTma;
     if (env == 4) return GdnScan::Transition;
@@ -2829,7 +3222,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     // the chunk and the segment starts.
     const bool two_groups =
         scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer;
-    const bool segmentable = two_groups && (block_v != 64 || scan == GdnScan::TwoGroupsProducer);
+    const bool segmentable =
+        (two_groups && (block_v != 64 || scan == GdnScan::TwoGroupsProducer)) || scan == GdnScan::Chains;
     const int segments = !segmentable                             ? 1
                          : forced >= 1                            ? forced
                          : gate_split || forced_segments() >= 1 ? plan.segments
@@ -2893,7 +3287,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         if (block_v == 64) launch_stage2_wg<64>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else if (block_v == 32) launch_stage2_wg<32>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
         else launch_stage2_wg<16>(sh, n_seqs, offs, cstart, q, rec, wrec, state, out, slots, st);
-    } else if (scan == GdnScan::TwoGroups || scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) {
+    } else if (two_groups || scan == GdnScan::Chains) {
         // TMA tiles, unless the driver does not give the tensor-map encoder (then cp.async: same bits).
         const bool tma = (scan == GdnScan::TwoGroupsTma || scan == GdnScan::TwoGroupsProducer) && encode_tiled() != nullptr;
         const bool prod = tma && scan == GdnScan::TwoGroupsProducer;
@@ -2901,6 +3295,12 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         // sequence's last segment return).
         const unsigned grid_z =
             segments > 1 ? unsigned((chunks + sg.chunks - 1) / sg.chunks + n_seqs) : unsigned(n_seqs);
+        auto launch_chain = [&](auto nc) {
+            if (encode_tiled() == nullptr)
+                throw Error(std::string(op) + ": the chain scan (GdnScan::Chains) needs the driver's cuTensorMapEncodeTiled");
+            launch_stage2_chain<decltype(nc)::value, OutT>(sh, offs, cstart, q, k, v, rec, state, out, slots, st, sg,
+                                                           grid_z, n_tokens, chunks * sh.H_v);
+        };
         // One launch site for the six (split, tile copies) instantiations.
         auto launch_pair = [&](auto bv, auto tma_tiles, auto producer) {
             launch_stage2_pair<decltype(bv)::value, decltype(tma_tiles)::value, OutT, decltype(producer)::value>(
@@ -2908,7 +3308,11 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         };
         using No = std::false_type;
         using Yes = std::true_type;
-        if (block_v == 64) {
+        if (scan == GdnScan::Chains) {
+            if (block_v == 64) launch_chain(std::integral_constant<int, 4>{});
+            else if (block_v == 32) launch_chain(std::integral_constant<int, 2>{});
+            else launch_chain(std::integral_constant<int, 1>{});
+        } else if (block_v == 64) {
             if (!prod)
                 throw Error(std::string(op) + ": block_v 64's two-group scan is the producer-warp one (TwoGroupsProducer, " +
                             "which needs the driver's cuTensorMapEncodeTiled)");

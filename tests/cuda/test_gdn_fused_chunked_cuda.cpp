@@ -297,7 +297,7 @@ std::vector<uint16_t> random_bf16_rows(std::mt19937& rng, int rows, float scale)
 }
 
 // gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) and scan kernels (one or
-// two warp groups; warp rows with 1, 2, 4 or 8 warps a block) give the same bits, so the launch
+// two warp groups; warp rows with 1, 2, 4 or 8 warps a block; chains of 1, 2 or 4 state warps) give the same bits, so the launch
 // gate, which picks by H_v n_seqs, never changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
 // hand-over barriers through several phases; an empty one is skipped.
 TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
@@ -328,7 +328,10 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
                                                   {32, cuda::GdnScan::TwoGroupsTma},
                                                   {16, cuda::GdnScan::TwoGroupsProducer},
                                                   {32, cuda::GdnScan::TwoGroupsProducer},
-                                                  {64, cuda::GdnScan::TwoGroupsProducer}};
+                                                  {64, cuda::GdnScan::TwoGroupsProducer},
+                                                  {16, cuda::GdnScan::Chains},
+                                                  {32, cuda::GdnScan::Chains},
+                                                  {64, cuda::GdnScan::Chains}};
     for (const auto& [bv, scan] : runs) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
@@ -382,23 +385,28 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
     DeviceArray<float> dg(g), db(beta);
     DeviceArray<int32_t> doffs(offs), dslots(slots);
     DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_delta_chunked_workspace_bytes(sh, n_seqs, T)));
-    auto run = [&](int bv, int segments, std::vector<uint16_t>& o, std::vector<float>& st_out) {
+    auto run = [&](int bv, int segments, std::vector<uint16_t>& o, std::vector<float>& st_out, bool chains) {
         DeviceArray<float> st(state);
         DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
+        const cuda::GdnScan scan = chains ? cuda::GdnScan::Chains
+                                   : bv == 64 ? cuda::GdnScan::TwoGroupsProducer
+                                              : cuda::GdnScan::TwoGroups;
         cuda::gdn_delta_chunked(sh, n_seqs, doffs.p, T, dq.p, dk.p, dv.p, dg.p, db.p, st.p, out.p, ws.p, nullptr, bv,
-                                dslots.p, bv == 64 ? cuda::GdnScan::TwoGroupsProducer : cuda::GdnScan::TwoGroups, segments);
+                                dslots.p, scan, segments);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         o = out.host();
         st_out = st.host();
     };
+    // The two-group scans, then the chain scan (GdnScan::Chains), each against its own unsegmented call.
+    for (bool chains : {false, true})
     for (int bv : {16, 32, 64}) {
         std::vector<uint16_t> base_out;
         std::vector<float> base_state;
-        run(bv, 1, base_out, base_state);
+        run(bv, 1, base_out, base_state, chains);
         for (int segments : {2, 3, 7}) {
             std::vector<uint16_t> o;
             std::vector<float> st;
-            run(bv, segments, o, st);
+            run(bv, segments, o, st, chains);
             double num = 0, den = 0, snum = 0, sden = 0;
             for (size_t i = 0; i < o.size(); ++i) {
                 const int h = int((i / 128) % sh.H_v);
@@ -423,8 +431,8 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
             }
             EXPECT_LE(std::sqrt(num / den), 1e-4) << "fast heads' out, block_v " << bv << ", segments " << segments;
             EXPECT_LE(std::sqrt(snum / sden), 1e-4) << "fast heads' state, block_v " << bv << ", segments " << segments;
-            std::printf("[segments %d, block_v %d] fast heads vs unsegmented: out %.2e state %.2e\n", segments, bv,
-                        std::sqrt(num / den), std::sqrt(snum / sden));
+            std::printf("[%s, segments %d, block_v %d] fast heads vs unsegmented: out %.2e state %.2e\n",
+                        chains ? "chains" : "two groups", segments, bv, std::sqrt(num / den), std::sqrt(snum / sden));
         }
     }
 }

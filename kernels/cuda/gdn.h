@@ -102,10 +102,11 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // TwoGroupsTma: the same with its whole chunks' K, T, Q and QKM tiles brought by TMA tensor
 // copies into 128-byte swizzled tiles (same bits; ALLOY_GDN_SCAN=5). TwoGroupsProducer: those
 // copies issued by a ninth warp (same bits; what Auto picks at 16 and 32 columns since session
-// 38, and at 64 since session 41; ALLOY_GDN_SCAN=6). Chains: warp rows' step cut in two, a state
-// warp per 16 value columns running the chain from registers, an output warp beside it, the
-// producer warp's TMA rings (block_v 16, 32, 64; segments as two groups; same bits;
-// ALLOY_GDN_SCAN=7; needs the driver's tensor-map encoder).
+// 38 until 42 at 16 and 32, at 64 since session 41; ALLOY_GDN_SCAN=6). Chains: per 16 value
+// columns two state warps holding S^T in registers (split by state columns) run the chain, two
+// output warps beside them, the producer warp's TMA rings (block_v 16 or 32, 64 runs as 32;
+// segments as two groups; same bits; ALLOY_GDN_SCAN=7; needs the driver's tensor-map encoder):
+// Auto's pick at 16 and 32 columns since session 42.
 enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition, TwoGroupsTma, TwoGroupsProducer, Chains };
 // scan = GdnScan::Wgmma and Transition need larger workspaces (their stages 1b / 1t write W, U
 // and Kd^T, or Pn, Qt and T diag(beta) per chunk and head); the other kernels need the default's.

@@ -481,10 +481,10 @@ __device__ unsigned long long g_clk[2][16];
             clk_last = now;                                                                              \
         }                                                                                                \
     } while (0)
-// The chain scan: state warp 0 and output warp NC.
+// The chain scan: state warp 0 and output warp 2 NC (chain 0's first of each).
 #define CCLK(i)                                                                                          \
     do {                                                                                                 \
-        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == NC)) { \
+        if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && lane == 0 && (w == 0 || w == 2 * NC)) { \
             const long long now = clock64();                                                             \
             if (i > 0) g_clk[w != 0][i] += now - clk_last;                                               \
             clk_last = now;                                                                              \
@@ -1221,7 +1221,7 @@ __device__ __forceinline__ void produce_tiles(PairStateBuf<BV, true>* sb, PairOu
 // swizzled layout. The same data and products, so the same bits. (Session 36's variant here,
 // 193 / 129 per-row bulk copies a chunk, was 3.6x slower.)
 //
-// kProd (with kTma; GdnScan::TwoGroupsProducer, Auto's pick at 16 / 32 columns since session 38,
+// kProd (with kTma; GdnScan::TwoGroupsProducer, Auto's pick at 16 / 32 columns in sessions 38-41 and at 64 since 41,
 // the same bits as the others on an H100 there): a ninth warp, the producer, issues every copy of both rings (TMA for whole
 // chunks, V too, as a dense [64][BV] box; its own cp.async for a partial chunk) as soon as the
 // ring buffer's readers have arrived on its "free" mbarrier, so no consumer warp spends its
@@ -1778,39 +1778,53 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
     store_state(S, Sg, v0 + j_w, 0, gq, tq);
 }
 
-// ---- stage 2 as chains: a state warp per 16 value columns, an output warp beside it (GdnScan::Chains) ----
+// ---- stage 2 as chains: two state warps and two output warps per 16 value columns (GdnScan::Chains) ----
 //
-// Warp rows' step cut in two. State warp c of a block (NC chains, BV = 16 NC columns) holds S^T
-// of value columns [16 c, 16 c + 16) in registers for the whole scan and runs Y^T, Delta'^T,
-// Delta^T and the state update, each product's result passed to the next as A fragments: no
-// barrier on the chain. Output warp NC + c computes O^T = X^T e^G + Delta^T QKM^T from the A
-// fragments of S^T and Delta^T that the state warp leaves in shared memory (by chunk parity;
-// full_s / full_d / empty mbarriers), so the chain never waits for the output products except
-// where the output warp falls two chunks behind. Warp 2 NC is the two-group scan's producer
-// (produce_tiles: both rings by TMA). Warp rows spent ~1.2-1.5k instructions a step in one warp
-// (ncu): here the chain's warp issues Y, Delta and the update (148 mma, 74 ldmatrix) and no
-// copies. Every output element is warp rows' mma sequence with its operand roundings: the same
-// bits as every other scan.
+// Chain c of a block (NC chains, BV = 16 NC columns) is the value columns [16 c, 16 c + 16). Its
+// two state warps hold S^T in registers for the whole scan, split by state columns (warp h:
+// i in [64 h, 64 h + 64)), and split each chunk step's products by chunk rows (warp h: rows
+// [32 h, 32 h + 32)) for Y^T and Delta^T, by state columns for the update; results pass from
+// product to product as A fragments in registers. Three exchanges a step between the pair, each
+// one 64-thread named barrier: the S^T fragments of the other half (through the hand-over buffer
+// the output warps read), the Delta'^T fragments (Delta^T's row tiles 0 and 3 by warp 0, 1 and 2
+// by warp 1: five causal steps each; 0-1 / 2-3 was 3 against 7), and each warp's Dt fragments
+// (the update sums over all 64 rows). The two output warps of the
+// chain compute O^T = X^T e^G + Delta^T QKM^T for rows [32 h, 32 h + 32) from the S^T and
+// Delta^T fragments the state warps leave in shared memory (full_s / full_d / empty mbarriers by
+// chunk parity); warp 4 NC is the two-group scan's producer (produce_tiles). (Session 42, one
+// state warp and one output warp a chain: within 5% of the two-group kernel, clock64: the state
+// warp's 148 mma a step, ~2.5k cycles, on one scheduler bounded it.) Every output element is
+// warp rows' mma sequence with its operand roundings: the same bits as every other scan.
+// NC <= 2 (a third chain's 13 warps would leave ~100 registers a thread).
+// Ring buffers: state tiles (4 at one chain a block, where they fit) and output tiles.
 template <int NC>
-__host__ __device__ constexpr int chain_bufs() { return NC >= 4 ? 2 : 3; }
+__host__ __device__ constexpr int chain_bufs_s() { return NC == 1 ? 4 : 3; }
+template <int NC>
+__host__ __device__ constexpr int chain_bufs() { return 3; }
 template <int NC>
 struct alignas(1024) ChainSmem {
-    PairStateBuf<16 * NC, true> sb[chain_bufs<NC>()];
+    PairStateBuf<16 * NC, true> sb[chain_bufs_s<NC>()];
     PairOutBuf<true> ob[chain_bufs<NC>()];
     uint4 sa[NC][2][kD / 16][32];  // S^T at a chunk's start as bf16 A fragments [k-step][lane], by chunk parity
     uint4 da[NC][2][kC / 16][32];  // Delta^T as A fragments, by chunk parity
-    float O[NC][kC * (16 + 4)];    // output warp c's O tile [r][j]
+    uint4 xd[NC][2][2][32];        // each state warp's Delta'^T fragments (its two s-steps) for the other
+    uint4 xt[NC][kC / 16][32];     // Dt = Delta^T .* e^{G_C - G} fragments, both state warps' halves
+    float O[NC][2][32 * (16 + 4)]; // output warp h's O rows [32 h, 32 h + 32) of the chunk, [r][j]
     uint64_t full_s[NC][2], full_d[NC][2], empty[NC][2];
-    uint64_t tiles_s[chain_bufs<NC>()], tiles_o[chain_bufs<NC>()], s_free[chain_bufs<NC>()], o_free[chain_bufs<NC>()];
+    uint64_t tiles_s[chain_bufs_s<NC>()], tiles_o[chain_bufs<NC>()], s_free[chain_bufs_s<NC>()], o_free[chain_bufs<NC>()];
     int i_ws;  // the chunk (in the sequence) where the state warps start (segmented scan)
 };
 template <int NC>
 constexpr size_t chain_smem_bytes() { return sizeof(ChainSmem<NC>) + 1024; }
-static_assert(chain_smem_bytes<1>() <= 232448 && chain_smem_bytes<2>() <= 232448 && chain_smem_bytes<4>() <= 232448,
-              "chain scan: shared memory over 227 KB");
+static_assert(chain_smem_bytes<1>() <= 232448 && chain_smem_bytes<2>() <= 232448, "chain scan: shared memory over 227 KB");
+constexpr int chain_threads(int nc) { return 32 * (4 * nc + 1); }
+
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void to_frag(uint32_t (&a)[4], const uint4& x) { a[0] = x.x, a[1] = x.y, a[2] = x.z, a[3] = x.w; }
+__device__ __forceinline__ uint4 from_frag(const uint32_t (&a)[4]) { return make_uint4(a[0], a[1], a[2], a[3]); }
 
 template <int NC, typename OutT>
-__global__ void __launch_bounds__(32 * (2 * NC + 1), 1) stage2_chain_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+__global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                             const int32_t* __restrict__ cstart,
                                                                             const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                                             const bf16* __restrict__ v,
@@ -1819,8 +1833,7 @@ __global__ void __launch_bounds__(32 * (2 * NC + 1), 1) stage2_chain_kernel(ref:
                                                                             const int32_t* __restrict__ slots, ScanSegments sg,
                                                                             const __grid_constant__ PairMaps maps) {
     detail::pdl_entry();
-    constexpr int BV = 16 * NC, kNB = chain_bufs<NC>();
-    constexpr int kNI = kD / 8;  // state n8 tiles a state warp holds (all 128 columns)
+    constexpr int BV = 16 * NC, kNB = chain_bufs<NC>(), kNS = chain_bufs_s<NC>();
     using Smem = ChainSmem<NC>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
@@ -1840,15 +1853,17 @@ __global__ void __launch_bounds__(32 * (2 * NC + 1), 1) stage2_chain_kernel(ref:
     if (tid == 0) {
         for (int c = 0; c < NC; ++c)
             for (int p = 0; p < 2; ++p) {
-                mbar_init(&sm.full_s[c][p], 32);
-                mbar_init(&sm.full_d[c][p], 32);
-                mbar_init(&sm.empty[c][p], 32);
+                mbar_init(&sm.full_s[c][p], 64);
+                mbar_init(&sm.full_d[c][p], 64);
+                mbar_init(&sm.empty[c][p], 64);
             }
-        for (int b = 0; b < kNB; ++b) {
+        for (int b = 0; b < kNS; ++b) {
             mbar_init(&sm.tiles_s[b], 1);
+            mbar_init(&sm.s_free[b], 64 * NC);
+        }
+        for (int b = 0; b < kNB; ++b) {
             mbar_init(&sm.tiles_o[b], 1);
-            mbar_init(&sm.s_free[b], 32 * NC);
-            mbar_init(&sm.o_free[b], 32 * NC);
+            mbar_init(&sm.o_free[b], 64 * NC);
         }
     }
     if (w == 0) {
@@ -1863,89 +1878,93 @@ __global__ void __launch_bounds__(32 * (2 * NC + 1), 1) stage2_chain_kernel(ref:
 #ifdef ALLOY_GDN_EXP_CLOCK
     long long clk_last = 0;
 #endif
-    if (w == 2 * NC) {
-        produce_tiles<BV, kNB, kNB>(sm.sb, sm.ob, sm.tiles_s, sm.tiles_o, sm.s_free, sm.o_free, maps, q, k, v, rec, sh,
+    if (w == 4 * NC) {
+        produce_tiles<BV, kNS, kNB>(sm.sb, sm.ob, sm.tiles_s, sm.tiles_o, sm.s_free, sm.o_free, maps, q, k, v, rec, sh,
                                     t_begin, t_end, c_first, h, v0, i_ws, i_lo, i_hi, lane);
         return;
     }
     // The causal products' steps (rows of tile pair p, s-step ks <= p), in the order (0,0) (1,0)
-    // (1,1) (2,0) ...: per output tile the k-steps ascend, as in every scan.
+    // (1,1) (2,0) ...: per output tile the k-steps ascend, as in every scan. Rows [0, 32) are
+    // steps [0, 3), rows [32, 64) steps [3, 10).
     constexpr int kCausal = kC / 16 * (kC / 16 + 1) / 2;
     auto causal_p = [](int i) { return i < 1 ? 0 : i < 3 ? 1 : i < 6 ? 2 : 3; };
     auto causal_k = [](int i) { return i < 1 ? i : i < 3 ? i - 1 : i < 6 ? i - 3 : i - 6; };
-    static_assert(kC / 16 == 4, "causal step tables are for 4 s-steps");
+    static_assert(kC / 16 == 4 && kCausal == 10, "causal step tables are for 4 s-steps");
 
-    if (w < NC) {
-        // ---- state warp c ----
-        const int c = w, jc = 16 * c;
+    // ---- state warp H of chain c ----
+    auto state_warp = [&](auto half) {
+        constexpr int H = decltype(half)::value;
+        // Row tiles p of Delta^T (= s-steps of Dt) this warp computes: {0, 3} (warp 0), {1, 2};
+        // slot of p in dl, this warp's s-steps and the other's.
+        auto own_p = [](int p) { return H == 0 ? p == 0 || p == 3 : p == 1 || p == 2; };
+        auto p_slot = [](int p) { return H == 0 ? (p == 0 ? 0 : 1) : (p == 1 ? 0 : 1); };
+        auto own_k = [](int kk) { return H == 0 ? 3 * kk : 1 + kk; };
+        auto other_k = [](int kk) { return H == 0 ? 1 + kk : 3 * kk; };
+        const int c = w >> 1, jc = 16 * c, bar_s = 1 + 3 * c, bar_d = 2 + 3 * c, bar_t = 3 + 3 * c;
         float* Sg = state + ((size_t)(slots ? slots[seq] : seq) * H_v + h) * kD * kD;
-        float S[1][kNI][4];  // S^T[j][i], j = jc + gq (+8), i = 8 nt + 2 tq (+1)
+        float S[1][8][4];  // S^T[j][i], j = jc + gq (+8), i = 64 H + 8 nt + 2 tq (+1)
         if (i_ws == 0) {
-            load_state(S, Sg, v0 + jc, 0, gq, tq);
+            load_state(S, Sg, v0 + jc, 64 * H, gq, tq);
         } else {
 #pragma unroll
-            for (int nt = 0; nt < kNI; ++nt)
+            for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) S[0][nt][e] = 0.0f;
         }
         for (int i = i_ws; i < i_hi; ++i) {
-            const int b = (i - i_ws) % kNB, j = i - i_lo;  // j < 0: a warmup chunk
+            const int b = (i - i_ws) % kNS, j = i - i_lo;  // j < 0: a warmup chunk
             const auto& B = sm.sb[b];
             CCLK(0);
-            // S^T in bf16 as the A operand (k-step ks = state columns [16 ks, 16 ks + 16)), also
-            // left for the output warp.
+            // S^T in bf16 as the A operand (k-step ks = state columns [16 ks, 16 ks + 16)): this
+            // warp's four k-steps into the hand-over buffer, the other warp's four from it.
             uint32_t sa[kD / 16][4];
 #pragma unroll
-            for (int ks = 0; ks < kD / 16; ++ks) acc_to_a(sa[ks], S[0][2 * ks], S[0][2 * ks + 1]);
-            if (j >= 0) {
-                if (j >= 2) mbar_wait(&sm.empty[c][j & 1], ((j >> 1) - 1) & 1);
+            for (int kk = 0; kk < 4; ++kk) acc_to_a(sa[4 * H + kk], S[0][2 * kk], S[0][2 * kk + 1]);
+            if (j >= 2) mbar_wait(&sm.empty[c][j & 1], ((j >> 1) - 1) & 1);
 #pragma unroll
-                for (int ks = 0; ks < kD / 16; ++ks) sm.sa[c][j & 1][ks][lane] = make_uint4(sa[ks][0], sa[ks][1], sa[ks][2], sa[ks][3]);
-                mbar_arrive(&sm.full_s[c][j & 1]);
-            }
+            for (int kk = 0; kk < 4; ++kk) sm.sa[c][j & 1][4 * H + kk][lane] = from_frag(sa[4 * H + kk]);
+            if (j >= 0) mbar_arrive(&sm.full_s[c][j & 1]);
+            named_sync(bar_s, 64);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) to_frag(sa[4 * (1 - H) + kk], sm.sa[c][j & 1][4 * (1 - H) + kk][lane]);
             CCLK(1);
-            mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kNB) & 1);
+            mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kNS) & 1);
             CCLK(2);
             const float eGC = B.eG[kC - 1];
-            // Y^T = S^T K^T half a chunk (32 rows, four n8 tiles) at a time, then Delta'^T = (V^T -
-            // Y^T e^G) beta as the A fragments of s-steps 2 hf, 2 hf + 1. mma and ldmatrix are
-            // volatile asm (kept in program order): the 16 (half, k-step) steps' K fragments are
-            // requested two steps ahead (one step ahead left the chain waiting on ldmatrix latency
-            // every step: ~1.3 us a chunk step, H100).
+            // Y^T = S^T K^T for rows [32 H, 32 H + 32) (four n8 tiles), K fragments two k-steps
+            // ahead (mma and ldmatrix are volatile asm, kept in program order), then Delta'^T =
+            // (V^T - Y^T e^G) beta as the A fragments of s-steps 2 H, 2 H + 1.
             uint32_t dpa[kC / 16][4];
-            uint32_t bk[3][2][4];  // ring of three (half, k-step) steps; [quarter][regs]
-            auto ldk = [&](int step) {
-#pragma unroll
-                for (int qq = 0; qq < 2; ++qq)
-                    ldsm_x4(bk[step % 3][qq], b_addr(B.K, kSwz, 32 * (step / 8) + 16 * qq, 16 * (step % 8), lane));
-            };
-            ldk(0);
-            ldk(1);
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                float re[4][2], rb[4][2], rv[4][2][2];  // rows 32 hf + 8 u + 2 tq + e
+            {
+                float re[4][2], rb[4][2], rv[4][2][2];  // rows 32 H + 8 u + 2 tq + e
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int r = 32 * hf + 8 * u + 2 * tq + e;
+                        const int r = 32 * H + 8 * u + 2 * tq + e;
                         re[u][e] = B.eG[r];
                         rb[u][e] = B.beta[r];
 #pragma unroll
                         for (int hh = 0; hh < 2; ++hh) rv[u][e][hh] = __bfloat162float(B.V[r * BV + jc + gq + 8 * hh]);
                     }
-                float y[4][4], y2[4][4];  // n8 tile u: rows 32 hf + 8 u ..
+                float y[4][4], y2[4][4];
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) y[u][e] = y2[u][e] = 0.0f;
+                uint32_t bk[3][2][4];
+                auto ldk = [&](int ks) {
+#pragma unroll
+                    for (int qq = 0; qq < 2; ++qq) ldsm_x4(bk[ks % 3][qq], b_addr(B.K, kSwz, 32 * H + 16 * qq, 16 * ks, lane));
+                };
+                ldk(0);
+                ldk(1);
 #pragma unroll
                 for (int ks = 0; ks < kD / 16; ++ks) {
-                    const int step = 8 * hf + ks;
-                    if (step + 2 < 16) ldk(step + 2);
+                    if (ks + 2 < kD / 16) ldk(ks + 2);
 #pragma unroll
                     for (int u = 0; u < 4; ++u)
-                        mma(ks & 1 ? y2[u] : y[u], sa[ks], bk[step % 3][u >> 1][2 * (u & 1)], bk[step % 3][u >> 1][2 * (u & 1) + 1]);
+                        mma(ks & 1 ? y2[u] : y[u], sa[ks], bk[ks % 3][u >> 1][2 * (u & 1)], bk[ks % 3][u >> 1][2 * (u & 1) + 1]);
                 }
 #pragma unroll
                 for (int qq = 0; qq < 2; ++qq) {
@@ -1961,175 +1980,181 @@ __global__ void __launch_bounds__(32 * (2 * NC + 1), 1) stage2_chain_kernel(ref:
                                 dp[uu][2 * hh + e] = rb[u][e] * (rv[u][e][hh] - re[u][e] * yy);
                             }
                     }
-                    acc_to_a(dpa[2 * hf + qq], dp[0], dp[1]);
+                    acc_to_a(dpa[2 * H + qq], dp[0], dp[1]);
                 }
             }
             CCLK(3);
-            // Delta^T = Delta'^T T^T: all ten causal steps' T fragments requested at once.
-            float dl[kC / 8][4];
+            // Delta^T = Delta'^T T^T, output row tiles (16 rows each) p = 0 and 3 by warp 0, 1 and 2
+            // by warp 1 (five causal steps each; their T fragments requested at once); each needs
+            // the other's Delta'^T s-steps.
+            uint32_t bt[5][4];
 #pragma unroll
-            for (int nt = 0; nt < kC / 8; ++nt)
+            for (int ci = 0, n = 0; ci < kCausal; ++ci)
+                if (own_p(causal_p(ci))) ldsm_x4(bt[n++], b_addr(B.T, kSwz, 16 * causal_p(ci), 16 * causal_k(ci), lane));
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) sm.xd[c][H][kk][lane] = from_frag(dpa[2 * H + kk]);
+            named_sync(bar_d, 64);
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) to_frag(dpa[2 * (1 - H) + kk], sm.xd[c][1 - H][kk][lane]);
+            float dl[4][4];  // n8 tiles 2 p, 2 p + 1 of this warp's row tiles p (slot p_slot(p))
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dl[nt][e] = 0.0f;
-            {
-                uint32_t bt[kCausal][4];
 #pragma unroll
-                for (int ci = 0; ci < kCausal; ++ci) ldsm_x4(bt[ci], b_addr(B.T, kSwz, 16 * causal_p(ci), 16 * causal_k(ci), lane));
-#pragma unroll
-                for (int ci = 0; ci < kCausal; ++ci) {
-                    mma(dl[2 * causal_p(ci)], dpa[causal_k(ci)], bt[ci][0], bt[ci][1]);
-                    mma(dl[2 * causal_p(ci) + 1], dpa[causal_k(ci)], bt[ci][2], bt[ci][3]);
+            for (int ci = 0, n = 0; ci < kCausal; ++ci)
+                if (own_p(causal_p(ci))) {
+                    const int sl = p_slot(causal_p(ci));
+                    mma(dl[2 * sl], dpa[causal_k(ci)], bt[n][0], bt[n][1]);
+                    mma(dl[2 * sl + 1], dpa[causal_k(ci)], bt[n][2], bt[n][3]);
+                    ++n;
                 }
-            }
             CCLK(4);
-            // The state update's steps (half ih of the state columns, s-step ks, column pair p):
-            // fragments requested three steps ahead, the first three before the packing below.
-            constexpr int kSteps = kC / 16 * (kNI / 4);  // per half
+            // The update's K fragments (state columns [64 H, 64 H + 64); steps (s-step ks, column
+            // pair p)), three steps ahead, the first three before the packing below.
             uint32_t bs[4][4];
-            auto lds = [&](int step) {
-                const int ih = step / kSteps, ks = (step % kSteps) / (kNI / 4), p = step % (kNI / 4);
-                ldsm_x4_t(bs[step % 4], bt_addr(B.K, kSwz, 16 * ks, 64 * ih + 16 * p, lane));
+            auto lds = [&](int st) {
+                ldsm_x4_t(bs[st % 4], bt_addr(B.K, kSwz, 16 * (st / 4), 64 * H + 16 * (st % 4), lane));
             };
             lds(0);
             lds(1);
             lds(2);
-            // Delta^T (for the output warp) and Delta^T .* e^{G_C - G} (for the state) as A fragments.
+            // Delta^T (for the output warps) and Dt = Delta^T .* e^{G_C - G} of this warp's s-steps
+            // (= its row tiles) as A fragments; then the other warp's Dt.
             uint32_t dta[kC / 16][4];
 #pragma unroll
-            for (int ks = 0; ks < kC / 16; ++ks) {
+            for (int kk = 0; kk < 2; ++kk) {
+                const int ks = own_k(kk);
                 uint32_t dma[4];
-                acc_to_a(dma, dl[2 * ks], dl[2 * ks + 1]);
-                if (j >= 0) sm.da[c][j & 1][ks][lane] = make_uint4(dma[0], dma[1], dma[2], dma[3]);
+                acc_to_a(dma, dl[2 * kk], dl[2 * kk + 1]);
+                if (j >= 0) sm.da[c][j & 1][ks][lane] = from_frag(dma);
                 float f[2][4];
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {
                     const int r = 16 * ks + 8 * u + 2 * tq;
                     const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
-                    f[u][0] = dl[2 * ks + u][0] * f0;
-                    f[u][1] = dl[2 * ks + u][1] * f1;
-                    f[u][2] = dl[2 * ks + u][2] * f0;
-                    f[u][3] = dl[2 * ks + u][3] * f1;
+                    f[u][0] = dl[2 * kk + u][0] * f0;
+                    f[u][1] = dl[2 * kk + u][1] * f1;
+                    f[u][2] = dl[2 * kk + u][2] * f0;
+                    f[u][3] = dl[2 * kk + u][3] * f1;
                 }
                 acc_to_a(dta[ks], f[0], f[1]);
+                sm.xt[c][ks][lane] = from_frag(dta[ks]);
             }
             if (j >= 0) mbar_arrive(&sm.full_d[c][j & 1]);
+            named_sync(bar_t, 64);
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) to_frag(dta[other_k(kk)], sm.xt[c][other_k(kk)][lane]);
             CCLK(5);
-            // S^T = e^{G_C} S^T + Dt K, odd s-steps into S2 (added at the end of each half), as warp rows.
+            // S^T = e^{G_C} S^T + Dt K for this warp's state columns, odd s-steps into S2 (added at
+            // the end), as warp rows' half H.
+            float S2[8][4];
 #pragma unroll
-            for (int nt = 0; nt < kNI; ++nt)
+            for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) S[0][nt][e] *= eGC;
+                for (int e = 0; e < 4; ++e) S[0][nt][e] *= eGC, S2[nt][e] = 0.0f;
 #pragma unroll
-            for (int ih = 0; ih < 2; ++ih) {
-                float S2[kNI / 2][4];
-#pragma unroll
-                for (int nt = 0; nt < kNI / 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) S2[nt][e] = 0.0f;
-#pragma unroll
-                for (int st = 0; st < kSteps; ++st) {
-                    const int ks = st / (kNI / 4), p = st % (kNI / 4), step = ih * kSteps + st;
-                    if (step + 3 < 2 * kSteps) lds(step + 3);
-                    float(&s0)[4] = ks & 1 ? S2[2 * p] : S[0][kNI / 2 * ih + 2 * p];
-                    float(&s1)[4] = ks & 1 ? S2[2 * p + 1] : S[0][kNI / 2 * ih + 2 * p + 1];
-                    mma(s0, dta[ks], bs[step % 4][0], bs[step % 4][1]);
-                    mma(s1, dta[ks], bs[step % 4][2], bs[step % 4][3]);
-                }
-#pragma unroll
-                for (int nt = 0; nt < kNI / 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) S[0][kNI / 2 * ih + nt][e] += S2[nt][e];
+            for (int st = 0; st < 16; ++st) {
+                const int ks = st / 4, p = st % 4;
+                if (st + 3 < 16) lds(st + 3);
+                float(&s0)[4] = ks & 1 ? S2[2 * p] : S[0][2 * p];
+                float(&s1)[4] = ks & 1 ? S2[2 * p + 1] : S[0][2 * p + 1];
+                mma(s0, dta[ks], bs[st % 4][0], bs[st % 4][1]);
+                mma(s1, dta[ks], bs[st % 4][2], bs[st % 4][3]);
             }
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) S[0][nt][e] += S2[nt][e];
             mbar_arrive(&sm.s_free[b]);  // this thread's reads of the ring buffer are done
             CCLK(6);
         }
         // The sequence's last segment leaves the final state (segmented: in sg.fin, which
         // segment_states_to_slots copies to the slots once no block reads a slot's state).
-        if (i_hi == n_chunks) store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0 + jc, 0, gq, tq);
-        return;
-    }
+        if (i_hi == n_chunks) store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0 + jc, 64 * H, gq, tq);
+    };
 
-    // ---- output warp c: O^T = (S^T Q^T) e^G + Delta^T QKM^T, behind its state warp ----
-    const int c = w - NC, jc = 16 * c;
-    const size_t v_stride = (size_t)H_v * kD;
-    float* O = sm.O[c];
-    for (int j = 0; j < i_hi - i_lo; ++j) {
-        const int i = i_lo + j, b = j % kNB;
-        const auto& B = sm.ob[b];
-        const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
-        CCLK(0);
-        mbar_wait(&sm.tiles_o[b], (j / kNB) & 1);
-        CCLK(1);
-        mbar_wait(&sm.full_s[c][j & 1], (j >> 1) & 1);
-        CCLK(2);
-        uint32_t sa[kD / 16][4];
+    // ---- output warp H of chain c: O^T = (S^T Q^T) e^G + Delta^T QKM^T for rows [32 H, 32 H + 32) ----
+    auto output_warp = [&](auto half) {
+        constexpr int H = decltype(half)::value, ci0 = H ? 3 : 0, ci1 = H ? kCausal : 3;
+        const int c = (w - 2 * NC) >> 1, jc = 16 * c;
+        const size_t v_stride = (size_t)H_v * kD;
+        float* O = sm.O[c][H];
+        for (int j = 0; j < i_hi - i_lo; ++j) {
+            const int i = i_lo + j, b = j % kNB;
+            const auto& B = sm.ob[b];
+            const int t0 = t_begin + i * kC, n = min(kC, t_end - t0);
+            CCLK(0);
+            mbar_wait(&sm.tiles_o[b], (j / kNB) & 1);
+            CCLK(1);
+            mbar_wait(&sm.full_s[c][j & 1], (j >> 1) & 1);
+            CCLK(2);
+            uint32_t sa[kD / 16][4];
 #pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {
-            const uint4 x = sm.sa[c][j & 1][ks][lane];
-            sa[ks][0] = x.x, sa[ks][1] = x.y, sa[ks][2] = x.z, sa[ks][3] = x.w;
-        }
-        // X^T = S^T Q^T half a chunk at a time (fragments two steps ahead, as the state warp's
-        // Y^T); X^T e^G is the start of O^T.
-        float xo[1][kC / 8][4];
-        uint32_t bq[3][2][4];
-        auto ldq = [&](int step) {
-#pragma unroll
-            for (int qq = 0; qq < 2; ++qq)
-                ldsm_x4(bq[step % 3][qq], b_addr(B.Q, kSwz, 32 * (step / 8) + 16 * qq, 16 * (step % 8), lane));
-        };
-        ldq(0);
-        ldq(1);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float x[4][4], x2[4][4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) x[u][e] = x2[u][e] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < kD / 16; ++ks) {
-                const int step = 8 * hf + ks;
-                if (step + 2 < 16) ldq(step + 2);
+            for (int ks = 0; ks < kD / 16; ++ks) to_frag(sa[ks], sm.sa[c][j & 1][ks][lane]);
+            // X^T = S^T Q^T (Q fragments two k-steps ahead); X^T e^G is the start of O^T.
+            float xo[1][4][4];
+            {
+                float x[4][4], x2[4][4];
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
-                    mma(ks & 1 ? x2[u] : x[u], sa[ks], bq[step % 3][u >> 1][2 * (u & 1)], bq[step % 3][u >> 1][2 * (u & 1) + 1]);
-            }
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+                    for (int e = 0; e < 4; ++e) x[u][e] = x2[u][e] = 0.0f;
+                uint32_t bq[3][2][4];
+                auto ldq = [&](int ks) {
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float re = B.eG[32 * hf + 8 * u + 2 * tq + e];
+                    for (int qq = 0; qq < 2; ++qq) ldsm_x4(bq[ks % 3][qq], b_addr(B.Q, kSwz, 32 * H + 16 * qq, 16 * ks, lane));
+                };
+                ldq(0);
+                ldq(1);
 #pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        xo[0][4 * hf + u][2 * hh + e] = (x[u][2 * hh + e] + x2[u][2 * hh + e]) * re;
+                for (int ks = 0; ks < kD / 16; ++ks) {
+                    if (ks + 2 < kD / 16) ldq(ks + 2);
+#pragma unroll
+                    for (int u = 0; u < 4; ++u)
+                        mma(ks & 1 ? x2[u] : x[u], sa[ks], bq[ks % 3][u >> 1][2 * (u & 1)], bq[ks % 3][u >> 1][2 * (u & 1) + 1]);
                 }
-        }
-        CCLK(3);
-        uint32_t bm[kCausal][4];  // every causal step's QKM fragments at once
 #pragma unroll
-        for (int ci = 0; ci < kCausal; ++ci) ldsm_x4(bm[ci], b_addr(B.M, kSwz, 16 * causal_p(ci), 16 * causal_k(ci), lane));
-        mbar_wait(&sm.full_d[c][j & 1], (j >> 1) & 1);
-        uint32_t dma[kC / 16][4];
+                for (int u = 0; u < 4; ++u)
 #pragma unroll
-        for (int ks = 0; ks < kC / 16; ++ks) {
-            const uint4 x = sm.da[c][j & 1][ks][lane];
-            dma[ks][0] = x.x, dma[ks][1] = x.y, dma[ks][2] = x.z, dma[ks][3] = x.w;
-        }
-        mbar_arrive(&sm.empty[c][j & 1]);  // this thread's reads of the hand-over buffers are done
-        CCLK(4);
-        // O^T += Delta^T QKM^T (s <= r).
+                    for (int e = 0; e < 2; ++e) {
+                        const float re = B.eG[32 * H + 8 * u + 2 * tq + e];
 #pragma unroll
-        for (int ci = 0; ci < kCausal; ++ci) {
-            mma(xo[0][2 * causal_p(ci)], dma[causal_k(ci)], bm[ci][0], bm[ci][1]);
-            mma(xo[0][2 * causal_p(ci) + 1], dma[causal_k(ci)], bm[ci][2], bm[ci][3]);
+                        for (int hh = 0; hh < 2; ++hh) xo[0][u][2 * hh + e] = (x[u][2 * hh + e] + x2[u][2 * hh + e]) * re;
+                    }
+            }
+            CCLK(3);
+            uint32_t bm[ci1 - ci0][4];  // this warp's causal steps' QKM fragments at once
+#pragma unroll
+            for (int ci = ci0; ci < ci1; ++ci) ldsm_x4(bm[ci - ci0], b_addr(B.M, kSwz, 16 * causal_p(ci), 16 * causal_k(ci), lane));
+            mbar_wait(&sm.full_d[c][j & 1], (j >> 1) & 1);
+            uint32_t dma[kC / 16][4];
+#pragma unroll
+            for (int ks = 0; ks < 2 * (H + 1); ++ks) to_frag(dma[ks], sm.da[c][j & 1][ks][lane]);
+            mbar_arrive(&sm.empty[c][j & 1]);  // this thread's reads of the hand-over buffers are done
+            CCLK(4);
+            // O^T += Delta^T QKM^T (s <= r).
+#pragma unroll
+            for (int ci = ci0; ci < ci1; ++ci) {
+                mma(xo[0][2 * causal_p(ci) - 4 * H], dma[causal_k(ci)], bm[ci - ci0][0], bm[ci - ci0][1]);
+                mma(xo[0][2 * causal_p(ci) + 1 - 4 * H], dma[causal_k(ci)], bm[ci - ci0][2], bm[ci - ci0][3]);
+            }
+            mbar_arrive(&sm.o_free[b]);  // and of the ring buffer
+            CCLK(5);
+            __syncwarp();  // the last step's flush has read the O tile
+            o_to_tile<16>(O, xo, 0, gq, tq);
+            __syncwarp();
+            flush_out_tile<16, 32>(out, O, v_stride, h, v0 + jc, t0 + 32 * H, min(32, n - 32 * H), lane);
+            CCLK(6);
         }
-        mbar_arrive(&sm.o_free[b]);  // and of the ring buffer
-        CCLK(5);
-        __syncwarp();  // the last step's flush has read the O tile
-        o_to_tile<16>(O, xo, 0, gq, tq);
-        __syncwarp();
-        flush_out_tile<16, 32>(out, O, v_stride, h, v0 + jc, t0, n, lane);
-        CCLK(6);
+    };
+
+    if (w < 2 * NC) {
+        if (w & 1) state_warp(std::integral_constant<int, 1>{});
+        else state_warp(std::integral_constant<int, 0>{});
+    } else {
+        if (w & 1) output_warp(std::integral_constant<int, 1>{});
+        else output_warp(std::integral_constant<int, 0>{});
     }
 }
 
@@ -3042,7 +3067,7 @@ void launch_stage2_chain(const ref::GdnShape& sh, const int32_t* offs, const int
                          size_t n_records) {
     const PairMaps maps = pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records, v, 16 * NC);
     launch_scan<stage2_chain_kernel<NC, OutT>>(chain_smem_bytes<NC>(), dim3(kD / (16 * NC), sh.H_v, grid_z),
-                                               dim3(32 * (2 * NC + 1)), st, sh, offs, cstart, q, k, v, rec, state, out,
+                                               dim3(chain_threads(NC)), st, sh, offs, cstart, q, k, v, rec, state, out,
                                                slots, sg, maps);
 }
 
@@ -3169,11 +3194,19 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
     return plan;
 }
 
-// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 / 5 / 6 forces one / two warp groups on
-// cp.async / warp rows / two groups on TMA issued by the groups / two groups on TMA issued by a
-// producer warp (A/B; 2 and 5 at the 64-column split = one group and warp rows: its only
-// two-group kernel is the producer one); otherwise two groups with the producer warp at every
-// split (warp rows at 64 columns with ALLOY_GDN_SPLIT64_PAIR=0). All give the same bits.
+// The scan kernel for a split: ALLOY_GDN_SCAN=1 / 2 / 3 / 5 / 6 / 7 forces one / two warp groups
+// on cp.async / warp rows / two groups on TMA issued by the groups / two groups on TMA issued by
+// a producer warp (session 41's gate) / chains at every split (A/B; 2 and 5 at the 64-column
+// split = one group and warp rows: its only two-group kernel is the producer one); otherwise
+// chains at 16 and 32 columns (two groups on cp.async where the driver has no tensor-map
+// encoder) and two groups with the producer warp at 64 (warp rows with ALLOY_GDN_SPLIT64_PAIR=0).
+// All give the same bits. Chains against the producer two-group scan, H100, session 42 (same
+// plan, same bits): unsegmented 16 columns at H_v 16 -16% / -17% / -17% (T 4096 / 16384 / 65536:
+// 118.6 -> 99.1, 416.5 -> 344.6, 1601.8 -> 1326.7 us); 32 x 2 segments -4% / -5% / -5% (H_v 16),
+// -5% / -6% / -6% (H_v 48); gates decaying ~1e-4 a token (the warmup reaches the start) -7% /
+// -8% (H_v 16 / 48, T 16384); 0.8B BF16 pp4096 +1.0-1.5%; 27b 4-layer pp16384 +1-2.5%. At 64
+// columns chains run as 32 (192 blocks at H_v 48: two waves), 0.6% slower than the producer
+// scan's one wave in the 27b model at pp4096, so 64 keeps the two-group scan.
 // Producer warp against the groups issuing TMA themselves, H100, same call (session 38): the
 // gate 102.1 -> 98.1 us (H_v 16, T 4096), 173.8 -> 164.1 (H_v 32), 341.1 -> 321.1 (H_v 16, T
 // 16384). TMA against cp.async tiles, H100, same call (session 37): 16 columns 162.5 -> 121.4 us (H_v 16, T 4096), 600.9 -> 427.4 (16384); 32
@@ -3186,13 +3219,13 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 GdnScan gdn_delta_chunked_scan(int block_v) {
     static const int env = [] { const char* e = std::getenv("ALLOY_GDN_SCAN"); return e ? std::atoi(e) : 0; }();
     if (env == 7) return GdnScan::Chains;
-    if (env == 6) return block_v == 64 && !split64_pair() ? GdnScan::WarpRows : GdnScan::TwoGroupsProducer;
+    if (env == 6) return block_v == 64 && !split64_pair() ? GdnScan::WarpRows : GdnScan::TwoGroupsProducer;  // session 41's gate
     if (env == 5) return block_v == 64 ? GdnScan::WarpRows : GdnScan::TwoGroupsTma;
     if (env == 4) return GdnScan::Transition;
     if (env == 3) return GdnScan::WarpRows;
     if (env == 1) return GdnScan::OneGroup;
     if (block_v == 64) return env == 2 ? GdnScan::OneGroup : split64_pair() ? GdnScan::TwoGroupsProducer : GdnScan::WarpRows;
-    return env == 2 ? GdnScan::TwoGroups : GdnScan::TwoGroupsProducer;
+    return env == 2 ? GdnScan::TwoGroups : GdnScan::Chains;
 }
 
 namespace {
@@ -3216,6 +3249,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     if (scan == GdnScan::Auto) {
         scan = gdn_delta_chunked_scan(block_v);
         if (block_v == 64 && scan == GdnScan::TwoGroupsProducer && encode_tiled() == nullptr) scan = GdnScan::WarpRows;
+        if (scan == GdnScan::Chains && encode_tiled() == nullptr) scan = GdnScan::TwoGroups;  // cp.async tiles; same bits
     }
     // Segments (gdn_delta_chunked_plan; two-group kernels only): the caller's, the gate's, or
     // ALLOY_GDN_SEGMENTS's with a given split. Decided here so that one table launch writes both
@@ -3308,10 +3342,9 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         };
         using No = std::false_type;
         using Yes = std::true_type;
-        if (scan == GdnScan::Chains) {
-            if (block_v == 64) launch_chain(std::integral_constant<int, 4>{});
-            else if (block_v == 32) launch_chain(std::integral_constant<int, 2>{});
-            else launch_chain(std::integral_constant<int, 1>{});
+        if (scan == GdnScan::Chains) {  // (block_v 64 runs as 32: two chains a block at most; same bits)
+            if (block_v == 16) launch_chain(std::integral_constant<int, 1>{});
+            else launch_chain(std::integral_constant<int, 2>{});
         } else if (block_v == 64) {
             if (!prod)
                 throw Error(std::string(op) + ": block_v 64's two-group scan is the producer-warp one (TwoGroupsProducer, " +

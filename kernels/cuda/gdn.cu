@@ -1266,7 +1266,14 @@ SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
         const int target = g <= 2 ? kSplitMaxCluster : kSplitMaxClusterWide;
         int C = std::max(1, std::min({std::max(1, target / g), kMaxClusterSize / g, sh.d_v / ALLOY_GDN_SPLIT_MIN_COLS}));
         while (C > 1 && (sh.d_v + C - 1) / C * (C - 1) >= sh.d_v) --C;  // no block without columns
-        const int cols = (sh.d_v + C - 1) / C, kP = cols > 64 ? 2 : 1;
+        // 4-column passes a delta warp: 2 wherever a block has more than 16 columns (half the delta
+        // warps, each computing k.k, q.q, k.q and the norms once for 8 columns: the delta phase
+        // is issue-bound with 16 warps a block, clock64). H100, settled, same call (session 42):
+        // 4.11 / 4.85 / 5.37 -> 4.05 / 4.74 / 5.16 us at H_v 16 / 32 / 48 (was 2 only above 64
+        // columns). The same bits (each column's arithmetic does not depend on its warp).
+        // ALLOY_GDN_SPLIT_KP1_MAX=N: one pass up to N columns a block (A/B; 64 = the old rule).
+        static const int kp1_max = [] { const char* e = std::getenv("ALLOY_GDN_SPLIT_KP1_MAX"); return e ? std::atoi(e) : 16; }();
+        const int cols = (sh.d_v + C - 1) / C, kP = cols > kp1_max ? 2 : 1;
         const int dwarps = (cols + 4 * kP - 1) / (4 * kP), nch = 2 * sh.d_k + cols;
         const int warps = std::max(dwarps, (nch + 31) / 32);
         FusedKernel kern = nullptr, kern_s = nullptr;

@@ -764,6 +764,39 @@ __device__ __forceinline__ int segment_warmup_start(const ChunkRecord* rec, int 
     return 0;
 }
 
+// segment_warmup_start by warp 0, to every thread of the block through `slot` (shared memory;
+// a block barrier, which also publishes the mbarrier initialisations before it).
+__device__ __forceinline__ int block_warmup_start(int* slot, const ChunkRecord* rec, int c_first, int i_lo, int H_v, int h,
+                                                  int w, int lane) {
+    if (w == 0) {
+        const int i_ws = segment_warmup_start(rec, c_first, i_lo, H_v, h, lane);
+        if (lane == 0) *slot = i_ws;
+    }
+    __syncthreads();
+    return *slot;
+}
+// A segmented-scan block's place (blockIdx.z: a sequence, or with sg.segstart a segment slot):
+// its sequence, tokens [t_begin, t_end), first chunk and chunk count, and its chunks [i_lo, i_hi)
+// within the sequence. valid = false for a slot past the last segment or an empty sequence (the
+// block returns).
+struct SegmentBlock {
+    int seq, i_lo, i_hi, t_begin, t_end, c_first, n_chunks;
+    bool valid;
+};
+__device__ __forceinline__ SegmentBlock segment_block(const ScanSegments& sg, const int32_t* offs, const int32_t* cstart) {
+    SegmentBlock b{int(blockIdx.z), 0, 0, 0, 0, 0, 0, false};
+    if (sg.segstart) {
+        if ((int)blockIdx.z >= sg.segstart[sg.n_seqs]) return b;
+        b.seq = chunk_seq(sg.segstart, sg.n_seqs, blockIdx.z);
+        b.i_lo = (blockIdx.z - sg.segstart[b.seq]) * sg.chunks;
+    }
+    b.t_begin = offs[b.seq], b.t_end = offs[b.seq + 1];
+    b.c_first = cstart[b.seq], b.n_chunks = cstart[b.seq + 1] - b.c_first;
+    b.i_hi = sg.segstart ? min(b.n_chunks, b.i_lo + sg.chunks) : b.n_chunks;
+    b.valid = b.t_begin != b.t_end;
+    return b;
+}
+
 struct ScanSeq {
     int vs, h, seq, t_begin, t_end, c_first, c_last;
     float* state;
@@ -1250,16 +1283,10 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + (kTma ? (1024 - (smem_u32(smem_raw) & 1023)) & 1023 : 0));
     const int vs = blockIdx.x, h = blockIdx.y;
     // This block's sequence and its chunks [i_lo, i_hi) (indices within the sequence).
-    int seq = blockIdx.z, i_lo = 0;
-    if (sg.segstart) {
-        if ((int)blockIdx.z >= sg.segstart[sg.n_seqs]) return;
-        seq = chunk_seq(sg.segstart, sg.n_seqs, blockIdx.z);
-        i_lo = (blockIdx.z - sg.segstart[seq]) * sg.chunks;
-    }
-    const int t_begin = offs[seq], t_end = offs[seq + 1];
-    if (t_begin == t_end) return;
-    const int c_first = cstart[seq], n_chunks = cstart[seq + 1] - c_first;
-    const int i_hi = sg.segstart ? min(n_chunks, i_lo + sg.chunks) : n_chunks;
+    const SegmentBlock sb_ = segment_block(sg, offs, cstart);
+    if (!sb_.valid) return;
+    const int seq = sb_.seq, i_lo = sb_.i_lo, i_hi = sb_.i_hi, t_begin = sb_.t_begin, t_end = sb_.t_end;
+    const int c_first = sb_.c_first, n_chunks = sb_.n_chunks;
     const int H_k = sh.H_k, H_v = sh.H_v, kh = key_head(sh, h), v0 = vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int gt = tid & (kGT - 1), gw = w & 3;  // thread and warp within the group
@@ -1282,15 +1309,10 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
             for (int p = 0; p < 3; ++p) mbar_init(&sm.tiles_o[p], 1);
         }
     }
-    if (w == 0) {
-        const int i_ws = segment_warmup_start(rec, c_first, i_lo, H_v, h, lane);
-        if (lane == 0) sm.i_ws = i_ws;
-    }
-    __syncthreads();
     // The state group runs chunks [i_ws, i_hi), from the sequence's state when i_ws = 0, else
     // from zero (the warmup chunks [i_ws, i_lo) without outputs); the output group [i_lo, i_hi).
     // Hand-overs between the groups count output chunks j = i - i_lo only.
-    const int i_ws = sm.i_ws;
+    const int i_ws = block_warmup_start(&sm.i_ws, rec, c_first, i_lo, H_v, h, w, lane);
 #ifdef ALLOY_GDN_EXP_CLOCK
     long long clk_last = 0;
 #endif
@@ -1572,12 +1594,34 @@ struct alignas(16) WarpScanSmem {
 static_assert(sizeof(WarpScanSmem<4>) <= 232448 && sizeof(WarpScanSmem<8>) <= 232448,
               "warp-rows scan: shared memory over 227 KB");
 
+// The causal products' steps of the register-passing scans (rows of tile pair p, s-step ks <= p),
+// in the order (0,0) (1,0) (1,1) (2,0) ...: per output tile the k-steps ascend, as in
+// stage2_kernel. Rows [0, 32) are steps [0, 3), rows [32, 64) steps [3, 10).
+constexpr int kCausal = kC / 16 * (kC / 16 + 1) / 2;
+__host__ __device__ constexpr int causal_p(int i) { return i < 1 ? 0 : i < 3 ? 1 : i < 6 ? 2 : 3; }
+__host__ __device__ constexpr int causal_k(int i) { return i < 1 ? i : i < 3 ? i - 1 : i < 6 ? i - 3 : i - 6; }
+static_assert(kC / 16 == 4 && kCausal == 10, "causal step tables are for 4 s-steps");
+
 // The A fragments of a k16 step from the accumulators of its two n8 tiles c0, c1, in bf16.
 __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
     a[0] = pack_bf16(c0[0], c0[1]);
     a[1] = pack_bf16(c0[2], c0[3]);
     a[2] = pack_bf16(c1[0], c1[1]);
     a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// Dt = Delta^T .* e^{G_C - G} of s-step ks as A fragments, from Delta^T's accumulators d0, d1
+// (its n8 tiles 2 ks, 2 ks + 1) and the chunk's e^{G_C - G} row scalars.
+__device__ __forceinline__ void dt_to_a(uint32_t (&a)[4], const float (&d0)[4], const float (&d1)[4], const float* eGC, int ks,
+                                        int tq) {
+    auto scaled = [&](float (&f)[4], const float (&d)[4], int r) {  // rows r, r + 1 of the tile
+        const float f0 = eGC[r], f1 = eGC[r + 1];
+        f[0] = d[0] * f0, f[1] = d[1] * f1, f[2] = d[2] * f0, f[3] = d[3] * f1;
+    };
+    float f0[4], f1[4];
+    scaled(f0, d0, 16 * ks + 2 * tq);
+    scaled(f1, d1, 16 * ks + 8 + 2 * tq);
+    acc_to_a(a, f0, f1);
 }
 
 template <int NW, typename OutT>
@@ -1680,13 +1724,6 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
             acc_to_a(dpa[qr], dp[0], dp[1]);
         }
 
-        // The causal products' steps (rows of tile pair p, s-step ks <= p), in the order
-        // (0,0) (1,0) (1,1) (2,0) ...: per output tile the k-steps ascend, as in stage2_kernel.
-        constexpr int kCausal = kC / 16 * (kC / 16 + 1) / 2;
-        auto causal_p = [](int i) { return i < 1 ? 0 : i < 3 ? 1 : i < 6 ? 2 : 3; };
-        auto causal_k = [](int i) { return i < 1 ? i : i < 3 ? i - 1 : i < 6 ? i - 3 : i - 6; };
-        static_assert(kC / 16 == 4, "causal step tables are for 4 s-steps");
-
         // Delta^T = Delta'^T T^T.
         float dl[kC / 8][4];
 #pragma unroll
@@ -1712,17 +1749,7 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
 #pragma unroll
         for (int ks = 0; ks < kC / 16; ++ks) {
             acc_to_a(dma[ks], dl[2 * ks], dl[2 * ks + 1]);
-            float f[2][4];
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int r = 16 * ks + 8 * u + 2 * tq;
-                const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
-                f[u][0] = dl[2 * ks + u][0] * f0;
-                f[u][1] = dl[2 * ks + u][1] * f1;
-                f[u][2] = dl[2 * ks + u][2] * f0;
-                f[u][3] = dl[2 * ks + u][3] * f1;
-            }
-            acc_to_a(dta[ks], f[0], f[1]);
+            dt_to_a(dta[ks], dl[2 * ks], dl[2 * ks + 1], B.eGC, ks, tq);
         }
 
         // S^T = e^{G_C} S^T + Dt K: steps (half ih of the state columns, s-step ks, column pair
@@ -1823,6 +1850,33 @@ __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sy
 __device__ __forceinline__ void to_frag(uint32_t (&a)[4], const uint4& x) { a[0] = x.x, a[1] = x.y, a[2] = x.z, a[3] = x.w; }
 __device__ __forceinline__ uint4 from_frag(const uint32_t (&a)[4]) { return make_uint4(a[0], a[1], a[2], a[3]); }
 
+// acc (even k-steps) + acc2 (odd) = S^T R^T for the chunk rows [32 H, 32 H + 32) (four n8 tiles)
+// of a swizzled [64][128] tile R (K for Y^T, Q for X^T), S^T as the A fragments sa; the tile's
+// fragments requested two k-steps ahead (mma and ldmatrix are volatile asm, kept in program
+// order: one step ahead left the chain waiting on ldmatrix latency).
+template <int H>
+__device__ __forceinline__ void chain_rows_product(float (&acc)[4][4], float (&acc2)[4][4], const uint32_t (&sa)[kD / 16][4],
+                                                   const bf16* R, int lane) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[u][e] = acc2[u][e] = 0.0f;
+    uint32_t b[3][2][4];
+    auto ld = [&](int ks) {
+#pragma unroll
+        for (int qq = 0; qq < 2; ++qq) ldsm_x4(b[ks % 3][qq], b_addr(R, kSwz, 32 * H + 16 * qq, 16 * ks, lane));
+    };
+    ld(0);
+    ld(1);
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+        if (ks + 2 < kD / 16) ld(ks + 2);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            mma(ks & 1 ? acc2[u] : acc[u], sa[ks], b[ks % 3][u >> 1][2 * (u & 1)], b[ks % 3][u >> 1][2 * (u & 1) + 1]);
+    }
+}
+
 template <int NC, typename OutT>
 __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                             const int32_t* __restrict__ cstart,
@@ -1838,16 +1892,10 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
     const int vs = blockIdx.x, h = blockIdx.y;
-    int seq = blockIdx.z, i_lo = 0;
-    if (sg.segstart) {
-        if ((int)blockIdx.z >= sg.segstart[sg.n_seqs]) return;
-        seq = chunk_seq(sg.segstart, sg.n_seqs, blockIdx.z);
-        i_lo = (blockIdx.z - sg.segstart[seq]) * sg.chunks;
-    }
-    const int t_begin = offs[seq], t_end = offs[seq + 1];
-    if (t_begin == t_end) return;
-    const int c_first = cstart[seq], n_chunks = cstart[seq + 1] - c_first;
-    const int i_hi = sg.segstart ? min(n_chunks, i_lo + sg.chunks) : n_chunks;
+    const SegmentBlock sb_ = segment_block(sg, offs, cstart);
+    if (!sb_.valid) return;
+    const int seq = sb_.seq, i_lo = sb_.i_lo, i_hi = sb_.i_hi, t_begin = sb_.t_begin, t_end = sb_.t_end;
+    const int c_first = sb_.c_first, n_chunks = sb_.n_chunks;
     const int H_v = sh.H_v, v0 = vs * BV;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
     if (tid == 0) {
@@ -1866,15 +1914,10 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
             mbar_init(&sm.o_free[b], 64 * NC);
         }
     }
-    if (w == 0) {
-        const int i_ws = segment_warmup_start(rec, c_first, i_lo, H_v, h, lane);
-        if (lane == 0) sm.i_ws = i_ws;
-    }
-    __syncthreads();
     // The state warps run chunks [i_ws, i_hi) (from the sequence's state when i_ws = 0, else from
     // zero: warmup chunks [i_ws, i_lo) leave nothing for the output warps); the output warps
     // [i_lo, i_hi). Hand-overs count output chunks j = i - i_lo.
-    const int i_ws = sm.i_ws;
+    const int i_ws = block_warmup_start(&sm.i_ws, rec, c_first, i_lo, H_v, h, w, lane);
 #ifdef ALLOY_GDN_EXP_CLOCK
     long long clk_last = 0;
 #endif
@@ -1883,14 +1926,6 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
                                     t_begin, t_end, c_first, h, v0, i_ws, i_lo, i_hi, lane);
         return;
     }
-    // The causal products' steps (rows of tile pair p, s-step ks <= p), in the order (0,0) (1,0)
-    // (1,1) (2,0) ...: per output tile the k-steps ascend, as in every scan. Rows [0, 32) are
-    // steps [0, 3), rows [32, 64) steps [3, 10).
-    constexpr int kCausal = kC / 16 * (kC / 16 + 1) / 2;
-    auto causal_p = [](int i) { return i < 1 ? 0 : i < 3 ? 1 : i < 6 ? 2 : 3; };
-    auto causal_k = [](int i) { return i < 1 ? i : i < 3 ? i - 1 : i < 6 ? i - 3 : i - 6; };
-    static_assert(kC / 16 == 4 && kCausal == 10, "causal step tables are for 4 s-steps");
-
     // ---- state warp H of chain c ----
     auto state_warp = [&](auto half) {
         constexpr int H = decltype(half)::value;
@@ -1931,9 +1966,8 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
             mbar_wait(&sm.tiles_s[b], ((i - i_ws) / kNS) & 1);
             CCLK(2);
             const float eGC = B.eG[kC - 1];
-            // Y^T = S^T K^T for rows [32 H, 32 H + 32) (four n8 tiles), K fragments two k-steps
-            // ahead (mma and ldmatrix are volatile asm, kept in program order), then Delta'^T =
-            // (V^T - Y^T e^G) beta as the A fragments of s-steps 2 H, 2 H + 1.
+            // Y^T = S^T K^T for rows [32 H, 32 H + 32), then Delta'^T = (V^T - Y^T e^G) beta as the
+            // A fragments of s-steps 2 H, 2 H + 1.
             uint32_t dpa[kC / 16][4];
             {
                 float re[4][2], rb[4][2], rv[4][2][2];  // rows 32 H + 8 u + 2 tq + e
@@ -1948,24 +1982,7 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
                         for (int hh = 0; hh < 2; ++hh) rv[u][e][hh] = __bfloat162float(B.V[r * BV + jc + gq + 8 * hh]);
                     }
                 float y[4][4], y2[4][4];
-#pragma unroll
-                for (int u = 0; u < 4; ++u)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) y[u][e] = y2[u][e] = 0.0f;
-                uint32_t bk[3][2][4];
-                auto ldk = [&](int ks) {
-#pragma unroll
-                    for (int qq = 0; qq < 2; ++qq) ldsm_x4(bk[ks % 3][qq], b_addr(B.K, kSwz, 32 * H + 16 * qq, 16 * ks, lane));
-                };
-                ldk(0);
-                ldk(1);
-#pragma unroll
-                for (int ks = 0; ks < kD / 16; ++ks) {
-                    if (ks + 2 < kD / 16) ldk(ks + 2);
-#pragma unroll
-                    for (int u = 0; u < 4; ++u)
-                        mma(ks & 1 ? y2[u] : y[u], sa[ks], bk[ks % 3][u >> 1][2 * (u & 1)], bk[ks % 3][u >> 1][2 * (u & 1) + 1]);
-                }
+                chain_rows_product<H>(y, y2, sa, B.K, lane);
 #pragma unroll
                 for (int qq = 0; qq < 2; ++qq) {
                     float dp[2][4];
@@ -2028,17 +2045,7 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
                 uint32_t dma[4];
                 acc_to_a(dma, dl[2 * kk], dl[2 * kk + 1]);
                 if (j >= 0) sm.da[c][j & 1][ks][lane] = from_frag(dma);
-                float f[2][4];
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int r = 16 * ks + 8 * u + 2 * tq;
-                    const float f0 = B.eGC[r], f1 = B.eGC[r + 1];
-                    f[u][0] = dl[2 * kk + u][0] * f0;
-                    f[u][1] = dl[2 * kk + u][1] * f1;
-                    f[u][2] = dl[2 * kk + u][2] * f0;
-                    f[u][3] = dl[2 * kk + u][3] * f1;
-                }
-                acc_to_a(dta[ks], f[0], f[1]);
+                dt_to_a(dta[ks], dl[2 * kk], dl[2 * kk + 1], B.eGC, ks, tq);
                 sm.xt[c][ks][lane] = from_frag(dta[ks]);
             }
             if (j >= 0) mbar_arrive(&sm.full_d[c][j & 1]);
@@ -2092,28 +2099,11 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
             uint32_t sa[kD / 16][4];
 #pragma unroll
             for (int ks = 0; ks < kD / 16; ++ks) to_frag(sa[ks], sm.sa[c][j & 1][ks][lane]);
-            // X^T = S^T Q^T (Q fragments two k-steps ahead); X^T e^G is the start of O^T.
+            // X^T = S^T Q^T; X^T e^G is the start of O^T.
             float xo[1][4][4];
             {
                 float x[4][4], x2[4][4];
-#pragma unroll
-                for (int u = 0; u < 4; ++u)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) x[u][e] = x2[u][e] = 0.0f;
-                uint32_t bq[3][2][4];
-                auto ldq = [&](int ks) {
-#pragma unroll
-                    for (int qq = 0; qq < 2; ++qq) ldsm_x4(bq[ks % 3][qq], b_addr(B.Q, kSwz, 32 * H + 16 * qq, 16 * ks, lane));
-                };
-                ldq(0);
-                ldq(1);
-#pragma unroll
-                for (int ks = 0; ks < kD / 16; ++ks) {
-                    if (ks + 2 < kD / 16) ldq(ks + 2);
-#pragma unroll
-                    for (int u = 0; u < 4; ++u)
-                        mma(ks & 1 ? x2[u] : x[u], sa[ks], bq[ks % 3][u >> 1][2 * (u & 1)], bq[ks % 3][u >> 1][2 * (u & 1) + 1]);
-                }
+                chain_rows_product<H>(x, x2, sa, B.Q, lane);
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
 #pragma unroll

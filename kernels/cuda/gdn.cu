@@ -1268,9 +1268,9 @@ SplitPlan split_plan(const ref::GdnShape& sh, int K, bool vec) {
         while (C > 1 && (sh.d_v + C - 1) / C * (C - 1) >= sh.d_v) --C;  // no block without columns
         // 4-column passes a delta warp: 2 wherever a block has more than 16 columns (half the delta
         // warps, each computing k.k, q.q, k.q and the norms once for 8 columns: the delta phase
-        // is issue-bound with 16 warps a block, clock64). H100, settled, same call (session 42):
-        // 4.11 / 4.85 / 5.37 -> 4.05 / 4.74 / 5.16 us at H_v 16 / 32 / 48 (was 2 only above 64
-        // columns). The same bits (each column's arithmetic does not depend on its warp).
+        // is issue-bound with 16 warps a block, clock64). H100, settled, same call, alternated
+        // twice (session 42): 4.15 / 4.87 / 5.38 -> 4.09 / 4.81 / 5.18 us at H_v 16 / 32 / 48 (was
+        // 2 only above 64 columns). The same bits (each column's arithmetic does not depend on its warp).
         // ALLOY_GDN_SPLIT_KP1_MAX=N: one pass up to N columns a block (A/B; 64 = the old rule).
         static const int kp1_max = [] { const char* e = std::getenv("ALLOY_GDN_SPLIT_KP1_MAX"); return e ? std::atoi(e) : 16; }();
         const int cols = (sh.d_v + C - 1) / C, kP = cols > kp1_max ? 2 : 1;

@@ -126,7 +126,7 @@ GdnScan gdn_delta_chunked_scan(int block_v);
 // chains instead of 2 of whole ones; 64-column segments are left out: a head whose warmup
 // reaches the start runs its whole chain at their dearer step). ALLOY_GDN_SEGMENTS=P forces P
 // (1 = off); so does gdn_delta_chunked's
-// `segments` (0: the plan's, or the variable's where block_v is given), for two-group scans
+// `segments` (0: the plan's, or the variable's where block_v is given), for two-group and chain scans
 // only, with n_seqs <= the sequences whose final states the workspace holds (else alloy::Error).
 // Segmented outputs differ from unsegmented ones where a segment starts from zero (by ~e^-20 of
 // the state plus different roundings); where the warmup reaches the sequence's start, the bits

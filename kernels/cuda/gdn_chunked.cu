@@ -1826,19 +1826,18 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
 // Ring buffers: state tiles (4 at one chain a block, where they fit) and output tiles.
 template <int NC>
 __host__ __device__ constexpr int chain_bufs_s() { return NC == 1 ? 4 : 3; }
-template <int NC>
-__host__ __device__ constexpr int chain_bufs() { return 3; }
+constexpr int kChainBufsOut = 3;
 template <int NC>
 struct alignas(1024) ChainSmem {
     PairStateBuf<16 * NC, true> sb[chain_bufs_s<NC>()];
-    PairOutBuf<true> ob[chain_bufs<NC>()];
+    PairOutBuf<true> ob[kChainBufsOut];
     uint4 sa[NC][2][kD / 16][32];  // S^T at a chunk's start as bf16 A fragments [k-step][lane], by chunk parity
     uint4 da[NC][2][kC / 16][32];  // Delta^T as A fragments, by chunk parity
     uint4 xd[NC][2][2][32];        // each state warp's Delta'^T fragments (its two s-steps) for the other
     uint4 xt[NC][kC / 16][32];     // Dt = Delta^T .* e^{G_C - G} fragments, both state warps' halves
     float O[NC][2][32 * (16 + 4)]; // output warp h's O rows [32 h, 32 h + 32) of the chunk, [r][j]
     uint64_t full_s[NC][2], full_d[NC][2], empty[NC][2];
-    uint64_t tiles_s[chain_bufs_s<NC>()], tiles_o[chain_bufs<NC>()], s_free[chain_bufs_s<NC>()], o_free[chain_bufs<NC>()];
+    uint64_t tiles_s[chain_bufs_s<NC>()], tiles_o[kChainBufsOut], s_free[chain_bufs_s<NC>()], o_free[kChainBufsOut];
     int i_ws;  // the chunk (in the sequence) where the state warps start (segmented scan)
 };
 template <int NC>
@@ -1887,7 +1886,7 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
                                                                             const int32_t* __restrict__ slots, ScanSegments sg,
                                                                             const __grid_constant__ PairMaps maps) {
     detail::pdl_entry();
-    constexpr int BV = 16 * NC, kNB = chain_bufs<NC>(), kNS = chain_bufs_s<NC>();
+    constexpr int BV = 16 * NC, kNB = kChainBufsOut, kNS = chain_bufs_s<NC>();
     using Smem = ChainSmem<NC>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
@@ -3195,10 +3194,11 @@ GdnChunkedPlan gdn_delta_chunked_plan(int H_v, int n_seqs, int n_tokens, int sms
 // chains at 16 and 32 columns (two groups on cp.async where the driver has no tensor-map
 // encoder) and two groups with the producer warp at 64 (warp rows with ALLOY_GDN_SPLIT64_PAIR=0).
 // All give the same bits. Chains against the producer two-group scan, H100, session 42 (same
-// plan, same bits): unsegmented 16 columns at H_v 16 -16% / -17% / -17% (T 4096 / 16384 / 65536:
-// 118.6 -> 99.1, 416.5 -> 344.6, 1601.8 -> 1326.7 us); 32 x 2 segments -4% / -5% / -5% (H_v 16),
-// -5% / -6% / -6% (H_v 48); gates decaying ~1e-4 a token (the warmup reaches the start) -7% /
-// -8% (H_v 16 / 48, T 16384); 0.8B BF16 pp4096 +1.0-1.5%; 27b 4-layer pp16384 +1-2.5%. At 64
+// plan, same bits): the gate -3 to -7% at T 4096-65536 (one call, bench/RESULTS.md); unsegmented
+// 16 columns at H_v 16 -13% / -15% / -15% (T 4096 / 16384 / 65536, one call: 118.6 -> 102.6,
+// 416.5 -> 353.5, 1601.8 -> 1365.0 us; the final kernel 2-3% faster again in the next call);
+// gates decaying ~1e-4 a token (the warmup reaches the start) -5 to -8% at T 4096 / 16384; 0.8B
+// BF16 pp4096 +1.0-1.5%; 27b 4-layer pp16384 +1-2.5%. At 64
 // columns chains run as 32 (192 blocks at H_v 48: two waves), 0.6% slower than the producer
 // scan's one wave in the 27b model at pp4096, so 64 keeps the two-group scan.
 // Producer warp against the groups issuing TMA themselves, H100, same call (session 38): the

@@ -297,7 +297,7 @@ std::vector<uint16_t> random_bf16_rows(std::mt19937& rng, int rows, float scale)
 }
 
 // gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) and scan kernels (one or
-// two warp groups; warp rows with 1, 2, 4 or 8 warps a block; chains of 1, 2 or 4 state warps) give the same bits, so the launch
+// two warp groups; warp rows with 1, 2, 4 or 8 warps a block; chains at 16, 32 and 64 columns, 64 run as 32) give the same bits, so the launch
 // gate, which picks by H_v n_seqs, never changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
 // hand-over barriers through several phases; an empty one is skipped.
 TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {

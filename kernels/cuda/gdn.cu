@@ -35,6 +35,7 @@
 #include "alloy/error.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.h"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/ref/gdn_common.h"
 
 namespace alloy::cuda {
@@ -602,6 +603,7 @@ struct FusedArgs {
     int ustride; // floats per token row of the conv output in shared memory (2 d_k + cols, rounded to 4)
     float eps, q_scale;
     int settled; // the split kernel: state, conv state, offsets and slots loaded before the PDL wait (gdn_fused's state_settled)
+    int o_async; // the split kernel: o rows to the value head's blocks by st.async on mbarriers (else a cluster barrier a token)
 };
 
 // Dynamic shared memory of the fused kernel, in floats.
@@ -942,7 +944,15 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
     __shared__ __align__(16) float u_s[2 * kSplitMaxDk + kSplitMaxDv];  // conv output: q | k | v of the block's columns
     __shared__ float o_s[2][kSplitMaxDv];                               // the head's o row, by token parity
     __shared__ float gate_s[2];
+    __shared__ __align__(8) uint64_t o_bar[2];                          // o_s[parity] complete (o_async)
     FCLK_START();
+    // st.async needs a cluster of two or more blocks (one block: the cluster barrier path).
+    const bool o_async = A.o_async && P > 1;
+    if (o_async && tid == 0) {  // published by the cluster's first barrier phase (release) below
+        detail::mbar_init(&o_bar[0], 1);
+        detail::mbar_init(&o_bar[1], 1);
+        detail::mbar_init_fence_cluster();
+    }
 
     // Loads in the order they are needed: the offsets and the rows of token `seq` (the token of
     // sequence seq in a decode batch, offsets 0, 1, .., B: used when offs[seq] == seq, which
@@ -1082,15 +1092,35 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
         // Remote stores only once every block of the cluster has started (first phase).
         if (t == t0) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
         FCLK(5);
-        if (warp * kP * 4 < ncols && sub < C) {  // lane sub of each group stores to block sub of the head
+        if (o_async) {
+            // Each block's o columns by st.async into o_s[par] of the head's C blocks, counted in
+            // bytes on their o_bar[par]; a block waits for its own d_v floats only, not for the
+            // whole cluster. Two mbarriers, one a parity: bytes of token t + 1 can land before a
+            // straggler of token t (different senders), never those of t + 2 (a sender is past
+            // its wait for t + 1, so every block sent t + 1, so every block finished reading t's
+            // buffer: the block barrier after the conv orders that).
+            if (tid == 0) detail::mbar_arrive_expect_tx(&o_bar[par], uint32_t(d_v) * 4u);
+            if (warp * kP * 4 < ncols && sub < C) {
+                const uint32_t peer = unsigned(hi * C + sub);
+                const uint32_t rbar = detail::cluster_smem_u32(&o_bar[par], peer);
 #pragma unroll
-            for (int p = 0; p < kP; ++p) {
-                const int jl = (warp * kP + p) * 4 + grp;
-                if (jl < ncols) cluster.map_shared_rank(&o_s[par][0], unsigned(hi * C + sub))[col0 + jl] = ov[p];
+                for (int p = 0; p < kP; ++p) {
+                    const int jl = (warp * kP + p) * 4 + grp;
+                    if (jl < ncols) detail::st_async_f32(detail::cluster_smem_u32(&o_s[par][col0 + jl], peer), ov[p], rbar);
+                }
             }
+            detail::mbar_wait_cluster(&o_bar[par], uint32_t((t - t0) >> 1) & 1u);
+        } else {
+            if (warp * kP * 4 < ncols && sub < C) {  // lane sub of each group stores to block sub of the head
+#pragma unroll
+                for (int p = 0; p < kP; ++p) {
+                    const int jl = (warp * kP + p) * 4 + grp;
+                    if (jl < ncols) cluster.map_shared_rank(&o_s[par][0], unsigned(hi * C + sub))[col0 + jl] = ov[p];
+                }
+            }
+            asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+            asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
         }
-        asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-        asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
         FCLK(6);
 
         // 3. gated RMSNorm as gated_norm_kernel: the warps holding y's columns each sum o^2
@@ -1514,6 +1544,9 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
         A.eps = p.eps;
         A.q_scale = 1.0f / sqrtf(float(sh.d_k));
         A.settled = state_settled ? 1 : 0;
+        // ALLOY_GDN_O_ASYNC=0: the o rows through a cluster barrier a token (A/B; the same bits).
+        static const bool o_async = [] { const char* e = std::getenv("ALLOY_GDN_O_ASYNC"); return !e || std::atoi(e) != 0; }();
+        A.o_async = o_async ? 1 : 0;
         detail::launch_cluster(op, kernel, dim3(unsigned(sh.H_v * sp.C), unsigned(n_seqs), 1), dim3(unsigned(sp.warps * 32), 1, 1), 0, static_cast<cudaStream_t>(stream),
                                unsigned(g * sp.C), A);
         check_launch(op);

@@ -44,6 +44,7 @@
 #include "alloy/error.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gdn.h"
+#include "kernels/cuda/mbarrier.cuh"
 #include "kernels/ref/gdn_common.h"
 
 namespace alloy::cuda {
@@ -77,9 +78,13 @@ struct alignas(16) ChunkRecord {
 
 // ---- PTX wrappers ----
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using detail::mbar_arrive;
+using detail::mbar_arrive_expect_tx;
+using detail::mbar_init;
+using detail::mbar_test;
+using detail::mbar_wait;
+using detail::smem_u32;
+
 // 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read then).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
@@ -1028,28 +1033,7 @@ __global__ void __launch_bounds__(32 * scan_warps<BV>(), 1) stage2_kernel(ref::G
 // group streams its own tiles (K, T, V and the row scalars; Q, QKM and e^G) with cp.async into
 // its own ring. Every output element is the same mma sequence as in the one-group kernel (rows
 // of 16 per warp, the same even / odd k-step accumulators): the two kernels give the same bits.
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// Release at CTA scope: this thread's shared-memory writes (or reads) before it are ordered
-// before the waiter's accesses after its wait.
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
-}
-// Waits until the phase of parity `parity` has completed (acquire at CTA scope).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n" ::"r"(
-            smem_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
-// One arrival that also expects `bytes` more bytes of bulk copies in the current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
+// (The mbarrier wrappers: kernels/cuda/mbarrier.cuh.)
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared by the copy
 // engine, counted on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
@@ -1160,16 +1144,6 @@ struct PairMaps {
     CUtensorMap k, q, T, M;
     CUtensorMap v;  // producer-warp variant: v [n_tokens][H_v 128] in dense BV x 64 boxes
 };
-// Non-blocking test of an mbarrier phase (true once the phase of parity `parity` completed).
-__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
-    uint32_t ok;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(ok)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-    return ok != 0;
-}
 
 // The producer warp of the two-group and chain scans: the state ring's chunks [i_ws, i_hi) (K, T,
 // V and the row scalars) and the output ring's [i_lo, i_hi) (Q, QKM, e^G), each into its buffer

@@ -847,8 +847,8 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
 // own v channels: no q/k exchange. Per token: conv -> (block barrier) -> the delta rule on the
 // block's columns -> o to the C blocks of the value head (distributed shared memory) ->
 // (cluster barrier) -> gated RMSNorm over the whole row, -> y of the block's columns. The
-// cluster's first barrier phase (arrive once the old conv windows are consumed, wait before
-// the first remote store) also lets the cluster's rank 0 write the key head's new q/k windows.
+// cluster's first barrier phase (arrive once the old conv windows are loaded, wait before the
+// first remote store) also lets the cluster's rank 0 write the key head's new q/k windows.
 //
 // The delta rule in 8-lane groups: lane 8 grp + sub holds the elements of the lanes sub, sub + 8,
 // sub + 16 and sub + 24 of delta_serial_kernel's layout (4 each), for the column of its group, so
@@ -948,7 +948,7 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
     FCLK_START();
     // st.async needs a cluster of two or more blocks (one block: the cluster barrier path).
     const bool o_async = A.o_async && P > 1;
-    if (o_async && tid == 0) {  // published by the cluster's first barrier phase (release) below
+    if (o_async && tid == 0) {  // fenced for the cluster; peers signal them only after the first phase below
         detail::mbar_init(&o_bar[0], 1);
         detail::mbar_init(&o_bar[1], 1);
         detail::mbar_init_fence_cluster();
@@ -1008,6 +1008,20 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
     }
     if (t0 == t1) return;  // the whole cluster (one sequence) leaves together
     const bool spec = t0 == seq;
+    // The cluster's first phase: arrive once this thread's old conv windows are in registers
+    // (the fold makes the arrive wait for those loads only, not for the state's), so a block of
+    // the cluster waits at its first remote store only for the others' start, not their conv.
+    // Relaxed, as CUTLASS's cluster_arrive_relaxed after fence.mbarrier_init: the windows'
+    // values are used before it (rank 0 overwrites them only after its wait), and the mbarrier
+    // initialisations have their own release fence.
+    {
+        float dep = 0.0f;
+#pragma unroll
+        for (int c = 0; c < kCh; ++c)
+#pragma unroll
+            for (int i = 0; i < kK; ++i) dep += win[c][i] * 0.0f;
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::"f"(dep) : "memory");
+    }
     FCLK(1);
 
     for (int t = t0; t < t1; ++t) {
@@ -1045,8 +1059,6 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
             gate_s[0] = expf(sa * softplusf_(ar + dtb));
             gate_s[1] = sigmoidf_(br);
         }
-        // The old windows are consumed: arrive (the cluster's first phase).
-        if (t == t0) asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
         FCLK(2);
         __syncthreads();
         FCLK(3);
@@ -1127,7 +1139,9 @@ __global__ void __launch_bounds__(kSplitMaxWarps * 32, 1) fused_split_kernel(con
         // over the whole row (lane + 32 i, then the warp tree) and write their columns.
         if (warp * 32 < ncols) {
             float ss = 0.0f;
-            for (int j = lane; j < d_v; j += 32) ss += o_s[par][j] * o_s[par][j];
+#pragma unroll
+            for (int e = 0; e < kSplitMaxDv / 32; ++e)
+                if (lane + 32 * e < d_v) ss += o_s[par][lane + 32 * e] * o_s[par][lane + 32 * e];
             const float inv = 1.0f / sqrtf(warp_sum(ss) / float(d_v) + A.eps);
             if (y_thread) A.y[((size_t)t * H_v + h) * d_v + col0 + tid] = o_s[par][col0 + tid] * inv * nw * zs;
         }

@@ -1276,10 +1276,15 @@ struct SplitPlan {
     int C = 0, cols = 0, warps = 0, max_clusters = 0;
     FusedKernel kernel = nullptr, kernel_slots = nullptr;  // without / with seq_slots
 };
-#ifndef ALLOY_GDN_SPLIT_GATE_WAVES
-#define ALLOY_GDN_SPLIT_GATE_WAVES 1
-#endif
-constexpr int kSplitGateWaves = ALLOY_GDN_SPLIT_GATE_WAVES;
+// Waves of clusters the gate lets the split kernel run before it takes three launches: 2 since
+// the o rows go by st.async (H100, session 43, plain launches: B = 2 one launch 6.17 / 7.45 /
+// 8.15 us against three 6.50 / 8.45 / 8.91 at H_v 16 / 32 / 48, where B = 2 is past one wave;
+// B = 4 one launch 9.22 / 11.17 / 15.43 against 8.43 / 10.28 / 11.39, past two).
+// ALLOY_GDN_SPLIT_GATE_WAVES=N overrides it (A/B; the same bits either way).
+int split_gate_waves() {
+    static const int w = [] { const char* e = std::getenv("ALLOY_GDN_SPLIT_GATE_WAVES"); return e ? std::atoi(e) : 2; }();
+    return w;
+}
 #ifndef ALLOY_GDN_SPLIT_MIN_COLS
 #define ALLOY_GDN_SPLIT_MIN_COLS 16
 #endif
@@ -1532,11 +1537,11 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
                     std::to_string(sh.d_v) + ": the one-launch kernel's cluster (the value heads of a key head) would "
                     "exceed 8 blocks");
     if (n_seqs <= 0 || n_tokens == 0) return;
-    // The gate: one launch while its clusters fit on the device at once (their blocks run a
-    // chain of barriers, so waves of them cost more than the three short kernels).
+    // The gate: one launch while its clusters fit on the device in a few waves (their blocks run
+    // a chain of barriers, so more waves cost more than the three short kernels).
     const bool one = path == GdnFusedPath::OneLaunch ||
                      (path == GdnFusedPath::Auto &&
-                      (split ? int64_t(sh.H_k) * n_seqs <= int64_t(sp.max_clusters) * kSplitGateWaves
+                      (split ? int64_t(sh.H_k) * n_seqs <= int64_t(sp.max_clusters) * split_gate_waves()
                              : plan.C > 0 && int64_t(sh.H_k) * n_seqs <= plan.max_clusters));
     if (!one) {
         fused_three_launches(p, w, n_seqs, seq_offsets, n_tokens, qkv, z, a, b, conv_state, state, y, workspace, stream,

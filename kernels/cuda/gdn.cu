@@ -845,8 +845,9 @@ __global__ void __launch_bounds__(kFusedMaxWarps * 32) fused_serial_kernel(const
 // (g C <= 8). Every block computes the conv + SiLU of its key head's 2 d_k q/k channels itself
 // (the blocks of a key head do so from the same inputs, so they agree bit for bit) and of its
 // own v channels: no q/k exchange. Per token: conv -> (block barrier) -> the delta rule on the
-// block's columns -> o to the C blocks of the value head (distributed shared memory) ->
-// (cluster barrier) -> gated RMSNorm over the whole row, -> y of the block's columns. The
+// block's columns -> o to the C blocks of the value head (st.async into their shared memory,
+// counted on their mbarriers; a cluster of one block: a cluster barrier) -> gated RMSNorm over
+// the whole row, -> y of the block's columns. The
 // cluster's first barrier phase (arrive once the old conv windows are loaded, wait before the
 // first remote store) also lets the cluster's rank 0 write the key head's new q/k windows.
 //
@@ -1278,8 +1279,9 @@ struct SplitPlan {
 };
 // Waves of clusters the gate lets the split kernel run before it takes three launches: 2 since
 // the o rows go by st.async (H100, session 43, plain launches: B = 2 one launch 6.17 / 7.45 /
-// 8.15 us against three 6.50 / 8.45 / 8.91 at H_v 16 / 32 / 48, where B = 2 is past one wave;
-// B = 4 one launch 9.22 / 11.17 / 15.43 against 8.43 / 10.28 / 11.39, past two).
+// 8.15 us against three 6.50 / 8.45 / 8.91 at H_v 16 / 32 / 48, where one wave made the gate
+// take three; B = 4 one launch 9.22 / 11.17 / 15.43 against 8.43 / 10.28 / 11.39, which two
+// waves still send to three).
 // ALLOY_GDN_SPLIT_GATE_WAVES=N overrides it (A/B; the same bits either way).
 int split_gate_waves() {
     static const int w = [] { const char* e = std::getenv("ALLOY_GDN_SPLIT_GATE_WAVES"); return e ? std::atoi(e) : 2; }();

@@ -102,7 +102,7 @@ template <bool kQ5, class Copy>
 void q4k_map(int r, Copy&& copy) {
     copy(2 * r, 0, 2);       // d
     copy(32 + 2 * r, 2, 2);  // dmin
-    for (int k = 0; k < 12; ++k) copy(64 + 16 * k + r, 4 + k, 1);
+    for (int v = 0; v < 3; ++v) copy(64 + 64 * v + 4 * r, 4 + 4 * v, 4);  // scale dwords
     for (int i = 0; i < 8; ++i) {
         if constexpr (kQ5) {
             const int quad = 256 + 320 * i;

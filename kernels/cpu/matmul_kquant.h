@@ -97,7 +97,9 @@ __attribute__((target("avx2"))) inline __m128i q4k_scales_mins(const uint8_t* s1
 // super-block b:
 // Q4_K (2304 bytes):
 //   [0, 32)      the 16 rows' f16 d            [32, 64)  their f16 dmin
-//   [64, 256)    the 12 scale bytes, byte k of row r at 64 + 16 k + r
+//   [64, 256)    the 12 scale bytes as three 64-byte vectors: dword v (bytes 4 v .. 4 v + 3) of
+//                row r at 64 + 64 v + 4 r, so that a row's scales sit in its 32-bit lane and
+//                vpshufb picks them (q4k_r16_half_scales)
 //   [256, 2304)  the codes: for quad i (0..7), nibble group g (0..3): 64 bytes, row r's 4 bytes
 //                at 256 + 64 (4 i + g) + 4 r = its bytes 16 + 32 g + 4 i .. + 3 in the GGUF block
 // Q5_K (2816 bytes): [0, 256) as Q4_K; then for quad i (0..7) 320 bytes at 256 + 320 i: 64 of

@@ -45,6 +45,31 @@ KQ_ZMM_TARGET inline __m512i q5_bit4_zmm(__m512i v, int bit) {
     return _mm512_and_si512(bit <= 4 ? _mm512_slli_epi16(v, 4 - bit) : _mm512_srli_epi16(v, bit - 4), _mm512_set1_epi8(0x10));
 }
 
+// The 16 rows' Q4_K scales from the group's three scale dwords (v: dword 0 of the rows, v + 64
+// dword 1, v + 128 dword 2; matmul_kquant.h), a row per lane: sc[j] = scale j (int32), mp[k] =
+// the min pair (m_2k, m_2k+1) as int16 halves (q4k_r16_half_scales's packing notes, on 512 bits).
+KQ_ZMM_TARGET inline void q4k_r16_scales_zmm(const uint8_t* v, __m512i* sc, __m512i* mp) {
+    const __m512i v0 = _mm512_loadu_si512(v), v1 = _mm512_loadu_si512(v + 64), v2 = _mm512_loadu_si512(v + 128);
+    const __m512i c63 = _mm512_set1_epi32(63), c0f = _mm512_set1_epi32(15), c3f = _mm512_set1_epi32(0x003F003F),
+                  c30 = _mm512_set1_epi32(0x00300030);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        const __m512i b = _mm512_srli_epi32(v0, 8 * j);
+        sc[j] = _mm512_and_si512(b, c63);
+        // (byte j + 8 & 15) | (byte j >> 6) << 4: bits 0-3 from dword 2, bits 4-5 from b >> 2.
+        sc[j + 4] = _mm512_and_si512(_mm512_ternarylogic_epi32(_mm512_srli_epi32(v2, 8 * j), _mm512_srli_epi32(b, 2), c0f, 0xE4), c63);
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; ++k) {
+        const __m512i pick = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_set1_epi32(int32_t(0x80008000u | uint32_t(2 * k + 1) << 16 | uint32_t(2 * k))),
+                                                                 _mm_setr_epi32(0, 0x00040004, 0x00080008, 0x000C000C)));
+        const __m512i b = _mm512_shuffle_epi8(v1, pick);  // bytes 4 + 2k, 5 + 2k of the scales
+        mp[k] = _mm512_and_si512(b, c3f);
+        // (byte 8 + 2k >> 4) | ((byte 4 + 2k >> 2) & 0x30), both int16 halves.
+        mp[k + 2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(_mm512_shuffle_epi8(v2, pick), 4), _mm512_srli_epi16(b, 2), c30, 0xF8);
+    }
+}
+
 // q4k_r16_group on all 16 rows of a group in 512-bit vectors (lane r = row r). Per nibble group
 // g, the 8 quads of sub-block 2g (low nibbles) and of 2g + 1 (high) are summed by vpdpbusd in
 // int32 (a sub-block's dot: |.| <= 32 * 31 * 127), then scaled once by vpmulld: half the VNNI
@@ -56,7 +81,6 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
     const int64_t K = a.K, nb = K / kQK;
     const int pf = gemv_prefetch_kquant_bytes();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i c63 = _mm512_set1_epi32(63), c15 = _mm512_set1_epi32(15), c48 = _mm512_set1_epi32(0x30);
     __m512 acc[NT], accm[NT];
 #pragma GCC unroll 4
     for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
@@ -65,24 +89,8 @@ KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
         gemv_prefetch(blk, kBlock, pf);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-        const uint8_t* s8 = blk + 64;  // scale byte k of the 16 rows at s8 + 16 k
         __m512i sc[8], mp[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) {
-            const __m512i lo = r16_bytes16(s8 + 16 * (j)), hi = r16_bytes16(s8 + 16 * (j + 8));
-            sc[j] = _mm512_and_si512(lo, c63);
-            sc[j + 4] = _mm512_or_si512(_mm512_and_si512(hi, c15), _mm512_and_si512(_mm512_srli_epi32(lo, 2), c48));
-        }
-#pragma GCC unroll 2
-        for (int k = 0; k < 2; ++k) {
-            const __m512i a0 = _mm512_and_si512(r16_bytes16(s8 + 16 * (2 * k + 4)), c63), a1 = _mm512_and_si512(r16_bytes16(s8 + 16 * (2 * k + 5)), c63);
-            const __m512i b0 = _mm512_or_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 8)), 4),
-                                               _mm512_and_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 4)), 2), c48));
-            const __m512i b1 = _mm512_or_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 9)), 4),
-                                               _mm512_and_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (2 * k + 5)), 2), c48));
-            mp[k] = _mm512_or_si512(a0, _mm512_slli_epi32(a1, 16));
-            mp[k + 2] = _mm512_or_si512(b0, _mm512_slli_epi32(b1, 16));
-        }
+        q4k_r16_scales_zmm(blk + 64, sc, mp);
         __m512i sumi[NT], sumh[NT];
 #pragma GCC unroll 4
         for (int t = 0; t < NT; ++t) {

@@ -249,73 +249,59 @@ KQ_ZMM_TARGET void q6k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64
 // can pass an int16 (|w|, |x| <= 127), so no vpdpbusd here: as iq4xs_rows, vpmaddubsw of |w|
 // by x negated where w < 0 (AVX-512 has no vpsignb: a masked subtract), then one vpdpwssd by
 // (ls - 32, ls - 32): the same integers and fp32 steps, the same bits. Into out[t * 16 + row].
-template <int NT>
-KQ_ZMM_TARGET void iq4xs_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
-    const int64_t K = a.K, nb = K / kQK;
-    const int pf = gemv_prefetch_kquant_bytes();
-    const __m512i m4 = _mm512_set1_epi8(0x0F), c15 = _mm512_set1_epi32(15), c3 = _mm512_set1_epi32(3);
-    const __m512i c32 = _mm512_set1_epi32(32), lo16 = _mm512_set1_epi32(0xFFFF), zero = _mm512_setzero_si512();
-    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
-    __m512 acc[NT][8];
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) acc[t][k] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = grp + b * kIq4XsGroupBlock;
-        gemv_prefetch(blk, kIq4XsGroupBlock, pf);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-        const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-        const uint8_t* s8 = blk + 64;  // scales_l byte k of the 16 rows at s8 + 16 k
-        __m512i scp[8];  // sub-block s's ls - 32 as (sc, sc) int16 pairs
-#pragma GCC unroll 8
-        for (int s = 0; s < 8; ++s) {
-            const __m512i ls = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(r16_bytes16(s8 + 16 * (s / 2)), 4 * (s % 2)), c15),
-                                               _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * s), c3), 4));
-            const __m512i v = _mm512_sub_epi32(ls, c32);
-            scp[s] = _mm512_or_si512(_mm512_and_si512(v, lo16), _mm512_slli_epi32(v, 16));
-        }
-        __m512 dxd[NT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) dxd[t] = _mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + t) * nb + b]), d);
-        const uint8_t* codes = blk + 128;
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) {
-            __m512i sl[NT][2], su[NT][2];  // lanes j and j + 4, two integer chains each (exact: same sum)
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; ++t) sl[t][0] = sl[t][1] = su[t][0] = su[t][1] = zero;
-#pragma GCC unroll 8
-            for (int s = 0; s < 8; ++s) {
-                const __m512i c = _mm512_loadu_si512(codes + 64 * (8 * j + s));
-                const __m512i wl = _mm512_shuffle_epi8(book, _mm512_and_si512(c, m4));
-                const __m512i wu = _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16(c, 4), m4));
-                const __m512i al = _mm512_abs_epi8(wl), au = _mm512_abs_epi8(wu);
-                const __mmask64 nl = _mm512_movepi8_mask(wl), nu = _mm512_movepi8_mask(wu);
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; ++t) {
-                    const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 32 * s + 4 * j;
-                    const __m512i xl = _mm512_set1_epi32(load_i32(q8)), xu = _mm512_set1_epi32(load_i32(q8 + 16));
-                    const __m512i pl = _mm512_maddubs_epi16(al, _mm512_mask_sub_epi8(xl, nl, zero, xl));
-                    const __m512i pu = _mm512_maddubs_epi16(au, _mm512_mask_sub_epi8(xu, nu, zero, xu));
-                    sl[t][s % 2] = _mm512_dpwssd_epi32(sl[t][s % 2], pl, scp[s]);
-                    su[t][s % 2] = _mm512_dpwssd_epi32(su[t][s % 2], pu, scp[s]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; ++t) {
-                acc[t][j] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(_mm512_add_epi32(sl[t][0], sl[t][1])), acc[t][j]);
-                acc[t][j + 4] = _mm512_fmadd_ps(dxd[t], _mm512_cvtepi32_ps(_mm512_add_epi32(su[t][0], su[t][1])), acc[t][j + 4]);
-            }
-        }
+// The code vectors' |w| and signs come from Iq4Codes: vpshufb of the codebook, then vpabsb and
+// the sign bits (Iq4CodesBw), or, with AVX512-VBMI, one vpermb each from a 64-entry |codebook|
+// (the index's bits 4-5 are don't-cares, so neither nibble needs a mask) and the sign from the
+// index's bit 3 (the codebook's first 8 values are the negative ones): 11 operations a code
+// vector at one token instead of 15.
+struct Iq4CodesBw {
+    __m512i m4, book;
+    KQ_ZMM_TARGET Iq4CodesBw()
+        : m4(_mm512_set1_epi8(0x0F)), book(_mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)))) {}
+    KQ_ZMM_TARGET void operator()(__m512i c, __m512i& al, __m512i& au, __mmask64& nl, __mmask64& nu) const {
+        const __m512i wl = _mm512_shuffle_epi8(book, _mm512_and_si512(c, m4));
+        const __m512i wu = _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16(c, 4), m4));
+        al = _mm512_abs_epi8(wl), au = _mm512_abs_epi8(wu);
+        nl = _mm512_movepi8_mask(wl), nu = _mm512_movepi8_mask(wu);
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-        const __m512* A = acc[t];
-        _mm512_storeu_ps(out + t * 16, r16_sum8_zmm(A));
+};
+#define KQ_ZMM_VBMI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+static_assert(kIq4nlValues[7] < 0 && kIq4nlValues[8] > 0, "Iq4CodesVbmi: the sign is the index's bit 3");
+// |codebook| four times over: vpermb's 64-entry table indexed by a code byte's low 6 bits.
+struct Iq4Abs64 {
+    alignas(64) int8_t v[64];
+    constexpr Iq4Abs64() : v{} {
+        for (int i = 0; i < 64; ++i) v[i] = int8_t(kIq4nlValues[i & 15] < 0 ? -kIq4nlValues[i & 15] : kIq4nlValues[i & 15]);
     }
-}
+};
+inline constexpr Iq4Abs64 kIq4Abs64{};
+struct Iq4CodesVbmi {
+    __m512i abs64, b3, b7;
+    KQ_ZMM_VBMI_TARGET Iq4CodesVbmi()
+        : abs64(_mm512_load_si512(kIq4Abs64.v)), b3(_mm512_set1_epi8(0x08)), b7(_mm512_set1_epi8(char(0x80))) {}
+    KQ_ZMM_VBMI_TARGET void operator()(__m512i c, __m512i& al, __m512i& au, __mmask64& nl, __mmask64& nu) const {
+        al = _mm512_permutexvar_epi8(c, abs64);
+        au = _mm512_permutexvar_epi8(_mm512_srli_epi16(c, 4), abs64);
+        nl = _mm512_testn_epi8_mask(c, b3), nu = _mm512_testn_epi8_mask(c, b7);
+    }
+};
 
-template <KqKind kind, int NT>
+#define KQ_IQ4_GROUP iq4xs_r16_group_zmm
+#define KQ_IQ4_TARGET KQ_ZMM_TARGET
+#define KQ_IQ4_CODES Iq4CodesBw
+#include "kernels/cpu/matmul_kquant_iq4_zmm.inc"
+#undef KQ_IQ4_GROUP
+#undef KQ_IQ4_TARGET
+#undef KQ_IQ4_CODES
+#define KQ_IQ4_GROUP iq4xs_r16_group_zmm_vbmi
+#define KQ_IQ4_TARGET KQ_ZMM_VBMI_TARGET
+#define KQ_IQ4_CODES Iq4CodesVbmi
+#include "kernels/cpu/matmul_kquant_iq4_zmm.inc"
+#undef KQ_IQ4_GROUP
+#undef KQ_IQ4_TARGET
+#undef KQ_IQ4_CODES
+
+template <KqKind kind, int NT, bool kVbmi = false>
 void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y,
                      int64_t ldy) {
     const int64_t full = W.n_out / kQ4KGroupRows * kQ4KGroupRows, end = r0 + nr;
@@ -325,6 +311,7 @@ void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows&
         float out[NT * 16];
         const uint8_t* grp = W.data + size_t(g0) * W.row_bytes;
         if constexpr (kind == KqKind::Q6) q6k_r16_group_zmm<NT>(grp, a, t0, out);
+        else if constexpr (kind == KqKind::Iq4Xs && kVbmi) iq4xs_r16_group_zmm_vbmi<NT>(grp, a, t0, out);
         else if constexpr (kind == KqKind::Iq4Xs) iq4xs_r16_group_zmm<NT>(grp, a, t0, out);
         else q4k_r16_group_zmm<kind == KqKind::Q5, NT>(grp, a, t0, out);
         const int64_t hi = std::min(end, g0 + 16);
@@ -339,18 +326,19 @@ void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows&
     if (r < end) gemv<kind>(W, r, end - r, a, t0, NT, y, ldy);
 }
 
-template <KqKind kind>
+template <KqKind kind, bool kVbmi = false>
 void kq_r16_gemv_zmm_fn(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                         int64_t ldy) {
     switch (nt) {
-        case 1: return kq_r16_rows_zmm<kind, 1>(W, r0, nr, a, t0, y, ldy);
-        case 2: return kq_r16_rows_zmm<kind, 2>(W, r0, nr, a, t0, y, ldy);
-        case 3: return kq_r16_rows_zmm<kind, 3>(W, r0, nr, a, t0, y, ldy);
-        default: return kq_r16_rows_zmm<kind, 4>(W, r0, nr, a, t0, y, ldy);
+        case 1: return kq_r16_rows_zmm<kind, 1, kVbmi>(W, r0, nr, a, t0, y, ldy);
+        case 2: return kq_r16_rows_zmm<kind, 2, kVbmi>(W, r0, nr, a, t0, y, ldy);
+        case 3: return kq_r16_rows_zmm<kind, 3, kVbmi>(W, r0, nr, a, t0, y, ldy);
+        default: return kq_r16_rows_zmm<kind, 4, kVbmi>(W, r0, nr, a, t0, y, ldy);
     }
 }
 
-GemvFn kq_r16_zmm_for(GgmlType type) {
+GemvFn kq_r16_zmm_for(GgmlType type, bool vbmi) {
+    if (vbmi) return type == GgmlType::IQ4_XS && __builtin_cpu_supports("avx512vbmi") ? kq_r16_gemv_zmm_fn<KqKind::Iq4Xs, true> : nullptr;
     switch (type) {
         case GgmlType::Q4_K: return kq_r16_gemv_zmm_fn<KqKind::Q4>;
         case GgmlType::Q5_K: return kq_r16_gemv_zmm_fn<KqKind::Q5>;
@@ -364,6 +352,11 @@ GemvFn kq_r16_zmm_for(GgmlType type) {
 
 GemvFn kquant_gemv_vnni(GgmlType type) { return kq_gemv_for(type); }
 GemvFn kq_r16_gemv_vnni(GgmlType type) { return kq_r16_for(type); }
-GemvFn kq_r16_gemv_zmm(GgmlType type) { return kq_r16_zmm_for(type); }
+GemvFn kq_r16_gemv_zmm(GgmlType type, bool vbmi) { return kq_r16_zmm_for(type, vbmi); }
+GemvFn kq_r16_gemv_zmm(GgmlType type) {
+    // IQ4_XS: the VBMI code decoder where the CPU has it (Zen 4, Ice Lake and later; not Cascade Lake).
+    const GemvFn v = kq_r16_zmm_for(type, true);
+    return v ? v : kq_r16_zmm_for(type, false);
+}
 
 }  // namespace alloy::cpu::mm

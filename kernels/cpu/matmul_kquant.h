@@ -142,9 +142,10 @@ GemvFn kq_r16_gemv(GgmlType t, Isa isa);
 GemvFn kq_r16_gemv_avx2(GgmlType t);  // matmul_kquant_avx2.cpp
 GemvFn kq_r16_gemv_vnni(GgmlType t);  // matmul_kquant_vnni.cpp (256-bit)
 GemvFn kq_r16_gemv_zmm(GgmlType t);   // matmul_kquant_vnni.cpp: 16 rows in one zmm (AVX512-BW + VNNI)
-// The same with (vbmi) or without the AVX512-VBMI code decoder (IQ4_XS only; nullptr where the
-// type has none or the CPU lacks VBMI): kq_r16_gemv_zmm(t) takes it where it can; both for tests.
-GemvFn kq_r16_gemv_zmm(GgmlType t, bool vbmi);
+// The same with (ext) or without the code decoder of a newer extension (IQ4_XS: AVX512-VBMI,
+// Q5_K: GFNI; nullptr where the type has none or the CPU lacks it): kq_r16_gemv_zmm(t) takes it
+// where it can; both for tests.
+GemvFn kq_r16_gemv_zmm(GgmlType t, bool ext);
 
 enum class KqKind { Q4, Q5, Q6, Iq4 };
 

@@ -75,91 +75,48 @@ KQ_ZMM_TARGET inline void q4k_r16_scales_zmm(const uint8_t* v, __m512i* sc, __m5
 // int32 (a sub-block's dot: |.| <= 32 * 31 * 127), then scaled once by vpmulld: half the VNNI
 // work of a vpdpwssd per quad. The integers (sumi, summ) are matmul_kquant.cpp's, so the fp32
 // steps (one FMA each a super-block) give its bits. Into out[t * 16 + row]. kQ5: Q5_K.
-template <bool kQ5, int NT>
-KQ_ZMM_TARGET void q4k_r16_group_zmm(const uint8_t* grp, const ActRows& a, int64_t t0, float* out) {
-    constexpr int kBlock = kQ5 ? kQ5KGroupBlock : kQ4KGroupBlock, kQuad = kQ5 ? 320 : 256, kCodes = kQ5 ? 64 : 0;
-    const int64_t K = a.K, nb = K / kQK;
-    const int pf = gemv_prefetch_kquant_bytes();
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512 acc[NT], accm[NT];
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) acc[t] = accm[t] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = grp + b * kBlock;
-        gemv_prefetch(blk, kBlock, pf);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-        __m512i sc[8], mp[4];
-        q4k_r16_scales_zmm(blk + 64, sc, mp);
-        __m512i sumi[NT], sumh[NT];
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) {
-            const int64_t tt = t0 + t;
-            const int16_t* bs = a.bsums + tt * (K / 16) + b * 16;
-            const __m128i pair = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bs)),
-                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(bs + 8)));
-            const __m512i m01 = _mm512_add_epi32(_mm512_madd_epi16(mp[0], _mm512_broadcastd_epi32(pair)),
-                                                 _mm512_madd_epi16(mp[1], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 1))));
-            const __m512i m23 = _mm512_add_epi32(_mm512_madd_epi16(mp[2], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 2))),
-                                                 _mm512_madd_epi16(mp[3], _mm512_broadcastd_epi32(_mm_shuffle_epi32(pair, 3))));
-            const float dx = a.d[tt * nb + b];
-            accm[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-dx), dmin), _mm512_cvtepi32_ps(_mm512_add_epi32(m01, m23)), accm[t]);
-            sumi[t] = sumh[t] = _mm512_setzero_si512();
-        }
-        // The group's bytes in order (quad by quad: the stream the prefetcher follows; a
-        // group-major walk measured slower from DRAM), one accumulator per sub-block and token
-        // (kG = 4 groups a pass: 8 NT registers; 2 passes of 2 groups for NT > 2).
-        constexpr int kG = NT <= 2 ? 4 : 2;
-#pragma GCC unroll 2
-        for (int g0 = 0; g0 < 4; g0 += kG) {
-            __m512i dl[NT][kG], dh[NT][kG];
-#pragma GCC unroll 4
-            for (int t = 0; t < NT; ++t)
-#pragma GCC unroll 4
-                for (int g = 0; g < kG; ++g) dl[t][g] = dh[t][g] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; ++i) {
-                const uint8_t* quad = blk + 256 + kQuad * i;  // Q5_K: the fifth bits, then the codes
-                __m512i qh = _mm512_setzero_si512();
-                if constexpr (kQ5) qh = _mm512_loadu_si512(quad);
-#pragma GCC unroll 4
-                for (int gg = 0; gg < kG; ++gg) {
-                    const int g = g0 + gg;
-                    const __m512i q4 = _mm512_loadu_si512(quad + kCodes + 64 * g);
-                    // Q4_K's high nibbles stay in place (16 hi: vpdpbusd's unsigned bytes up to
-                    // 240, its int32 sums exact), the 16 divided out after the scale below.
-                    __m512i lo = _mm512_and_si512(q4, m4), hi;
-                    if constexpr (kQ5)
-                        lo = _mm512_or_si512(lo, q5_bit4_zmm(qh, 2 * g)),
-                        hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q4, 4), m4), q5_bit4_zmm(qh, 2 * g + 1));
-                    else
-                        hi = _mm512_andnot_si512(m4, q4);
-#pragma GCC unroll 4
-                    for (int t = 0; t < NT; ++t) {
-                        const int8_t* q8 = a.q + (t0 + t) * K + b * kQK + 64 * g + 4 * i;
-                        dl[t][gg] = _mm512_dpbusd_epi32(dl[t][gg], lo, _mm512_set1_epi32(load_i32(q8)));
-                        dh[t][gg] = _mm512_dpbusd_epi32(dh[t][gg], hi, _mm512_set1_epi32(load_i32(q8 + 32)));
-                    }
-                }
-            }
-#pragma GCC unroll 4
-            for (int gg = 0; gg < kG; ++gg)
-#pragma GCC unroll 4
-                for (int t = 0; t < NT; ++t) {
-                    sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(dl[t][gg], sc[2 * (g0 + gg)]));
-                    sumh[t] = _mm512_add_epi32(sumh[t], _mm512_mullo_epi32(dh[t][gg], sc[2 * (g0 + gg) + 1]));
-                }
-        }
-        // Q4_K: sumh = 16 x the high nibbles' scaled sum (|.| < 2^28), a multiple of 16: exact.
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t) sumi[t] = _mm512_add_epi32(sumi[t], kQ5 ? sumh[t] : _mm512_srai_epi32(sumh[t], 4));
-#pragma GCC unroll 4
-        for (int t = 0; t < NT; ++t)
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(a.d[(t0 + t) * nb + b]), d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+// A Q5_K code vector's low and high 5-bit values: the nibble, the fifth bit (bit 2g / 2g + 1 of
+// the quad's qh byte) at bit 4. Q5BitsBw shifts and masks (9 operations), Q5BitsGfni moves the
+// bits with GF(2) affine maps (vgf2p8affineqb: any bit of a byte to any other, the rest zero)
+// and one vpternlogd (5 operations).
+struct Q5BitsBw {
+    __m512i m4;
+    KQ_ZMM_TARGET Q5BitsBw() : m4(_mm512_set1_epi8(0x0F)) {}
+    KQ_ZMM_TARGET void operator()(__m512i q4, __m512i qh, int g, __m512i& lo, __m512i& hi) const {
+        lo = _mm512_or_si512(_mm512_and_si512(q4, m4), q5_bit4_zmm(qh, 2 * g));
+        hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q4, 4), m4), q5_bit4_zmm(qh, 2 * g + 1));
     }
-#pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * 16, _mm512_add_ps(acc[t], accm[t]));
-}
+};
+#define KQ_ZMM_GFNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")))
+// vgf2p8affineqb's matrix: result bit i = parity(byte 7 - i of the matrix AND the source byte).
+constexpr uint64_t gf2_bit_to_4(int k) { return uint64_t(1) << k << 24; }  // source bit k -> bit 4
+constexpr uint64_t kGf2HighNibble = 0x10ull << 56 | 0x20ull << 48 | 0x40ull << 40 | 0x80ull << 32;  // bits 4-7 -> 0-3
+struct Q5BitsGfni {
+    __m512i m4, nib, bit[8];
+    KQ_ZMM_GFNI_TARGET Q5BitsGfni() : m4(_mm512_set1_epi8(0x0F)), nib(_mm512_set1_epi64(int64_t(kGf2HighNibble))) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) bit[k] = _mm512_set1_epi64(int64_t(gf2_bit_to_4(k)));
+    }
+    KQ_ZMM_GFNI_TARGET void operator()(__m512i q4, __m512i qh, int g, __m512i& lo, __m512i& hi) const {
+        // lo = (q4 & 0x0F) | bit 2g at 4: vpternlogd (A & C) | B, B clean outside bit 4.
+        lo = _mm512_ternarylogic_epi32(q4, _mm512_gf2p8affine_epi64_epi8(qh, bit[2 * g], 0), m4, 0xEC);
+        hi = _mm512_or_si512(_mm512_gf2p8affine_epi64_epi8(q4, nib, 0), _mm512_gf2p8affine_epi64_epi8(qh, bit[2 * g + 1], 0));
+    }
+};
+#define KQ_Q4_GROUP q4k_r16_group_zmm
+#define KQ_Q4_TARGET KQ_ZMM_TARGET
+#define KQ_Q5_BITS Q5BitsBw
+#include "kernels/cpu/matmul_kquant_q4_zmm.inc"
+#undef KQ_Q4_GROUP
+#undef KQ_Q4_TARGET
+#undef KQ_Q5_BITS
+#define KQ_Q4_GROUP q4k_r16_group_zmm_gfni
+#define KQ_Q4_TARGET KQ_ZMM_GFNI_TARGET
+#define KQ_Q5_BITS Q5BitsGfni
+#include "kernels/cpu/matmul_kquant_q4_zmm.inc"
+#undef KQ_Q4_GROUP
+#undef KQ_Q4_TARGET
+#undef KQ_Q5_BITS
 
 // Per byte: bits 0-3 of lo, bits 4-7 of hi (vpternlogd with imm (A & C) | (B & ~C), C = 0x0F).
 KQ_ZMM_TARGET inline __m512i nibble_select(__m512i lo, __m512i hi) {
@@ -301,7 +258,7 @@ struct Iq4CodesVbmi {
 #undef KQ_IQ4_TARGET
 #undef KQ_IQ4_CODES
 
-template <KqKind kind, int NT, bool kVbmi = false>
+template <KqKind kind, int NT, bool kExt = false>
 void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, float* y,
                      int64_t ldy) {
     const int64_t full = W.n_out / kQ4KGroupRows * kQ4KGroupRows, end = r0 + nr;
@@ -311,8 +268,9 @@ void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows&
         float out[NT * 16];
         const uint8_t* grp = W.data + size_t(g0) * W.row_bytes;
         if constexpr (kind == KqKind::Q6) q6k_r16_group_zmm<NT>(grp, a, t0, out);
-        else if constexpr (kind == KqKind::Iq4Xs && kVbmi) iq4xs_r16_group_zmm_vbmi<NT>(grp, a, t0, out);
+        else if constexpr (kind == KqKind::Iq4Xs && kExt) iq4xs_r16_group_zmm_vbmi<NT>(grp, a, t0, out);
         else if constexpr (kind == KqKind::Iq4Xs) iq4xs_r16_group_zmm<NT>(grp, a, t0, out);
+        else if constexpr (kind == KqKind::Q5 && kExt) q4k_r16_group_zmm_gfni<true, NT>(grp, a, t0, out);
         else q4k_r16_group_zmm<kind == KqKind::Q5, NT>(grp, a, t0, out);
         const int64_t hi = std::min(end, g0 + 16);
         if (r == g0 && hi == g0 + 16 && NT == 1) {
@@ -326,19 +284,25 @@ void kq_r16_rows_zmm(const WeightView& W, int64_t r0, int64_t nr, const ActRows&
     if (r < end) gemv<kind>(W, r, end - r, a, t0, NT, y, ldy);
 }
 
-template <KqKind kind, bool kVbmi = false>
+template <KqKind kind, bool kExt = false>
 void kq_r16_gemv_zmm_fn(const WeightView& W, int64_t r0, int64_t nr, const ActRows& a, int64_t t0, int nt, float* y,
                         int64_t ldy) {
     switch (nt) {
-        case 1: return kq_r16_rows_zmm<kind, 1, kVbmi>(W, r0, nr, a, t0, y, ldy);
-        case 2: return kq_r16_rows_zmm<kind, 2, kVbmi>(W, r0, nr, a, t0, y, ldy);
-        case 3: return kq_r16_rows_zmm<kind, 3, kVbmi>(W, r0, nr, a, t0, y, ldy);
-        default: return kq_r16_rows_zmm<kind, 4, kVbmi>(W, r0, nr, a, t0, y, ldy);
+        case 1: return kq_r16_rows_zmm<kind, 1, kExt>(W, r0, nr, a, t0, y, ldy);
+        case 2: return kq_r16_rows_zmm<kind, 2, kExt>(W, r0, nr, a, t0, y, ldy);
+        case 3: return kq_r16_rows_zmm<kind, 3, kExt>(W, r0, nr, a, t0, y, ldy);
+        default: return kq_r16_rows_zmm<kind, 4, kExt>(W, r0, nr, a, t0, y, ldy);
     }
 }
 
-GemvFn kq_r16_zmm_for(GgmlType type, bool vbmi) {
-    if (vbmi) return type == GgmlType::IQ4_XS && __builtin_cpu_supports("avx512vbmi") ? kq_r16_gemv_zmm_fn<KqKind::Iq4Xs, true> : nullptr;
+// ext: the kernel with the newer extension's code decoder (IQ4_XS: AVX512-VBMI; Q5_K: GFNI)
+// where the CPU has it, else nullptr.
+GemvFn kq_r16_zmm_for(GgmlType type, bool ext) {
+    if (ext) {
+        if (type == GgmlType::IQ4_XS && __builtin_cpu_supports("avx512vbmi")) return kq_r16_gemv_zmm_fn<KqKind::Iq4Xs, true>;
+        if (type == GgmlType::Q5_K && __builtin_cpu_supports("gfni")) return kq_r16_gemv_zmm_fn<KqKind::Q5, true>;
+        return nullptr;
+    }
     switch (type) {
         case GgmlType::Q4_K: return kq_r16_gemv_zmm_fn<KqKind::Q4>;
         case GgmlType::Q5_K: return kq_r16_gemv_zmm_fn<KqKind::Q5>;
@@ -352,9 +316,10 @@ GemvFn kq_r16_zmm_for(GgmlType type, bool vbmi) {
 
 GemvFn kquant_gemv_vnni(GgmlType type) { return kq_gemv_for(type); }
 GemvFn kq_r16_gemv_vnni(GgmlType type) { return kq_r16_for(type); }
-GemvFn kq_r16_gemv_zmm(GgmlType type, bool vbmi) { return kq_r16_zmm_for(type, vbmi); }
+GemvFn kq_r16_gemv_zmm(GgmlType type, bool ext) { return kq_r16_zmm_for(type, ext); }
 GemvFn kq_r16_gemv_zmm(GgmlType type) {
-    // IQ4_XS: the VBMI code decoder where the CPU has it (Zen 4, Ice Lake and later; not Cascade Lake).
+    // IQ4_XS's VBMI and Q5_K's GFNI code decoders where the CPU has them (Zen 4, Ice Lake and
+    // later; not Cascade Lake).
     const GemvFn v = kq_r16_zmm_for(type, true);
     return v ? v : kq_r16_zmm_for(type, false);
 }

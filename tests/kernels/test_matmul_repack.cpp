@@ -141,7 +141,7 @@ TEST(KqRepack, GemvVariantsGiveTheStoredGemvBitsOnAnyRowRange) {
     if (cpu::active_isa() >= cpu::Isa::Avx512 && cpu::mm::cpu_has_avx512_vnni()) {
         vs.push_back({"vnni ymm", cpu::mm::kq_r16_gemv_vnni(type)});
         vs.push_back({"zmm", cpu::mm::kq_r16_gemv_zmm(type, false)});
-        if (cpu::mm::GemvFn v = cpu::mm::kq_r16_gemv_zmm(type, true)) vs.push_back({"zmm vbmi", v});
+        if (cpu::mm::GemvFn v = cpu::mm::kq_r16_gemv_zmm(type, true)) vs.push_back({"zmm vbmi / gfni", v});
     }
     const cpu::mm::GemvFn stored = cpu::mm::kquant_gemv_avx2(type);
     const int64_t K = 1280, N = 75;  // 4 groups and an 11-row tail

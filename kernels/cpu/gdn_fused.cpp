@@ -57,9 +57,10 @@ ALLOY_AVX512 void conv_rows_avx512(const ConvSeq& cs, int conv_dim, int K, const
 // taps w [conv_dim, K] and state hist [conv_dim, K-1] (updated in place to the last K-1 inputs).
 // Per value: acc = 0, then one FMA per tap, oldest first, as conv_rows_avx512 does. K is a
 // template argument so that the per-channel window lives in registers.
+// The FMA part, shared by the AVX-512 and AVX2 paths (each applies its own SiLU after it).
 template <int K>
-ALLOY_AVX512 void conv_direct_avx512(const float* x, int n, int conv_dim, const float* w, float* hist, int c0,
-                                     int c1, float* u) {
+ALLOY_TARGET_AVX2 void conv_direct_taps(const float* x, int n, int conv_dim, const float* w, float* hist, int c0,
+                                        int c1, float* u) {
     for (int c = c0; c < c1; ++c) {
         const float* wc = w + (std::size_t)c * K;
         float* hc = hist + (std::size_t)c * (K - 1);
@@ -73,6 +74,11 @@ ALLOY_AVX512 void conv_direct_avx512(const float* x, int n, int conv_dim, const 
         }
         for (int i = 0; i < K - 1; ++i) hc[i] = win[n + i];
     }
+}
+template <int K>
+ALLOY_AVX512 void conv_direct_avx512(const float* x, int n, int conv_dim, const float* w, float* hist, int c0,
+                                     int c1, float* u) {
+    conv_direct_taps<K>(x, n, conv_dim, w, hist, c0, c1, u);
     for (int t = 0; t < n; ++t)
         for (int c = c0; c < c1; c += 16) {
             const __mmask16 m = gdn_simd::lanes(c1 - c);
@@ -187,6 +193,30 @@ ALLOY_TARGET_AVX2 void conv_rows_avx2(const ConvSeq& cs, int conv_dim, int K, co
             _mm256_storeu_ps(u + (std::size_t)t * conv_dim + c, avx2::silu(acc));
         }
     if (c8 < c1) conv_rows_portable(cs, conv_dim, K, wT, t0, t1, c8, c1, u);
+}
+
+// conv_rows_avx2 for decode and verification (n <= kDirectConvTokens) straight from the stored
+// layouts, as conv_direct_avx512: per value acc = 0, one FMA per tap oldest first, avx2::silu,
+// so conv_rows_avx2's bits ((c1 - c0) % 8 == 0: no portable tail). The transposes of the taps and
+// states into rows (and of the new state back) that the rows path needs were serial strided
+// copies, ~35% of the AVX2 op's time at decode (0.8B shapes, Zen 4, session 44).
+template <int K>
+ALLOY_TARGET_AVX2 void conv_direct_avx2(const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
+                                        float* u) {
+    conv_direct_taps<K>(x, n, conv_dim, w, hist, c0, c1, u);
+    for (int t = 0; t < n; ++t)
+        for (int c = c0; c < c1; c += 8) {
+            float* p = u + (std::size_t)t * conv_dim + c;
+            _mm256_storeu_ps(p, avx2::silu(_mm256_loadu_ps(p)));
+        }
+}
+void conv_direct_avx2_k(int K, const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
+                        float* u) {
+    switch (K) {
+        case 2: conv_direct_avx2<2>(x, n, conv_dim, w, hist, c0, c1, u); break;
+        case 3: conv_direct_avx2<3>(x, n, conv_dim, w, hist, c0, c1, u); break;
+        default: conv_direct_avx2<4>(x, n, conv_dim, w, hist, c0, c1, u); break;
+    }
 }
 
 // x *= scale / sqrt(sum x^2 + eps); n % 8 == 0.
@@ -345,15 +375,17 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
     };
     int longest = 0;
     for (int s = 0; s < n_seqs; ++s) longest = std::max(longest, offs[s + 1] - offs[s]);
-    if (avx512 && longest <= kDirectConvTokens && K >= 2 && K <= kDirectConvMaxK) {
+    // (AVX2: the channel blocks are whole vectors when d_k and d_v are, as `avx2` requires.)
+    if ((avx512 || avx2) && longest <= kDirectConvTokens && K >= 2 && K <= kDirectConvMaxK) {
         const int64_t n_conv = (int64_t)n_seqs * n_cblocks;
         parallel_for(n_conv + n_tblocks, [&](int64_t i, int) {
             if (i >= n_conv) return gates(i - n_conv);
             const int s = (int)(i / n_cblocks), n = offs[s + 1] - offs[s];
             const int c0 = cb[i % n_cblocks], c1 = cb[i % n_cblocks + 1];
             if (n == 0) return;
-            conv_direct(K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
-                        conv_state + slot(s) * conv_dim * (K - 1), c0, c1, u + (std::size_t)offs[s] * conv_dim);
+            (avx512 ? conv_direct : conv_direct_avx2_k)(K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
+                                                     conv_state + slot(s) * conv_dim * (K - 1), c0, c1,
+                                                     u + (std::size_t)offs[s] * conv_dim);
             norm_heads(offs[s], offs[s + 1], c0, c1);
         });
     } else {

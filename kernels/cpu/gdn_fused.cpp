@@ -152,13 +152,16 @@ ALLOY_AVX512 void conv_direct4_avx512(const float* x, int n, int conv_dim, const
     if (c < c1) conv_direct_avx512<4>(x, n, conv_dim, w, hist, c, c1, u);
 }
 
-// conv_direct_avx512 for the K of the call (2 <= K <= kDirectConvMaxK).
-void conv_direct(int K, const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
+template <int K>
+ALLOY_TARGET_AVX2 void conv_direct_avx2(const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
+                                        float* u);
+// conv_direct_avx512 or conv_direct_avx2 for the K of the call (2 <= K <= kDirectConvMaxK).
+void conv_direct(bool avx512, int K, const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
                  float* u) {
     switch (K) {
-        case 2: conv_direct_avx512<2>(x, n, conv_dim, w, hist, c0, c1, u); break;
-        case 3: conv_direct_avx512<3>(x, n, conv_dim, w, hist, c0, c1, u); break;
-        default: conv_direct4_avx512(x, n, conv_dim, w, hist, c0, c1, u); break;
+        case 2: return (avx512 ? conv_direct_avx512<2> : conv_direct_avx2<2>)(x, n, conv_dim, w, hist, c0, c1, u);
+        case 3: return (avx512 ? conv_direct_avx512<3> : conv_direct_avx2<3>)(x, n, conv_dim, w, hist, c0, c1, u);
+        default: return (avx512 ? conv_direct4_avx512 : conv_direct_avx2<4>)(x, n, conv_dim, w, hist, c0, c1, u);
     }
 }
 
@@ -210,15 +213,6 @@ ALLOY_TARGET_AVX2 void conv_direct_avx2(const float* x, int n, int conv_dim, con
             _mm256_storeu_ps(p, avx2::silu(_mm256_loadu_ps(p)));
         }
 }
-void conv_direct_avx2_k(int K, const float* x, int n, int conv_dim, const float* w, float* hist, int c0, int c1,
-                        float* u) {
-    switch (K) {
-        case 2: conv_direct_avx2<2>(x, n, conv_dim, w, hist, c0, c1, u); break;
-        case 3: conv_direct_avx2<3>(x, n, conv_dim, w, hist, c0, c1, u); break;
-        default: conv_direct_avx2<4>(x, n, conv_dim, w, hist, c0, c1, u); break;
-    }
-}
-
 // x *= scale / sqrt(sum x^2 + eps); n % 8 == 0.
 ALLOY_TARGET_AVX2 void l2norm_avx2(float* x, int n, float eps, float scale) {
     __m256 ss = _mm256_setzero_ps();
@@ -383,9 +377,8 @@ void gdn_fused(Isa isa, const GdnParams& p, const GdnWeights& w, int n_seqs, con
             const int s = (int)(i / n_cblocks), n = offs[s + 1] - offs[s];
             const int c0 = cb[i % n_cblocks], c1 = cb[i % n_cblocks + 1];
             if (n == 0) return;
-            (avx512 ? conv_direct : conv_direct_avx2_k)(K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
-                                                     conv_state + slot(s) * conv_dim * (K - 1), c0, c1,
-                                                     u + (std::size_t)offs[s] * conv_dim);
+            conv_direct(avx512, K, qkv + (t0 + offs[s]) * conv_dim, n, conv_dim, w.conv1d,
+                        conv_state + slot(s) * conv_dim * (K - 1), c0, c1, u + (std::size_t)offs[s] * conv_dim);
             norm_heads(offs[s], offs[s + 1], c0, c1);
         });
     } else {

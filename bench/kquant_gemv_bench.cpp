@@ -9,7 +9,8 @@
 // of the rotation. --offset moves every matrix BYTES past its boundary: session 46 found the
 // AVX2 Q5_K kernel's old load order at 9-10 GB/s on aligned rows and 22-23 GB/s 16 bytes off a
 // line, so a GEMV measured on std::vector bytes (16 bytes off) can mislead; judge on aligned rows.
-// Random codes with f16 scales of 1/16; the timing does not depend on the values.
+// Weights as the kernel tests make them (tests/kernels/random_weights.h); the timing does not
+// depend on the values.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -25,8 +26,10 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/matmul_kquant.h"
+#include "tests/kernels/random_weights.h"  // header-only: the kernel tests' random weights
 
 using namespace alloy;
 using namespace alloy::cpu;
@@ -41,17 +44,11 @@ namespace {
     std::exit(2);
 }
 
-struct TypeInfo {
-    GgmlType type;
-    int block_bytes, d_offset;  // GGUF bytes a super-block; where its f16 d sits
-    bool has_dmin;
-};
-
-TypeInfo type_of(const std::string& s) {
-    if (s == "q4_k") return {GgmlType::Q4_K, 144, 0, true};
-    if (s == "q5_k") return {GgmlType::Q5_K, 176, 0, true};
-    if (s == "q6_k") return {GgmlType::Q6_K, 210, 208, false};
-    if (s == "iq4_xs") return {GgmlType::IQ4_XS, 136, 0, false};
+GgmlType type_of(const std::string& s) {
+    if (s == "q4_k") return GgmlType::Q4_K;
+    if (s == "q5_k") return GgmlType::Q5_K;
+    if (s == "q6_k") return GgmlType::Q6_K;
+    if (s == "iq4_xs") return GgmlType::IQ4_XS;
     usage(("unknown type " + s).c_str());
 }
 
@@ -60,7 +57,7 @@ TypeInfo type_of(const std::string& s) {
 int main(int argc, char** argv) {
     if (argc < 4) usage("N, K and TYPE are required");
     const int64_t N = std::atoll(argv[1]), K = std::atoll(argv[2]);
-    const TypeInfo ti = type_of(argv[3]);
+    const GgmlType type = type_of(argv[3]);
     std::string isa = "avx2";
     int P = 1;
     int64_t offset = 0, total_mib = 512;
@@ -81,22 +78,16 @@ int main(int argc, char** argv) {
     if (active_isa() < Isa::Avx2) usage("the GEMVs need AVX2 (or ALLOY_ISA lowered the path)");
     if (isa == "zmm" && !(active_isa() >= Isa::Avx512 && mm::cpu_has_avx512_vnni()))
         usage("--isa zmm needs AVX-512 VNNI on this CPU");
-    const mm::GemvFn gemv = isa == "zmm" ? mm::kq_r16_gemv_zmm(ti.type) : mm::kq_r16_gemv_avx2(ti.type);
+    const mm::GemvFn gemv = isa == "zmm" ? mm::kq_r16_gemv_zmm(type) : mm::kq_r16_gemv_avx2(type);
 
-    // One repacked matrix, then copies of it at 2 MiB boundaries (+ offset).
-    const int64_t nb = K / 256, bytes = N * nb * ti.block_bytes;
+    // One repacked matrix (the tests' random weights, the loader's repack), then copies of it
+    // at 2 MiB boundaries (+ offset).
     std::mt19937 rng(1);
-    std::vector<uint8_t> gguf(bytes);
-    for (auto& x : gguf) x = uint8_t(rng());
-    const uint16_t d16 = 0x2c00;  // 1/16
-    for (int64_t i = 0; i < N * nb; ++i) {
-        std::memcpy(&gguf[i * ti.block_bytes + ti.d_offset], &d16, 2);
-        if (ti.has_dmin) std::memcpy(&gguf[i * ti.block_bytes + 2], &d16, 2);
-    }
-    std::vector<uint8_t> packed(bytes);
-    for (int64_t g = 0; g < N / 16; ++g)
-        mm::kq_repack_group(ti.type, gguf.data() + g * 16 * nb * ti.block_bytes, nb,
-                            packed.data() + g * 16 * nb * ti.block_bytes);
+    std::vector<uint8_t> packed = random_weights(type, K, N, rng);
+    const int64_t nb = K / 256, bytes = int64_t(packed.size()), row_bytes = bytes / N;
+    WeightView R;
+    R.type = type, R.n_in = K, R.n_out = N, R.row_bytes = row_bytes, R.data = packed.data();
+    if (!repack_weight(R, packed.data())) usage("this type has no repacked layout");
     const size_t huge = size_t(2) << 20, stride = (size_t(bytes + offset) + huge - 1) / huge * huge;
     const int NM = int(std::max<int64_t>(2, total_mib * (int64_t(1) << 20) / int64_t(stride)));
     uint8_t* arena = static_cast<uint8_t*>(std::aligned_alloc(huge, stride * NM));
@@ -116,7 +107,7 @@ int main(int argc, char** argv) {
 
     auto run = [&](int m, int p) {
         WeightView W;
-        W.type = ti.type, W.n_in = K, W.n_out = N, W.row_bytes = nb * ti.block_bytes;
+        W.type = type, W.n_in = K, W.n_out = N, W.row_bytes = row_bytes;
         W.layout = WeightLayout::KqRows16, W.data = arena + m * stride + offset;
         const int64_t g16 = N / 16, r0 = g16 * p / P * 16, r1 = g16 * (p + 1) / P * 16;
         if (r1 > r0) gemv(W, r0, r1 - r0, act, 0, 1, y.data(), N);

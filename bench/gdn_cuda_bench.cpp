@@ -20,6 +20,7 @@
 //   gdn_cuda_bench [--bw TB/s] [--decode | --prefill | --fused-prefill] [--tmax T] [--hv H_v] [--t T]
 //                  [--b B] [--reps N] [--slow-gates] [--gate-only (prefill: the gate's kernel alone)]
 //                  [--bv B [--segments P] (prefill: the gate's column at that split)]
+//                  [--hash (prefill: FNV-1a of one call's output and final state, for A/B builds' bits)]
 //   gdn_cuda_bench --check DIR   (outputs of transformers' recurrent rule written by
 //                                 scripts/gdn_gpu_peer.py: run the kernel on the same inputs
 //                                 and compare; exits 1 above 1e-4)
@@ -180,7 +181,8 @@ double graph_median_us(cudaStream_t st, int reps, F launch) {
 
 // slow_gates: g in [-2e-4, -1e-4) (a state remembered over the whole call: the segmented
 // scan's warmup reaches back to the start) instead of logsigmoid(U(0, 1)).
-void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only, int force_bv, int force_seg) {
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only, int force_bv, int force_seg,
+                   bool hash) {
     std::printf("\nprefill, cuda::gdn_delta_chunked (bf16 q/k/v/out, fp32 g/beta/state), B = 1, H_k = 16, d = 128, g %s\n\n"
                 "| H_v | T | floor us | gate's block_v x segments | us (gate) | us gate unsegmented | us block_v 16 | us block_v 32 | us block_v 64 | "
                 "us two groups 16 | us two groups 32 | us wgmma 16 | us wgmma 32 | us wgmma 64 | us warp rows 16 | "
@@ -244,6 +246,23 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, 
                                            alloy::cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T, alloy::cuda::GdnScan::Transition))));
             const int reps = std::max(sets, T <= 4096 ? 16 : 4);
             using alloy::cuda::GdnScan;
+            if (hash) {  // one call from the initial state: FNV-1a of the output and the final state (A/B builds' bits)
+                float* st0 = to_device(h_state);
+                alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, in[0].q, in[0].k, in[0].v, in[0].g, in[0].beta, st0, out, ws, st,
+                                               force_bv, nullptr, GdnScan::Auto, force_seg);
+                CHECK(cudaStreamSynchronize(st));
+                std::vector<uint8_t> ho(nv * 2), hs(h_state.size() * 4);
+                CHECK(cudaMemcpy(ho.data(), out, ho.size(), cudaMemcpyDeviceToHost));
+                CHECK(cudaMemcpy(hs.data(), st0, hs.size(), cudaMemcpyDeviceToHost));
+                auto fnv = [](const std::vector<uint8_t>& b) {
+                    uint64_t x = 1469598103934665603ull;
+                    for (uint8_t c : b) x = (x ^ c) * 1099511628211ull;
+                    return x;
+                };
+                std::printf("hash H_v %d T %d: out %016llx state %016llx\n", H_v, T, (unsigned long long)fnv(ho),
+                            (unsigned long long)fnv(hs));
+                cudaFree(st0);
+            }
             auto time_bv = [&](int bv, GdnScan scan, int segments = 0) {
                 return graph_median_us(st, reps, [&](int i) {
                     const Set& s = in[size_t(i % sets)];
@@ -369,7 +388,8 @@ int check_chunked(const std::filesystem::path& dir) {
 }
 
 void decode_table(double tbs, int only_hv, int only_b, int reps);
-void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only, int force_bv, int force_seg);
+void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, bool gate_only, int force_bv, int force_seg,
+                   bool hash);
 
 // cuda::gdn_fused at prefill: the chunked mode at T 512 / 4096 / 16384, the serial mode at
 // 512 / 4096 (B = 1, H_k 16, d 128, grouped heads, K = 4).
@@ -465,7 +485,7 @@ int main(int argc, char** argv) {
     double tbs = 4.2;
     for (int i = 1; i + 1 < argc; ++i)
         if (!std::strcmp(argv[i], "--bw")) tbs = std::atof(argv[i + 1]);
-    bool decode = true, prefill = true, fused_prefill = true, slow_gates = false, gate_only = false;
+    bool decode = true, prefill = true, fused_prefill = true, slow_gates = false, gate_only = false, hash = false;
     int tmax = 65536, only_hv = 0, only_t = 0, only_b = 0, reps = 200, force_bv = 0, force_seg = 0;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--decode")) prefill = fused_prefill = false;
@@ -476,6 +496,7 @@ int main(int argc, char** argv) {
         if (!std::strcmp(argv[i], "--t") && i + 1 < argc) only_t = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--slow-gates")) slow_gates = true;
         if (!std::strcmp(argv[i], "--gate-only")) gate_only = true;
+        if (!std::strcmp(argv[i], "--hash")) hash = true;
         if (!std::strcmp(argv[i], "--bv") && i + 1 < argc) force_bv = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--segments") && i + 1 < argc) force_seg = std::atoi(argv[i + 1]);
         if (!std::strcmp(argv[i], "--b") && i + 1 < argc) only_b = std::atoi(argv[i + 1]);
@@ -499,7 +520,8 @@ int main(int argc, char** argv) {
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s, %d SMs; floor at %.1f TB/s\n\n", prop.name, prop.multiProcessorCount, tbs);
     if (decode) decode_table(tbs, only_hv, only_b, reps);
-    if (prefill) prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates, gate_only, force_bv, force_seg);
+    if (prefill)
+        prefill_table(prop.multiProcessorCount, tmax, only_hv, only_t, slow_gates, gate_only, force_bv, force_seg, hash);
     if (fused_prefill) fused_prefill_table(tmax, only_hv, only_t);
     return 0;
 }

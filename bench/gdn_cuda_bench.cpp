@@ -56,6 +56,7 @@
 #ifdef ALLOY_GDN_EXP_CLOCK
 namespace alloy::cuda {
 void gdn_chunked_debug_clocks(unsigned long long* out);
+void gdn_stage1_debug_clocks(unsigned long long* out);
 void gdn_fused_debug_clocks(unsigned long long* out);
 }  // namespace alloy::cuda
 #endif
@@ -282,6 +283,19 @@ void prefill_table(int sms, int tmax, int only_hv, int only_t, bool slow_gates, 
                 std::printf("clk H_v %d T %d bv %d, cycles/step by phase (first warp | second):", H_v, T, bv);
                 for (int wv = 0; wv < 2; ++wv) {
                     for (int i = 1; i < 10; ++i) std::printf(" %.0f", double(clk[16 * wv + i]) / (T / 64));
+                    std::printf(" |");
+                }
+                std::printf("\n");
+            }
+            {  // stage 1: cycles a block by phase, averaged over the blocks (warp 0 | warp 3)
+                unsigned long long clk[32];
+                alloy::cuda::gdn_stage1_debug_clocks(clk);
+                alloy::cuda::gdn_delta_chunked(sh, 1, offs, T, in[0].q, in[0].k, in[0].v, in[0].g, in[0].beta, state, out, ws, st);
+                CHECK(cudaStreamSynchronize(st));
+                alloy::cuda::gdn_stage1_debug_clocks(clk);
+                std::printf("s1clk H_v %d T %d, %llu blocks, cycles a block by phase 1-11 (warp 0 | warp 3):", H_v, T, clk[0]);
+                for (int wv = 0; wv < 2; ++wv) {
+                    for (int i = 1; i < 12; ++i) std::printf(" %.0f", double(clk[16 * wv + i]) / double(std::max(clk[16 * wv], 1ull)));
                     std::printf(" |");
                 }
                 std::printf("\n");

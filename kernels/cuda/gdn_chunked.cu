@@ -306,6 +306,24 @@ struct alignas(16) Stage1Smem {
     float kn[kC];  // |k_r|^2 (the diagonal of K K^T)
 };
 
+#ifdef ALLOY_GDN_EXP_CLOCK
+// Timing experiment only: stage 1's cycles per phase summed over all blocks, for warps 0 and 3
+// (lane 0); [w][0] counts the blocks.
+__device__ unsigned long long g_s1clk[2][16];
+#define S1CLK(i)                                                                                    \
+    do {                                                                                            \
+        if (lane == 0 && (w == 0 || w == 3)) {                                                      \
+            const long long now = clock64();                                                        \
+            atomicAdd(&g_s1clk[w == 3][i], i > 0 ? (unsigned long long)(now - s1_last) : 1ull);      \
+            s1_last = now;                                                                          \
+        }                                                                                           \
+    } while (0)
+#else
+#define S1CLK(i) \
+    do {         \
+    } while (0)
+#endif
+
 __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                           const int32_t* __restrict__ cstart, int n_seqs,
                                                           const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -321,6 +339,10 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
     const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     ChunkRecord* R = rec + (size_t)c * H_v + h;
+#ifdef ALLOY_GDN_EXP_CLOCK
+    long long s1_last = 0;
+#endif
+    S1CLK(0);
 
     // Q and K rows of the chunk (zeros past n).
     {
@@ -352,8 +374,10 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         sm.beta[r0] = r0 < n ? beta[(size_t)(t0 + r0) * H_v + h] : 0.0f;
         sm.beta[r1] = r1 < n ? beta[(size_t)(t0 + r1) * H_v + h] : 0.0f;
     }
+    S1CLK(1);
     cp_async_wait_all();
     __syncthreads();
+    S1CLK(2);
 
     // K K^T and Q K^T for rows [16w, 16w + 16), columns s < 16w + 16 (the rest is masked).
     float kk[8][4], qk[8][4];
@@ -377,7 +401,9 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
             mma(qk[2 * np + 1], aq, b[2], b[3]);
         }
     }
+    S1CLK(3);
     __syncthreads();  // K, Q dead: A and T reuse their space
+    S1CLK(4);
 
     // A = beta_r (k_r . k_s) e^{G_r - G_s} (s < r) into shared fp32; QKM (s <= r) straight to the record.
     const int gq = lane >> 2, tq = lane & 3;
@@ -400,7 +426,9 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
             *reinterpret_cast<uint32_t*>(R->QKM + r * kC + s) = pack_bf16(m2[0], m2[1]);
         }
     }
+    S1CLK(5);
     __syncthreads();
+    S1CLK(6);
 
     // Diagonal 16 x 16 blocks of T by forward substitution: warp w, lane c (mod 16) owns column c.
     {
@@ -415,7 +443,9 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
             if (lane < 16) sm.u.tri.T[(base + r) * kTP + base + cc] = v;
         }
     }
+    S1CLK(7);
     __syncthreads();
+    S1CLK(8);
     // Off-diagonal blocks, by distance d from the diagonal: T_ij = -T_ii sum_{j<=m<i} A_im T_mj.
     // Off-diagonal blocks, by distance d from the diagonal, one warp per block (i, j = i - d):
     // X = sum_{j<=m<i} A_im T_mj, then T_ij = -T_ii X, on tf32 tensor cores (10-bit mantissas,
@@ -439,6 +469,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         }
         __syncthreads();
     }
+    S1CLK(9);
     // The record: T in bf16 (zero above the diagonal blocks), G, beta.
     for (int idx = tid; idx < kC * kC / 2; idx += kThreads) {
         const int r = idx >> 5, s = (idx & 31) * 2;
@@ -446,6 +477,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         const float2 tv = in ? *reinterpret_cast<const float2*>(&sm.u.tri.T[r * kTP + s]) : make_float2(0.0f, 0.0f);
         *reinterpret_cast<uint32_t*>(R->T + r * kC + s) = pack_bf16(tv.x, tv.y);
     }
+    S1CLK(10);
     if (tid < kC) {
         R->eG[tid] = expf(sm.G[tid]);
         R->beta[tid] = sm.beta[tid];
@@ -461,6 +493,7 @@ __global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, cons
         for (int o = 16; o > 0; o >>= 1) lg += __shfl_xor_sync(0xffffffffu, lg, o);
         if (lane == 0) R->bound = sm.G[kC - 1] + lg;
     }
+    S1CLK(11);
 }
 
 // ---- stage 2 ----
@@ -3345,6 +3378,11 @@ void gdn_chunked_debug_clocks(unsigned long long* out) {
     cudaMemcpyFromSymbol(out, g_clk, sizeof(g_clk));
     static const unsigned long long zero[32] = {};
     cudaMemcpyToSymbol(g_clk, zero, sizeof(zero));
+}
+void gdn_stage1_debug_clocks(unsigned long long* out) {
+    cudaMemcpyFromSymbol(out, g_s1clk, sizeof(g_s1clk));
+    static const unsigned long long zero[32] = {};
+    cudaMemcpyToSymbol(g_s1clk, zero, sizeof(zero));
 }
 #endif
 

@@ -193,9 +193,10 @@ __device__ __forceinline__ int key_head(const ref::GdnShape& sh, int h) {
 // both: a separate segstart launch cost ~3 us of a ~120 us op (ncu, H100, T 4096).
 
 __global__ void start_table_kernel(const int32_t* __restrict__ offs, int n_seqs, int32_t* __restrict__ cstart,
-                                   int seg_chunks, int32_t* __restrict__ segstart) {
+                                   int seg_chunks, int32_t* __restrict__ segstart, int* __restrict__ zero, int n_zero) {
     detail::pdl_entry();
     const int lane = threadIdx.x;
+    for (int i = lane; i < n_zero; i += 32) zero[i] = 0;  // the segmented scan's final-state counters
     int carry = 0, seg_carry = 0;
     if (lane == 0) cstart[0] = 0;
     if (lane == 0 && seg_chunks > 0) segstart[0] = 0;
@@ -216,7 +217,7 @@ __global__ void start_table_kernel(const int32_t* __restrict__ offs, int n_seqs,
     }
 }
 
-// The segmented scan's final states (fin [n_seqs, H_v, 128, 128]) into the slots, after every
+// ALLOY_GDN_FIN_COPY=1 only (else fin_wait): the segmented scan's final states (fin [n_seqs, H_v, 128, 128]) into the slots, after every
 // block has read its sequence's first state; blockIdx = (value head, sequence, eighth of the
 // state). One block a head took 11 us for H_v 16 (ncu, H100): 16 blocks cannot keep enough
 // loads in flight.
@@ -787,8 +788,41 @@ constexpr float kSegLambda = 20.0f;
 struct ScanSegments {
     const int32_t* segstart;  // [n_seqs + 1]: sequence s's first segment (nullptr: one block a sequence)
     int n_seqs, chunks;       // chunks a segment
-    float* fin;               // [n_seqs, H_v, 128, 128]: final states (segmented), else nullptr
+    float* fin;               // [n_seqs, H_v, 128, 128]: final states (segmented, copied), else nullptr
+    int* fin_cnt;             // [n_seqs, H_v, value slices]: final states straight to the slots (fin_arrive / fin_wait)
 };
+// Segmented scan, final states straight into the slots (fin_cnt; ALLOY_GDN_FIN_COPY=1: through fin
+// and segment_states_to_slots_kernel, one more launch: the op 0.4-1% slower at T 4096-16384 H_v 16,
+// H100, session 48; the same bits): every state warp
+// of every segment block of (sequence, value head, value slice) counts itself once its first state
+// is in registers (read from the slot or zero); the last segment's state warps store the final state
+// into the slot once the count reaches segments x state warps, so no block can still be reading
+// the old state there. Blocks of a sequence's earlier segments have lower indices (dispatched
+// first) and never wait for the last one, so the wait at the end of the last one's chain ends.
+__device__ __forceinline__ void fin_arrive(int* cnt, int lane) {
+    __syncwarp();
+    if (lane == 0) {
+        __threadfence();  // this warp's state loads before the count
+        atomicAdd(cnt, 1);
+    }
+}
+__device__ __forceinline__ void fin_wait(const int* cnt, int target, int lane) {
+    if (lane == 0) {
+        int v;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
+            if (v >= target) break;
+            __nanosleep(128);
+        }
+    }
+    __syncwarp();
+}
+__device__ __forceinline__ int* fin_counter(const ScanSegments& sg, int seq, int H_v, int h) {
+    return sg.fin_cnt + ((size_t)seq * H_v + h) * gridDim.x + blockIdx.x;
+}
+__device__ __forceinline__ int fin_segments(const ScanSegments& sg, int seq) {
+    return sg.segstart[seq + 1] - sg.segstart[seq];
+}
 // The chunk (in its sequence) where segment chunks [i_lo, ...) of value head h starts its state
 // (one warp; 0 = the sequence's first chunk, from the sequence's state).
 __device__ __forceinline__ int segment_warmup_start(const ChunkRecord* rec, int c_first, int i_lo, int H_v, int h,
@@ -1356,6 +1390,7 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
 #pragma unroll
                     for (int e = 0; e < 4; ++e) S[mt][nt][e] = 0.0f;
         }
+        if (sg.fin_cnt) fin_arrive(fin_counter(sg, seq, H_v, h), lane);
         constexpr int kVPerRow = BV / 8, kVItems = kC * kVPerRow;
         const int v_r = gt / kVPerRow, v_cc = (gt % kVPerRow) * 8;
         const bf16* k_col = k + (size_t)kh * kD + qk_cc;
@@ -1473,9 +1508,12 @@ __global__ void __launch_bounds__(kPairThreads + (kProd ? 32 : 0), 1) stage2_pai
             if (!ALLOY_GDN_EXP_LIGHT(2)) state_update<MT, kNI, kKP>(S, eGC, sm.Dt, B.K, i_w, lane);
             if constexpr (kProd) mbar_arrive(&sm.s_free[b]);  // this thread's reads of the buffer are done
         }
-        // The sequence's last segment leaves the final state (segmented: in sg.fin, which
-        // segment_states_to_slots copies to the slots once no block reads a slot's state).
-        if (i_hi == n_chunks) store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0, i_w, gq, tq);
+        // The sequence's last segment leaves the final state: in the slot once no block can still
+        // read the old one there (fin_wait), or in sg.fin for segment_states_to_slots (ALLOY_GDN_FIN_COPY=1).
+        if (i_hi == n_chunks) {
+            if (sg.fin_cnt) fin_wait(fin_counter(sg, seq, H_v, h), 4 * fin_segments(sg, seq), lane);
+            store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0, i_w, gq, tq);
+        }
     } else {
         // ---- the output group: O^T = (S^T Q^T) e^G + Delta^T QKM^T, one chunk behind ----
         constexpr int kNO = pair_bufs_out<BV>();
@@ -1959,6 +1997,7 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
 #pragma unroll
                 for (int e = 0; e < 4; ++e) S[0][nt][e] = 0.0f;
         }
+        if (sg.fin_cnt) fin_arrive(fin_counter(sg, seq, H_v, h), lane);
         for (int i = i_ws; i < i_hi; ++i) {
             const int b = (i - i_ws) % kNS, j = i - i_lo;  // j < 0: a warmup chunk
             const auto& B = sm.sb[b];
@@ -2089,9 +2128,12 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
             mbar_arrive(&sm.s_free[b]);  // this thread's reads of the ring buffer are done
             CCLK(6);
         }
-        // The sequence's last segment leaves the final state (segmented: in sg.fin, which
-        // segment_states_to_slots copies to the slots once no block reads a slot's state).
-        if (i_hi == n_chunks) store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0 + jc, 64 * H, gq, tq);
+        // The sequence's last segment leaves the final state: in the slot once no block can still
+        // read the old one there (fin_wait), or in sg.fin for segment_states_to_slots (ALLOY_GDN_FIN_COPY=1).
+        if (i_hi == n_chunks) {
+            if (sg.fin_cnt) fin_wait(fin_counter(sg, seq, H_v, h), 2 * NC * fin_segments(sg, seq), lane);
+            store_state(S, sg.fin ? sg.fin + ((size_t)seq * H_v + h) * kD * kD : Sg, v0 + jc, 64 * H, gq, tq);
+        }
     };
 
     // ---- output warp H of chain c: O^T = (S^T Q^T) e^G + Delta^T QKM^T for rows [32 H, 32 H + 32) ----
@@ -3274,14 +3316,23 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
         throw Error(std::string(op) + ": segments " + std::to_string(segments) + " with n_seqs " +
                     std::to_string(n_seqs) + " (the workspace holds final states of " +
                     std::to_string(segment_seqs_cap(sh.H_v, num_sms())) + " sequences)");
-    ScanSegments sg{nullptr, n_seqs, 0, nullptr};
+    ScanSegments sg{nullptr, n_seqs, 0, nullptr, nullptr};
     int32_t* segstart = segments > 1 ? segstart_table(workspace, n_seqs) : nullptr;
+    int n_fin_cnt = 0;
     if (segments > 1) {
         sg.chunks = int((chunks / size_t(n_seqs) + segments - 1) / segments);
         sg.segstart = segstart;
-        sg.fin = reinterpret_cast<float*>(reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord));
+        void* fin = reinterpret_cast<char*>(rec) + chunks * sh.H_v * sizeof(ChunkRecord);
+        static const bool fin_copy = [] { const char* e = std::getenv("ALLOY_GDN_FIN_COPY"); return e && *e == '1'; }();
+        if (fin_copy) {
+            sg.fin = static_cast<float*>(fin);
+        } else {  // counters in the final states' space: n_seqs x H_v x (at most 8 value slices) ints
+            sg.fin_cnt = static_cast<int*>(fin);
+            n_fin_cnt = n_seqs * sh.H_v * (kD / 16);
+        }
     }
-    detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, cstart, sg.chunks, segstart);
+    detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, cstart, sg.chunks, segstart,
+                   sg.fin_cnt, n_fin_cnt);
     check_launch(op);
     detail::launch(op, stage1_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), 0, st, sh, offs, cstart, n_seqs,
                    q, k, g, beta, rec);
@@ -3367,7 +3418,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
             else if (tma) launch_pair(std::integral_constant<int, 16>{}, Yes{}, No{});
             else launch_pair(std::integral_constant<int, 16>{}, No{}, No{});
         }
-        if (segments > 1) {
+        if (segments > 1 && sg.fin) {
             check_launch(op);
             detail::launch(op, segment_states_to_slots_kernel, dim3(unsigned(sh.H_v), unsigned(n_seqs), kFinParts), dim3(256), 0, st,
                            offs, sh.H_v, sg.fin, state, slots);

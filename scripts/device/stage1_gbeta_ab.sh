@@ -1,5 +1,6 @@
 # Device job (run by .devbin/run.sh, which unpacks .devbin/*.xz onto PATH): stage 1 with g / beta loaded
-# before the tile copies (branch wip-stage1-gbeta-first) against main. Binaries: gdn_cuda_bench_old (main),
+# before the tile copies (branch wip-stage1-gbeta-first) against the main before it (5d82533); run in
+# session 48 and merged as dbdd573 (RESULTS row), kept as the template of an A / B job. Binaries: gdn_cuda_bench_old (main),
 # gdn_cuda_bench (the branch), gdn_cuda_bench_clk (the branch, -DALLOY_GDN_EXP_CLOCK), test_cuda (the branch).
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "GPU: $name"
 A=gdn_cuda_bench_old; B=gdn_cuda_bench

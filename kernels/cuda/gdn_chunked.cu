@@ -3405,10 +3405,11 @@ size_t overlap_bytes(int H_v, int n_seqs, int n_tokens) {
     return (kTailCounters + chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) * size_t(std::max(H_v, 0))) * sizeof(int);
 }
 
-// ALLOY_GDN_OVERLAP=P (experimental, off by default): stage 1 overlapped with the chain scan
-// (Stage1Tail), the first launch taking the first P percent of the chunks. Only where every scan
-// block is resident at once (one sequence, no segments, value heads x slices <= SMs) and with
-// programmatic dependent launch (the tail launch must start while the scan runs).
+// ALLOY_GDN_OVERLAP=P (experimental, off by default; GdnScan::ChainsOverlap asks for it with P =
+// 50 unless set): stage 1 overlapped with the chain scan (Stage1Tail), the first launch taking
+// the first P percent of the chunks. Only where every scan block is resident at once (one
+// sequence, no segments, value heads x slices <= SMs) and with programmatic dependent launch (the
+// tail launch must start while the scan runs).
 int overlap_percent() {
     static const int p = [] {
         const char* e = std::getenv("ALLOY_GDN_OVERLAP");
@@ -3423,6 +3424,8 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
                  cudaStream_t st, int block_v, const char* op, const int32_t* slots = nullptr,
                  GdnScan scan = GdnScan::Auto, int forced = 0) {
     if (n_seqs == 0 || n_tokens == 0) return;
+    const bool overlap_asked = scan == GdnScan::ChainsOverlap;  // the chain scan with Stage1Tail where it can
+    if (overlap_asked) scan = GdnScan::Chains;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
     const size_t chunks = chunk_slots(n_seqs, n_tokens);
@@ -3470,7 +3473,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
     }
     Stage1Tail tail{nullptr, nullptr, 0, 0};
     const int chain_nc = block_v == 16 ? 1 : 2, scan_blocks = sh.H_v * (kD / (16 * chain_nc));
-    const int ov = overlap_percent();
+    const int ov = overlap_percent() > 0 ? overlap_percent() : overlap_asked ? 50 : 0;
     if (ov > 0 && ov < 100 && scan == GdnScan::Chains && segments == 1 && n_seqs == 1 && scan_blocks <= num_sms() &&
         chunks >= 2 && detail::pdl_enabled()) {
         const size_t at = gdn_delta_chunked_workspace_bytes(sh, n_seqs, n_tokens, GdnScan::Chains) -

@@ -1,7 +1,8 @@
 # Device job (run by .devbin/run.sh; carry .devbin): issue 18's stage-1 / scan overlap
 # (ALLOY_GDN_OVERLAP=P, b5a9899, off by default; never run on a GPU before this job). Binaries:
 # main's gdn_cuda_bench and test_cuda (xz'd in .devbin, lib/*.so beside). ~2-3 min of run.
-# Prints each arm's hash (must equal ov 0's) and op time; stops at the first run that hangs (40 s).
+# Prints each arm's hash (must equal ov 0's) and op time; stops at the first run that hangs (40 s);
+# CudaGdn* includes CudaGdnFusedChunked.OverlappedStageOneGivesTheChainScansBits.
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "GPU: $name"
 B=gdn_cuda_bench
 run() { local ov=$1; shift

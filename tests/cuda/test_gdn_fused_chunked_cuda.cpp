@@ -296,6 +296,18 @@ std::vector<uint16_t> random_bf16_rows(std::mt19937& rng, int rows, float scale)
     return x;
 }
 
+// The chunked tests' q (rows of norm 1 / sqrt(128)), k (norm 1) and v (norm 10) for T tokens, drawn in that order.
+struct QkvRows {
+    std::vector<uint16_t> q, k, v;
+};
+QkvRows random_qkv(std::mt19937& rng, const ref::GdnShape& sh, int T) {
+    QkvRows r;
+    r.q = random_bf16_rows(rng, T * sh.H_k, 1.0f / std::sqrt(128.0f));
+    r.k = random_bf16_rows(rng, T * sh.H_k, 1.0f);
+    r.v = random_bf16_rows(rng, T * sh.H_v, 10.0f);
+    return r;
+}
+
 // gdn_delta_chunked's value splits (16, 32, 64 columns per scan block) and scan kernels (one or
 // two warp groups; warp rows with 1, 2, 4 or 8 warps a block; chains at 16, 32 and 64 columns, 64 run as 32) give the same bits, so the launch
 // gate, which picks by H_v n_seqs, never changes a sequence's result (gdn.h). A sequence of 13 chunks turns the two-group kernel's
@@ -308,9 +320,7 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
     std::mt19937 rng(980);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    auto bf16_rows = [&](int rows, float scale) { return random_bf16_rows(rng, rows, scale); };
-    const std::vector<uint16_t> q = bf16_rows(T * sh.H_k, 1.0f / std::sqrt(128.0f)), k = bf16_rows(T * sh.H_k, 1.0f),
-                                v = bf16_rows(T * sh.H_v, 10.0f);
+    const auto [q, k, v] = random_qkv(rng, sh, T);
     std::vector<float> g(size_t(T) * sh.H_v), beta(g.size()), state(size_t(n_seqs) * sh.H_v * 128 * 128);
     for (size_t i = 0; i < g.size(); ++i) g[i] = -(0.01f + u(rng)), beta[i] = 0.02f + 0.96f * u(rng);
     for (auto& e : state) e = 0.3f * nd(rng);
@@ -362,9 +372,7 @@ TEST(CudaGdnFusedChunked, OverlappedStageOneGivesTheChainScansBits) {
     std::mt19937 rng(982);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    auto bf16_rows = [&](int rows, float scale) { return random_bf16_rows(rng, rows, scale); };
-    const std::vector<uint16_t> q = bf16_rows(T * sh.H_k, 1.0f / std::sqrt(128.0f)), k = bf16_rows(T * sh.H_k, 1.0f),
-                                v = bf16_rows(T * sh.H_v, 10.0f);
+    const auto [q, k, v] = random_qkv(rng, sh, T);
     std::vector<float> g(size_t(T) * sh.H_v), beta(g.size()), state(size_t(sh.H_v) * 128 * 128);
     for (size_t i = 0; i < g.size(); ++i) g[i] = -(0.001f + 0.05f * u(rng)), beta[i] = 0.02f + 0.96f * u(rng);
     for (auto& e : state) e = 0.3f * nd(rng);
@@ -412,9 +420,7 @@ TEST(CudaGdnFusedChunked, SegmentsGiveTheUnsegmentedScan) {
     std::mt19937 rng(981);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    auto bf16_rows = [&](int rows, float scale) { return random_bf16_rows(rng, rows, scale); };
-    const std::vector<uint16_t> q = bf16_rows(T * sh.H_k, 1.0f / std::sqrt(128.0f)), k = bf16_rows(T * sh.H_k, 1.0f),
-                                v = bf16_rows(T * sh.H_v, 10.0f);
+    const auto [q, k, v] = random_qkv(rng, sh, T);
     // Value heads 0 and 2: g in [-2e-4, -1e-4) (the whole call decays by < e^-0.25); 1 and 3:
     // logsigmoid(U(0, 1)), as the benchmarks' inputs (about -0.5 a token).
     std::vector<float> g(size_t(T) * sh.H_v), beta(g.size()), state(size_t(n_seqs) * sh.H_v * 128 * 128);

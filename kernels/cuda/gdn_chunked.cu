@@ -196,7 +196,7 @@ __global__ void start_table_kernel(const int32_t* __restrict__ offs, int n_seqs,
                                    int seg_chunks, int32_t* __restrict__ segstart, int* __restrict__ zero, int n_zero) {
     detail::pdl_entry();
     const int lane = threadIdx.x;
-    for (int i = lane; i < n_zero; i += 32) zero[i] = 0;  // the segmented scan's final-state counters
+    for (int i = lane; i < n_zero; i += 32) zero[i] = 0;  // the segmented scan's final-state counters, or Stage1Tail's
     int carry = 0, seg_carry = 0;
     if (lane == 0) cstart[0] = 0;
     if (lane == 0 && seg_chunks > 0) segstart[0] = 0;
@@ -343,6 +343,10 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+// One thread: until *cnt >= target (a counter other blocks raise after a __threadfence).
+__device__ __forceinline__ void wait_at_least(const int* cnt, int target) {
+    while (ld_acquire(cnt) < target) __nanosleep(128);
 }
 __device__ __forceinline__ void st_release(int* p, int v) {
     asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -574,7 +578,7 @@ __global__ void __launch_bounds__(kThreads) stage1_tail_kernel(ref::GdnShape sh,
         }
     }
     if (threadIdx.x == 0 && atomicAdd(tail.counters + kTailDone, 1) == int(gridDim.x) - 1)
-        while (ld_acquire(tail.counters + kScanDone) < tail.scan_warps) __nanosleep(256);
+        wait_at_least(tail.counters + kScanDone, tail.scan_warps);
 }
 
 // ---- stage 2 ----
@@ -880,14 +884,7 @@ __device__ __forceinline__ void fin_arrive(int* cnt, int lane) {
     }
 }
 __device__ __forceinline__ void fin_wait(const int* cnt, int target, int lane) {
-    if (lane == 0) {
-        int v;
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
-            if (v >= target) break;
-            __nanosleep(128);
-        }
-    }
+    if (lane == 0) wait_at_least(cnt, target);
     __syncwarp();
 }
 __device__ __forceinline__ int* fin_counter(const ScanSegments& sg, int seq, int H_v, int h) {

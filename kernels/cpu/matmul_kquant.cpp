@@ -22,6 +22,8 @@
 // the call, so verification reproduces decode bit for bit.
 #include "kernels/cpu/matmul_kquant.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -98,11 +100,17 @@ namespace {
 // Each type's group block (matmul_kquant.h) as the byte runs of row r that it moves:
 // copy(at, from, n) for the n bytes at `from` in the row's GGUF block that stand at `at` in the
 // group block. One map serves both directions, so repacking and unpacking cannot disagree.
-template <bool kQ5, class Copy>
-void q4k_map(int r, Copy&& copy) {
+// The bytes before a type's codes in its group block (d, dmin / scales, 16 rows at once), and
+// the codes: map = head + codes.
+template <class Copy>
+void q4k_head(int r, Copy&& copy) {
     copy(2 * r, 0, 2);       // d
     copy(32 + 2 * r, 2, 2);  // dmin
     for (int v = 0; v < 3; ++v) copy(64 + 64 * v + 4 * r, 4 + 4 * v, 4);  // scale dwords
+}
+template <bool kQ5, class Copy>
+void q4k_map(int r, Copy&& copy) {
+    q4k_head(r, copy);
     for (int i = 0; i < 8; ++i) {
         if constexpr (kQ5) {
             const int quad = 256 + 320 * i;
@@ -115,9 +123,13 @@ void q4k_map(int r, Copy&& copy) {
 }
 
 template <class Copy>
-void q6k_map(int r, Copy&& copy) {
+void q6k_head(int r, Copy&& copy) {
     copy(2 * r, 208, 2);
     for (int k = 0; k < 16; ++k) copy(32 + 16 * k + r, 192 + k, 1);
+}
+template <class Copy>
+void q6k_map(int r, Copy&& copy) {
+    q6k_head(r, copy);
     for (int i = 0; i < 8; ++i)
         for (int h = 0; h < 2; ++h) {
             const int c = 288 + 192 * (2 * i + h) + 4 * r;
@@ -128,23 +140,109 @@ void q6k_map(int r, Copy&& copy) {
 }
 
 template <class Copy>
-void iq4xs_map(int r, Copy&& copy) {
+void iq4xs_head(int r, Copy&& copy) {
     copy(2 * r, 0, 2);       // d
     copy(32 + 2 * r, 2, 2);  // scales_h
     for (int k = 0; k < 4; ++k) copy(64 + 16 * k + r, 4 + k, 1);
+}
+template <class Copy>
+void iq4xs_map(int r, Copy&& copy) {
+    iq4xs_head(r, copy);
     for (int j = 0; j < 4; ++j)
         for (int s = 0; s < 8; ++s) copy(128 + 64 * (8 * j + s) + 4 * r, 8 + 16 * s + 4 * j, 4);
 }
 
-// f(map, block bytes) with t's map (a generic lambda taking (r, copy)): the type chosen once.
-template <class F>
+// f(map, block bytes) with t's map (a generic lambda taking (r, copy)), or with kHead its head
+// map only: the type chosen once.
+template <bool kHead = false, class F>
 void with_map(GgmlType t, F&& f) {
     switch (t) {
-        case GgmlType::Q4_K: return f([](int r, auto&& c) { q4k_map<false>(r, c); }, kQ4KBytes);
-        case GgmlType::Q5_K: return f([](int r, auto&& c) { q4k_map<true>(r, c); }, kQ5KBytes);
-        case GgmlType::Q6_K: return f([](int r, auto&& c) { q6k_map(r, c); }, kQ6KBytes);
-        case GgmlType::IQ4_XS: return f([](int r, auto&& c) { iq4xs_map(r, c); }, kIq4XsBytes);
+        case GgmlType::Q4_K:
+            if constexpr (kHead) return f([](int r, auto&& c) { q4k_head(r, c); }, kQ4KBytes);
+            else return f([](int r, auto&& c) { q4k_map<false>(r, c); }, kQ4KBytes);
+        case GgmlType::Q5_K:
+            if constexpr (kHead) return f([](int r, auto&& c) { q4k_head(r, c); }, kQ5KBytes);
+            else return f([](int r, auto&& c) { q4k_map<true>(r, c); }, kQ5KBytes);
+        case GgmlType::Q6_K:
+            if constexpr (kHead) return f([](int r, auto&& c) { q6k_head(r, c); }, kQ6KBytes);
+            else return f([](int r, auto&& c) { q6k_map(r, c); }, kQ6KBytes);
+        case GgmlType::IQ4_XS:
+            if constexpr (kHead) return f([](int r, auto&& c) { iq4xs_head(r, c); }, kIq4XsBytes);
+            else return f([](int r, auto&& c) { iq4xs_map(r, c); }, kIq4XsBytes);
         default: return;
+    }
+}
+
+// A group block's codes as dword transposes, for kq_unpack_group: n vectors of the 16 rows'
+// dwords (row r's at 4 r), vector j at src + j * stride in the group block, are row r's 4 n
+// bytes at `to` in its GGUF block. The code copies of the maps above, grouped by destination
+// run (KqRepack.GroupUnpackGivesEveryRowsBytes compares the two on every type).
+struct CodeRun {
+    int src, stride, n, to;
+};
+struct GroupCodes {
+    int n_runs = 0;
+    CodeRun runs[8];
+};
+GroupCodes group_codes(GgmlType t) {
+    GroupCodes c;
+    auto add = [&](int src, int stride, int n, int to) { c.runs[c.n_runs++] = {src, stride, n, to}; };
+    switch (t) {
+        case GgmlType::Q4_K:
+            for (int g = 0; g < 4; ++g) add(256 + 64 * g, 256, 8, 16 + 32 * g);
+            break;
+        case GgmlType::Q5_K:
+            add(256, 320, 8, 16);
+            for (int g = 0; g < 4; ++g) add(256 + 64 + 64 * g, 320, 8, 48 + 32 * g);
+            break;
+        case GgmlType::Q6_K:
+            for (int h = 0; h < 2; ++h) {
+                add(288 + 192 * h, 384, 8, 64 * h);
+                add(288 + 192 * h + 64, 384, 8, 64 * h + 32);
+                add(288 + 192 * h + 128, 384, 8, 128 + 32 * h);
+            }
+            break;
+        case GgmlType::IQ4_XS:
+            for (int s = 0; s < 8; ++s) add(128 + 64 * s, 512, 4, 8 + 16 * s);
+            break;
+        default: break;
+    }
+    return c;
+}
+
+// One run for all 16 rows (row r's block at out + r * rb): per half of the rows an 8 x 8 (or
+// 4 x 8) dword transpose in ymm registers.
+__attribute__((target("avx2"))) void transpose_run(const uint8_t* grp, const CodeRun& c, uint8_t* out, size_t rb) {
+    for (int half = 0; half < 2; ++half) {
+        const uint8_t* s = grp + c.src + 32 * half;
+        uint8_t* o = out + size_t(8 * half) * rb + c.to;
+#define ld(j) _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + size_t(j) * c.stride))
+        if (c.n == 8) {
+            __m256i a[8], t[8], u[8];
+            for (int j = 0; j < 8; ++j) a[j] = ld(j);
+            for (int j = 0; j < 8; j += 2) t[j] = _mm256_unpacklo_epi32(a[j], a[j + 1]), t[j + 1] = _mm256_unpackhi_epi32(a[j], a[j + 1]);
+            // u[4 q + k]: rows k and k + 4 of vectors 4 q .. 4 q + 3 (128-bit lanes)
+            for (int q = 0; q < 2; ++q) {
+                u[4 * q + 0] = _mm256_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+                u[4 * q + 1] = _mm256_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+                u[4 * q + 2] = _mm256_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+                u[4 * q + 3] = _mm256_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+            }
+            for (int k = 0; k < 4; ++k) {
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + size_t(k) * rb), _mm256_permute2x128_si256(u[k], u[4 + k], 0x20));
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + size_t(k + 4) * rb), _mm256_permute2x128_si256(u[k], u[4 + k], 0x31));
+            }
+        } else {  // n == 4: 16 bytes a row
+            const __m256i t0 = _mm256_unpacklo_epi32(ld(0), ld(1)), t1 = _mm256_unpackhi_epi32(ld(0), ld(1));
+            const __m256i t2 = _mm256_unpacklo_epi32(ld(2), ld(3)), t3 = _mm256_unpackhi_epi32(ld(2), ld(3));
+            const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2), _mm256_unpacklo_epi64(t1, t3),
+                                  _mm256_unpackhi_epi64(t1, t3)};
+            for (int k = 0; k < 4; ++k) {
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(o + size_t(k) * rb), _mm256_castsi256_si128(u[k]));
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(o + size_t(k + 4) * rb), _mm256_extracti128_si256(u[k], 1));
+            }
+        }
+#undef ld
     }
 }
 
@@ -165,6 +263,22 @@ void kq_unpack_group_row(GgmlType t, const uint8_t* grp, int64_t nb, int r, uint
     with_map(t, [&](auto map, int bb) {
         for (int64_t b = 0; b < nb; ++b, grp += kQ4KGroupRows * bb, out += bb)
             map(r, [&](int at, int from, int n) { std::memcpy(out + from, grp + at, size_t(n)); });
+    });
+}
+
+void kq_unpack_group(GgmlType t, const uint8_t* grp, int64_t nb, uint8_t* out, Isa isa) {
+    const size_t rb = size_t(nb) * type_traits(t).block_bytes;
+    if (isa < Isa::Avx2) {
+        for (int r = 0; r < kQ4KGroupRows; ++r) kq_unpack_group_row(t, grp, nb, r, out + r * rb);
+        return;
+    }
+    const GroupCodes codes = group_codes(t);
+    with_map<true>(t, [&](auto head, int bb) {
+        for (int64_t b = 0; b < nb; ++b, grp += kQ4KGroupRows * bb, out += bb) {
+            for (int r = 0; r < kQ4KGroupRows; ++r)
+                head(r, [&](int at, int from, int n) { std::memcpy(out + r * rb + from, grp + at, size_t(n)); });
+            for (int i = 0; i < codes.n_runs; ++i) transpose_run(grp, codes.runs[i], out, rb);
+        }
     });
 }
 

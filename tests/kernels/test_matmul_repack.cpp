@@ -83,6 +83,27 @@ TEST(KqRepack, EveryRowUnpacksToItsStoredBytes) {
     EXPECT_FALSE(cpu::repack_weight(twice.p, twice.packed.data()));
 }
 
+// kq_unpack_group (all 16 rows of a group; dword transposes from AVX2 up) gives each row's stored
+// bytes on every path, for every type and row length, on a group in the middle of a matrix.
+TEST(KqRepack, GroupUnpackGivesEveryRowsBytes) {
+    std::mt19937 rng(5);
+    for (GgmlType type : kTypes)
+        for (int64_t n_in : {256, 768, 2816}) {
+            Pair m(type, n_in, 53, rng);
+            const size_t rb = m.g.row_bytes;
+            for (cpu::Isa isa : isas())
+                for (int64_t g0 : {0, 16, 32}) {
+                    std::vector<uint8_t> out(16 * rb + 1, 0xA5);
+                    cpu::mm::kq_unpack_group(type, m.p.row(g0), n_in / 256, out.data(), isa);
+                    for (int r = 0; r < 16; ++r)
+                        ASSERT_EQ(0, std::memcmp(out.data() + r * rb, m.g.row(g0 + r), rb))
+                            << tname(type) << " n_in=" << n_in << " group at " << g0 << " row " << r << " isa "
+                            << cpu::isa_name(isa);
+                    EXPECT_EQ(0xA5, out[16 * rb]) << "wrote past the group's rows";
+                }
+        }
+}
+
 // matmul on the repacked matrix = matmul on the stored one, bit for bit, on every ISA path and
 // token count (T <= 16: the GEMVs; 17 and up: the tiles or fp32 rows, which unpack rows).
 TEST(KqRepack, MatmulGivesTheStoredMatrixBitsOnEveryPathAndTokenCount) {

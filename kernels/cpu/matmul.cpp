@@ -21,6 +21,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "alloy/error.h"
@@ -447,20 +448,33 @@ Scratch carve(const Need& n, void* workspace) {
 // weights); fused: matmul_swiglu's GEMM items (gate and up tiles per thread).
 // unpack_row_bytes: a repacked weight's row bytes (its GEMM items unpack their rows after the
 // tiles: gate's and up's in a fused item).
-// Rows a GEMM item of a repacked weight (WeightLayout::KqRows16) unpacks (mm::kq_unpack_group)
-// and then runs over every token tile, 16-row chunks at a time. Each item sweeps the whole
-// activation panel from L2, so larger items read it fewer times: 0.8B shapes at T 512 on the
-// Intel Xeon (2 threads), Q4_K 3584 x 1024 16 / 32 / 64 / 128 / 256 rows 8.5 / 8.1 / 7.8 / 7.45 /
-// 7.3 ms (GGUF rows, which are never unpacked: 8.1-8.2), Q6_K 1024 x 3584 10.0 / 9.3 / 9.3 / 9.05 /
-// 9.0 (GGUF 9.1). Bounded by the unpacked bytes (kept in L2) and by four items a thread.
-constexpr size_t kUnpackBytes = size_t(512) << 10;
-int64_t unpack_rows_cap(size_t row_bytes) {
-    const int64_t g = mm::kQ4KGroupRows;
-    return row_bytes == 0 ? 0 : std::max<int64_t>(g, std::min<int64_t>(256, int64_t(kUnpackBytes / row_bytes)) / g * g);
+// GEMM items are row-major: an item is `item_rows` rows of one weight over every token tile,
+// 16-row chunks (kTileRowGroups x the tile's rows) at a time, so the item's weight rows stay in
+// L2 while the activation panel passes over them, swept from L2 / L3 once per item; larger
+// items sweep it fewer times. A repacked weight (WeightLayout::KqRows16) unpacks the item's rows
+// once first (mm::kq_unpack_group). 0.8B shapes at T 512 on the Intel Xeon (KVM, 2 threads,
+// 2026-12-07): Q4_K 3584 x 1024 repacked, 16 / 32 / 64 / 128 / 256 rows an item 8.5 / 8.1 / 7.8 /
+// 7.45 / 7.3 ms, Q6_K 1024 x 3584 10.0 / 9.3 / 9.3 / 9.05 / 9.0; Q8_0 (Q8Rows16) 256 rows 5.57 /
+// 5.53 ms against 6.5-6.75 / 5.88 token-tile-major (the former order: an item one token tile x
+// one row chunk, tile-major, both threads sharing the activation tile while the weights streamed
+// once per token tile; ALLOY_GEMM_ORDER=tiles keeps it for A/B, except for repacked weights).
+// Bounded by 256 rows, by 512 KiB of weight rows (kept in L2; BF16 at 256 rows of 7 KiB lost 1-2%)
+// and by four items a thread.
+constexpr size_t kItemBytes = size_t(512) << 10;
+constexpr int64_t kMaxItemRows = 256;
+// The most rows an item of `row_bytes` rows takes, a multiple of g.
+int64_t item_rows_cap(size_t row_bytes, int64_t g) {
+    return std::max<int64_t>(g, std::min<int64_t>(kMaxItemRows, int64_t(kItemBytes / std::max<size_t>(row_bytes, 1))) / g * g);
 }
-int64_t unpack_rows(size_t row_bytes, int64_t n_out) {
-    const int64_t g = mm::kQ4KGroupRows;
-    return std::max<int64_t>(g, std::min<int64_t>(unpack_rows_cap(row_bytes), n_out / (4 * n_threads())) / g * g);
+// Rows per item of a weight with n_out rows of row_bytes; unpacked: a repacked weight's (its
+// items unpack whole 16-row groups).
+int64_t item_rows(size_t row_bytes, bool unpacked, int64_t n_out, int64_t chunk) {
+    const int64_t g = unpacked ? mm::kQ4KGroupRows : chunk;
+    return std::max<int64_t>(g, std::min<int64_t>(item_rows_cap(row_bytes, g), n_out / (4 * n_threads())) / g * g);
+}
+bool tile_major_items(const WeightView& W) {
+    static const bool tiles = [] { const char* e = std::getenv("ALLOY_GEMM_ORDER"); return e && std::string(e) == "tiles"; }();
+    return tiles && W.layout != WeightLayout::KqRows16;
 }
 
 Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unpack_row_bytes = 0) {
@@ -472,7 +486,7 @@ Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unp
         if (p.round_input != InputRounding::None) n.rounded = size_t(T * K) * sizeof(float);
         n.per_thread = size_t(kConvertRows * K + kConvertRows * ldt) * sizeof(float);
     } else if (gemm) {
-        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float) + size_t((fused ? 2 : 1) * unpack_rows_cap(unpack_row_bytes)) * unpack_row_bytes;
+        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float) + size_t((fused ? 2 : 1) * (unpack_row_bytes ? item_rows_cap(unpack_row_bytes, mm::kQ4KGroupRows) : 0)) * unpack_row_bytes;
     }
     return n;
 }
@@ -550,6 +564,7 @@ struct Job {
     int64_t n_chunks;        // GEMM: row chunks per token tile
     int64_t bounds[kMaxGemvItems + 1];  // GEMV: item i covers rows [bounds[i], bounds[i + 1])
     mm::GemvFn gemv = nullptr;  // this weight's GEMV where it is not the plan's (mixed K-quants)
+    int64_t rows = 0;           // GEMM: rows per item (item_rows)
 };
 
 // Decode GEMV items, guided: each item takes 1/(1.5 threads) of the rows still unassigned
@@ -594,9 +609,8 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         jb.first = total;
         if (gemm) {
             jb.n_chunks = (N + chunk - 1) / chunk;
-            // A repacked weight: one item per unpack_rows rows over every token tile (its rows unpacked once).
-            jb.count = jb.W->layout == WeightLayout::KqRows16 ? (N + unpack_rows(jb.W->row_bytes, N) - 1) / unpack_rows(jb.W->row_bytes, N)
-                                                             : n_tiles * jb.n_chunks;
+            jb.rows = item_rows(jb.W->row_bytes, jb.W->layout == WeightLayout::KqRows16, N, chunk);
+            jb.count = tile_major_items(*jb.W) ? n_tiles * jb.n_chunks : (N + jb.rows - 1) / jb.rows;
         } else if (gemv) {
             // Decode: contiguous row ranges per item (guided sizes), each streamed several rows at a time.
             jb.count = guided_items(N, threads, jb.bounds,
@@ -616,14 +630,18 @@ void run_jobs(const Plan& p, Job* jobs, int n_jobs, const float* x, int64_t T, c
         const Job& jb = jobs[j];
         const WeightView& W = *jb.W;
         const int64_t N = W.n_out, it = item - jb.first;
-        if (gemm && W.layout == WeightLayout::KqRows16) {
+        if (gemm && !tile_major_items(W)) {
             float* tile = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt]
-            const int64_t ur = unpack_rows(W.row_bytes, N), r0 = it * ur, rc = std::min(ur, N - r0);
-            const WeightView V = gguf_rows(W, r0, rc, unpack_slice(p, s, thread));
+            const int64_t r0 = it * jb.rows, rc = std::min(jb.rows, N - r0);
+            // A repacked weight's rows unpacked (V holds rows r0 .. as 0 ..), others read in place.
+            const bool unpack = W.layout == WeightLayout::KqRows16;
+            const WeightView V = unpack ? gguf_rows(W, r0, rc, unpack_slice(p, s, thread)) : W;
+            const int64_t v0 = unpack ? 0 : r0;
+            float* y = unpack ? jb.y + r0 : jb.y;
             for (int64_t g0 = 0; g0 < G; g0 += kt.groups)
                 for (int64_t c0 = 0; c0 < rc; c0 += chunk)
-                    gemm_range(p, V, panel, c0, std::min(chunk, rc - c0), g0, int(std::min<int64_t>(kt.groups, G - g0)), T,
-                               tile, ldt, jb.y + r0, N, stream_output(T, N));
+                    gemm_range(p, V, panel, v0 + c0, std::min(chunk, rc - c0), g0, int(std::min<int64_t>(kt.groups, G - g0)),
+                               T, tile, ldt, y, N, stream_output(T, N));
         } else if (gemm) {
             const GemmItem gi = gemm_item(kt, it, jb.n_chunks, chunk, G, N);
             float* tile = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt]
@@ -802,7 +820,7 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     const int64_t n_chunks = (N + chunk - 1) / chunk, n_tiles = (G_tok + kt.groups - 1) / kt.groups;
     const int ldt = kt.groups * mm::kGroup;
     const Isa swiglu_isa = std::min(isa, active_isa());
-    // Repacked gate / up: one item per unpack_rows rows over every token tile (their rows unpacked once).
+    // Items as run_jobs's (item_rows; repacked gate / up rows unpacked once an item).
     const bool repacked = G.layout == WeightLayout::KqRows16 || U.layout == WeightLayout::KqRows16;
     const auto item = [&](const WeightView& VG, const WeightView& VU, int64_t r0, int64_t rc, int64_t g0, int nv,
                           float* tg, float* tu, float* yo) {
@@ -813,23 +831,26 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
         store_tile(p, tg, ldt, r0, rc, g0, nv, T, yo, N, stream_output(T, N));
     };
     const size_t urb = std::max(unpack_row_bytes(G), unpack_row_bytes(U));
-    const int64_t ur = repacked ? unpack_rows(urb, N) : 0;
-    const int64_t n_items = repacked ? (N + ur - 1) / ur : n_tiles * n_chunks;
-    parallel_for(n_items, [&](int64_t it, int thread) {
+    const bool tile_major = tile_major_items(G) && tile_major_items(U);
+    const int64_t ur = item_rows(std::max(G.row_bytes, U.row_bytes), repacked, N, chunk);
+    parallel_for(tile_major ? n_tiles * n_chunks : (N + ur - 1) / ur, [&](int64_t it, int thread) {
         float* tg = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt] gate, then up
         float* tu = tg + chunk * ldt;
-        if (repacked) {
-            const int64_t r0 = it * ur, rc = std::min(ur, N - r0);
-            uint8_t* buf = unpack_slice(p, s, thread, true);
-            const WeightView VG = gguf_rows(G, r0, rc, buf), VU = gguf_rows(U, r0, rc, buf + size_t(unpack_rows_cap(urb)) * urb);
-            for (int64_t g0 = 0; g0 < G_tok; g0 += kt.groups)
-                for (int64_t c0 = 0; c0 < rc; c0 += chunk)
-                    item(VG, VU, c0, std::min(chunk, rc - c0), g0, int(std::min<int64_t>(kt.groups, G_tok - g0)), tg, tu,
-                         y + r0);
+        if (tile_major) {
+            const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
+            item(G, U, gi.r0, gi.rc, gi.g0, gi.nv, tg, tu, y);
             return;
         }
-        const GemmItem gi = gemm_item(kt, it, n_chunks, chunk, G_tok, N);
-        item(G, U, gi.r0, gi.rc, gi.g0, gi.nv, tg, tu, y);
+        const int64_t r0 = it * ur, rc = std::min(ur, N - r0);
+        // Repacked rows unpacked (the views hold rows r0 .. as 0 ..), others read in place.
+        uint8_t* buf = unpack_slice(p, s, thread, true);
+        const WeightView VG = repacked ? gguf_rows(G, r0, rc, buf) : G;
+        const WeightView VU = repacked ? gguf_rows(U, r0, rc, buf + size_t(item_rows_cap(urb, mm::kQ4KGroupRows)) * urb) : U;
+        const int64_t v0 = repacked ? 0 : r0;
+        for (int64_t g0 = 0; g0 < G_tok; g0 += kt.groups)
+            for (int64_t c0 = 0; c0 < rc; c0 += chunk)
+                item(VG, VU, v0 + c0, std::min(chunk, rc - c0), g0, int(std::min<int64_t>(kt.groups, G_tok - g0)), tg, tu,
+                     repacked ? y + r0 : y);
     });
 }
 

@@ -8,10 +8,11 @@
 //    4 tokens per kernel call, runs of 32 rows per 4-token group past 4 tokens.
 //  - row-dot (F32/F16 T <= 4, every T on the scalar path): items of 64 rows x 32 tokens; the
 //    AVX-512 kernels read 16 rows side by side.
-//  - GEMM tiles (T > 16, or T > 4 for types without a GEMV, on AVX-512 and AVX2): items of (token tile, row chunk), token-tile-major so both
-//    threads share one activation tile in L3 while each streams its own weight rows. Inside an
-//    item the inner dimension is cut into kc chunks, so the activation slice of the tile stays
-//    in L1 while every row group of the chunk passes over it.
+//  - GEMM tiles (T > 16, or T > 4 for types without a GEMV, on AVX-512 and AVX2): items of up
+//    to 256 rows over every token tile (item_rows), so an item's weight rows stay in L2 while the
+//    activation panel passes over them (repacked K-quant rows unpacked once an item). Inside a
+//    tile call the inner dimension is cut into kc chunks, so the activation slice of the tile
+//    stays in L1 while every row group of the chunk passes over it.
 //  - converted weights (F16 in GEMM, Q4_0/Q4_K/Q6_K always): items of 16 rows, dequantized
 //    once to fp32 into the thread's buffer, then the F32 kernels over all tokens.
 #include "kernels/cpu/matmul.h"
@@ -330,9 +331,9 @@ void store_tile(const Plan& p, const float* tile, int ldt, int64_t r0, int64_t r
     else mm::store_transposed_avx512(tile, ldt, rc, tn, y + t0 * ldy + r0, ldy, stream_out);
 }
 
-// GEMM work item `it` of a weight with n_out rows: token-tile-major (item = token tile *
-// n_chunks + row chunk), so both threads share one activation tile while each streams its own
-// weight rows.
+// GEMM work item `it` of a weight with n_out rows in the former token-tile-major order
+// (ALLOY_GEMM_ORDER=tiles, A/B only): item = token tile * n_chunks + row chunk, so both threads
+// share one activation tile while each streams its own weight rows.
 struct GemmItem {
     int64_t g0, r0, rc;  // first token group, first row, rows
     int nv;              // token groups

@@ -107,12 +107,7 @@ void gdn_fused(const ref::GdnParams& p, const ref::GdnWeights& w, int n_seqs, co
 // output warps beside them, the producer warp's TMA rings (block_v 16 or 32, 64 runs as 32;
 // segments as two groups; same bits; ALLOY_GDN_SCAN=7; needs the driver's tensor-map encoder):
 // Auto's pick at 16 and 32 columns since session 42.
-enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition, TwoGroupsTma, TwoGroupsProducer, Chains,
-                     ChainsOverlap };
-// ChainsOverlap (experimental): Chains with stage 1's later chunks written beside the running scan
-// (gdn_chunked.cu, Stage1Tail; the first ALLOY_GDN_OVERLAP percent of the chunks before it, 50 if
-// unset); the same bits. Where it cannot (several sequences, segments, more scan blocks than SMs,
-// ALLOY_CUDA_PDL=0) it runs as Chains. ALLOY_GDN_OVERLAP=P also turns it on for the gate's chain scans.
+enum class GdnScan { Auto, OneGroup, TwoGroups, Wgmma, WarpRows, Transition, TwoGroupsTma, TwoGroupsProducer, Chains };
 // scan = GdnScan::Wgmma and Transition need larger workspaces (their stages 1b / 1t write W, U
 // and Kd^T, or Pn, Qt and T diag(beta) per chunk and head); the other kernels need the default's.
 size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs, int n_tokens,

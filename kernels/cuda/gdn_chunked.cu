@@ -196,7 +196,7 @@ __global__ void start_table_kernel(const int32_t* __restrict__ offs, int n_seqs,
                                    int seg_chunks, int32_t* __restrict__ segstart, int* __restrict__ zero, int n_zero) {
     detail::pdl_entry();
     const int lane = threadIdx.x;
-    for (int i = lane; i < n_zero; i += 32) zero[i] = 0;  // the segmented scan's final-state counters, or Stage1Tail's
+    for (int i = lane; i < n_zero; i += 32) zero[i] = 0;  // the segmented scan's final-state counters
     int carry = 0, seg_carry = 0;
     if (lane == 0) cstart[0] = 0;
     if (lane == 0 && seg_chunks > 0) segstart[0] = 0;
@@ -325,41 +325,16 @@ __device__ unsigned long long g_s1clk[2][16];
     } while (0)
 #endif
 
-// Stage 1 overlapped with the scan (ALLOY_GDN_OVERLAP=P, experimental; run_chunked says when):
-// the first launch (stage1_kernel) writes the records of chunks [0, c_from) at full occupancy and
-// zeroes the ready flags of the rest; the scan follows, and once every scan block is resident and
-// past its wait for that launch, stage1_tail_kernel writes the records of chunks [c_from, ...)
-// chunk by chunk in the shared memory the scan leaves free on its SMs, raising ready[record] after
-// each; the scan's producer warp polls the flag before it copies a record of those chunks.
-struct Stage1Tail {
-    int* ready;     // [chunks x H_v]: record written (1), from c_from on; nullptr: no overlap
-    int* counters;  // kTailNext, kTailDone, kScanDone (zeroed by start_table_kernel)
-    int c_from;     // the first chunk the tail kernel writes
-    int scan_warps; // warps of the scan grid (each counts itself into kScanDone when it ends)
-};
-constexpr int kTailNext = 0, kTailDone = 1, kScanDone = 2, kTailCounters = 4;
-
-__device__ __forceinline__ int ld_acquire(const int* p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// One thread: until *cnt >= target (a counter other blocks raise after a __threadfence).
-__device__ __forceinline__ void wait_at_least(const int* cnt, int target) {
-    while (ld_acquire(cnt) < target) __nanosleep(128);
-}
-__device__ __forceinline__ void st_release(int* p, int v) {
-    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// Generic-proxy stores by other SMs, seen through an acquire, before this thread's TMA / bulk copies.
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-
-// One record: chunk c (of all sequences' chunks), value head h.
-__device__ __forceinline__ void stage1_record(const ref::GdnShape& sh, const int32_t* __restrict__ offs,
-                                              const int32_t* __restrict__ cstart, int n_seqs, const bf16* __restrict__ q,
-                                              const bf16* __restrict__ k, const float* __restrict__ g,
-                                              const float* __restrict__ beta, ChunkRecord* __restrict__ rec, int c, int h,
-                                              Stage1Smem& sm) {
+__global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
+                                                          const int32_t* __restrict__ cstart, int n_seqs,
+                                                          const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                                          const float* __restrict__ g,
+                                                          const float* __restrict__ beta,
+                                                          ChunkRecord* __restrict__ rec) {
+    detail::pdl_entry();
+    __shared__ Stage1Smem sm;
+    const int c = blockIdx.x, h = blockIdx.y;
+    if (c >= cstart[n_seqs]) return;
     const int seq = chunk_seq(cstart, n_seqs, c);
     const int t0 = offs[seq] + (c - cstart[seq]) * kC, n = min(kC, offs[seq + 1] - t0);
     const int kh = key_head(sh, h), H_k = sh.H_k, H_v = sh.H_v;
@@ -527,58 +502,6 @@ __device__ __forceinline__ void stage1_record(const ref::GdnShape& sh, const int
         if (lane == 0) R->bound = sm.G[kC - 1] + lg;
     }
     S1CLK(11);
-}
-
-__global__ void __launch_bounds__(kThreads) stage1_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
-                                                          const int32_t* __restrict__ cstart, int n_seqs,
-                                                          const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                          const float* __restrict__ g,
-                                                          const float* __restrict__ beta,
-                                                          ChunkRecord* __restrict__ rec, Stage1Tail tail, int n_ready) {
-    detail::pdl_entry();
-    __shared__ Stage1Smem sm;
-    if (tail.ready) {  // the tail kernel's flags, zeroed before it can start (it starts after this grid ends)
-        const int nb = gridDim.x * gridDim.y, b = blockIdx.y * gridDim.x + blockIdx.x;
-        for (int i = tail.c_from * sh.H_v + b * kThreads + threadIdx.x; i < n_ready; i += nb * kThreads) tail.ready[i] = 0;
-    }
-    const int c = blockIdx.x, h = blockIdx.y;
-    if (c >= cstart[n_seqs]) return;
-    stage1_record(sh, offs, cstart, n_seqs, q, k, g, beta, rec, c, h, sm);
-}
-
-// The overlap's second stage-1 launch (Stage1Tail): records of chunks [c_from, total), chunk-major,
-// taken one at a time from a counter so the scan's next chunk is always the next one written.
-// No griddepcontrol.wait (it would wait for the scan, which waits for these records): the scan
-// triggers this launch only after its own wait for stage1_kernel, so q, k, g, beta, the tables and
-// the zeroed flags are complete. The last block to finish waits for every scan warp, so that
-// this grid (the stream's last) ends after the scan: the next kernel waits for this one only.
-__global__ void __launch_bounds__(kThreads) stage1_tail_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
-                                                               const int32_t* __restrict__ cstart, int n_seqs,
-                                                               const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                               const float* __restrict__ g,
-                                                               const float* __restrict__ beta,
-                                                               ChunkRecord* __restrict__ rec, Stage1Tail tail) {
-    detail::pdl_trigger();
-    __shared__ Stage1Smem sm;
-    __shared__ int next;
-    const int H_v = sh.H_v, n_rec = (cstart[n_seqs] - tail.c_from) * H_v;
-    for (;;) {
-        if (threadIdx.x == 0) next = atomicAdd(tail.counters + kTailNext, 1);
-        __syncthreads();  // (also: the previous record's shared-memory reads are done)
-        const int r = next;
-        __syncthreads();
-        if (r >= n_rec) break;
-        const int c = tail.c_from + r / H_v, h = r % H_v;
-        stage1_record(sh, offs, cstart, n_seqs, q, k, g, beta, rec, c, h, sm);
-        __syncthreads();  // every thread's record stores issued
-        if (threadIdx.x == 0) {
-            __threadfence();
-            fence_proxy_async_global();
-            st_release(tail.ready + (size_t)c * H_v + h, 1);
-        }
-    }
-    if (threadIdx.x == 0 && atomicAdd(tail.counters + kTailDone, 1) == int(gridDim.x) - 1)
-        wait_at_least(tail.counters + kScanDone, tail.scan_warps);
 }
 
 // ---- stage 2 ----
@@ -884,7 +807,14 @@ __device__ __forceinline__ void fin_arrive(int* cnt, int lane) {
     }
 }
 __device__ __forceinline__ void fin_wait(const int* cnt, int target, int lane) {
-    if (lane == 0) wait_at_least(cnt, target);
+    if (lane == 0) {
+        int v;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
+            if (v >= target) break;
+            __nanosleep(128);
+        }
+    }
     __syncwarp();
 }
 __device__ __forceinline__ int* fin_counter(const ScanSegments& sg, int seq, int H_v, int h) {
@@ -1299,8 +1229,7 @@ __device__ __forceinline__ void produce_tiles(PairStateBuf<BV, true>* sb, PairOu
                                               uint64_t* tiles_o, uint64_t* s_free, uint64_t* o_free, const PairMaps& maps,
                                               const bf16* q, const bf16* k, const bf16* v, const ChunkRecord* rec,
                                               const ref::GdnShape& sh, int t_begin, int t_end, int c_first, int h, int v0,
-                                              int i_ws, int i_lo, int i_hi, int lane, const int* ready = nullptr,
-                                              int ready_from = 0) {
+                                              int i_ws, int i_lo, int i_hi, int lane) {
     const int H_v = sh.H_v, kh = key_head(sh, h);
     const size_t qk_stride = (size_t)sh.H_k * kD, v_stride = (size_t)H_v * kD;
     const int cc = (lane & 15) * 8, r0 = lane >> 4;  // copy_row_tile with 32 threads
@@ -1347,26 +1276,18 @@ __device__ __forceinline__ void produce_tiles(PairStateBuf<BV, true>* sb, PairOu
         if (lane < 16) cp_async16(B.eG + 4 * lane, R->eG + 4 * lane, true);
         warp_copies_landed(&tiles_o[b], lane);
     };
-    // Stage1Tail: a record of chunk ready_from or later is copied once its flag is up (every lane
-    // acquires it: the partial-chunk path copies with all lanes).
-    auto rec_ready = [&](int i) {
-        if (!ready || c_first + i < ready_from) return true;
-        const int f = ld_acquire(ready + (size_t)(c_first + i) * H_v + h);
-        if (f) fence_proxy_async_global();
-        return __all_sync(0xffffffffu, f != 0) != 0;
-    };
     int si = i_ws, oi = i_lo;  // the next chunk of each ring
     while (si < i_hi || oi < i_hi) {
         bool did = false;
         if (si < i_hi) {
             const int u = si - i_ws, b = u % kNS;
-            const bool buf_free = __shfl_sync(0xffffffffu, u < kNS || mbar_test(&s_free[b], ((u / kNS) - 1) & 1), 0);
-            if (buf_free && rec_ready(si)) load_state(si++, b), did = true;
+            const bool ready = __shfl_sync(0xffffffffu, u < kNS || mbar_test(&s_free[b], ((u / kNS) - 1) & 1), 0);
+            if (ready) load_state(si++, b), did = true;
         }
         if (oi < i_hi) {
             const int u = oi - i_lo, b = u % kNO;
-            const bool buf_free = __shfl_sync(0xffffffffu, u < kNO || mbar_test(&o_free[b], ((u / kNO) - 1) & 1), 0);
-            if (buf_free && rec_ready(oi)) load_out(oi++, b), did = true;
+            const bool ready = __shfl_sync(0xffffffffu, u < kNO || mbar_test(&o_free[b], ((u / kNO) - 1) & 1), 0);
+            if (ready) load_out(oi++, b), did = true;
         }
         if (!did) __nanosleep(64);
     }
@@ -1955,32 +1876,24 @@ __global__ void __launch_bounds__(32 * NW, 1) stage2_warp_kernel(ref::GdnShape s
 // warp rows' mma sequence with its operand roundings: the same bits as every other scan.
 // NC <= 2 (a third chain's 13 warps would leave ~100 registers a thread).
 // Ring buffers: state tiles (4 at one chain a block, where they fit) and output tiles.
-// kSlim (the overlap with stage1_tail_kernel, Stage1Tail): a buffer fewer in each ring (3 + 2 at one
-// chain, 2 + 2 at two: ~159 / ~153 KB), so that a 38.8 KB stage-1 block fits beside the scan block.
-template <int NC, bool kSlim = false>
-__host__ __device__ constexpr int chain_bufs_s() { return (NC == 1 ? 4 : 3) - (kSlim ? 1 : 0); }
-template <bool kSlim = false>
-__host__ __device__ constexpr int chain_bufs_out() { return kSlim ? 2 : 3; }
-template <int NC, bool kSlim = false>
+template <int NC>
+__host__ __device__ constexpr int chain_bufs_s() { return NC == 1 ? 4 : 3; }
+constexpr int kChainBufsOut = 3;
+template <int NC>
 struct alignas(1024) ChainSmem {
-    PairStateBuf<16 * NC, true> sb[chain_bufs_s<NC, kSlim>()];
-    PairOutBuf<true> ob[chain_bufs_out<kSlim>()];
+    PairStateBuf<16 * NC, true> sb[chain_bufs_s<NC>()];
+    PairOutBuf<true> ob[kChainBufsOut];
     uint4 sa[NC][2][kD / 16][32];  // S^T at a chunk's start as bf16 A fragments [k-step][lane], by chunk parity
     uint4 da[NC][2][kC / 16][32];  // Delta^T as A fragments, by chunk parity
     uint4 xd[NC][2][2][32];        // each state warp's Delta'^T fragments (its two s-steps) for the other
     uint4 xt[NC][kC / 16][32];     // Dt = Delta^T .* e^{G_C - G} fragments, both state warps' halves
     float O[NC][2][32 * (16 + 4)]; // output warp h's O rows [32 h, 32 h + 32) of the chunk, [r][j]
     uint64_t full_s[NC][2], full_d[NC][2], empty[NC][2];
-    uint64_t tiles_s[chain_bufs_s<NC, kSlim>()], tiles_o[chain_bufs_out<kSlim>()], s_free[chain_bufs_s<NC, kSlim>()],
-        o_free[chain_bufs_out<kSlim>()];
+    uint64_t tiles_s[chain_bufs_s<NC>()], tiles_o[kChainBufsOut], s_free[chain_bufs_s<NC>()], o_free[kChainBufsOut];
     int i_ws;  // the chunk (in the sequence) where the state warps start (segmented scan)
 };
-template <int NC, bool kSlim = false>
-constexpr size_t chain_smem_bytes() { return sizeof(ChainSmem<NC, kSlim>) + 1024; }
-// Beside one stage-1 block (38.8 KB static) in an SM's 228 KB, each block with 1 KB reserved.
-static_assert(chain_smem_bytes<1, true>() + sizeof(Stage1Smem) + 2048 <= 233472 &&
-                  chain_smem_bytes<2, true>() + sizeof(Stage1Smem) + 2048 <= 233472,
-              "slim chain scan: no room for a stage-1 block beside it");
+template <int NC>
+constexpr size_t chain_smem_bytes() { return sizeof(ChainSmem<NC>) + 1024; }
 static_assert(chain_smem_bytes<1>() <= 232448 && chain_smem_bytes<2>() <= 232448, "chain scan: shared memory over 227 KB");
 constexpr int chain_threads(int nc) { return 32 * (4 * nc + 1); }
 
@@ -2015,7 +1928,7 @@ __device__ __forceinline__ void chain_rows_product(float (&acc)[4][4], float (&a
     }
 }
 
-template <int NC, typename OutT, bool kSlim = false>
+template <int NC, typename OutT>
 __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref::GdnShape sh, const int32_t* __restrict__ offs,
                                                                             const int32_t* __restrict__ cstart,
                                                                             const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -2023,31 +1936,15 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
                                                                             const ChunkRecord* __restrict__ rec,
                                                                             float* __restrict__ state, OutT* __restrict__ out,
                                                                             const int32_t* __restrict__ slots, ScanSegments sg,
-                                                                            Stage1Tail tail,
                                                                             const __grid_constant__ PairMaps maps) {
-    // With the overlap, the tail stage-1 launch must start only after this grid's wait (it has none).
-    if (tail.ready) {
-        detail::pdl_wait();
-        detail::pdl_trigger();
-    } else {
-        detail::pdl_entry();
-    }
-    // Each warp counts itself into kScanDone when it ends (the tail kernel's last block waits for all).
-    auto warp_done = [&] {
-        if (!tail.ready) return;
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) {
-            __threadfence();
-            atomicAdd(tail.counters + kScanDone, 1);
-        }
-    };
-    constexpr int BV = 16 * NC, kNB = chain_bufs_out<kSlim>(), kNS = chain_bufs_s<NC, kSlim>();
-    using Smem = ChainSmem<NC, kSlim>;
+    detail::pdl_entry();
+    constexpr int BV = 16 * NC, kNB = kChainBufsOut, kNS = chain_bufs_s<NC>();
+    using Smem = ChainSmem<NC>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023));
     const int vs = blockIdx.x, h = blockIdx.y;
     const SegmentBlock sb_ = segment_block(sg, offs, cstart);
-    if (!sb_.valid) return warp_done();
+    if (!sb_.valid) return;
     const int seq = sb_.seq, i_lo = sb_.i_lo, i_hi = sb_.i_hi, t_begin = sb_.t_begin, t_end = sb_.t_end;
     const int c_first = sb_.c_first, n_chunks = sb_.n_chunks;
     const int H_v = sh.H_v, v0 = vs * BV;
@@ -2077,8 +1974,8 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
 #endif
     if (w == 4 * NC) {
         produce_tiles<BV, kNS, kNB>(sm.sb, sm.ob, sm.tiles_s, sm.tiles_o, sm.s_free, sm.o_free, maps, q, k, v, rec, sh,
-                                    t_begin, t_end, c_first, h, v0, i_ws, i_lo, i_hi, lane, tail.ready, tail.c_from);
-        return warp_done();
+                                    t_begin, t_end, c_first, h, v0, i_ws, i_lo, i_hi, lane);
+        return;
     }
     // ---- state warp H of chain c ----
     auto state_warp = [&](auto half) {
@@ -2304,7 +2201,6 @@ __global__ void __launch_bounds__(chain_threads(NC), 1) stage2_chain_kernel(ref:
         if (w & 1) output_warp(std::integral_constant<int, 1>{});
         else output_warp(std::integral_constant<int, 0>{});
     }
-    warp_done();
 }
 
 // ---- the W-form scan on wgmma (GdnScan::Wgmma) ----
@@ -3213,23 +3109,11 @@ template <int NC, typename OutT>
 void launch_stage2_chain(const ref::GdnShape& sh, const int32_t* offs, const int32_t* cstart, const bf16* q,
                          const bf16* k, const bf16* v, const ChunkRecord* rec, float* state, OutT* out,
                          const int32_t* slots, cudaStream_t st, const ScanSegments& sg, unsigned grid_z, int n_tokens,
-                         size_t n_records, const Stage1Tail& tail) {
+                         size_t n_records) {
     const PairMaps maps = pair_maps("cuda::gdn_delta_chunked", sh, n_tokens, q, k, rec, n_records, v, 16 * NC);
-    const dim3 grid(kD / (16 * NC), sh.H_v, grid_z), block(chain_threads(NC));
-    if (tail.ready) {
-        // All of the SM's unified memory as shared, so that the tail's stage-1 block fits beside the scan's.
-        static const bool carveout = [] {
-            cudaFuncSetAttribute(stage2_chain_kernel<NC, OutT, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 int(cudaSharedmemCarveoutMaxShared));
-            return true;
-        }();
-        (void)carveout;
-        launch_scan<stage2_chain_kernel<NC, OutT, true>>(chain_smem_bytes<NC, true>(), grid, block, st, sh, offs, cstart, q,
-                                                         k, v, rec, state, out, slots, sg, tail, maps);
-    }
-    else
-        launch_scan<stage2_chain_kernel<NC, OutT>>(chain_smem_bytes<NC>(), grid, block, st, sh, offs, cstart, q, k, v, rec,
-                                                   state, out, slots, sg, tail, maps);
+    launch_scan<stage2_chain_kernel<NC, OutT>>(chain_smem_bytes<NC>(), dim3(kD / (16 * NC), sh.H_v, grid_z),
+                                               dim3(chain_threads(NC)), st, sh, offs, cstart, q, k, v, rec, state, out,
+                                               slots, sg, maps);
 }
 
 template <int BV, typename OutT>
@@ -3396,33 +3280,12 @@ GdnScan gdn_delta_chunked_scan(int block_v) {
 
 namespace {
 
-// The overlap's counters and ready flags (Stage1Tail), at the workspace's end: [kTailCounters +
-// chunks x H_v] ints.
-size_t overlap_bytes(int H_v, int n_seqs, int n_tokens) {
-    return (kTailCounters + chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) * size_t(std::max(H_v, 0))) * sizeof(int);
-}
-
-// ALLOY_GDN_OVERLAP=P (experimental, off by default; GdnScan::ChainsOverlap asks for it with P =
-// 50 unless set): stage 1 overlapped with the chain scan (Stage1Tail), the first launch taking
-// the first P percent of the chunks. Only where every scan block is resident at once (one
-// sequence, no segments, value heads x slices <= SMs) and with programmatic dependent launch (the
-// tail launch must start while the scan runs).
-int overlap_percent() {
-    static const int p = [] {
-        const char* e = std::getenv("ALLOY_GDN_OVERLAP");
-        return e ? std::atoi(e) : 0;
-    }();
-    return p;
-}
-
 template <typename OutT>
 void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n_tokens, const bf16* q, const bf16* k,
                  const bf16* v, const float* g, const float* beta, float* state, OutT* out, void* workspace,
                  cudaStream_t st, int block_v, const char* op, const int32_t* slots = nullptr,
                  GdnScan scan = GdnScan::Auto, int forced = 0) {
     if (n_seqs == 0 || n_tokens == 0) return;
-    const bool overlap_asked = scan == GdnScan::ChainsOverlap;  // the chain scan with Stage1Tail where it can
-    if (overlap_asked) scan = GdnScan::Chains;
     int32_t* cstart = static_cast<int32_t*>(workspace);
     ChunkRecord* rec = reinterpret_cast<ChunkRecord*>(static_cast<char*>(workspace) + table_bytes(n_seqs));
     const size_t chunks = chunk_slots(n_seqs, n_tokens);
@@ -3468,23 +3331,11 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
             n_fin_cnt = n_seqs * sh.H_v * (kD / 16);
         }
     }
-    Stage1Tail tail{nullptr, nullptr, 0, 0};
-    const int chain_nc = block_v == 16 ? 1 : 2, scan_blocks = sh.H_v * (kD / (16 * chain_nc));
-    const int ov = overlap_percent() > 0 ? overlap_percent() : overlap_asked ? 50 : 0;
-    if (ov > 0 && ov < 100 && scan == GdnScan::Chains && segments == 1 && n_seqs == 1 && scan_blocks <= num_sms() &&
-        chunks >= 2 && detail::pdl_enabled()) {
-        const size_t at = gdn_delta_chunked_workspace_bytes(sh, n_seqs, n_tokens, GdnScan::Chains) -
-                          overlap_bytes(sh.H_v, n_seqs, n_tokens);
-        tail.counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + at);
-        tail.ready = tail.counters + kTailCounters;
-        tail.c_from = std::max(1, int(chunks * size_t(ov) / 100));
-        tail.scan_warps = scan_blocks * (chain_threads(chain_nc) / 32);
-    }
     detail::launch(op, start_table_kernel, dim3(1), dim3(32), 0, st, offs, n_seqs, cstart, sg.chunks, segstart,
-                   tail.ready ? tail.counters : sg.fin_cnt, tail.ready ? kTailCounters : n_fin_cnt);
+                   sg.fin_cnt, n_fin_cnt);
     check_launch(op);
-    detail::launch(op, stage1_kernel, dim3(dim3(unsigned(tail.ready ? tail.c_from : chunks), sh.H_v)), dim3(kThreads), 0, st,
-                   sh, offs, cstart, n_seqs, q, k, g, beta, rec, tail, int(chunks * sh.H_v));
+    detail::launch(op, stage1_kernel, dim3(dim3(unsigned(chunks), sh.H_v)), dim3(kThreads), 0, st, sh, offs, cstart, n_seqs,
+                   q, k, g, beta, rec);
     check_launch(op);
     if (scan == GdnScan::Transition) {
         if (gate_split) block_v = sh.H_v * n_seqs * 8 <= num_sms() ? 16 : 32;
@@ -3541,19 +3392,7 @@ void run_chunked(const ref::GdnShape& sh, int n_seqs, const int32_t* offs, int n
             if (encode_tiled() == nullptr)
                 throw Error(std::string(op) + ": the chain scan (GdnScan::Chains) needs the driver's cuTensorMapEncodeTiled");
             launch_stage2_chain<decltype(nc)::value, OutT>(sh, offs, cstart, q, k, v, rec, state, out, slots, st, sg,
-                                                           grid_z, n_tokens, chunks * sh.H_v, tail);
-            if (tail.ready) {  // the rest of stage 1 in the room the scan leaves: one block an SM beside it, five elsewhere
-                check_launch(op);
-                static const bool carveout = [] {
-                    cudaFuncSetAttribute(stage1_tail_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                         int(cudaSharedmemCarveoutMaxShared));
-                    return true;
-                }();
-                (void)carveout;
-                const int n_tail = num_sms() + 4 * std::max(0, num_sms() - scan_blocks);
-                detail::launch(op, stage1_tail_kernel, dim3(unsigned(n_tail)), dim3(kThreads), 0, st, sh, offs, cstart, n_seqs, q,
-                               k, g, beta, rec, tail);
-            }
+                                                           grid_z, n_tokens, chunks * sh.H_v);
         };
         // One launch site for the six (split, tile copies) instantiations.
         auto launch_pair = [&](auto bv, auto tma_tiles, auto producer) {
@@ -3614,7 +3453,7 @@ size_t gdn_delta_chunked_workspace_bytes(const ref::GdnShape& shape, int n_seqs,
     const size_t fin =
         size_t(std::min(std::max(n_seqs, 0), segment_seqs_cap(H_v, num_sms()))) * H_v * kD * kD * sizeof(float);
     return table_bytes(std::max(n_seqs, 0)) + chunk_slots(std::max(n_seqs, 0), std::max(n_tokens, 0)) * size_t(H_v) * per +
-           fin + overlap_bytes(H_v, n_seqs, n_tokens);
+           fin;
 }
 
 void gdn_delta_chunked(const ref::GdnShape& shape, int n_seqs, const int32_t* seq_offsets, int n_tokens,

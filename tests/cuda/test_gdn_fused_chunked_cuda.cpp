@@ -360,47 +360,6 @@ TEST(CudaGdnFusedChunked, ValueSplitsGiveTheSameBits) {
     }
 }
 
-// Stage 1 overlapped with the chain scan (GdnScan::ChainsOverlap: its later chunks' records
-// written beside the running scan, which waits on a flag per record) gives the chain scan's bits:
-// one sequence of 4100 tokens (a partial last chunk), both chain splits, twice on the same
-// workspace (the second call finds the first one's raised flags and counters).
-TEST(CudaGdnFusedChunked, OverlappedStageOneGivesTheChainScansBits) {
-    if (!cuda::device_available()) GTEST_SKIP() << "no CUDA device";
-    const ref::GdnShape sh{4, 8, 128, 128, false};
-    const int T = 4100;
-    const std::vector<int32_t> offs = {0, T};
-    std::mt19937 rng(982);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::uniform_real_distribution<float> u(0.0f, 1.0f);
-    const auto [q, k, v] = random_qkv(rng, sh, T);
-    std::vector<float> g(size_t(T) * sh.H_v), beta(g.size()), state(size_t(sh.H_v) * 128 * 128);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = -(0.001f + 0.05f * u(rng)), beta[i] = 0.02f + 0.96f * u(rng);
-    for (auto& e : state) e = 0.3f * nd(rng);
-    DeviceArray<uint16_t> dq(q), dk(k), dv(v);
-    DeviceArray<float> dg(g), db(beta);
-    DeviceArray<int32_t> doffs(offs);
-    DeviceArray<uint8_t> ws(std::vector<uint8_t>(cuda::gdn_delta_chunked_workspace_bytes(sh, 1, T)));
-    auto run = [&](int bv, cuda::GdnScan scan, std::vector<uint16_t>& o, std::vector<float>& st_out) {
-        DeviceArray<float> st(state);
-        DeviceArray<uint16_t> out(std::vector<uint16_t>(v.size(), 0x7fc0));
-        cuda::gdn_delta_chunked(sh, 1, doffs.p, T, dq.p, dk.p, dv.p, dg.p, db.p, st.p, out.p, ws.p, nullptr, bv, nullptr, scan,
-                                1);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        o = out.host();
-        st_out = st.host();
-    };
-    for (int bv : {16, 32}) {
-        std::vector<uint16_t> o0, o1;
-        std::vector<float> s0, s1;
-        run(bv, cuda::GdnScan::Chains, o0, s0);
-        for (int rep = 0; rep < 2; ++rep) {
-            run(bv, cuda::GdnScan::ChainsOverlap, o1, s1);
-            EXPECT_EQ(0, std::memcmp(o0.data(), o1.data(), o0.size() * 2)) << "out, block_v " << bv << ", call " << rep;
-            EXPECT_EQ(0, std::memcmp(s0.data(), s1.data(), s0.size() * 4)) << "state, block_v " << bv << ", call " << rep;
-        }
-    }
-}
-
 // The segmented scan (cuda::gdn_delta_chunked_plan): heads whose gates decay slowly (the
 // warmup reaches back to the sequence's start) give the unsegmented kernel's bits; heads whose
 // gates decay ~0.5 a token (a segment starts from zero one chunk before it) agree with it to

@@ -445,10 +445,6 @@ Scratch carve(const Need& n, void* workspace) {
     return s;
 }
 
-// The sections a call of T tokens on plan p takes (run_jobs, or run_converted for converted
-// weights); fused: matmul_swiglu's GEMM items (gate and up tiles per thread).
-// unpack_row_bytes: a repacked weight's row bytes (its GEMM items unpack their rows after the
-// tiles: gate's and up's in a fused item).
 // GEMM items are row-major: an item is `item_rows` rows of one weight over every token tile,
 // 16-row chunks (kTileRowGroups x the tile's rows) at a time, so the item's weight rows stay in
 // L2 while the activation panel passes over them, swept from L2 / L3 once per item; larger
@@ -478,6 +474,10 @@ bool tile_major_items(const WeightView& W) {
     return tiles && W.layout != WeightLayout::KqRows16;
 }
 
+// The sections a call of T tokens on plan p takes (run_jobs, or run_converted for converted
+// weights); fused: matmul_swiglu's GEMM items (gate and up tiles per thread).
+// unpack_row_bytes: a repacked weight's row bytes (its GEMM items unpack their rows after the
+// tiles: gate's and up's in a fused item).
 Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unpack_row_bytes = 0) {
     Need n;
     const bool gemm = use_gemm(p, T);
@@ -487,7 +487,8 @@ Need need_of(const Plan& p, int64_t K, int64_t T, bool fused = false, size_t unp
         if (p.round_input != InputRounding::None) n.rounded = size_t(T * K) * sizeof(float);
         n.per_thread = size_t(kConvertRows * K + kConvertRows * ldt) * sizeof(float);
     } else if (gemm) {
-        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float) + size_t((fused ? 2 : 1) * (unpack_row_bytes ? item_rows_cap(unpack_row_bytes, mm::kQ4KGroupRows) : 0)) * unpack_row_bytes;
+        const int64_t unpack_rows = unpack_row_bytes ? item_rows_cap(unpack_row_bytes, mm::kQ4KGroupRows) : 0;
+        n.per_thread = size_t((fused ? 2 : 1) * chunk * ldt) * sizeof(float) + size_t((fused ? 2 : 1) * unpack_rows) * unpack_row_bytes;
     }
     return n;
 }

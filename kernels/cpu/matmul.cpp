@@ -454,7 +454,7 @@ Scratch carve(const Need& n, void* workspace) {
 // 7.45 / 7.3 ms, Q6_K 1024 x 3584 10.0 / 9.3 / 9.3 / 9.05 / 9.0; Q8_0 (Q8Rows16) 256 rows 5.57 /
 // 5.53 ms against 6.5-6.75 / 5.88 token-tile-major (the former order: an item one token tile x
 // one row chunk, tile-major, both threads sharing the activation tile while the weights streamed
-// once per token tile; ALLOY_GEMM_ORDER=tiles keeps it for A/B, except for repacked weights).
+// once per token tile; kept per weight where it moves fewer bytes: tile_major_items).
 // Bounded by 256 rows, by 512 KiB of weight rows (kept in L2; BF16 at 256 rows of 7 KiB lost 1-2%)
 // and by four items a thread.
 constexpr size_t kItemBytes = size_t(512) << 10;

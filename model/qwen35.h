@@ -91,7 +91,8 @@ public:
     const gguf::File& file() const { return *file_; }
     // The MTP block, bound when the file has one (nextn_predict_layers > 0), else nullptr.
     const Qwen35Mtp* mtp() const { return mtp_ ? &*mtp_ : nullptr; }
-    // Repacks the Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 matrices of the dense layers and the LM head in
+    // Repacks the Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 matrices of the dense layers, the MoE experts
+    // (each expert tensor whole, where every expert is whole 16-row groups) and the LM head in
     // place for the CPU kernels (cpu::repack_weight; `allow`: the types to repack, nullptr: all). A tied table
     // keeps one copy (the embedding gather unpacks its rows). Only for a file whose tensor bytes
     // are resident (writable) and a model run on the CPU backend only: other readers (the CUDA

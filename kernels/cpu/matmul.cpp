@@ -936,6 +936,9 @@ void repack_groups(uint8_t* data, int64_t groups, size_t group_bytes, F&& repack
 }
 }  // namespace
 
+static_assert(kRepackGroupRows == mm::kQ4KGroupRows && kRepackGroupRows == mm::kQ8R16Rows,
+              "kRepackGroupRows names both layouts' group");
+
 bool repack_weight(WeightView& W, uint8_t* data) {
     // (Only a whole matrix: a view of part of each row, row_bytes past its n_in, keeps its layout.)
     if (W.type == GgmlType::Q8_0) {

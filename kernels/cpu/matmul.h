@@ -106,6 +106,9 @@ std::string matmul_path(GgmlType wtype, Isa isa, int64_t n_in, int64_t T);
 // other layouts, fewer than 16 rows, or a view of part of each row (row_bytes past n_in). Runs
 // on the thread pool.
 bool repack_weight(WeightView& W, uint8_t* data);
+// Rows a repacked group holds (both layouts): a view of rows [r0, r0 + n) of a repacked matrix
+// keeps its layout only where r0 and n are multiples of it (the MoE experts' slices).
+constexpr int64_t kRepackGroupRows = 16;
 // Whether the model loaders repack matrices of type t: Q8_0 where AVX512-VNNI runs unless
 // ALLOY_Q8_REPACK=0; K-quants: ALLOY_KQ_REPACK unset or 1: every type
 // that has the layout; 0: none (A/B); else a comma list of type names (q4_k,q5_k,q6_k,iq4_xs).

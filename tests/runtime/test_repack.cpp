@@ -3,7 +3,9 @@
 // for bit as on the stored layout, at prefill, decode and verification-sized steps, with a tied
 // Q4_K table (the embedding gather unpacks its rows), in a Q4_K_M file (Q4_K and Q6_K matrices,
 // a tied Q6_K table), a Q5_K_M file (Q5_K and Q6_K), an IQ4_XS file and a Q8_0 file (every matrix and
-// the tied table Q8_0: WeightLayout::Q8Rows16); a mapped file is not written.
+// the tied table Q8_0: WeightLayout::Q8Rows16); a mapped file is not written. A MoE file's expert
+// tensors (ffn_*_exps, one matrix per expert) are repacked whole where every expert's slice is
+// whole groups, with the same logits.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -19,6 +21,7 @@
 #include "format/gguf.h"
 #include "model/qwen35.h"
 #include "model/quantize.h"
+#include "model/graph.h"
 #include "model/synth.h"
 #include "runtime/model_runner.h"
 
@@ -52,6 +55,18 @@ protected:
         quantize(FileType::Q5_K_M, false, "q5km.gguf");
         quantize(FileType::IQ4_XS, false, "iq4xs.gguf");
         quantize(FileType::Q8_0, true, "q8.gguf");
+        // moe-tiny: D 256, 8 experts of width 128 (ffn_down_exps rows of 128: no K-quant there).
+        SynthOptions mo = so;
+        mo.preset = "moe-tiny";
+        mo.out_path = (dir_ / "moe.gguf").string();
+        synth_qwen35(mo);
+        const auto quantize_moe = [&](FileType type, const char* name) {
+            QuantizeOptions q;
+            q.type = type;
+            for (const auto& t : quantize_file(mo.out_path, (dir_ / name).string(), q).tensors) types_[name][t.name] = t.to;
+        };
+        quantize_moe(FileType::Q4_K_M, "moe_q4km.gguf");
+        quantize_moe(FileType::Q8_0, "moe_q8.gguf");
     }
     static void TearDownTestSuite() { fs::remove_all(dir_); }
 
@@ -102,6 +117,44 @@ TEST_F(Repack, LogitsAreTheStoredLayoutsBitForBit) {
         EXPECT_GT(packed->repack_for_cpu(only), 0) << name;
         packed->repack_for_cpu();
         EXPECT_EQ(packed->repack_for_cpu(), 0) << name << ": repacked twice";
+        const std::vector<float> a = run(*plain), b = run(*packed);
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << name;
+    }
+}
+
+// Every MoE layer's expert tensors in a model's graph (the MoeFfn nodes' weights): gate, up, down.
+std::vector<WeightView> expert_tensors(const Qwen35Model& m) {
+    std::vector<WeightView> out;
+    const graph::Graph g = m.build_graph({graph::Rows::Last});
+    for (const auto& n : g.nodes)
+        if (n.moe) out.insert(out.end(), {n.moe->gate.all, n.moe->up.all, n.moe->down.all});
+    return out;
+}
+
+TEST_F(Repack, MoeExpertsAreRepackedWithTheSameLogits) {
+    EXPECT_EQ(types_["moe_q4km.gguf"]["blk.0.ffn_gate_exps.weight"], GgmlType::Q4_K);
+    EXPECT_EQ(types_["moe_q8.gguf"]["blk.0.ffn_down_exps.weight"], GgmlType::Q8_0);
+    for (const char* name : {"moe_q4km.gguf", "moe_q8.gguf"}) {
+        const std::string path = (dir_ / name).string();
+        auto plain = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));
+        auto packed = Qwen35Model::load(std::shared_ptr<gguf::File>(gguf::File::open(path, gguf::TensorData::Resident)));
+        EXPECT_GT(packed->repack_for_cpu(), 0) << name;
+        const std::vector<WeightView> before = expert_tensors(*plain), after = expert_tensors(*packed);
+        ASSERT_EQ(before.size(), 12u) << name;  // 4 MoE layers x gate, up, down
+        int n_packed = 0;
+        for (size_t i = 0; i < after.size(); ++i) {
+            EXPECT_EQ(before[i].layout, WeightLayout::Gguf) << name << " " << i;
+            // Every type that has a repacked layout gets it (repack_for_cpu without a filter).
+            const GgmlType t = after[i].type;
+            const WeightLayout want = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_XS
+                                          ? WeightLayout::KqRows16
+                                      : t == GgmlType::Q8_0 ? WeightLayout::Q8Rows16
+                                                            : WeightLayout::Gguf;
+            EXPECT_EQ(after[i].layout, want) << name << " " << i << " " << type_traits(t).name;
+            n_packed += after[i].layout != WeightLayout::Gguf;
+        }
+        if (std::string(name) == "moe_q4km.gguf") EXPECT_GE(n_packed, 8) << name;  // gate and up (Q4_K) at least
         const std::vector<float> a = run(*plain), b = run(*packed);
         ASSERT_EQ(a.size(), b.size());
         EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << name;

@@ -1,6 +1,7 @@
 #include "kernels/cpu/moe.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
@@ -23,14 +24,19 @@ void for_rows(int64_t n, int64_t width, const Fn& fn) {
 }
 
 // The workspace (kernels/cpu/workspace.h; before: the calling thread's MoeScratch, grown only):
-// routing, the counting sort, the shared expert's and the gathered experts' rows, then one
-// matmul workspace that the products, run one after another, share.
+// routing, the counting sort, the shared expert's rows, every pair's expert output, then per
+// pool thread the rows of the expert it runs and a matmul workspace (thread 0's also serves the
+// router and the shared expert).
 struct MoeLayout {
     float *logits, *wt;
-    int32_t *ids, *count, *next, *tok, *slot;
+    int32_t *ids, *count, *next, *tok, *slot, *pos, *active;
     float *sg, *sy, *sh, *su;  // shared expert: gate [T], output [T, D], act and up [T, Is]
-    float *xe, *h, *u, *ye;    // one expert's gathered rows [n, D], act and up [n, I], output [n, D]
-    void* mm;
+    float* yp;                 // [T k, D]: pair at(e) + r's expert output (pairs in expert order)
+    struct PerThread {
+        float *xe, *h, *u;  // the expert's gathered rows [n, D], act and up [n, I]
+        void* mm;
+    };
+    std::vector<PerThread> th;
     size_t bytes;
 };
 MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, Isa isa, void* workspace) {
@@ -45,14 +51,13 @@ MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, Isa isa, void* workspa
     L.next = c.take<int32_t>(E);
     L.tok = c.take<int32_t>(pairs);
     L.slot = c.take<int32_t>(pairs);
+    L.pos = c.take<int32_t>(pairs);
+    L.active = c.take<int32_t>(E);
     L.sg = c.take<float>(w.has_shared() ? t : 0);
     L.sy = c.take<float>(w.has_shared() ? t * D : 0);
     L.sh = c.take<float>(t * Is);
     L.su = c.take<float>(t * Is);
-    L.xe = c.take<float>(t * D);
-    L.h = c.take<float>(t * I);
-    L.u = c.take<float>(t * I);
-    L.ye = c.take<float>(t * D);
+    L.yp = c.take<float>(pairs * D);
     // Every product's count holds for calls of up to T tokens (an expert gets at most T).
     size_t mm = matmul_workspace_bytes(w.router, T, isa);
     if (w.has_shared()) {
@@ -64,7 +69,13 @@ MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, Isa isa, void* workspa
         mm = std::max(mm, matmul_swiglu_workspace_bytes(w.gate.at(0), w.up.at(0), T, isa));  // every expert's shape
         mm = std::max(mm, matmul_workspace_bytes(w.down.at(0), T, isa));
     }
-    L.mm = c.take<uint8_t>(mm);
+    L.th.resize(size_t(n_threads()));
+    for (auto& p : L.th) {
+        p.xe = c.take<float>(t * D);
+        p.h = c.take<float>(t * I);
+        p.u = c.take<float>(t * I);
+        p.mm = c.take<uint8_t>(mm);
+    }
     L.bytes = c.bytes();
     return L;
 }
@@ -86,7 +97,7 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     // Routing.
     float* logits = s.logits;
     float* wt = s.wt;
-    matmul(w.router, x, logits, T, isa, s.mm);
+    matmul(w.router, x, logits, T, isa, s.th[0].mm);
     ref::moe_route(logits, T, E, k, s.ids, wt);
 
     // Counting sort of the (token, rank) pairs by expert: expert e owns entries
@@ -106,39 +117,49 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     if (w.has_shared()) {
         sg = s.sg;
         sy = s.sy;
-        matmul(w.shexp_router, x, sg, T, isa, s.mm);
-        matmul_swiglu(w.shexp_gate, w.shexp_up, x, s.sh, s.su, T, isa, s.mm);
-        matmul(w.shexp_down, s.sh, sy, T, isa, s.mm);
+        matmul(w.shexp_router, x, sg, T, isa, s.th[0].mm);
+        matmul_swiglu(w.shexp_gate, w.shexp_up, x, s.sh, s.su, T, isa, s.th[0].mm);
+        matmul(w.shexp_down, s.sh, sy, T, isa, s.th[0].mm);
     }
     std::fill(y, y + T * D, 0.0f);
 
-    // Each chosen expert, in increasing id, over its tokens (at most T): gather their rows, the
-    // three products, then add w * output into each token's row. A token's experts are thus
-    // summed in increasing id whatever the call, as transformers sums them (index_add_ per
-    // expert).
-    const int32_t* tok = s.tok;
-    const int32_t* slot = s.slot;
-    float* xe = s.xe;
-    float* h = s.h;
-    float* u = s.u;
-    float* ye = s.ye;
-    for (int e = w.expert_begin; e < w.expert_end(); ++e) {  // the experts held here (expert parallelism: a part)
+    // Each chosen expert on one pool thread (experts handed out in increasing id by the pool's
+    // counter): its rows gathered, the three products inline on that thread (a parallel_for
+    // inside an item runs inline), the output into its pairs' rows of yp. One pool region a call
+    // instead of three or four an expert (256 experts of ~16 tokens in a 512-token prefill of
+    // 35B-A3B; a decode step's 8 experts). Each product computes every row as it would on the
+    // whole pool, so the bits do not depend on which thread ran it.
+    int n_active = 0;
+    for (int e = w.expert_begin; e < w.expert_end(); ++e)  // the experts held here (expert parallelism: a part)
+        if (s.count[e + 1] > s.count[e]) s.active[n_active++] = e;
+    parallel_for(n_active, [&](int64_t a, int thread) {
+        const MoeLayout::PerThread& pt = s.th[size_t(thread)];
+        const int e = s.active[a], l = e - w.expert_begin;
         const int64_t r0 = s.count[e], n = s.count[e + 1] - r0;
-        if (n == 0) continue;
-        const int l = e - w.expert_begin;
-        for_rows(n, D, [&](int64_t r) {
-            const float* src = x + int64_t(tok[r0 + r]) * D;
-            std::copy(src, src + D, xe + r * D);
-        });
-        matmul_swiglu(w.gate.at(l), w.up.at(l), xe, h, u, n, isa, s.mm);
-        matmul(w.down.at(l), h, ye, n, isa, s.mm);
-        for_rows(n, D, [&](int64_t r) {
-            const float c = wt[slot[r0 + r]];
-            const float* src = ye + r * D;
-            float* dst = y + int64_t(tok[r0 + r]) * D;
+        for (int64_t r = 0; r < n; ++r) {
+            const float* src = x + int64_t(s.tok[r0 + r]) * D;
+            std::copy(src, src + D, pt.xe + r * D);
+        }
+        matmul_swiglu(w.gate.at(l), w.up.at(l), pt.xe, pt.h, pt.u, n, isa, pt.mm);
+        matmul(w.down.at(l), pt.h, s.yp + r0 * D, n, isa, pt.mm);
+    });
+
+    // Each token adds its experts' outputs in increasing expert id (as transformers sums them,
+    // index_add_ per expert): its pairs' positions in expert order, ascending.
+    for (int64_t at = 0; at < n_pairs; ++at) s.pos[s.slot[at]] = int32_t(at);
+    for_rows(T, D * k, [&](int64_t t) {
+        thread_local std::vector<int32_t> at;
+        at.assign(s.pos + t * k, s.pos + (t + 1) * k);
+        std::sort(at.begin(), at.end());
+        float* dst = y + t * D;
+        for (int j = 0; j < k; ++j) {
+            const int32_t p = s.slot[at[j]];
+            if (s.ids[p] < w.expert_begin || s.ids[p] >= w.expert_end()) continue;  // held elsewhere: nothing here
+            const float c = wt[p];
+            const float* src = s.yp + int64_t(at[j]) * D;
             for (int64_t d = 0; d < D; ++d) dst[d] += c * src[d];
-        });
-    }
+        }
+    });
 
     // + sigmoid(g) * shared, after the experts (transformers' order).
     if (sy)

@@ -2,9 +2,10 @@
 // (kernels/ref/moe.h). The router product and routing run once for all T tokens; the
 // token-expert pairs are then sorted by expert so each chosen expert runs one gate/up/down
 // product over all its tokens (its weights read once per call, GEMM tiles when it has more
-// than 4 tokens) and adds its weighted output into their rows; the shared expert runs over
-// all T. Each token sums its experts in increasing expert id (as transformers does), then the
-// gated shared expert. Scratch is O(T (D + I)), not O(T k (D + I)).
+// than 4 tokens), the experts spread over the pool's threads (one expert's products on one
+// thread); the shared expert runs over all T. Each token then sums its experts' outputs in
+// increasing expert id (as transformers does), then the gated shared expert. Scratch is
+// O(T k D + threads T (D + I)).
 //
 // Numerics: every product is cpu::matmul's (kernels/cpu/matmul.h, per weight type). A call of
 // up to 4 tokens gives every expert at most 4 tokens, so row t has the bits of a 1-token call

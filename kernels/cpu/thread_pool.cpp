@@ -13,6 +13,15 @@
 namespace alloy::cpu {
 namespace {
 
+thread_local bool t_in_region = false;
+// Marks this thread as running items for its lifetime (nested parallel_for runs inline).
+struct InRegion {
+    InRegion() { t_in_region = true; }
+    ~InRegion() { t_in_region = false; }
+    InRegion(const InRegion&) = delete;
+    InRegion& operator=(const InRegion&) = delete;
+};
+
 class Pool {
 public:
     explicit Pool(int n) { start(n); }
@@ -48,6 +57,7 @@ public:
 private:
     void work(int thread) {
         const auto& fn = *fn_;
+        const InRegion mark;
         if (fixed_) {
             for (int64_t i = n_items_ * thread / n_, e = n_items_ * (thread + 1) / n_; i < e; ++i) fn(i, thread);
             return;
@@ -123,6 +133,7 @@ Pool& pool() {
 
 }  // namespace
 
+bool in_parallel_region() { return t_in_region; }
 int n_threads() { return pool().size(); }
 void set_n_threads(int n) { pool().resize(n); }
 void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn, bool fixed) { pool().run(n, fn, fixed); }

@@ -22,15 +22,21 @@ void set_n_threads(int n);
 // n_threads() items do nothing, over `regions` back-to-back regions (microseconds).
 double region_overhead_us(int64_t regions = 20000);
 
+// True on a thread while it runs a parallel_for item: a parallel_for called from inside one (a
+// kernel run as an item of an outer loop, e.g. an MoE expert's products, one expert a thread)
+// runs its items inline on that thread, in order, as with one thread.
+bool in_parallel_region();
+
 // Type-erased core; prefer the templates below.
 void parallel_for_impl(int64_t n, const std::function<void(int64_t, int)>& fn, bool fixed);
 
 namespace detail {
-// Inline for n <= 1 or one thread (no region), else the pool: by its counter, or fixed.
+// Inline for n <= 1, one thread or inside an item (no region), else the pool: by its counter,
+// or fixed.
 template <class Fn>
 inline void run_items(int64_t n, Fn&& fn, bool fixed) {
     if (n <= 0) return;
-    if (n == 1 || n_threads() == 1) {
+    if (n == 1 || n_threads() == 1 || in_parallel_region()) {
         for (int64_t i = 0; i < n; ++i) fn(i, 0);
         return;
     }

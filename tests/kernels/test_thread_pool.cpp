@@ -1,7 +1,9 @@
 // The thread pool hands out every item exactly once, across many back-to-back regions (the
-// decode pattern) and pool sizes, and the caller sees all writes when parallel_for returns.
+// decode pattern) and pool sizes, and the caller sees all writes when parallel_for returns; a
+// parallel_for inside an item runs inline.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <vector>
 
@@ -48,6 +50,38 @@ TEST(ThreadPool, FixedSplitRunsTheSameItemsOnTheSameThread) {
                 }
                 parallel_for(n, [&](int64_t i, int) { hits[size_t(i)] += 1; });  // a counter region between
             }
+        }
+    }
+    set_n_threads(2);
+}
+
+// A parallel_for inside an item (an MoE expert's products run as one item of the experts' loop)
+// runs inline on that thread: every nested item once, in order, as thread 0, and outside items
+// the flag is off again (was: a deadlock on the pool's region lock).
+TEST(ThreadPool, NestedParallelForRunsInlineOnTheItemsThread) {
+    for (int threads : {1, 2, 3}) {
+        set_n_threads(threads);
+        EXPECT_FALSE(in_parallel_region());
+        const int64_t n = 37, m = 11;
+        std::vector<std::vector<int64_t>> order{size_t(n)};
+        std::vector<int> nested_thread(size_t(n), -1), inside(size_t(n), 0);
+        parallel_for(n, [&](int64_t i, int) {
+            inside[size_t(i)] = in_parallel_region();
+            parallel_for(m, [&](int64_t j, int t) {
+                order[size_t(i)].push_back(j);  // one thread: no race within item i
+                nested_thread[size_t(i)] = std::max(nested_thread[size_t(i)], t);
+            });
+            parallel_for_fixed(2, [&](int64_t j, int) { order[size_t(i)].push_back(100 + j); });
+        });
+        EXPECT_FALSE(in_parallel_region());
+        for (int64_t i = 0; i < n; ++i) {
+            std::vector<int64_t> want;
+            for (int64_t j = 0; j < m; ++j) want.push_back(j);
+            want.insert(want.end(), {100, 101});
+            EXPECT_EQ(order[size_t(i)], want) << "threads=" << threads << " i=" << i;
+            EXPECT_EQ(nested_thread[size_t(i)], 0) << "threads=" << threads << " i=" << i;
+            // (one thread: the outer loop itself runs inline, outside any region)
+            EXPECT_EQ(inside[size_t(i)], threads > 1 ? 1 : 0) << "threads=" << threads << " i=" << i;
         }
     }
     set_n_threads(2);

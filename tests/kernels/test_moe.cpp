@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "alloy/error.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/ref/matmul.h"
 #include "kernels/ref/moe.h"
@@ -65,6 +66,40 @@ TEST(Moe, EveryIsaTypeAndShapeAgainstReference) {
 
 // A BF16 router (as a BF16 GGUF stores it) rounds its input to bf16 on the CPU paths: the
 // routing still agrees where the logits are apart by more than that rounding.
+// K-quant experts as stored (GGUF rows) and repacked as the loader repacks them
+// (cpu::repack_weight on each expert tensor: WeightLayout::KqRows16) against the reference,
+// the two layouts with the same bits, on calls whose experts get few tokens (the GEMVs), 17..32
+// (GEMV calls of at most 16, moe.cpp's expert_step) and more (the GEMM tiles).
+TEST(Moe, KQuantExpertsRepackedGiveTheGgufRowsBits) {
+    const std::vector<Shape> shapes = {{256, 256, 0, 4, 2, false}, {256, 256, 256, 3, 2, true}};
+    uint32_t seed = 101;
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
+        for (const Shape& s : shapes) {
+            const uint32_t layer_seed = seed++;
+            const Layer plain(s, t, GgmlType::F32, layer_seed);
+            Layer packed(s, t, GgmlType::F32, layer_seed);
+            auto repack = [](WeightView& v) { return cpu::repack_weight(v, const_cast<uint8_t*>(v.data)); };
+            ASSERT_TRUE(repack(packed.w.gate.all)) << type_traits(t).name;
+            if (s.fused) packed.w.up.all.layout = packed.w.gate.all.layout;  // one tensor
+            else ASSERT_TRUE(repack(packed.w.up.all));
+            ASSERT_TRUE(repack(packed.w.down.all));
+            for (int64_t T : {3, 40, 70}) {  // ~T k / E tokens an expert: 1-2, 20-27, 35-47
+                const auto x = routed_input(plain.w, T, 0.05f, seed++);
+                std::vector<float> want(x.size());
+                ref::moe_ffn(plain.w, x.data(), want.data(), T);
+                for (Isa isa : test::isa_paths(/*has_avx2_code=*/true)) {
+                    std::vector<float> a(x.size(), NAN), b(x.size(), NAN);
+                    cpu::moe_ffn(plain.w, x.data(), a.data(), T, isa);
+                    cpu::moe_ffn(packed.w, x.data(), b.data(), T, isa);
+                    for (float v : a) ASSERT_TRUE(std::isfinite(v)) << name(s, t, isa, T);
+                    EXPECT_LE(rel_err(a, want), tolerance(t)) << name(s, t, isa, T);
+                    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << name(s, t, isa, T);
+                }
+            }
+        }
+    }
+}
+
 TEST(Moe, Bf16RouterAgreesWithReference) {
     const Shape s{64, 32, 16, 6, 2, false};
     const Layer L(s, GgmlType::BF16, GgmlType::BF16, 77);

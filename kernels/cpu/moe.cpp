@@ -142,12 +142,15 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     // counter): its rows gathered, the three products inline on that thread (a parallel_for
     // inside an item runs inline), the output into its pairs' rows of yp. One pool region a call
     // instead of three or four an expert (256 experts of ~16 tokens in a 512-token prefill of
-    // 35B-A3B; a decode step's 8 experts). Each product computes every row as it would on the
-    // whole pool, so the bits do not depend on which thread ran it.
+    // 35B-A3B; a decode step's 8 experts on 2 threads). Each product computes every row as it
+    // would on the whole pool, so the bits do not depend on which thread ran it.
+    // Where the experts are fewer than twice the threads (a decode step's 8 on a many-core host),
+    // one expert at a time over the whole pool instead, so that no thread idles: the same
+    // products, so the same bits.
     int n_active = 0;
     for (int e = w.expert_begin; e < w.expert_end(); ++e)  // the experts held here (expert parallelism: a part)
         if (s.count[e + 1] > s.count[e]) s.active[n_active++] = e;
-    parallel_for(n_active, [&](int64_t a, int thread) {
+    const auto run_expert = [&](int64_t a, int thread) {
         const MoeLayout::PerThread& pt = s.th[size_t(thread)];
         const int e = s.active[a], l = e - w.expert_begin;
         const int64_t r0 = s.count[e], n = s.count[e + 1] - r0;
@@ -162,7 +165,12 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
             matmul_swiglu(w.gate.at(l), w.up.at(l), pt.xe + q * D, pt.h + q * I, pt.u + q * I, m, isa, pt.mm);
             matmul(w.down.at(l), pt.h + q * I, s.yp + (r0 + q) * D, m, isa, pt.mm);
         }
-    });
+    };
+    if (n_active >= 2 * n_threads()) {
+        parallel_for(n_active, run_expert);
+    } else {
+        for (int a = 0; a < n_active; ++a) run_expert(a, 0);
+    }
 
     // Each token adds its experts' outputs in increasing expert id (as transformers sums them,
     // index_add_ per expert): its pairs' positions in expert order, ascending.

@@ -472,29 +472,23 @@ int Qwen35Model::repack_for_cpu(bool (*allow)(GgmlType)) {
         if (!allow || allow(w.type)) n += cpu::repack_weight(w, const_cast<uint8_t*>(w.data));
     };
     // An expert tensor as one matrix of E x stride rows, where every expert's slice (ExpertMatrix::at)
-    // is then whole groups: stride, offset and rows multiples of the group. A fused gate_up
-    // tensor (gate and up share `all`) is repacked once and both views take its layout.
-    const auto experts = [&](ref::ExpertMatrix& m, ref::ExpertMatrix* same = nullptr) {
+    // is then whole groups: stride, offset and rows multiples of the group.
+    const auto whole_groups = [](const ref::ExpertMatrix& m) {
         constexpr int64_t G = cpu::kRepackGroupRows;
-        if (m.stride % G != 0 || m.offset % G != 0 || m.rows % G != 0) return;
-        if (same && same->all.data == m.all.data) {
-            if (same->stride % G != 0 || same->offset % G != 0 || same->rows % G != 0) return;
-            one(m.all);
-            same->all.layout = m.all.layout;
-            return;
-        }
-        one(m.all);
+        return m.stride % G == 0 && m.offset % G == 0 && m.rows % G == 0;
     };
     for (Qwen35Layer& L : layers_) {
         for (WeightView* w : {&L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ssm_qkv, &L.ssm_gate, &L.ssm_beta, &L.ssm_alpha,
                               &L.ssm_out, &L.wq, &L.wk, &L.wv, &L.wo, &L.moe.shexp_gate, &L.moe.shexp_up,
                               &L.moe.shexp_down})
             one(*w);
-        if (L.moe.n_expert > 0) {
-            experts(L.moe.gate, &L.moe.up);
-            if (L.moe.up.all.data != L.moe.gate.all.data) experts(L.moe.up);
-            experts(L.moe.down);
+        ref::MoeWeights& m = L.moe;
+        if (m.n_expert > 0 && whole_groups(m.gate) && whole_groups(m.up)) {
+            one(m.gate.all);
+            if (m.up.all.data == m.gate.all.data) m.up.all.layout = m.gate.all.layout;  // a fused gate_up tensor: once
+            else one(m.up.all);
         }
+        if (m.n_expert > 0 && whole_groups(m.down)) one(m.down.all);
     }
     const bool tied = output.data == tok_embd.data;
     one(output);

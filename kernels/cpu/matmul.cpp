@@ -852,7 +852,7 @@ void matmul_swiglu(const WeightView& G, const WeightView& U, const float* x, flo
     const size_t urb = std::max(unpack_row_bytes(G), unpack_row_bytes(U));
     const int64_t ur = item_rows(std::max(G.row_bytes, U.row_bytes), repacked, N, chunk);
     const size_t panel_bytes = mm::act_panel_bytes(p.act, T, G.n_in);
-    const bool tile_major = !repacked && tile_major_items(G, ur, panel_bytes, n_tiles) && tile_major_items(U, ur, panel_bytes, n_tiles);
+    const bool tile_major = tile_major_items(G, ur, panel_bytes, n_tiles) && tile_major_items(U, ur, panel_bytes, n_tiles);
     parallel_for(tile_major ? n_tiles * n_chunks : (N + ur - 1) / ur, [&](int64_t it, int thread) {
         float* tg = reinterpret_cast<float*>(s.thread(thread));  // [chunk][ldt] gate, then up
         float* tu = tg + chunk * ldt;

@@ -38,7 +38,15 @@ struct MoeLayout {
         float *xe, *h, *u;  // the expert's gathered rows [n, D], act and up [n, I]
         void* mm;
     };
-    std::vector<PerThread> th;
+    // Pool thread t's section: per_thread bytes at per_base + t per_thread (no allocation a call:
+    // a decode step runs this once a layer).
+    uint8_t* per_base;
+    size_t per_thread, t_d, t_i;  // the section's bytes, and the byte sizes of xe and of h (= of u)
+    PerThread th(int t) const {
+        uint8_t* b = per_base + size_t(t) * per_thread;
+        return {reinterpret_cast<float*>(b), reinterpret_cast<float*>(b + t_d), reinterpret_cast<float*>(b + t_d + t_i),
+                b + t_d + 2 * t_i};
+    }
     size_t bytes;
 };
 MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, Isa isa, void* workspace) {
@@ -71,13 +79,10 @@ MoeLayout moe_layout(const ref::MoeWeights& w, int64_t T, Isa isa, void* workspa
         mm = std::max(mm, matmul_swiglu_workspace_bytes(w.gate.at(0), w.up.at(0), T, isa));  // every expert's shape
         mm = std::max(mm, matmul_workspace_bytes(w.down.at(0), T, isa));
     }
-    L.th.resize(size_t(n_threads()));
-    for (auto& p : L.th) {
-        p.xe = c.take<float>(t * D);
-        p.h = c.take<float>(t * I);
-        p.u = c.take<float>(t * I);
-        p.mm = c.take<uint8_t>(mm);
-    }
+    L.t_d = ws::up(t * D * sizeof(float));
+    L.t_i = ws::up(t * I * sizeof(float));
+    L.per_thread = ws::up(L.t_d + 2 * L.t_i + mm);
+    L.per_base = c.take<uint8_t>(L.per_thread * size_t(n_threads()));
     L.bytes = c.bytes();
     return L;
 }
@@ -112,7 +117,7 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     // Routing.
     float* logits = s.logits;
     float* wt = s.wt;
-    matmul(w.router, x, logits, T, isa, s.th[0].mm);
+    matmul(w.router, x, logits, T, isa, s.th(0).mm);
     ref::moe_route(logits, T, E, k, s.ids, wt);
 
     // Counting sort of the (token, rank) pairs by expert: expert e owns entries
@@ -132,9 +137,9 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     if (w.has_shared()) {
         sg = s.sg;
         sy = s.sy;
-        matmul(w.shexp_router, x, sg, T, isa, s.th[0].mm);
-        matmul_swiglu(w.shexp_gate, w.shexp_up, x, s.sh, s.su, T, isa, s.th[0].mm);
-        matmul(w.shexp_down, s.sh, sy, T, isa, s.th[0].mm);
+        matmul(w.shexp_router, x, sg, T, isa, s.th(0).mm);
+        matmul_swiglu(w.shexp_gate, w.shexp_up, x, s.sh, s.su, T, isa, s.th(0).mm);
+        matmul(w.shexp_down, s.sh, sy, T, isa, s.th(0).mm);
     }
     std::fill(y, y + T * D, 0.0f);
 
@@ -151,7 +156,7 @@ void moe_ffn(const ref::MoeWeights& w, const float* x, float* y, int64_t T, Isa 
     for (int e = w.expert_begin; e < w.expert_end(); ++e)  // the experts held here (expert parallelism: a part)
         if (s.count[e + 1] > s.count[e]) s.active[n_active++] = e;
     const auto run_expert = [&](int64_t a, int thread) {
-        const MoeLayout::PerThread& pt = s.th[size_t(thread)];
+        const MoeLayout::PerThread pt = s.th(thread);
         const int e = s.active[a], l = e - w.expert_begin;
         const int64_t r0 = s.count[e], n = s.count[e + 1] - r0;
         for (int64_t r = 0; r < n; ++r) {
